@@ -1,0 +1,1 @@
+"""Data: image folders -> sharded TFRecords -> tf.data pipelines."""

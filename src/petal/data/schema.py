@@ -1,0 +1,88 @@
+"""The one record schema shared by the writer and every reader.
+
+A petal record is a ``tf.train.Example`` whose features are a superset of the
+Keras-on-TPU codelab's, so the codelab's own parser reads petal shards unchanged:
+
+| key             | type              | meaning                                          |
+|-----------------|-------------------|--------------------------------------------------|
+| image           | bytes [1]         | encoded JPEG, or raw uint8 pixels (HxWx3)        |
+| class           | int64 [1]         | class index in the manifest's class order        |
+| label           | bytes [1]         | class name, UTF-8                                |
+| size            | int64 [2]         | stored image [height, width]                     |
+| one_hot_class   | float [num cls]   | one-hot class vector (codelab reads it VarLen)   |
+| filename        | bytes [1]         | source path relative to the source root, UTF-8   |
+| original_size   | int64 [2]         | source image [height, width] before resizing     |
+
+Shard files carry their record count in their name,
+``{split}-{index:05d}-of-{total:05d}-{count}.tfrec``, so counting needs no scan,
+and ``manifest.json`` (written last) describes the whole folder.
+"""
+
+from __future__ import annotations
+
+import re
+
+IMAGE = "image"
+CLASS = "class"
+LABEL = "label"
+SIZE = "size"
+ONE_HOT = "one_hot_class"
+FILENAME = "filename"
+ORIGINAL_SIZE = "original_size"
+
+MANIFEST_NAME = "manifest.json"
+SHARD_SUFFIX = ".tfrec"
+FORMAT_JPEG = "jpeg"
+FORMAT_RAW = "raw"
+FORMATS = (FORMAT_JPEG, FORMAT_RAW)
+SPLITS = ("train", "validation")
+
+# The codelab parses the count back with this pattern; so do we, for any shard
+# name that ends in "-<count>.tfrec" (the codelab's own "flowers00-230.tfrec" too).
+_COUNT_RE = re.compile(r"-(\d+)\.tfrec$")
+
+
+def shard_name(split: str, index: int, total: int, count: int) -> str:
+    """File name of one shard, e.g. ``train-00003-of-00013-230.tfrec``."""
+    return f"{split}-{index:05d}-of-{total:05d}-{count}{SHARD_SUFFIX}"
+
+
+def count_from_name(path: str) -> int:
+    """Record count embedded in a shard's file name.
+
+    Raises:
+        ValueError: if the name carries no count.
+    """
+    match = _COUNT_RE.search(str(path))
+    if match is None:
+        raise ValueError(
+            f"Shard name carries no record count (expected '...-<count>.tfrec'). Received: {path}"
+        )
+    return int(match.group(1))
+
+
+def feature_spec(num_classes: int | None = None, codelab: bool = False) -> dict:
+    """The parsing spec for ``tf.io.parse_single_example`` / ``parse_example``.
+
+    Args:
+        num_classes: length of ``one_hot_class``; when given it is parsed as a
+            fixed-length feature, otherwise as a VarLen (sparse) one, as the codelab does.
+        codelab: only the codelab's five keys (for the codelab's published shards).
+    """
+    import tensorflow as tf
+
+    spec = {
+        IMAGE: tf.io.FixedLenFeature([], tf.string),
+        CLASS: tf.io.FixedLenFeature([], tf.int64),
+        LABEL: tf.io.FixedLenFeature([], tf.string),
+        SIZE: tf.io.FixedLenFeature([2], tf.int64),
+        ONE_HOT: (
+            tf.io.FixedLenFeature([num_classes], tf.float32)
+            if num_classes
+            else tf.io.VarLenFeature(tf.float32)
+        ),
+    }
+    if not codelab:
+        spec[FILENAME] = tf.io.FixedLenFeature([], tf.string)
+        spec[ORIGINAL_SIZE] = tf.io.FixedLenFeature([2], tf.int64)
+    return spec
