@@ -14,6 +14,9 @@ import sys
 from petal import __version__
 from petal.errors import PetalError
 
+# (name, add-arguments function, run function, one-line help); sections below append here.
+COMMANDS: list[tuple[str, object, object, str]] = []
+
 
 # --- records: convert, inspect -------------------------------------------------------------
 
@@ -25,10 +28,6 @@ from petal.errors import PetalError
 
 
 # --- dispatcher -----------------------------------------------------------------------------
-
-# (name, add-arguments function, run function, one-line help); sections above append here.
-COMMANDS: list[tuple[str, object, object, str]] = []
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
