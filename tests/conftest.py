@@ -58,3 +58,111 @@ def small_flowers(tmp_path_factory) -> Path:
 def small_originals(tmp_path_factory) -> Path:
     """6 original-resolution photos per class (30 in all), as symlinks."""
     return _link_subset(ORIGINALS, tmp_path_factory.mktemp("small_originals"), 6)
+
+
+# --- records (issue 2) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def small_records(small_flowers, tmp_path_factory) -> Path:
+    """`small_flowers` converted by `petal.data.convert`: 64x64 JPEG, seed 0, 2 shards per split.
+
+    60 records: train 50 (10 per class), validation 10 (2 per class). Read only.
+    """
+    from petal.data import convert
+
+    out = tmp_path_factory.mktemp("small_records") / "records"
+    convert(small_flowers, out, image_size=64, seed=0, shards=2, workers=1, progress=False)
+    return out
+
+
+# --- input pipeline (B): synthetic records with known contents ------------------------------
+
+
+def write_test_records(
+    folder: Path,
+    *,
+    counts: dict[str, list[int]] | None = None,
+    size: tuple[int, int] | None = (16, 16),
+    fmt: str = "raw",
+    classes: tuple[str, ...] = tuple(CLASSES),
+    codelab: bool = False,
+    manifest: bool = True,
+    sizes: list[tuple[int, int]] | None = None,
+) -> Path:
+    """Writes shards (petal names + manifest, or codelab names ``flowersNN-COUNT.tfrec``).
+
+    Image ``i`` (numbered across all shards) has pixel (0, 0) = (i % 256, i // 256, label * 40)
+    and a flat colour elsewhere, so readers can tell exactly which images came out (use
+    ``normalization="raw"``; exact with ``fmt="raw"``). Label = i % len(classes).
+    ``sizes`` gives each image its own size (image_size null in the manifest). With
+    ``codelab=True`` pass ``counts={"all": [...]}``: one series of codelab-named shards.
+    """
+    import hashlib
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    counts = counts or {"train": [7, 6], "validation": [5]}
+    folder.mkdir(parents=True, exist_ok=True)
+    feature = tf.train.Feature
+    index = 0
+    splits = {}
+    for split, shard_counts in counts.items():
+        shards = []
+        for k, n in enumerate(shard_counts):
+            if codelab:
+                # The codelab's names: one numbered series, split later by file position.
+                name = f"flowers{k:02d}-{n}.tfrec"
+            else:
+                name = f"{split}-{k:05d}-of-{len(shard_counts):05d}-{n}.tfrec"
+            path = folder / name
+            with tf.io.TFRecordWriter(str(path)) as writer:
+                for _ in range(n):
+                    label = index % len(classes)
+                    h, w = sizes[index] if sizes else size
+                    pixels = np.full((h, w, 3), 60 + 30 * label, np.uint8)
+                    pixels[0, 0] = (index % 256, index // 256, label * 40)
+                    data = (
+                        pixels.tobytes()
+                        if fmt == "raw"
+                        else tf.io.encode_jpeg(pixels, quality=95).numpy()
+                    )
+                    one_hot = [float(c == label) for c in range(len(classes))]
+                    feats = {
+                        "image": feature(bytes_list=tf.train.BytesList(value=[data])),
+                        "class": feature(int64_list=tf.train.Int64List(value=[label])),
+                        "label": feature(bytes_list=tf.train.BytesList(value=[classes[label].encode()])),
+                        "size": feature(int64_list=tf.train.Int64List(value=[h, w])),
+                        "one_hot_class": feature(float_list=tf.train.FloatList(value=one_hot)),
+                    }
+                    if not codelab:
+                        feats["filename"] = feature(
+                            bytes_list=tf.train.BytesList(value=[f"{classes[label]}/{index}.png".encode()])
+                        )
+                        feats["original_size"] = feature(int64_list=tf.train.Int64List(value=[h, w]))
+                    example = tf.train.Example(features=tf.train.Features(feature=feats))
+                    writer.write(example.SerializeToString())
+                    index += 1
+            data = path.read_bytes()
+            shards.append({"file": name, "count": n, "bytes": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()})
+        splits[split] = {"count": sum(shard_counts), "shards": shards}
+    if manifest and not codelab:
+        (folder / "manifest.json").write_text(json.dumps({
+            "classes": list(classes), "image_size": list(size) if size and not sizes else None,
+            "format": fmt, "resize": "fill" if size and not sizes else "none", "quality": 95,
+            "seed": 0, "val_fraction": 0.19, "splits": splits, "created": "test",
+        }))
+    return folder
+
+
+@pytest.fixture
+def make_records(tmp_path):
+    """``make_records(name="records", **kw)`` -> folder written by :func:`write_test_records`."""
+
+    def make(name: str = "records", **kw) -> Path:
+        return write_test_records(tmp_path / name, **kw)
+
+    return make

@@ -1,0 +1,247 @@
+"""Discovery: a folder whose sub-folders are the classes -> a sorted list of labelled files.
+
+Works on local paths and on anything ``tf.io.gfile`` reads (``gs://...``); TensorFlow is
+imported only for paths with a scheme, so local discovery (and the conversion workers)
+stay light. The order is deterministic: classes and files sorted by name, sub-folders of
+a class walked recursively. Only files with an allowed extension are candidates; whether
+a candidate really is a readable image is decided later, by the converter, which lists
+every failure in the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from petal.errors import PetalError
+
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """One candidate image.
+
+    Attributes:
+        path: full path (local, or with a scheme such as ``gs://``).
+        relpath: path relative to the source root, ``/``-separated (``daisy/123.jpg``).
+        label: index into the folder's class list.
+    """
+
+    path: str
+    relpath: str
+    label: int
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """The result of discovery.
+
+    Attributes:
+        root: the source folder as given.
+        classes: class names in index order.
+        files: candidate images, sorted by class then relative path.
+        ignored: relative paths that are not candidates (other extensions, files directly
+            in the root, classes left out by an explicit class list).
+    """
+
+    root: str
+    classes: tuple[str, ...]
+    files: tuple[ImageFile, ...]
+    ignored: tuple[str, ...]
+
+    def per_class(self) -> dict[str, int]:
+        """Number of candidate files per class, in class order."""
+        counts = dict.fromkeys(self.classes, 0)
+        for f in self.files:
+            counts[self.classes[f.label]] += 1
+        return counts
+
+
+def is_remote(path: str) -> bool:
+    """True for paths with a scheme (``gs://bucket/x``), which go through ``tf.io.gfile``."""
+    return "://" in str(path)
+
+
+def join(root: str, *parts: str) -> str:
+    """Join path parts with ``/`` for remote paths and ``os.path.join`` for local ones."""
+    if is_remote(root):
+        return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(root, *parts)
+
+
+def exists(path: str) -> bool:
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path)
+    return os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.isdir(path)
+    return os.path.isdir(path)
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of one file.
+
+    Raises:
+        OSError: unreadable, missing, or not a regular file (a local FIFO or device would
+            block or never end, so it is refused before opening).
+    """
+    if is_remote(path):
+        import tensorflow as tf
+
+        try:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                return f.read()
+        except tf.errors.OpError as err:
+            raise OSError(err.message) from err
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise OSError("not a regular file")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _has_image_extension(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def _list_local(path: str) -> list[tuple[str, bool]]:
+    """(name, is_dir) for each entry, sorted by name; symlinks to folders count as folders."""
+    with os.scandir(path) as it:
+        entries = [(e.name, e.is_dir()) for e in it]
+    return sorted(entries)
+
+
+def _list_remote(path: str) -> list[tuple[str, bool]]:
+    import tensorflow as tf
+
+    entries = []
+    for name in tf.io.gfile.listdir(path):
+        # Object stores report folders with a trailing slash.
+        clean = name.rstrip("/")
+        entries.append((clean, name.endswith("/") or tf.io.gfile.isdir(join(path, clean))))
+    return sorted(set(entries))
+
+
+def _walk(root: str, rel: str, listdir, seen: set[str]) -> tuple[list[str], list[str]]:
+    """Candidate and ignored relative paths under ``root/rel``, recursively, sorted."""
+    found: list[str] = []
+    ignored: list[str] = []
+    here = join(root, *rel.split("/"))
+    if not is_remote(root):
+        # Symlinked folders are followed; guard against cycles.
+        real = os.path.realpath(here)
+        if real in seen:
+            return found, ignored
+        seen.add(real)
+    for name, is_dir in listdir(here):
+        child = f"{rel}/{name}"
+        if is_dir:
+            sub_found, sub_ignored = _walk(root, child, listdir, seen)
+            found += sub_found
+            ignored += sub_ignored
+        elif _has_image_extension(name):
+            # Any non-folder entry with an image extension is a candidate, even a dangling
+            # link: the converter reports it as unreadable instead of dropping it silently.
+            found.append(child)
+        else:
+            ignored.append(child)
+    return found, ignored
+
+
+def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageFolder:
+    """Lists the labelled images under ``root``.
+
+    Args:
+        root: folder whose sub-folders are the classes (local or ``gs://``).
+        classes: class names in the order that defines their indices (a list, or a
+            comma-separated string); default: every sub-folder that holds at least one
+            candidate image, sorted by name. Folders starting with ``.`` are never classes.
+
+    Raises:
+        PetalError: missing root, no candidate images, fewer than two classes, or an
+            explicit class that does not exist or holds no images.
+    """
+    root = str(root)
+    if not exists(root):
+        raise PetalError(f"Source folder does not exist. Received: source={root}")
+    if not isdir(root):
+        raise PetalError(
+            f"Source must be a folder of class sub-folders, not a file. Received: source={root}"
+        )
+    listdir = _list_remote if is_remote(root) else _list_local
+    try:
+        top = listdir(root)
+    except OSError as err:
+        raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
+
+    by_class: dict[str, list[str]] = {}
+    ignored: list[str] = []
+    seen: set[str] = set()
+    for name, is_dir in top:
+        if not is_dir:
+            ignored.append(name)
+        elif not name.startswith("."):
+            found, skipped = _walk(root, name, listdir, seen)
+            by_class[name] = found
+            ignored += skipped
+
+    accepted = ", ".join(IMAGE_EXTENSIONS)
+    if classes is None:
+        chosen = [name for name in sorted(by_class) if by_class[name]]
+    else:
+        chosen = _parse_classes(classes)
+        present = sorted(name for name in by_class if by_class[name])
+        unknown = [c for c in chosen if c not in by_class]
+        if unknown:
+            raise PetalError(
+                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. "
+                f"Found classes: {', '.join(present) or '(none)'}."
+            )
+        empty = [c for c in chosen if not by_class[c]]
+        if empty:
+            raise PetalError(
+                f"Class {empty[0]!r} holds no images ({accepted}) under {join(root, empty[0])}."
+            )
+        for name in sorted(set(by_class) - set(chosen)):
+            ignored += by_class[name]
+
+    if not any(by_class.get(c) for c in chosen):
+        raise PetalError(
+            f"No images found under {root}: expected class sub-folders holding files with "
+            f"extensions {accepted} (case-insensitive)."
+        )
+    if len(chosen) < 2:
+        raise PetalError(
+            f"Found only one class ({chosen[0]!r}) under {root}; a classifier needs at least "
+            "two class sub-folders (or two names in --classes)."
+        )
+
+    files = [
+        ImageFile(path=join(root, *rel.split("/")), relpath=rel, label=label)
+        for label, name in enumerate(chosen)
+        for rel in by_class[name]
+    ]
+    return ImageFolder(
+        root=root, classes=tuple(chosen), files=tuple(files), ignored=tuple(sorted(ignored))
+    )
+
+
+def _parse_classes(classes: Sequence[str] | str) -> list[str]:
+    names = classes.split(",") if isinstance(classes, str) else list(classes)
+    names = [str(n).strip() for n in names]
+    if not names or any(not n for n in names):
+        raise PetalError(f"--classes must be comma-separated non-empty names. Received: {classes}")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PetalError(f"--classes names {duplicates[0]!r} twice. Received: {classes}")
+    return names

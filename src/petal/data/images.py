@@ -1,0 +1,326 @@
+"""Image loading, resizing and encoding for the converter, with PIL and NumPy only.
+
+No TensorFlow here: this module runs inside the converter's worker processes, where a
+TensorFlow import would cost seconds and hundreds of MB per worker.
+
+Loading applies the EXIF orientation, converts every mode to RGB (alpha composited on
+white), takes the first frame of animations and refuses images over a pixel limit before
+decoding them. Resizing reproduces ``tf.image.resize`` (bilinear, half-pixel centres, no
+antialiasing, float32 arithmetic) followed by the truncating ``tf.cast`` to uint8, which
+is what the Keras-on-TPU codelab's converter does, so petal's ``fill`` records match the
+codelab's pixel for pixel before JPEG encoding.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# PIL's own default limit (about 89.5 megapixels, a 0.25 GB RGBA image).
+DEFAULT_MAX_PIXELS = 89_478_485
+DEFAULT_IMAGE_SIZE = 192
+DEFAULT_QUALITY = 95
+RESIZE_MODES = ("fill", "pad", "stretch", "none")
+
+# What PIL raises on bad data, across its format plugins: OSError (including
+# UnidentifiedImageError and "image file is truncated"), SyntaxError (broken headers),
+# ValueError, EOFError, struct.error and IndexError (short or inconsistent chunks).
+DECODE_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    struct.error,
+    IndexError,
+    Image.DecompressionBombError,
+)
+
+
+class ImageError(Exception):
+    """An input that cannot become a record; the message is the reason in the manifest."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One converted image.
+
+    Attributes:
+        data: JPEG bytes, or raw uint8 pixels (height x width x 3, row-major).
+        height: stored height.
+        width: stored width.
+        original_height: source height after EXIF orientation, before resizing.
+        original_width: source width after EXIF orientation, before resizing.
+    """
+
+    data: bytes
+    height: int
+    width: int
+    original_height: int
+    original_width: int
+
+
+def parse_image_size(value: int | str | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """``192``, ``"192"``, ``"192x256"`` (height x width) or ``(h, w)`` -> ``(h, w)``.
+
+    Raises:
+        ValueError: anything else, or a non-positive side.
+    """
+    received = value
+    try:
+        if isinstance(value, str):
+            parts = value.lower().replace("×", "x").split("x")
+            value = tuple(int(p) for p in parts)
+        elif isinstance(value, int | np.integer):
+            value = (int(value), int(value))
+        else:
+            value = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        value = ()
+    if len(value) == 1:
+        value = (value[0], value[0])
+    if len(value) != 2 or min(value) < 1:
+        raise ValueError(
+            "image_size must be a positive size such as 192 or HxW (e.g. 192x256). "
+            f"Received: image_size={received!r}"
+        )
+    return value[0], value[1]
+
+
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Opens encoded bytes lazily (header only) and enforces the pixel limit.
+
+    Raises:
+        ImageError: empty, not an image, or over ``max_pixels``.
+    """
+    if not data:
+        raise ImageError("empty file (0 bytes)")
+    previous = Image.MAX_IMAGE_PIXELS
+    # petal enforces its own (configurable) limit below; PIL's would refuse images
+    # between its default and a larger --max-pixels.
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:
+        raise ImageError("not an image (no known image format in the file)") from None
+    except DECODE_ERRORS as err:
+        raise ImageError(f"corrupt image header: {err}") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+    width, height = image.size
+    if width * height > max_pixels:
+        raise ImageError(
+            f"too many pixels ({width}x{height} = {width * height:,} > max_pixels "
+            f"{max_pixels:,}; raise --max-pixels to accept it)"
+        )
+    return image
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode -> RGB; transparent pixels become white, as on a web page."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode.startswith("I") or mode == "F":
+        # 16-bit and float greyscale: PIL's convert would clip, not scale.
+        values = np.asarray(image, dtype=np.float64)
+        if mode.startswith("I;16") or values.max(initial=0) > 255:
+            values = values / 257.0
+        grey = np.clip(np.floor(values + 0.5), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    return image.convert("RGB")
+
+
+def decode_rgb(
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[np.ndarray, Image.Image, bool]:
+    """Decodes image bytes to an RGB uint8 array (H, W, 3).
+
+    Returns:
+        (pixels, the opened image, whether the pixels equal a plain JPEG decode of ``data``:
+        a JPEG in RGB or greyscale with no rotation to apply, so its bytes can be kept as is).
+
+    Raises:
+        ImageError: with the reason the image cannot be used.
+    """
+    image = open_image(data, max_pixels)
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # see open_image; some plugins check again on load
+    try:
+        with warnings.catch_warnings():
+            # Only the first frame of an animation is used; PIL's palette warnings
+            # about odd GIFs are not actionable here.
+            warnings.simplefilter("ignore")
+            image.seek(0)
+            image.load()
+            orientation = image.getexif().get(0x0112, 1)
+            oriented = ImageOps.exif_transpose(image) if orientation not in (0, 1) else image
+            rgb = _to_rgb(oriented)
+            pixels = np.asarray(rgb, dtype=np.uint8)
+    except ImageError:
+        raise
+    except DECODE_ERRORS as err:
+        raise ImageError(f"corrupt or truncated image: {err}") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ImageError(f"cannot convert image mode {image.mode!r} to RGB")
+    plain_jpeg = image.format == "JPEG" and image.mode in ("RGB", "L") and oriented is image
+    return pixels, image, plain_jpeg
+
+
+def _lerp_weights(
+    in_size: int, out_size: int, start: int, count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source indices and weights for output rows/columns ``start..start+count``.
+
+    The same float32 arithmetic as TensorFlow's ResizeBilinear kernel with half-pixel
+    centres: ``x = (i + 0.5) * (in / out) - 0.5``.
+    """
+    scale = np.float32(in_size) / np.float32(out_size)
+    x = (np.arange(start, start + count, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(
+        0.5
+    )
+    floor = np.floor(x)
+    lower = np.maximum(floor, 0).astype(np.intp)
+    upper = np.minimum(np.ceil(x), in_size - 1).astype(np.intp)
+    return lower, upper, (x - floor).astype(np.float32)
+
+
+def resize_bilinear(
+    pixels: np.ndarray,
+    size: tuple[int, int],
+    crop: tuple[int, int, int, int] | None = None,
+) -> np.ndarray:
+    """``tf.image.resize(pixels, size)`` (bilinear) then ``tf.cast(..., tf.uint8)``.
+
+    Args:
+        pixels: uint8 (H, W, C).
+        size: (height, width) of the resized image.
+        crop: optional (top, left, height, width) window of the resized image to compute;
+            equal to resizing and then cropping, but only the kept pixels are computed.
+    """
+    in_h, in_w = pixels.shape[:2]
+    top, left, out_h, out_w = crop if crop is not None else (0, 0, *size)
+    y0, y1, wy = _lerp_weights(in_h, size[0], top, out_h)
+    x0, x1, wx = _lerp_weights(in_w, size[1], left, out_w)
+    # Interpolate each needed source row horizontally once, then the rows vertically:
+    # the same operations, in the same order, as the kernel's per-pixel
+    # top = tl + (tr - tl) * wx; bottom = ...; out = top + (bottom - top) * wy.
+    rows, where = np.unique(np.concatenate([y0, y1]), return_inverse=True)
+    needed = pixels[rows]
+    across = np.take(needed, x0, axis=1).astype(np.float32)
+    right = np.take(needed, x1, axis=1).astype(np.float32)
+    right -= across
+    right *= wx[None, :, None]
+    across += right
+    out = across[where[:out_h]]
+    below = across[where[out_h:]]
+    below -= out
+    below *= wy[:, None, None]
+    out += below
+    # tf.cast truncates toward zero; the clip only guards float round-off at the ends.
+    np.clip(out, 0, 255, out=out)
+    return out.astype(np.uint8)
+
+
+def fill_geometry(height: int, width: int, size: tuple[int, int]) -> tuple[int, int]:
+    """Size that covers ``size`` keeping the aspect ratio (the codelab's rule).
+
+    The side that limits the scale becomes exactly the target; the other is the exact
+    quotient truncated, as the codelab's ``tf.image.resize`` call with float sizes does.
+    """
+    th, tw = size
+    if height * tw < width * th:  # relatively wider than the target: height decides
+        return th, max(tw, width * th // height)
+    return max(th, height * tw // width), tw
+
+
+def fit_geometry(height: int, width: int, size: tuple[int, int]) -> tuple[int, int]:
+    """Largest size inside ``size`` keeping the aspect ratio."""
+    th, tw = size
+    if height * tw > width * th:  # relatively taller than the target: height decides
+        return th, min(tw, max(1, width * th // height))
+    return min(th, max(1, height * tw // width)), tw
+
+
+def resize(pixels: np.ndarray, size: tuple[int, int] | None, mode: str = "fill") -> np.ndarray:
+    """Resizes RGB uint8 pixels to ``size`` (height, width).
+
+    Args:
+        pixels: uint8 (H, W, 3).
+        size: target (height, width); ignored for ``none``.
+        mode: ``fill`` scales to cover the target keeping the aspect ratio, then crops
+            the centre (the codelab's); ``pad`` scales to fit inside and pads the borders
+            with black (like ``tf.image.resize_with_pad``); ``stretch`` ignores the aspect
+            ratio; ``none`` returns the pixels unchanged.
+    """
+    if mode == "none":
+        return pixels
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}. Received: {mode!r}")
+    th, tw = size
+    h, w = pixels.shape[:2]
+    if mode == "stretch":
+        return resize_bilinear(pixels, (th, tw))
+    if mode == "fill":
+        nh, nw = fill_geometry(h, w, (th, tw))
+        return resize_bilinear(pixels, (nh, nw), crop=((nh - th) // 2, (nw - tw) // 2, th, tw))
+    nh, nw = fit_geometry(h, w, (th, tw))
+    out = np.zeros((th, tw, pixels.shape[2]), np.uint8)
+    top, left = (th - nh) // 2, (tw - nw) // 2
+    out[top : top + nh, left : left + nw] = resize_bilinear(pixels, (nh, nw))
+    return out
+
+
+def encode_jpeg(pixels: np.ndarray, quality: int = DEFAULT_QUALITY) -> bytes:
+    """JPEG bytes without chroma subsampling (4:4:4), as the codelab writes them."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=quality, subsampling=0)
+    return buffer.getvalue()
+
+
+def convert_image(
+    data: bytes,
+    *,
+    size: tuple[int, int] | None,
+    mode: str = "fill",
+    format: str = "jpeg",
+    quality: int = DEFAULT_QUALITY,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Encoded:
+    """Encoded source bytes -> the bytes stored in a record.
+
+    Args:
+        data: the source file's bytes.
+        size: target (height, width), or None with ``mode="none"``.
+        mode: one of ``RESIZE_MODES``.
+        format: ``jpeg`` or ``raw`` (uint8 pixels).
+        quality: JPEG quality.
+        max_pixels: larger images are refused before decoding.
+
+    Raises:
+        ImageError: with the reason the image cannot be used.
+    """
+    pixels, _, plain_jpeg = decode_rgb(data, max_pixels)
+    oh, ow = pixels.shape[:2]
+    out = resize(pixels, size, mode)
+    h, w = out.shape[:2]
+    if format == "raw":
+        stored = np.ascontiguousarray(out).tobytes()
+    elif mode == "none" and plain_jpeg:
+        stored = data  # the original bytes decode to exactly these pixels
+    else:
+        stored = encode_jpeg(out, quality)
+    return Encoded(stored, h, w, oh, ow)

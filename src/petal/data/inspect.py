@@ -1,0 +1,369 @@
+"""``petal inspect``: what a records folder holds, and whether every record is intact.
+
+The summary comes from the manifest alone (no scan). ``verify`` reads every record with
+its CRC checked, parses it with the full feature spec, decodes the image and checks the
+fields against the manifest, naming the shard and record index of the first problem in
+each shard. ``grid`` draws a labelled grid of sample images (headless, Agg).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+
+from petal.data import folders, schema
+from petal.data.writer import read_manifest
+from petal.errors import PetalError
+
+_MB = 1_000_000
+_LIST_SHARDS = 12  # shards listed one per line; more are summarised
+_LIST_SKIPPED = 10
+
+
+@dataclass
+class InspectReport:
+    """The result of ``inspect_records``; ``str()`` is the text ``petal inspect`` prints.
+
+    Attributes:
+        path: the records folder.
+        manifest: its manifest.
+        verified: records read and checked by ``verify``, or None when not verifying.
+        problems: one line per problem found by ``verify`` (shard, record index, what).
+        grid: path of the sample grid written, if any.
+    """
+
+    path: str
+    manifest: dict
+    verified: int | None = None
+    problems: list[str] = field(default_factory=list)
+    grid: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        return "\n".join(_format(self))
+
+
+def inspect_records(
+    path: str | os.PathLike,
+    *,
+    verify: bool = False,
+    grid: str | os.PathLike | None = None,
+    grid_per_class: int = 4,
+    progress: bool = True,
+) -> InspectReport:
+    """Summarises a records folder, optionally verifying every record and drawing a grid.
+
+    Args:
+        path: records folder written by ``petal convert``.
+        verify: read every record (CRC, parse, decode, field checks).
+        grid: write a PNG grid of sample images (rows are classes) to this path.
+        grid_per_class: images per class in the grid.
+        progress: show a progress bar while verifying.
+
+    Raises:
+        PetalError: no manifest (not a records folder or an unfinished conversion).
+    """
+    path = str(path)
+    manifest = read_manifest(path)
+    report = InspectReport(path=path, manifest=manifest)
+    if verify:
+        report.verified, report.problems = _verify(path, manifest, progress)
+    if grid is not None:
+        report.grid = _draw_grid(path, manifest, str(grid), grid_per_class)
+    return report
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    return f"{n / _MB:.1f} MB" if n >= 100_000 else f"{n / 1000:.1f} kB"
+
+
+def _format(report: InspectReport) -> list[str]:
+    m = report.manifest
+    classes = m["classes"]
+    splits = m["splits"]
+    size = "x".join(map(str, m["image_size"])) if m.get("image_size") else "original sizes"
+    quality = f", quality {m['quality']}" if m.get("quality") is not None else ""
+    lines = [
+        f"{report.path}: {m['written']} records, {m['format']} {size} "
+        f"(resize {m['resize']}{quality}), {len(classes)} classes, seed {m['seed']}",
+        f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
+        f"(TensorFlow {m.get('tensorflow_version', '?')}) from {m.get('source', '?')}",
+        f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
+        + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else ""),
+        "",
+    ]
+    width = max(10, *(len(c) for c in classes))
+    lines.append(f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}")
+    totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
+    grand = max(1, sum(totals.values()))
+    for c in classes:
+        lines.append(
+            f"{c:<{width}} {splits['train']['per_class'].get(c, 0):>8} "
+            f"{splits['validation']['per_class'].get(c, 0):>11} {totals[c]:>8} "
+            f"{100 * totals[c] / grand:>6.1f}%"
+        )
+    lines.append(
+        f"{'all':<{width}} {splits['train']['count']:>8} {splits['validation']['count']:>11} "
+        f"{sum(totals.values()):>8} {100.0:>6.1f}%"
+    )
+    big = max(classes, key=lambda c: totals[c])
+    small = min(classes, key=lambda c: totals[c])
+    ratio = totals[big] / totals[small] if totals[small] else float("inf")
+    lines += [
+        f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} {totals[small]})",
+        "",
+    ]
+    for split in schema.SPLITS:
+        shards = splits[split]["shards"]
+        total = sum(s["bytes"] for s in shards)
+        lines.append(
+            f"{split}: {len(shards)} shard{'s' if len(shards) != 1 else ''}, "
+            f"{splits[split]['count']} records, {_size(total)}"
+            + (
+                f" (shards {_size(min(s['bytes'] for s in shards))} to "
+                f"{_size(max(s['bytes'] for s in shards))})"
+                if len(shards) > 1
+                else ""
+            )
+        )
+        for shard in shards[:_LIST_SHARDS]:
+            lines.append(f"  {shard['file']}  {shard['count']} records  {_size(shard['bytes'])}")
+        if len(shards) > _LIST_SHARDS:
+            lines.append(f"  ... and {len(shards) - _LIST_SHARDS} more")
+    if m["skipped"]:
+        lines += ["", f"skipped ({len(m['skipped'])}):"]
+        lines += [f"  {s['file']}: {s['reason']}" for s in m["skipped"][:_LIST_SKIPPED]]
+        if len(m["skipped"]) > _LIST_SKIPPED:
+            lines.append(f"  ... and {len(m['skipped']) - _LIST_SKIPPED} more (see manifest.json)")
+    if report.verified is not None:
+        n_shards = sum(len(splits[s]["shards"]) for s in schema.SPLITS)
+        lines.append("")
+        if report.ok:
+            lines.append(
+                f"verify: OK, {report.verified} records in {n_shards} shards read "
+                "(CRC, parse, decode, fields)"
+            )
+        else:
+            lines.append(
+                f"verify: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
+                f" ({report.verified} records read):"
+            )
+            lines += [f"  {p}" for p in report.problems]
+    if report.grid:
+        lines.append(f"grid: {report.grid}")
+    return lines
+
+
+# --- verify --------------------------------------------------------------------------------------
+
+
+def _tf_message(err) -> str:
+    """A TensorFlow error's message without the function-node and op decorations."""
+    text = getattr(err, "message", str(err))
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
+
+
+def _checker(num_classes: int, format: str):
+    import tensorflow as tf
+
+    spec = schema.feature_spec(num_classes)
+
+    def check(raw):
+        ex = tf.io.parse_single_example(raw, spec)
+        if format == schema.FORMAT_RAW:
+            stored = tf.strings.length(ex[schema.IMAGE], unit="BYTE")
+            stored = tf.stack([tf.cast(stored, tf.int64), tf.constant(-1, tf.int64)])
+        else:
+            decoded = tf.io.decode_jpeg(ex[schema.IMAGE], channels=3)
+            stored = tf.cast(tf.shape(decoded)[:2], tf.int64)
+        return (
+            ex[schema.CLASS],
+            ex[schema.LABEL],
+            tf.argmax(ex[schema.ONE_HOT]),
+            tf.reduce_sum(ex[schema.ONE_HOT]),
+            ex[schema.SIZE],
+            stored,
+        )
+
+    return check
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    size = 0
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(8 * _MB):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
+    import tensorflow as tf
+    from tqdm.auto import tqdm
+
+    classes = manifest["classes"]
+    image_size = manifest.get("image_size")
+    check = _checker(len(classes), manifest["format"])
+    problems: list[str] = []
+    read = 0
+    total = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
+    with tqdm(total=total, desc="verify", unit="rec", disable=not progress) as bar:
+        for split in schema.SPLITS:
+            for shard in manifest["splits"][split]["shards"]:
+                name = shard["file"]
+                file = folders.join(path, name)
+                if not folders.exists(file):
+                    problems.append(f"{name}: missing")
+                    continue
+                size, digest = _file_digest(file)
+                if size != shard["bytes"]:
+                    problems.append(f"{name}: {size} bytes, the manifest says {shard['bytes']}")
+                elif digest != shard["sha256"]:
+                    problems.append(f"{name}: sha256 differs from the manifest")
+                # Sequential and unbatched, so the number of elements read so far is the
+                # index of the record that failed.
+                records = tf.data.TFRecordDataset(file).map(check)
+                index = 0
+                damaged = False
+                iterator = iter(records)
+                while True:
+                    try:
+                        cls, label, hot, hot_sum, stored_size, stored = next(iterator)
+                    except StopIteration:
+                        break
+                    except tf.errors.DataLossError as err:
+                        # A bad frame (CRC, length) ends the shard: the records after it
+                        # cannot be located.
+                        problems.append(f"{name}: record {index}: {_tf_message(err)}")
+                        damaged = True
+                        break
+                    except tf.errors.OpError as err:
+                        # The frame was intact but the record does not parse or decode; the
+                        # iterator moves on to the next record.
+                        problems.append(f"{name}: record {index}: {_tf_message(err)}")
+                        index += 1
+                        bar.update()
+                        continue
+                    issue = _field_issue(
+                        int(cls), label.numpy().decode("utf-8", "replace"), int(hot),
+                        float(hot_sum), stored_size.numpy().tolist(), stored.numpy().tolist(),
+                        classes, image_size, manifest["format"],
+                    )
+                    if issue:
+                        problems.append(f"{name}: record {index}: {issue}")
+                    index += 1
+                    bar.update()
+                read += index
+                expected = schema.count_from_name(name)
+                if not damaged and (index != shard["count"] or index != expected):
+                    problems.append(
+                        f"{name}: {index} records read, manifest says {shard['count']}, "
+                        f"file name says {expected}"
+                    )
+    return read, problems
+
+
+def _field_issue(
+    cls: int,
+    label: str,
+    hot: int,
+    hot_sum: float,
+    size: list[int],
+    stored: list[int],
+    classes: list[str],
+    image_size: list[int] | None,
+    format: str,
+) -> str | None:
+    """What is wrong with one parsed record, or None."""
+    if not 0 <= cls < len(classes):
+        return f"class {cls} is out of range for {len(classes)} classes"
+    if label != classes[cls]:
+        return f"label {label!r} does not match class {cls} ({classes[cls]!r})"
+    if hot != cls or hot_sum != 1.0:
+        return f"one_hot_class does not encode class {cls}"
+    if image_size is not None and size != list(image_size):
+        return f"size {size} differs from the manifest's image_size {image_size}"
+    if format == schema.FORMAT_RAW:
+        if stored[0] != size[0] * size[1] * 3:
+            return f"raw image holds {stored[0]} bytes, size {size} needs {size[0] * size[1] * 3}"
+    elif stored != size:
+        return f"decoded image is {stored[0]}x{stored[1]}, size says {size[0]}x{size[1]}"
+    return None
+
+
+# --- grid -----------------------------------------------------------------------------------------
+
+
+def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
+    """Up to ``per_class`` decoded images per class, in record order (train first)."""
+    import numpy as np
+    import tensorflow as tf
+
+    wanted = len(manifest["classes"]) * per_class
+    found: dict[int, list] = {i: [] for i in range(len(manifest["classes"]))}
+    spec = schema.feature_spec(len(manifest["classes"]))
+    count = 0
+    for split in schema.SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            for raw in tf.data.TFRecordDataset(folders.join(path, shard["file"])):
+                ex = tf.io.parse_single_example(raw, spec)
+                cls = int(ex[schema.CLASS])
+                if len(found[cls]) >= per_class:
+                    continue
+                h, w = ex[schema.SIZE].numpy().tolist()
+                if manifest["format"] == schema.FORMAT_RAW:
+                    image = np.frombuffer(ex[schema.IMAGE].numpy(), np.uint8).reshape(h, w, 3)
+                else:
+                    image = tf.io.decode_jpeg(ex[schema.IMAGE], channels=3).numpy()
+                found[cls].append((image, ex[schema.FILENAME].numpy().decode("utf-8")))
+                count += 1
+                if count == wanted:
+                    return found
+    return found
+
+
+def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
+    # The Figure/Agg canvas API draws without touching pyplot's global backend.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if per_class < 1:
+        raise PetalError(f"grid_per_class must be at least 1. Received: {per_class}")
+    classes = manifest["classes"]
+    samples = _samples(path, manifest, per_class)
+    rows, cols = len(classes), per_class
+    fig = Figure(figsize=(1.9 * cols + 0.4, 2.0 * rows + 0.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for r, name in enumerate(classes):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            if c < len(samples[r]):
+                image, filename = samples[r][c]
+                ax.imshow(image)
+                ax.set_title(f"{name}\n{os.path.basename(filename)[:22]}", fontsize=7)
+    size = "x".join(map(str, manifest["image_size"])) if manifest.get("image_size") else "orig."
+    fig.suptitle(f"{path} ({manifest['format']} {size})", fontsize=9)
+    fig.tight_layout()
+    parent = os.path.dirname(out)
+    if parent and not folders.is_remote(out):
+        os.makedirs(parent, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+

@@ -1,0 +1,579 @@
+"""tf.data pipelines for training and evaluation, one function each, in a fixed order.
+
+Training (:func:`train_dataset`)::
+
+    read (parallel interleave over shards, file order reshuffled each epoch)
+      -> [decode] -> cache (decoded uint8 images, RAM or local disk) -> shuffle -> repeat
+      -> [decode]                                      (when not cached: decode after shuffle)
+      -> batch (drop_remainder: static shapes) -> labels -> augment (per batch) -> normalise
+      -> prefetch
+
+Evaluation (:func:`eval_dataset`)::
+
+    read (files in order) -> decode -> batch (keep the last, partial batch) -> labels
+      -> normalise -> prefetch
+
+so every validation image is seen exactly once.
+
+Why this shape:
+
+- Decoding happens **before** the cache when caching, so later epochs skip JPEG decoding
+  entirely (the expensive step). Without a cache, records are shuffled while still
+  encoded (a shuffle buffer of 2,048 JPEGs is a few tens of MB; of decoded images, a few
+  hundred) and decoded after, in a parallel map.
+- Augmentation runs on whole batches: one vectorised op per batch instead of one small
+  op per image, with a per-image random draw inside (see :mod:`petal.data.augment`).
+- Images stay uint8 until the batch is built: caches, shuffle buffers and batching move
+  four times fewer bytes. The cast to float32 and normalisation come last.
+- All randomness is stateless, keyed by the pipeline's seed and the batch index (which
+  counts across epochs). A seeded pipeline is therefore reproducible when
+  ``deterministic`` is on (the default when a seed is given); unseeded pipelines draw a
+  fresh seed and let tf.data reorder elements for speed (``deterministic=False``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+
+import tensorflow as tf
+
+from petal.data import augment as augment_lib
+from petal.data import reader, schema
+from petal.data.reader import Source, open_source
+from petal.errors import PetalError
+
+log = logging.getLogger(__name__)
+
+AUTOTUNE = tf.data.AUTOTUNE
+NORMALIZATIONS = ("unit", "symmetric", "imagenet", "raw")
+LABEL_MODES = ("one_hot", "sparse")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# Use at most this fraction of the memory available now for an in-RAM cache of decoded images.
+RAM_CACHE_FRACTION = 0.4
+# Shards read at once; enough to hide per-file latency, few enough to keep buffers small.
+MAX_PARALLEL_READS = 16
+# libjpeg's accurate integer DCT (TensorFlow's default): "INTEGER_FAST" is a little faster and
+# a little less accurate; keep the default for training data.
+DCT_METHOD = ""
+
+__all__ = [
+    "train_dataset",
+    "eval_dataset",
+    "distributed_dataset",
+    "open_source",
+    "normalize",
+    "load_image",
+    "steps_per_epoch",
+]
+
+
+# --- public API ------------------------------------------------------------------------------
+
+
+def train_dataset(
+    source,
+    *,
+    batch_size: int,
+    image_size=None,
+    augment="codelab",
+    cache="auto",
+    shuffle_buffer: int = 2048,
+    seed: int | None = None,
+    deterministic: bool | None = None,
+    label_mode: str = "one_hot",
+    normalization: str = "unit",
+    split: str = "train",
+    input_context: tf.distribute.InputContext | None = None,
+    skip_corrupt: bool = False,
+) -> tf.data.Dataset:
+    """The training dataset: infinite, shuffled, augmented batches of static shape.
+
+    Args:
+        source: a records folder, codelab shards (folder or glob), an image folder, or a
+            :class:`~petal.data.reader.Source` from :func:`open_source`.
+        batch_size: the **global** batch size; with ``input_context`` each replica gets
+            ``batch_size / replicas`` and it must divide evenly.
+        image_size: ``(height, width)`` or an int; default: the records' size (required for
+            image folders and for records of varying size). Other sizes are resized with
+            the codelab's "fill" (scale to cover, centre crop).
+        augment: ``"codelab"`` (flip + saturation), ``"none"``/None, another preset or a
+            ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function.
+        cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
+            ``"ram"``, ``"disk"`` (a temporary file), a folder path, or ``"off"``/None.
+        shuffle_buffer: elements in the shuffle buffer.
+        seed: makes shuffling and augmentation reproducible; None draws one.
+        deterministic: keep element order fixed; default True when ``seed`` is given.
+        label_mode: ``"one_hot"`` (float32 ``[B, C]``) or ``"sparse"`` (int32 ``[B]``).
+        normalization: ``"unit"`` (0..1), ``"symmetric"`` (-1..1), ``"imagenet"`` (mean/std)
+            or ``"raw"`` (0..255), matched to the model.
+        split: ``"train"``, ``"validation"`` or ``"all"``.
+        input_context: from ``distribute_datasets_from_function`` (see
+            :func:`distributed_dataset`): shards the input and sizes the per-replica batch.
+        skip_corrupt: warn about and count corrupt records instead of failing.
+
+    Returns:
+        ``tf.data.Dataset`` of ``(images float32 [B, H, W, 3], labels)``.
+    """
+    src = open_source(source)
+    label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
+    normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+    size = _resolve_size(src, image_size)
+    per_replica = _per_replica_batch(batch_size, input_context)
+    if shuffle_buffer is None or int(shuffle_buffer) < 0:
+        raise PetalError(f"shuffle_buffer must be >= 0. Received: shuffle_buffer={shuffle_buffer}")
+    seed = _resolve_seed(seed, input_context)
+    deterministic = (seed.given if deterministic is None else bool(deterministic))
+    aug = augment_lib.build(augment)
+    if aug is not None and getattr(aug, "mixes_labels", False) and label_mode != "one_hot":
+        raise PetalError(f"mixup/cutmix mix labels and need label_mode='one_hot'. "
+                         f"Received: label_mode={label_mode!r}, augment={augment!r}")
+    count = _pipeline_count(src, split, input_context)
+    if count < per_replica:
+        raise PetalError(
+            f"Split {split!r} of {src.path} has {count} images per input pipeline, fewer than "
+            f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
+            f"nothing. Use a smaller batch_size. Received: batch_size={batch_size}"
+        )
+    cache_to = _resolve_cache(cache, src, split, size, input_context)
+
+    # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
+    ds = _read(src, split, training=True, seed=seed.value, deterministic=deterministic,
+               input_context=input_context, skip_corrupt=skip_corrupt)
+    decode = _decoder(src, size)
+    if cache_to is not None:
+        # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = _ignore_decode_errors(ds, skip_corrupt)
+        ds = ds.cache(cache_to)
+    # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
+    #    epoch; then repeat forever (training runs for a number of steps).
+    if shuffle_buffer:
+        ds = ds.shuffle(int(shuffle_buffer), seed=seed.value + 1, reshuffle_each_iteration=True)
+    ds = ds.repeat()
+    if cache_to is None:
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = _ignore_decode_errors(ds, skip_corrupt)
+    # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
+    ds = ds.batch(per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE,
+                  deterministic=deterministic)
+    # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
+    ds = ds.enumerate()
+    ds = ds.map(
+        _finish_fn(src.num_classes, label_mode, normalization, aug, seed.value),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic,
+    )
+    # 6. Prefetch: overlap the input pipeline with the training step.
+    ds = ds.prefetch(AUTOTUNE)
+    return ds.with_options(_options(deterministic, input_context))
+
+
+def eval_dataset(
+    source,
+    *,
+    batch_size: int,
+    image_size=None,
+    label_mode: str = "one_hot",
+    normalization: str = "unit",
+    split: str = "validation",
+    input_context: tf.distribute.InputContext | None = None,
+    skip_corrupt: bool = False,
+    cache=None,
+) -> tf.data.Dataset:
+    """The evaluation dataset: each image of ``split`` exactly once, in file order.
+
+    No shuffle, no repeat, no augmentation; the last batch may be smaller. Arguments are
+    those of :func:`train_dataset`; ``cache`` (default off) may be ``"ram"``/``"auto"`` to
+    keep decoded images across repeated evaluations.
+
+    Returns:
+        finite ``tf.data.Dataset`` of ``(images float32 [b, H, W, 3], labels)``.
+    """
+    src = open_source(source)
+    label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
+    normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+    size = _resolve_size(src, image_size)
+    per_replica = _per_replica_batch(batch_size, input_context)
+    if src.count(split) == 0:
+        raise PetalError(f"Split {split!r} of {src.path} holds no images.")
+    cache_to = _resolve_cache(cache, src, split, size, input_context)
+    # Read in file order, decode, batch without dropping anything.
+    ds = _read(src, split, training=False, seed=0, deterministic=True,
+               input_context=input_context, skip_corrupt=skip_corrupt)
+    ds = ds.map(_decoder(src, size), num_parallel_calls=AUTOTUNE, deterministic=True)
+    ds = _ignore_decode_errors(ds, skip_corrupt)
+    if cache_to is not None:
+        ds = ds.cache(cache_to)
+    ds = ds.batch(per_replica, drop_remainder=False, num_parallel_calls=AUTOTUNE,
+                  deterministic=True)
+    ds = ds.enumerate().map(
+        _finish_fn(src.num_classes, label_mode, normalization, None, 0),
+        num_parallel_calls=AUTOTUNE,
+        deterministic=True,
+    )
+    ds = ds.prefetch(AUTOTUNE)
+    return ds.with_options(_options(True, input_context))
+
+
+def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
+    """Per-replica input under ``strategy``: ``fn(input_context) -> tf.data.Dataset``.
+
+    ``fn`` is typically
+    ``lambda ctx: train_dataset(src, batch_size=GLOBAL, input_context=ctx)``: each input
+    pipeline reads its own share (by file when there are at least as many files as input
+    pipelines, else by record) and batches ``GLOBAL / replicas``.
+
+    Raises:
+        PetalError: when ``fn`` asks for a global batch that does not divide across replicas.
+    """
+    return strategy.distribute_datasets_from_function(fn, options=options)
+
+
+def steps_per_epoch(source, batch_size: int, split: str = "train") -> int:
+    """Full batches per pass over ``split`` (what training with drop_remainder sees)."""
+    src = open_source(source)
+    batch_size = _check_batch(batch_size)
+    return src.count(split) // batch_size
+
+
+def normalize(images, normalization: str = "unit") -> tf.Tensor:
+    """uint8 or float 0..255 images -> float32 in the model's expected range."""
+    normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+    images = tf.cast(images, tf.float32)
+    if normalization == "unit":
+        return images * (1.0 / 255.0)
+    if normalization == "symmetric":
+        return images * (1.0 / 127.5) - 1.0
+    if normalization == "imagenet":
+        mean = tf.constant(IMAGENET_MEAN) * 255.0
+        std = tf.constant(IMAGENET_STD) * 255.0
+        return (images - mean) / std
+    return images
+
+
+def load_image(path: str, image_size=None) -> tf.Tensor:
+    """One image file -> uint8 ``[H, W, 3]``, resized with "fill" when ``image_size`` is given."""
+    data = tf.io.read_file(path)
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    if image_size is not None:
+        image = resize_fill(image, _as_size(image_size))
+    return image
+
+
+def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
+    """The codelab's "fill": scale to cover ``size`` keeping the aspect ratio, centre crop.
+
+    Returns uint8 ``[size[0], size[1], 3]`` with a static shape.
+    """
+    h = tf.cast(tf.shape(image)[0], tf.float32)
+    w = tf.cast(tf.shape(image)[1], tf.float32)
+    th, tw = size
+    scale = tf.maximum(th / h, tw / w)
+    new_h = tf.maximum(tf.cast(tf.math.ceil(h * scale), tf.int32), th)
+    new_w = tf.maximum(tf.cast(tf.math.ceil(w * scale), tf.int32), tw)
+    resized = tf.image.resize(image, tf.stack([new_h, new_w]), antialias=True)
+    top = (new_h - th) // 2
+    left = (new_w - tw) // 2
+    cropped = resized[top : top + th, left : left + tw, :]
+    out = tf.cast(tf.clip_by_value(tf.round(cropped), 0, 255), tf.uint8)
+    return tf.ensure_shape(out, [th, tw, 3])
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+
+def _read(src: Source, split, *, training, seed, deterministic, input_context, skip_corrupt):
+    """Records (scalar string) or ``(path, label)`` for image folders, for this pipeline."""
+    files, counts = src.files(split), src.counts(split)
+    if not files:
+        raise PetalError(f"Split {split!r} of {src.path} holds no files.")
+    labels = src.labels(split) if src.kind == "folder" else None
+    by_record = None
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        n, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+        if src.kind != "folder" and len(files) >= n:
+            # Enough shards for every input pipeline: each reads whole files of its own.
+            files, counts = files[index::n], counts[index::n]
+        elif src.kind == "folder":
+            files, labels = files[index::n], labels[index::n]
+        else:
+            # Fewer shards than pipelines (the codelab's 3 validation files on a pod): every
+            # pipeline reads everything and keeps every n-th record.
+            by_record = (n, index)
+
+    if src.kind == "folder":
+        ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
+        if training:
+            # File names are cheap to shuffle: shuffle them all, then read in parallel.
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        if src.remote:
+            from petal.data import remote
+
+            return ds.map(remote.fetch_pair, num_parallel_calls=remote.PARALLEL_REQUESTS,
+                          deterministic=deterministic)
+        return ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=AUTOTUNE,
+                      deterministic=deterministic)
+
+    if src.remote:
+        from petal.data import remote
+
+        ds = remote.records_dataset(files, counts, shuffle_seed=seed if training else None,
+                                    deterministic=deterministic, skip_corrupt=skip_corrupt)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
+        if training and len(files) > 1:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(
+            lambda f, c: reader.guarded_records(f, c, skip_corrupt=skip_corrupt),
+            cycle_length=max(1, min(len(files), MAX_PARALLEL_READS)),
+            block_length=1,
+            num_parallel_calls=AUTOTUNE,
+            deterministic=deterministic,
+        )
+    if by_record is not None:
+        ds = ds.shard(*by_record)
+    return ds
+
+
+def _decoder(src: Source, size: tuple[int, int]):
+    """``element -> (uint8 image [H, W, 3], int32 class)`` for this source."""
+    stored = src.image_size
+    h, w = size
+    if src.kind == "folder":
+
+        def decode_file(data, label):
+            image = tf.io.decode_image(data, channels=3, expand_animations=False)
+            return resize_fill(image, size), label
+
+        return decode_file
+
+    spec = {
+        schema.IMAGE: tf.io.FixedLenFeature([], tf.string),
+        schema.CLASS: tf.io.FixedLenFeature([], tf.int64),
+    }
+    if stored is None:
+        spec[schema.SIZE] = tf.io.FixedLenFeature([2], tf.int64)
+    raw = src.format == schema.FORMAT_RAW
+
+    def decode_record(record):
+        ex = tf.io.parse_single_example(record, spec)
+        label = tf.cast(ex[schema.CLASS], tf.int32)
+        if stored is not None:
+            sh, sw = stored
+            if raw:
+                image = tf.reshape(tf.io.decode_raw(ex[schema.IMAGE], tf.uint8), [sh, sw, 3])
+            else:
+                image = tf.io.decode_jpeg(ex[schema.IMAGE], channels=3, dct_method=DCT_METHOD)
+                image = tf.reshape(image, [sh, sw, 3])
+            if (sh, sw) != (h, w):
+                image = resize_fill(image, size)
+            return image, label
+        # Images of varying size: use the stored size, then resize to the requested one.
+        if raw:
+            hw = tf.cast(ex[schema.SIZE], tf.int32)
+            image = tf.reshape(tf.io.decode_raw(ex[schema.IMAGE], tf.uint8),
+                               tf.concat([hw, [3]], axis=0))
+        else:
+            image = tf.io.decode_image(ex[schema.IMAGE], channels=3, expand_animations=False)
+        return resize_fill(image, size), label
+
+    return decode_record
+
+
+def _ignore_decode_errors(ds, skip_corrupt: bool):
+    # A record whose CRC is fine but whose image does not decode: drop it when asked to,
+    # with TensorFlow's warning naming the error.
+    return ds.ignore_errors(log_warning=True) if skip_corrupt else ds
+
+
+def _finish_fn(num_classes, label_mode, normalization, aug, seed):
+    """``(batch index, (uint8 images, class ids)) -> (float32 images, labels)``."""
+
+    def finish(index, batch):
+        images, labels = batch
+        if label_mode == "one_hot":
+            labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
+        if aug is not None:
+            # The batch index counts across epochs: every batch of every epoch differs.
+            key = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
+            images, labels = aug(images, labels, key)
+        return normalize(images, normalization), labels
+
+    return finish
+
+
+def _options(deterministic: bool, input_context) -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = bool(deterministic)
+    options.autotune.enabled = True
+    options.experimental_optimization.map_parallelization = True
+    options.experimental_optimization.parallel_batch = True
+    if input_context is not None:
+        # We shard ourselves (by file or by record); tf.distribute must not shard again.
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF
+        )
+    return options
+
+
+# --- checks and settings ---------------------------------------------------------------------
+
+
+class _Seed:
+    def __init__(self, value: int, given: bool):
+        self.value, self.given = value, given
+
+
+def _resolve_seed(seed, input_context) -> _Seed:
+    if seed is None:
+        return _Seed(secrets.randbelow(2**31 - 1024), False)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise PetalError(f"seed must be a non-negative int or None. Received: seed={seed!r}")
+    value = int(seed) % (2**31 - 1024)
+    if input_context is not None:
+        # Each input pipeline draws its own augmentation and shuffle order.
+        value = (value + 7919 * input_context.input_pipeline_id) % (2**31 - 1024)
+    return _Seed(value, True)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise PetalError(f"{name} must be one of {', '.join(choices)}. Received: {name}={value!r}")
+    return value
+
+
+def _check_batch(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
+    return batch_size
+
+
+def _per_replica_batch(batch_size, input_context) -> int:
+    batch_size = _check_batch(batch_size)
+    if input_context is None:
+        return batch_size
+    replicas = input_context.num_replicas_in_sync
+    if batch_size % replicas:
+        lower = (batch_size // replicas) * replicas
+        upper = lower + replicas
+        nearest = f"{lower} or {upper}" if lower else f"{upper}"
+        raise PetalError(
+            f"Global batch size {batch_size} does not divide across {replicas} replicas; "
+            f"nearest valid sizes: {nearest}. Received: batch_size={batch_size}"
+        )
+    return batch_size // replicas
+
+
+def _pipeline_count(src: Source, split: str, input_context) -> int:
+    """Images one input pipeline sees per epoch (an estimate when sharding by record)."""
+    total = src.count(split)
+    if input_context is None or input_context.num_input_pipelines <= 1:
+        return total
+    n, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    files = src.files(split)
+    if src.kind == "folder" or len(files) < n:
+        return total // n
+    return sum(src.counts(split)[index::n])
+
+
+def _as_size(image_size) -> tuple[int, int]:
+    if isinstance(image_size, str):
+        parts = image_size.lower().split("x")
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            values = []
+        if len(values) == 1:
+            values *= 2
+    elif isinstance(image_size, int) and not isinstance(image_size, bool):
+        values = [image_size, image_size]
+    else:
+        try:
+            values = [int(v) for v in image_size]
+        except (TypeError, ValueError):
+            values = []
+    if len(values) != 2 or min(values) <= 0:
+        raise PetalError(f"image_size must be a positive int, (height, width) or 'HxW'. "
+                         f"Received: image_size={image_size!r}")
+    return values[0], values[1]
+
+
+def _resolve_size(src: Source, image_size) -> tuple[int, int]:
+    if image_size is not None:
+        return _as_size(image_size)
+    if src.image_size is not None:
+        return src.image_size
+    if src.kind == "folder":
+        raise PetalError(f"Reading the image folder {src.path} needs an image_size to resize "
+                         "to (e.g. image_size=192). Received: image_size=None")
+    raise PetalError(
+        f"Records in {src.path} have mixed image sizes (converted with resize mode 'none'); "
+        "pass image_size to resize them to one size (e.g. image_size=192). "
+        "Received: image_size=None"
+    )
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _cache_key(src: Source, split, size, input_context) -> str:
+    created = (src.manifest or {}).get("created", "")
+    pipe = input_context.input_pipeline_id if input_context is not None else 0
+    text = f"{src.path}|{created}|{split}|{size}|{pipe}|{src.count(split)}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None:
+    """None (no cache), "" (RAM) or a file prefix on local disk."""
+    if cache in (None, False, "off", "none", "no"):
+        return None
+    if cache in (True, "ram", "memory"):
+        return ""
+    needed = src.count(split) * size[0] * size[1] * 3
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        needed //= input_context.num_input_pipelines
+    if cache == "auto":
+        if needed <= RAM_CACHE_FRACTION * _available_memory():
+            return ""
+        cache = "disk"
+    if cache == "disk":
+        folder = os.path.join(tempfile.gettempdir(), "petal-cache")
+        # A fresh name per dataset: two runs never share (or half-read) one cache file.
+        key = f"{_cache_key(src, split, size, input_context)}-{secrets.token_hex(4)}"
+    elif isinstance(cache, str | os.PathLike):
+        folder = os.fspath(cache)
+        key = _cache_key(src, split, size, input_context)
+    else:
+        raise PetalError(f"cache must be 'auto', 'ram', 'disk', 'off' or a folder path. "
+                         f"Received: cache={cache!r}")
+    os.makedirs(folder, exist_ok=True)
+    free = _disk_free(folder)
+    if free and needed > 0.9 * free:
+        raise PetalError(f"Caching {needed / 1e9:.1f} GB of decoded images needs more free space "
+                         f"than {folder} has ({free / 1e9:.1f} GB); pass cache='off' or another "
+                         f"folder. Received: cache={cache!r}")
+    return os.path.join(folder, f"{split}-{key}")
+
+
+def _disk_free(folder: str) -> int:
+    try:
+        st = os.statvfs(folder)
+        return st.f_bavail * st.f_frsize
+    except (OSError, AttributeError):
+        return 0

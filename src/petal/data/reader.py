@@ -1,0 +1,541 @@
+"""Open a data source and read its records: the first stage of every pipeline.
+
+Three kinds of source, told apart by what the path holds:
+
+- ``records``: a petal records folder (``manifest.json`` plus shards). Everything comes
+  from the manifest, and the shards are checked against it (present, count, bytes).
+- ``codelab``: the Keras-on-TPU codelab's own shards (``flowers00-230.tfrec`` ...), a
+  folder or a glob, without a manifest. Counts come from the file names; classes from the
+  records' ``class``/``label`` fields, else the codelab's list. The split is **by file**,
+  as the squeezenet notebook does it: the first ``int(n_files * 0.19)`` files (in sorted
+  order) are the validation set, the rest the training set.
+- ``folder``: a plain folder of class sub-folders of images: the slow per-file path, kept
+  for comparison and quick experiments. The split is a stable per-class hash of each
+  file's relative path, so it never depends on which other files exist.
+
+Paths are local or anything ``tf.io.gfile`` reads (``gs://``); ``http://`` URLs go through
+:mod:`petal.data.remote`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+import threading
+from dataclasses import dataclass, field
+
+from petal.data import schema
+from petal.errors import PetalError
+
+log = logging.getLogger(__name__)
+
+CODELAB_CLASSES = ("daisy", "dandelion", "roses", "sunflowers", "tulips")
+# The squeezenet notebook's VALIDATION_SPLIT: the first int(n * 0.19) files are validation.
+CODELAB_VAL_FRACTION = 0.19
+FOLDER_VAL_FRACTION = 0.19
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
+SPLITS = (*schema.SPLITS, "all")
+# Records read from the start of each codelab shard to learn class names and image size.
+PEEK_RECORDS = 32
+
+
+@dataclass
+class Source:
+    """An opened data source. Build it with :func:`open_source`.
+
+    Attributes:
+        path: what was opened (folder, glob or URL), without a trailing slash.
+        kind: ``"records"``, ``"codelab"`` or ``"folder"``.
+        classes: class names in index order.
+        image_size: ``(height, width)`` of the stored images, or None when they vary
+            (records written with resize mode ``none``, or an image folder).
+        format: ``"jpeg"`` or ``"raw"`` for records, ``"files"`` for an image folder.
+        manifest: the records folder's manifest, or None.
+    """
+
+    path: str
+    kind: str
+    classes: tuple[str, ...]
+    image_size: tuple[int, int] | None
+    format: str
+    manifest: dict | None = None
+    _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def remote(self) -> bool:
+        """True for ``http(s)://`` sources, read through :mod:`petal.data.remote`."""
+        return _is_http(self.path)
+
+    def files(self, split: str = "train") -> list[str]:
+        """Shard files (records, codelab) or image files (folder) of a split, in a fixed order."""
+        split = _check_split(split)
+        if split == "all":
+            return self._files["train"] + self._files["validation"]
+        return list(self._files[split])
+
+    def counts(self, split: str = "train") -> list[int]:
+        """Number of images in each of :meth:`files` (1 per file for an image folder)."""
+        split = _check_split(split)
+        if split == "all":
+            return self._counts["train"] + self._counts["validation"]
+        return list(self._counts[split])
+
+    def count(self, split: str = "train") -> int:
+        """Number of images in a split."""
+        return sum(self.counts(split))
+
+    def labels(self, split: str = "train") -> list[int]:
+        """Class index of each file of an image folder (empty for records)."""
+        split = _check_split(split)
+        if split == "all":
+            return self._labels.get("train", []) + self._labels.get("validation", [])
+        return list(self._labels.get(split, []))
+
+    def decoded_bytes(self, split: str = "train", image_size=None) -> int | None:
+        """Bytes the split takes decoded as uint8 (what an in-memory cache holds), if known."""
+        size = image_size or self.image_size
+        if size is None:
+            return None
+        return self.count(split) * int(size[0]) * int(size[1]) * 3
+
+    def describe(self) -> str:
+        size = "x".join(map(str, self.image_size)) if self.image_size else "varying"
+        return (
+            f"{self.kind} source {self.path}: {len(self.classes)} classes, images {size}, "
+            f"format {self.format}, train {self.count('train')} in {len(self.files('train'))} "
+            f"files, validation {self.count('validation')} in {len(self.files('validation'))}"
+        )
+
+
+# --- opening ---------------------------------------------------------------------------------
+
+
+def open_source(
+    path: str,
+    *,
+    classes: list[str] | tuple[str, ...] | None = None,
+    val_fraction: float | None = None,
+    verify: bool = True,
+) -> Source:
+    """Open a records folder, codelab shards or an image folder.
+
+    Args:
+        path: a petal records folder, a folder or glob of the codelab's shards, a folder of
+            class sub-folders of images; local, ``gs://`` (anything ``tf.io.gfile`` reads) or
+            ``http://`` (see :mod:`petal.data.remote`).
+        classes: class names in index order, for codelab shards and image folders (records
+            folders take theirs from the manifest).
+        val_fraction: validation fraction for codelab shards (by file, default 0.19) and
+            image folders (by image, default 0.19).
+        verify: check a records folder's shards against its manifest (exist, count, bytes).
+
+    Raises:
+        PetalError: missing or empty source, or a manifest that disagrees with the shards.
+    """
+    if isinstance(path, Source):
+        return path
+    path = str(path)
+    if not path:
+        raise PetalError("Data source path is empty. Received: path=''")
+    if val_fraction is not None and not 0.0 <= float(val_fraction) < 1.0:
+        raise PetalError(f"val_fraction must be in [0, 1). Received: val_fraction={val_fraction}")
+    fs = _fs_for(path)
+    is_glob = any(ch in path for ch in "*?[")
+    root = path if is_glob else path.rstrip("/")
+    if is_glob:
+        matches = sorted(fs.glob(root))
+        if not matches:
+            raise PetalError(f"No files match the pattern {path}.")
+        return _open_codelab(root, matches, classes, val_fraction)
+    if not fs.exists(root):
+        raise PetalError(f"Data source not found: {root}. Pass a records folder (petal convert "
+                         "writes one), codelab shards or a folder of class sub-folders.")
+    if fs.exists(_join(root, schema.MANIFEST_NAME)):
+        return _open_records(root, verify=verify)
+    if not fs.isdir(root):
+        raise PetalError(f"Data source is a file, not a folder: {root}. Pass its folder or a glob.")
+    names = sorted(fs.listdir(root))
+    shards = [_join(root, n) for n in names if n.endswith(schema.SHARD_SUFFIX)]
+    if shards:
+        return _open_codelab(root, shards, classes, val_fraction)
+    if any(fs.isdir(_join(root, n)) for n in names):
+        return _open_folder(root, classes, val_fraction)
+    raise PetalError(
+        f"Data source {root} is empty: no manifest.json, no *{schema.SHARD_SUFFIX} shards and no "
+        "class sub-folders. Convert images with `petal convert SRC DST` first."
+    )
+
+
+def _open_records(root: str, *, verify: bool) -> Source:
+    fs = _fs_for(root)
+    manifest_path = _join(root, schema.MANIFEST_NAME)
+    try:
+        manifest = json.loads(fs.read_bytes(manifest_path).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise PetalError(f"Manifest is not valid JSON: {manifest_path} ({err}).") from err
+    for key in ("classes", "splits", "format"):
+        if key not in manifest:
+            raise PetalError(f"Manifest {manifest_path} has no '{key}'; rewrite it with petal convert.")
+    fmt = manifest["format"]
+    if fmt not in schema.FORMATS:
+        raise PetalError(f"Manifest {manifest_path} has unknown format {fmt!r} (known: "
+                         f"{', '.join(schema.FORMATS)}).")
+    size = manifest.get("image_size")
+    source = Source(
+        path=root,
+        kind="records",
+        classes=tuple(manifest["classes"]),
+        image_size=(int(size[0]), int(size[1])) if size else None,
+        format=fmt,
+        manifest=manifest,
+    )
+    listed = set()
+    for split in schema.SPLITS:
+        info = manifest["splits"].get(split, {"count": 0, "shards": []})
+        files, counts = [], []
+        for shard in info.get("shards", []):
+            files.append(_join(root, shard["file"]))
+            counts.append(int(shard["count"]))
+            listed.add(shard["file"])
+        if sum(counts) != int(info.get("count", sum(counts))):
+            raise PetalError(
+                f"Manifest {manifest_path} disagrees with itself: split {split} count "
+                f"{info.get('count')} but its shards hold {sum(counts)} records."
+            )
+        source._files[split], source._counts[split] = files, counts
+    if not listed:
+        raise PetalError(f"Records folder {root} lists no shards in its manifest; it holds no images.")
+    if verify:
+        _verify_shards(root, manifest, listed)
+    return source
+
+
+def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
+    """The manifest is the index; refuse shards that disagree with it before reading."""
+    fs = _fs_for(root)
+    sizes = fs.sizes(root)
+    for split in schema.SPLITS:
+        for shard in manifest["splits"].get(split, {}).get("shards", []):
+            name = shard["file"]
+            if name not in sizes:
+                raise PetalError(
+                    f"Manifest lists shard {name} but it is missing from {root}; "
+                    "the records folder is incomplete: convert again with --overwrite."
+                )
+            try:
+                in_name = schema.count_from_name(name)
+            except ValueError:
+                in_name = None
+            if in_name is not None and in_name != int(shard["count"]):
+                raise PetalError(
+                    f"Manifest disagrees with shard {_join(root, name)}: manifest count "
+                    f"{shard['count']}, file name count {in_name}."
+                )
+            if "bytes" in shard and int(shard["bytes"]) != sizes[name]:
+                raise PetalError(
+                    f"Manifest disagrees with shard {_join(root, name)}: manifest says "
+                    f"{shard['bytes']} bytes, the file has {sizes[name]}; it was changed or "
+                    "truncated after conversion (petal inspect --verify names the record)."
+                )
+    extra = sorted(n for n in sizes if n.endswith(schema.SHARD_SUFFIX) and n not in listed)
+    if extra:
+        raise PetalError(
+            f"Records folder {root} holds shards its manifest does not list: {', '.join(extra[:3])}"
+            f"{' ...' if len(extra) > 3 else ''}; two conversions were mixed: convert again "
+            "into an empty folder."
+        )
+
+
+def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source:
+    counts = []
+    for shard in shards:
+        try:
+            counts.append(schema.count_from_name(shard))
+        except ValueError as err:
+            raise PetalError(
+                f"Codelab shard {shard} carries no record count in its name (expected "
+                "'...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+            ) from err
+    fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
+    # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
+    n_val = int(len(shards) * fraction)
+    peek = _peek_codelab(shards)
+    found_classes, image_size = peek
+    if classes is not None:
+        names = tuple(classes)
+    else:
+        names = found_classes
+    source = Source(
+        path=root.rstrip("/"),
+        kind="codelab",
+        classes=names,
+        image_size=image_size,
+        format=schema.FORMAT_JPEG,
+    )
+    source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
+    source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
+    return source
+
+
+def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] | None]:
+    """Classes and image size from the first record of each shard (one small read each)."""
+    import tensorflow as tf
+
+    spec = {
+        schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+        schema.LABEL: tf.io.FixedLenFeature([], tf.string, default_value=""),
+        schema.SIZE: tf.io.FixedLenFeature([2], tf.int64, default_value=[0, 0]),
+        schema.ONE_HOT: tf.io.VarLenFeature(tf.float32),
+    }
+    names: dict[int, str] = {}
+    num_classes, sizes = 0, set()
+    # A few records from the start of each shard, until every class index has a name.
+    for shard in shards:
+        for raw in _record_dataset([shard]).take(PEEK_RECORDS):
+            ex = tf.io.parse_single_example(raw, spec)
+            index, label = int(ex[schema.CLASS]), ex[schema.LABEL].numpy().decode("utf-8", "replace")
+            if index >= 0 and label:
+                names.setdefault(index, label)
+            num_classes = max(num_classes, int(ex[schema.ONE_HOT].dense_shape[0]), index + 1)
+            h, w = (int(v) for v in ex[schema.SIZE].numpy())
+            if h > 0 and w > 0:
+                sizes.add((h, w))
+        if num_classes and len(names) >= num_classes and len(sizes) > 1:
+            break
+    num_classes = max(num_classes, len(CODELAB_CLASSES) if not names else 0)
+    defaults = dict(enumerate(CODELAB_CLASSES))
+    classes = tuple(
+        names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes)
+    )
+    image_size = sizes.pop() if len(sizes) == 1 else None
+    return classes, image_size
+
+
+def _open_folder(root: str, classes, val_fraction) -> Source:
+    if _is_http(root):
+        pairs, names = _list_http_folder(root, classes)
+    else:
+        from petal.data import folders
+
+        found = folders.find_images(root, classes)
+        names = list(found.classes)
+        pairs = [(f.path, f.relpath, f.label) for f in found.files]
+    fraction = FOLDER_VAL_FRACTION if val_fraction is None else float(val_fraction)
+    by_class: dict[int, list[tuple[str, str, int]]] = {}
+    for item in pairs:
+        by_class.setdefault(item[2], []).append(item)
+    val: set[str] = set()
+    for items in by_class.values():
+        # Stable per-file hash: a file's side never changes when others are added or removed.
+        keyed = sorted(items, key=lambda it: hashlib.sha1(it[1].encode("utf-8")).hexdigest())
+        val.update(it[1] for it in keyed[: int(round(len(items) * fraction))])
+    source = Source(path=root, kind="folder", classes=tuple(names), image_size=None,
+                    format="files")
+    for split in schema.SPLITS:
+        chosen = [it for it in pairs if (it[1] in val) == (split == "validation")]
+        source._files[split] = [it[0] for it in chosen]
+        source._counts[split] = [1] * len(chosen)
+        source._labels[split] = [it[2] for it in chosen]
+    return source
+
+
+def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """(url, relpath, label) of every image under an http folder, and the class names."""
+    from petal.data import remote
+
+    keys = sorted(k for k in remote.list_objects(root) if k.lower().endswith(IMAGE_EXTENSIONS))
+    by_class: dict[str, list[str]] = {}
+    for key in keys:
+        if "/" in key:
+            by_class.setdefault(key.split("/", 1)[0], []).append(key)
+    names = sorted(by_class) if classes is None else list(classes)
+    unknown = [c for c in names if c not in by_class]
+    if unknown or not names:
+        raise PetalError(
+            f"No images for class(es) {', '.join(unknown) or '(none)'} under {root} "
+            f"(extensions {', '.join(IMAGE_EXTENSIONS)}; found: {', '.join(sorted(by_class))})."
+        )
+    pairs = [(f"{root}/{key}", key, i) for i, c in enumerate(names) for key in by_class[c]]
+    return pairs, names
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise PetalError(f"Unknown split {split!r} (known: {', '.join(SPLITS)}). Received: split={split!r}")
+    return split
+
+
+# --- reading records -------------------------------------------------------------------------
+
+
+class SkipCounter:
+    """Counts records skipped as corrupt (``skip_corrupt=True``), shared across pipelines."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.skipped = 0
+        self.events: list[str] = []
+
+    def add(self, n: int, message: str) -> None:
+        with self._lock:
+            self.skipped += n
+            self.events.append(message)
+
+
+SKIPPED = SkipCounter()
+
+
+def _record_dataset(files: list[str], buffer_size: int = 1 << 20):
+    """Plain TFRecord reader for local/gfile paths, or the remote one for http URLs."""
+    import tensorflow as tf
+
+    if files and _is_http(files[0]):
+        from petal.data import remote
+
+        return remote.records_dataset(files)
+    return tf.data.TFRecordDataset(files, buffer_size=buffer_size)
+
+
+def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
+    """Records of one shard, checked: a short read (CRC failure, truncation) is reported.
+
+    TensorFlow's reader stops a shard at its first corrupt record and names only a byte
+    offset. We read the shard with errors ignored, count what came out, and at the end
+    compare with the count the manifest (or the file name) promises: the message then
+    names the shard and the first record that could not be read. With ``skip_corrupt``
+    the rest of that shard is skipped with a warning and counted in :data:`SKIPPED`.
+
+    Args:
+        path: scalar string tensor, the shard.
+        expected: scalar int64 tensor, the records it must hold.
+        skip_corrupt: warn and count instead of failing.
+        name: what to call the shard in messages (default ``path``; remote shards pass
+            their URL).
+    """
+    import tensorflow as tf
+
+    name = path if name is None else name
+    records = tf.data.TFRecordDataset(path, buffer_size=1 << 20)
+    records = records.ignore_errors().map(lambda r: (r, tf.constant(False)))
+    end = tf.data.Dataset.from_tensors((tf.constant(b""), tf.constant(True)))
+
+    def count(n, item):
+        record, last = item
+        return n + tf.cast(tf.logical_not(last), tf.int64), (record, last, n)
+
+    def check(record, last, n):
+        if skip_corrupt:
+            ok = tf.logical_or(tf.logical_not(last), tf.equal(n, expected))
+            warn = tf.cond(
+                ok,
+                lambda: tf.constant(True),
+                lambda: tf.py_function(_report_skip, [name, n, expected], tf.bool),
+            )
+            return tf.logical_and(tf.logical_not(last), warn)
+        # tf.strings.join, not format: format would quote the path.
+        message = tf.strings.join([
+            "petal: corrupt or truncated shard ", name, ": record ", tf.strings.as_string(n),
+            " (0-based) could not be read (CRC failure or short file; ", tf.strings.as_string(n),
+            " of ", tf.strings.as_string(expected), " records read). Run `petal inspect "
+            "--verify`, convert again, or pass skip_corrupt=True / --skip-corrupt.",
+        ])
+        # More records than promised means the manifest (or file name) disagrees.
+        too_many = tf.strings.join([
+            "petal: shard ", name, " holds more records than the ",
+            tf.strings.as_string(expected), " its manifest or file name says.",
+        ])
+        with tf.control_dependencies([
+            tf.debugging.Assert(tf.logical_or(tf.logical_not(last), n >= expected),
+                                [message], summarize=1),
+            tf.debugging.Assert(tf.less_equal(n, expected), [too_many], summarize=1),
+        ]):
+            return tf.logical_not(last)
+
+    return (
+        records.concatenate(end)
+        .scan(tf.constant(0, tf.int64), count)
+        .filter(check)
+        .map(lambda record, last, n: record)
+    )
+
+
+def _report_skip(path, n, expected) -> bool:
+    path = path.numpy().decode("utf-8", "replace")
+    n, expected = int(n), int(expected)
+    lost = max(expected - n, 0)
+    message = (f"skipped {lost} record(s) of {path}: record {n} is corrupt (CRC failure or "
+               "truncation) and the reader cannot resume inside a shard")
+    log.warning("petal: %s", message)
+    SKIPPED.add(lost, message)
+    return False
+
+
+# --- file systems ----------------------------------------------------------------------------
+
+
+def _is_http(path: str) -> bool:
+    return str(path).startswith(("http://", "https://"))
+
+
+def _join(*parts: str) -> str:
+    return posixpath.join(*parts) if _is_http(parts[0]) else _gfile_join(*parts)
+
+
+def _gfile_join(*parts: str) -> str:
+    import os
+
+    if "://" in parts[0]:
+        return "/".join([parts[0].rstrip("/"), *(p.strip("/") for p in parts[1:])])
+    return os.path.join(*parts)
+
+
+class _GFileFS:
+    """The few file-system calls the reader needs, through tf.io.gfile (local, gs://, ...)."""
+
+    @staticmethod
+    def _gfile():
+        import tensorflow as tf
+
+        return tf.io.gfile
+
+    def exists(self, path):
+        return self._gfile().exists(path)
+
+    def isdir(self, path):
+        return self._gfile().isdir(path)
+
+    def listdir(self, path):
+        return [n.rstrip("/") for n in self._gfile().listdir(path)]
+
+    def glob(self, pattern):
+        return self._gfile().glob(pattern)
+
+    def read_bytes(self, path):
+        with self._gfile().GFile(path, "rb") as f:
+            return f.read()
+
+    def sizes(self, folder):
+        gfile = self._gfile()
+        out = {}
+        for name in gfile.listdir(folder):
+            name = name.rstrip("/")
+            full = _gfile_join(folder, name)
+            if not gfile.isdir(full):
+                out[name] = gfile.stat(full).length
+        return out
+
+
+def _fs_for(path: str):
+    if _is_http(path):
+        from petal.data import remote
+
+        return remote.HttpFS()
+    return _GFileFS()

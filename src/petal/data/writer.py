@@ -1,0 +1,783 @@
+"""``petal convert``: an image folder -> sharded TFRecords plus ``manifest.json``.
+
+The conversion runs in two passes over the files, both spread over worker processes:
+
+1. *probe*: read each file, hash its bytes and parse its header. Unreadable files,
+   non-images and images over the pixel limit are skipped here, and the hashes let the
+   split keep byte-identical duplicates on one side.
+2. *convert*: decode, orient, resize and encode, in the final record order; the main
+   process writes the records, so the output does not depend on the number of workers.
+
+Between the passes the surviving files are split (seeded, stratified by class, disjoint
+by content), shuffled with the seed and cut into shards. Shards are written under
+temporary names and renamed once all are complete; the manifest is written last, so a
+folder without ``manifest.json`` is never a finished conversion, and the next run
+removes what an interrupted one left behind.
+
+Workers import only PIL and NumPy (``petal.data.images``); TensorFlow is used in the main
+process, for ``tf.train.Example`` and ``tf.io.TFRecordWriter``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+from petal.data import folders, images, schema
+from petal.errors import PetalError
+
+DEFAULT_SEED = 42
+DEFAULT_VAL_FRACTION = 0.19
+# Shards of 100-200 MB suit cloud storage: big enough to amortise the per-file latency,
+# small enough to spread over many parallel readers. The count is ceil(bytes / 200 MB).
+DEFAULT_SHARD_MB = 200.0
+_MB = 1_000_000
+# Bytes a record adds around its image (keys, label, file name, sizes); an estimate.
+_RECORD_OVERHEAD = 256
+_ESTIMATE_SAMPLE = 16
+
+_TEMP_PREFIX = ".petal-tmp-"
+_SHARD_RE = re.compile(r"^(train|validation)-\d{5}-of-\d{5}-\d+\.tfrec$")
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What the workers need to turn a file into record bytes (picklable)."""
+
+    size: tuple[int, int] | None
+    resize: str
+    format: str
+    quality: int
+    max_pixels: int
+
+
+@dataclass(frozen=True)
+class _Probed:
+    file: folders.ImageFile
+    sha256: str
+    nbytes: int
+
+
+@dataclass
+class ConvertSummary:
+    """What ``convert`` did; ``str()`` gives the closing one-line summary.
+
+    Attributes:
+        output: the records folder.
+        classes: class names in index order.
+        images_found: candidate files discovered (``written + skipped``).
+        written: records written.
+        skipped: files not written; each is listed with its reason in the manifest.
+        counts: records per split.
+        shards: shard files per split.
+        bytes: total bytes of the shard files.
+        seconds: wall time of the whole conversion.
+        manifest: the manifest as written.
+    """
+
+    output: str
+    classes: list[str]
+    images_found: int
+    written: int
+    skipped: int
+    counts: dict[str, int]
+    shards: dict[str, int]
+    bytes: int
+    seconds: float
+    manifest: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        splits = ", ".join(
+            f"{s} {self.counts.get(s, 0)} in {self.shards.get(s, 0)} shard"
+            f"{'' if self.shards.get(s, 0) == 1 else 's'}"
+            for s in schema.SPLITS
+        )
+        return (
+            f"written {self.written} ({splits}), skipped {self.skipped} of "
+            f"{self.images_found} found, {self.images_per_second:.0f} images/s, "
+            f"{self.bytes / _MB:.1f} MB in {self.seconds:.1f} s -> {self.output}"
+        )
+
+
+# --- worker side: plain functions of a path (no TensorFlow) ----------------------------------
+
+
+def _read(path: str) -> bytes | str:
+    """The file's bytes, or the reason it cannot be read."""
+    try:
+        return folders.read_bytes(path)
+    except OSError as err:
+        return f"unreadable: {err.strerror or err}"
+
+
+def _probe(path: str, max_pixels: int) -> tuple[str, int] | str:
+    """(sha256 hex, size in bytes) of a usable file, or the reason it is skipped."""
+    data = _read(path)
+    if isinstance(data, str):
+        return data
+    try:
+        images.open_image(data, max_pixels)
+    except images.ImageError as err:
+        return str(err)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _convert(path: str, options: _Options) -> images.Encoded | str:
+    """The record's image for one file, or the reason it is skipped."""
+    data = _read(path)
+    if isinstance(data, str):
+        return data
+    try:
+        return images.convert_image(
+            data,
+            size=options.size,
+            mode=options.resize,
+            format=options.format,
+            quality=options.quality,
+            max_pixels=options.max_pixels,
+        )
+    except images.ImageError as err:
+        return str(err)
+
+
+class _Mapper:
+    """Ordered map over worker processes, or in this process for one worker."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool = None
+        if workers > 1:
+            # 'spawn': the parent may hold TensorFlow's threads, which fork would copy
+            # in an undefined state; spawned workers import only PIL and NumPy.
+            self._pool = multiprocessing.get_context("spawn").Pool(workers)
+
+    def imap(self, fn: Callable, items: Sequence) -> Iterator:
+        if self._pool is None:
+            return map(fn, items)
+        # Small chunks keep the progress bar live and the workers evenly loaded; ordered
+        # results keep the output independent of the number of workers.
+        chunksize = max(1, min(32, len(items) // (self.workers * 8)))
+        return self._pool.imap(fn, items, chunksize=chunksize)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def _resolve_options(
+    image_size, resize, format, quality, val_fraction, seed, shards, shard_mb, workers, max_pixels
+) -> tuple[_Options, dict]:
+    """Checks every option before anything is read or written."""
+    if resize not in images.RESIZE_MODES:
+        raise PetalError(
+            f"resize must be one of {', '.join(images.RESIZE_MODES)}. Received: resize={resize!r}"
+        )
+    if format not in schema.FORMATS:
+        raise PetalError(
+            f"format must be one of {', '.join(schema.FORMATS)}. Received: format={format!r}"
+        )
+    if resize == "none":
+        if image_size is not None:
+            raise PetalError(
+                "--image-size conflicts with --resize none (images keep their own size). "
+                f"Received: image_size={image_size!r}"
+            )
+        size = None
+    else:
+        try:
+            size = images.parse_image_size(
+                images.DEFAULT_IMAGE_SIZE if image_size is None else image_size
+            )
+        except ValueError as err:
+            raise PetalError(str(err)) from None
+    if format == schema.FORMAT_RAW and quality is not None:
+        raise PetalError(
+            "--quality applies to JPEG only and conflicts with --format raw. "
+            f"Received: quality={quality!r}"
+        )
+    if format == schema.FORMAT_JPEG:
+        quality = images.DEFAULT_QUALITY if quality is None else quality
+        if not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise PetalError(f"quality must be an integer in 1..100. Received: quality={quality!r}")
+    if not isinstance(val_fraction, int | float) or not 0.0 <= val_fraction < 1.0:
+        raise PetalError(
+            f"val_fraction must be in [0, 1) (0 writes no validation split). "
+            f"Received: val_fraction={val_fraction!r}"
+        )
+    if not isinstance(seed, int):
+        raise PetalError(f"seed must be an integer. Received: seed={seed!r}")
+    if shards is not None and shard_mb is not None:
+        raise PetalError(
+            "--shards and --shard-mb both choose the shard count; give one. "
+            f"Received: shards={shards}, shard_mb={shard_mb}"
+        )
+    if shards is not None and (not isinstance(shards, int) or shards < 1):
+        raise PetalError(f"shards must be a positive integer. Received: shards={shards!r}")
+    if shard_mb is not None and (not isinstance(shard_mb, int | float) or shard_mb <= 0):
+        raise PetalError(f"shard_mb must be a positive number. Received: shard_mb={shard_mb!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise PetalError(f"workers must be a positive integer. Received: workers={workers!r}")
+    if not isinstance(max_pixels, int) or max_pixels < 1:
+        raise PetalError(
+            f"max_pixels must be a positive integer. Received: max_pixels={max_pixels!r}"
+        )
+    options = _Options(size, resize, format, quality, max_pixels)
+    recorded = {
+        "image_size": list(size) if size else None,
+        "resize": resize,
+        "format": format,
+        "quality": quality,
+        "val_fraction": float(val_fraction),
+        "seed": seed,
+        "shards": shards,
+        "shard_mb": shard_mb if shards is not None or shard_mb is not None else DEFAULT_SHARD_MB,
+        "workers": workers or os.cpu_count() or 1,
+        "max_pixels": max_pixels,
+    }
+    if shards is not None:
+        recorded["shard_mb"] = None
+    return options, recorded
+
+
+def _norm(path: str) -> str:
+    if folders.is_remote(path):
+        return path.rstrip("/") + "/"
+    return os.path.join(os.path.realpath(path), "")
+
+
+def _check_paths(source: str, output: str) -> None:
+    src, dst = _norm(source), _norm(output)
+    if dst.startswith(src):
+        raise PetalError(
+            "The output folder is inside the source folder, so it would be read as a class. "
+            f"Choose an output outside it. Received: source={source}, output={output}"
+        )
+    if folders.exists(output) and not folders.isdir(output):
+        raise PetalError(f"The output exists and is not a folder. Received: output={output}")
+
+
+# --- the output folder --------------------------------------------------------------------------
+
+
+def _listdir(path: str) -> list[str]:
+    if not folders.exists(path):
+        return []
+    if folders.is_remote(path):
+        import tensorflow as tf
+
+        return sorted(n.rstrip("/") for n in tf.io.gfile.listdir(path))
+    return sorted(os.listdir(path))
+
+
+def _is_ours(name: str) -> bool:
+    return name == schema.MANIFEST_NAME or name.startswith(_TEMP_PREFIX) or bool(
+        _SHARD_RE.match(name)
+    )
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+    """Refuses to replace a complete conversion or to mix with foreign files."""
+    names = _listdir(output)
+    if schema.MANIFEST_NAME in names and not overwrite:
+        raise PetalError(
+            f"{output} already holds a complete conversion ({schema.MANIFEST_NAME}); "
+            "pass --overwrite (overwrite=True) to replace it."
+        )
+    foreign = [n for n in names if not _is_ours(n)]
+    if foreign and not overwrite:
+        raise PetalError(
+            f"The output folder {output} holds files petal did not write (e.g. {foreign[0]!r}); "
+            "choose an empty or new folder, or pass --overwrite to replace only petal's files."
+        )
+
+
+def _remove(path: str) -> None:
+    if folders.is_remote(path):
+        import tensorflow as tf
+
+        tf.io.gfile.remove(path)
+    else:
+        os.remove(path)
+
+
+def _rename(src: str, dst: str) -> None:
+    if folders.is_remote(src):
+        import tensorflow as tf
+
+        tf.io.gfile.rename(src, dst, overwrite=True)
+    else:
+        os.replace(src, dst)
+
+
+def _prepare_output(output: str) -> None:
+    """Creates the folder and removes petal's files from an earlier or interrupted run."""
+    if folders.is_remote(output):
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(output)
+    else:
+        os.makedirs(output, exist_ok=True)
+    names = _listdir(output)
+    # The manifest goes first: from then on the folder no longer looks complete.
+    if schema.MANIFEST_NAME in names:
+        _remove(folders.join(output, schema.MANIFEST_NAME))
+    for name in names:
+        if name != schema.MANIFEST_NAME and _is_ours(name):
+            _remove(folders.join(output, name))
+
+
+# --- split, order, shards ----------------------------------------------------------------------
+
+
+def split_files(
+    probed: Sequence[_Probed], classes: Sequence[str], val_fraction: float, seed: int
+) -> dict[str, list[_Probed]]:
+    """Seeded, class-stratified split, disjoint by content.
+
+    Files with identical bytes form a group that goes to one side as a whole, so no
+    image is in both splits. Each class sends ``round(val_fraction * n)`` of its files
+    (counting groups it owns) to validation, chosen by a generator seeded with the seed
+    and the class name, so one class's split does not depend on the others.
+    """
+    groups: dict[str, list[_Probed]] = {}
+    for item in probed:
+        groups.setdefault(item.sha256, []).append(item)
+    owned: dict[int, list[list[_Probed]]] = {}
+    for group in groups.values():  # a group belongs to its first member's class
+        owned.setdefault(group[0].file.label, []).append(group)
+    totals = Counter(item.file.label for item in probed)
+    in_val: Counter = Counter()
+    splits: dict[str, list[_Probed]] = {"train": [], "validation": []}
+    for label, name in enumerate(classes):
+        target = math.floor(val_fraction * totals[label] + 0.5)
+        class_groups = owned.get(label, [])
+        random.Random(f"petal-split:{seed}:{name}").shuffle(class_groups)
+        for group in class_groups:
+            side = "validation" if in_val[label] < target else "train"
+            splits[side] += group
+            if side == "validation":
+                in_val.update(item.file.label for item in group)
+    for split, items in splits.items():
+        # Records are shuffled before sharding: shards are then uniform samples, which
+        # readers rely on (the codelab's "well shuffled on disk").
+        items.sort(key=lambda item: item.file.relpath)
+        random.Random(f"petal-shuffle:{seed}:{split}").shuffle(items)
+    return splits
+
+
+def _shard_sizes(count: int, shards: int) -> list[int]:
+    """Sizes of ``shards`` contiguous blocks of ``count`` records, differing by at most one."""
+    if count == 0:
+        return []
+    shards = max(1, min(shards, count))
+    return [count // shards + (1 if i < count % shards else 0) for i in range(shards)]
+
+
+def _estimate_record_bytes(
+    probed: Sequence[_Probed], options: _Options, mapper: _Mapper
+) -> float:
+    """Average record size, from a spread-out sample of the files."""
+    step = max(1, len(probed) // _ESTIMATE_SAMPLE)
+    sample = [p.file.path for p in probed[::step][:_ESTIMATE_SAMPLE]]
+    sizes = [
+        len(r.data)
+        for r in mapper.imap(functools.partial(_convert, options=options), sample)
+        if not isinstance(r, str)
+    ]
+    if sizes:
+        return sum(sizes) / len(sizes) + _RECORD_OVERHEAD
+    return sum(p.nbytes for p in probed) / max(1, len(probed)) + _RECORD_OVERHEAD
+
+
+def _shard_counts(
+    splits: dict[str, list[_Probed]],
+    options: _Options,
+    shards: int | None,
+    shard_mb: float | None,
+    mapper: _Mapper,
+) -> dict[str, int]:
+    if shards is not None:
+        return {s: min(shards, len(items)) for s, items in splits.items()}
+    target = (shard_mb or DEFAULT_SHARD_MB) * _MB
+    everything = [p for items in splits.values() for p in items]
+    if options.size is not None:
+        bound = options.size[0] * options.size[1] * 3 + _RECORD_OVERHEAD
+    if options.size is not None and options.format == schema.FORMAT_RAW:
+        per_record = bound  # exact
+    elif options.size is not None and bound * max(map(len, splits.values())) <= target:
+        per_record = bound  # a JPEG is smaller than its pixels: one shard either way
+    else:
+        per_record = _estimate_record_bytes(everything, options, mapper)
+    return {
+        s: min(len(items), max(1, math.ceil(len(items) * per_record / target)))
+        for s, items in splits.items()
+    }
+
+
+# --- records ---------------------------------------------------------------------------------------
+
+
+class _ExampleBuilder:
+    """Serialises ``tf.train.Example`` records (main process only)."""
+
+    def __init__(self, classes: Sequence[str]):
+        import tensorflow as tf
+
+        self._tf = tf
+        n = len(classes)
+        self._label = [self._bytes(c.encode("utf-8")) for c in classes]
+        self._class = [tf.train.Feature(int64_list=tf.train.Int64List(value=[i])) for i in range(n)]
+        self._one_hot = [
+            tf.train.Feature(float_list=tf.train.FloatList(value=[float(i == j) for j in range(n)]))
+            for i in range(n)
+        ]
+
+    def _bytes(self, value: bytes):
+        return self._tf.train.Feature(bytes_list=self._tf.train.BytesList(value=[value]))
+
+    def _ints(self, values: list[int]):
+        return self._tf.train.Feature(int64_list=self._tf.train.Int64List(value=values))
+
+    def __call__(self, encoded: images.Encoded, label: int, relpath: str) -> bytes:
+        tf = self._tf
+        feature = {
+            schema.IMAGE: self._bytes(encoded.data),
+            schema.CLASS: self._class[label],
+            schema.LABEL: self._label[label],
+            schema.SIZE: self._ints([encoded.height, encoded.width]),
+            schema.ONE_HOT: self._one_hot[label],
+            schema.FILENAME: self._bytes(relpath.encode("utf-8")),
+            schema.ORIGINAL_SIZE: self._ints([encoded.original_height, encoded.original_width]),
+        }
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
+        # Sorted map keys: identical bytes for identical input, whatever the process.
+        return example.SerializeToString(deterministic=True)
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a written file."""
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    size = 0
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(8 * _MB):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True)
+
+
+# --- the conversion --------------------------------------------------------------------------------
+
+
+def convert(
+    source: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    image_size: int | str | tuple[int, int] | None = None,
+    resize: str = "fill",
+    format: str = "jpeg",
+    quality: int | None = None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = DEFAULT_SEED,
+    shards: int | None = None,
+    shard_mb: float | None = None,
+    classes: Sequence[str] | str | None = None,
+    workers: int | None = None,
+    max_pixels: int = images.DEFAULT_MAX_PIXELS,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConvertSummary:
+    """Converts a folder of class sub-folders into sharded TFRecords and a manifest.
+
+    Args:
+        source: folder whose sub-folders are the classes (local or ``gs://``).
+        output: records folder to create (must not be inside ``source``).
+        image_size: stored size, ``192`` or ``"HxW"``; default 192 (not allowed with
+            ``resize="none"``).
+        resize: ``fill`` (cover and centre-crop, the codelab's), ``pad``, ``stretch`` or
+            ``none`` (keep the source size, and the source bytes of plain JPEGs).
+        format: ``jpeg`` or ``raw`` (uint8 pixels, no decoding for readers).
+        quality: JPEG quality, default 95 (not allowed with ``format="raw"``).
+        val_fraction: fraction of each class for the validation split, in [0, 1).
+        seed: seeds the split and the record order.
+        shards: shards per split (capped at the split's record count).
+        shard_mb: largest shard size in MB instead (default 200, so shards of 100-200 MB
+            once a split is bigger than that).
+        classes: class names in index order (list or comma-separated); default all
+            sub-folders with images, sorted.
+        workers: processes decoding and encoding; default ``os.cpu_count()``.
+        max_pixels: images with more pixels are skipped unread (decompression bombs).
+        overwrite: replace a complete conversion already in ``output``.
+        progress: show progress bars.
+
+    Returns:
+        A summary; the full account is in ``output/manifest.json``.
+
+    Raises:
+        PetalError: bad options, a missing or unusable source, an output that would be
+            clobbered, or no image that could be converted. Nothing is left half-written.
+    """
+    started = time.perf_counter()
+    source, output = str(source), str(output)
+    options, recorded = _resolve_options(
+        image_size, resize, format, quality, val_fraction, seed, shards, shard_mb, workers,
+        max_pixels,
+    )
+    _check_paths(source, output)
+    _check_output(output, overwrite)
+    folder = folders.find_images(source, classes)
+    files = folder.files
+    workers = min(recorded["workers"], len(files))
+
+    mapper = _Mapper(workers)
+    try:
+        # Pass 1: hash and header of every file.
+        probed: list[_Probed] = []
+        skipped: list[dict] = []
+        with _progress(len(files), "scan", progress) as bar:
+            probe = functools.partial(_probe, max_pixels=max_pixels)
+            for f, result in zip(files, mapper.imap(probe, [f.path for f in files]), strict=True):
+                if isinstance(result, str):
+                    skipped.append({"file": f.relpath, "reason": result})
+                else:
+                    probed.append(_Probed(f, *result))
+                bar.update()
+        if not probed:
+            raise PetalError(_nothing_usable(source, skipped))
+
+        splits = split_files(probed, folder.classes, val_fraction, seed)
+        shard_counts = _shard_counts(splits, options, shards, shard_mb, mapper)
+        written = _write(source, output, folder.classes, splits, shard_counts, options, mapper, progress,
+                         skipped)
+    finally:
+        mapper.close()
+
+    manifest = _manifest(
+        source, folder, recorded, classes, written, skipped, probed
+    )
+    _write_manifest(output, manifest)
+    seconds = time.perf_counter() - started
+    return ConvertSummary(
+        output=output,
+        classes=list(folder.classes),
+        images_found=manifest["images_found"],
+        written=manifest["written"],
+        skipped=len(manifest["skipped"]),
+        counts={s: manifest["splits"][s]["count"] for s in schema.SPLITS},
+        shards={s: len(manifest["splits"][s]["shards"]) for s in schema.SPLITS},
+        bytes=sum(sh["bytes"] for s in schema.SPLITS for sh in manifest["splits"][s]["shards"]),
+        seconds=seconds,
+        manifest=manifest,
+    )
+
+
+def _nothing_usable(source: str, skipped: list[dict]) -> str:
+    reasons = Counter(s["reason"].split(":")[0].split(" (")[0] for s in skipped)
+    common = ", ".join(f"{n} {r}" for r, n in reasons.most_common(3))
+    return (
+        f"None of the {len(skipped)} image files under {source} could be read ({common}; "
+        f"e.g. {skipped[0]['file']}: {skipped[0]['reason']})."
+    )
+
+
+def _write(
+    source: str,
+    output: str,
+    classes: Sequence[str],
+    splits: dict[str, list[_Probed]],
+    shard_counts: dict[str, int],
+    options: _Options,
+    mapper: _Mapper,
+    progress: bool,
+    skipped: list[dict],
+) -> dict[str, list[dict]]:
+    """Pass 2: converts and writes every shard; returns per split its shards' entries.
+
+    Each entry holds the final file name, record count, bytes, checksum and per-class
+    counts. Files that fail to convert are appended to ``skipped``.
+    """
+    # (split, shard index) for every record, in writing order.
+    plan: list[tuple[str, int, _Probed]] = []
+    for split in schema.SPLITS:
+        items = iter(splits[split])
+        for index, size in enumerate(_shard_sizes(len(splits[split]), shard_counts[split])):
+            plan += [(split, index, next(items)) for _ in range(size)]
+
+    convert_fn = functools.partial(_convert, options=options)
+    results = mapper.imap(convert_fn, [item.file.path for _, _, item in plan])
+    _prepare_output(output)
+    temp_paths: list[str] = []
+    try:
+        # Imported after the workers have their tasks, so its start-up overlaps theirs.
+        import tensorflow as tf
+
+        build = _ExampleBuilder(classes)
+        shards: dict[tuple[str, int], dict] = {}
+        writer = None
+        current = None
+        with _progress(len(plan), "convert", progress) as bar:
+            for (split, index, item), result in zip(plan, results, strict=True):
+                bar.update()
+                if isinstance(result, str):
+                    skipped.append({"file": item.file.relpath, "reason": result})
+                    continue
+                if (split, index) != current:
+                    if writer is not None:
+                        writer.close()
+                    current = (split, index)
+                    path = folders.join(output, f"{_TEMP_PREFIX}{split}-{index:05d}.tfrec")
+                    temp_paths.append(path)
+                    writer = tf.io.TFRecordWriter(path)
+                    shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
+                writer.write(build(result, item.file.label, item.file.relpath))
+                shards[current]["count"] += 1
+                shards[current]["per_class"][item.file.label] += 1
+        if writer is not None:
+            writer.close()
+        if not shards:
+            raise PetalError(_nothing_usable(source, skipped))
+
+        # All shards are complete: give them their final names (count and total included).
+        entries: dict[str, list[dict]] = {s: [] for s in schema.SPLITS}
+        for split in schema.SPLITS:
+            mine = [shards[key] for key in sorted(shards) if key[0] == split]
+            for index, shard in enumerate(mine):
+                name = schema.shard_name(split, index, len(mine), shard["count"])
+                final = folders.join(output, name)
+                _rename(shard["temp"], final)
+                size, digest = _file_digest(final)
+                entries[split].append(
+                    {
+                        "file": name,
+                        "count": shard["count"],
+                        "bytes": size,
+                        "sha256": digest,
+                        "per_class": shard["per_class"],
+                    }
+                )
+        return entries
+    except BaseException:
+        # Interrupted or failed: leave nothing that a reader could mistake for output.
+        for path in temp_paths:
+            if folders.exists(path):
+                _remove(path)
+        raise
+
+
+def _manifest(
+    source: str,
+    folder: folders.ImageFolder,
+    recorded: dict,
+    classes_arg,
+    written: dict[str, list[dict]],
+    skipped: list[dict],
+    probed: list[_Probed],
+) -> dict:
+    import tensorflow as tf
+
+    from petal import __version__
+
+    splits = {}
+    for split in schema.SPLITS:
+        per_class: Counter = Counter()
+        for shard in written[split]:
+            per_class.update(shard.pop("per_class"))
+        splits[split] = {
+            "count": sum(s["count"] for s in written[split]),
+            "per_class": {name: per_class[i] for i, name in enumerate(folder.classes)},
+            "shards": written[split],
+        }
+    n_written = sum(s["count"] for s in splits.values())
+    duplicates = len(probed) - len({p.sha256 for p in probed})
+    return {
+        "petal_version": __version__,
+        "tensorflow_version": tf.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": source if folders.is_remote(source) else os.path.abspath(source),
+        "classes": list(folder.classes),
+        "image_size": recorded["image_size"],
+        "format": recorded["format"],
+        "resize": recorded["resize"],
+        "quality": recorded["quality"],
+        "seed": recorded["seed"],
+        "val_fraction": recorded["val_fraction"],
+        "splits": splits,
+        "images_found": len(folder.files),
+        "written": n_written,
+        "skipped": sorted(skipped, key=lambda s: s["file"]),
+        "duplicates": duplicates,
+        "ignored_files": len(folder.ignored),
+        "options": {**recorded, "classes": _classes_option(classes_arg)},
+    }
+
+
+def _classes_option(classes) -> list[str] | None:
+    if classes is None:
+        return None
+    return [c.strip() for c in classes.split(",")] if isinstance(classes, str) else list(classes)
+
+
+def _write_manifest(output: str, manifest: dict) -> None:
+    import tensorflow as tf
+
+    temp = folders.join(output, f"{_TEMP_PREFIX}{schema.MANIFEST_NAME}")
+    with tf.io.gfile.GFile(temp, "w") as f:
+        f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    _rename(temp, folders.join(output, schema.MANIFEST_NAME))
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of a records folder (or of the ``manifest.json`` path itself).
+
+    Raises:
+        PetalError: no manifest (not a records folder, or an interrupted conversion).
+    """
+    path = str(path)
+    if not path.endswith(".json"):
+        path = folders.join(path, schema.MANIFEST_NAME)
+    try:
+        text = folders.read_bytes(path).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise PetalError(
+            f"No readable {schema.MANIFEST_NAME} at {path}: not a petal records folder, or "
+            f"its conversion did not finish (run petal convert again). ({err})"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PetalError(f"{path} is not valid JSON ({err}); convert again.") from None
+
+
+def summary_dict(summary: ConvertSummary) -> dict:
+    """The summary as plain data (for JSON), without the manifest."""
+    out = asdict(summary)
+    out.pop("manifest")
+    out["images_per_second"] = summary.images_per_second
+    return out

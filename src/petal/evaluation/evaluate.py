@@ -1,0 +1,133 @@
+"""``petal evaluate``: score a trained run on records or an image folder.
+
+Writes into ``WORKDIR/eval/`` (or ``out_dir``): ``eval.json`` (accuracy, top-k, per-class
+precision/recall/F1, confusion matrix), ``confusion_matrix.png``, ``misclassified.png`` and
+the image samples the plots are drawn from (``samples.npz``, ``misclassified.npz``), so the
+report can redraw them later without the data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from petal.errors import PetalError
+from petal.evaluation import plots
+from petal.evaluation.metrics import classification_report
+from petal.evaluation.workdir import check_classes, denormalize_np, load_model, open_run
+
+EVAL_DIR = "eval"
+
+
+def evaluate(
+    workdir: str | Path,
+    data: str | Path,
+    *,
+    split: str | None = None,
+    batch_size: int = 64,
+    top_k: int = 3,
+    max_misclassified: int = 24,
+    num_samples: int = 12,
+    out_dir: str | Path | None = None,
+    log=None,
+) -> dict:
+    """Evaluate the run's final model on ``data``.
+
+    Args:
+        workdir: a finished ``petal train`` work directory.
+        data: a records folder, codelab shards or a folder of class sub-folders of images.
+        split: ``validation``, ``train`` or ``all``; default ``validation`` for records and
+            ``all`` for an image folder (a folder of new images is all test data).
+        batch_size: images per forward pass.
+        top_k: the k of the top-k accuracy reported besides top-1.
+        max_misclassified: at most this many misclassified images in the grid.
+        num_samples: images in the sample-predictions grid.
+        out_dir: output folder; default ``WORKDIR/eval``.
+        log: receives one summary line (default: print).
+
+    Returns:
+        The contents of ``eval.json``.
+
+    Raises:
+        PetalError: no finished run, unreadable data, or classes that differ from the model's.
+    """
+    from petal.data.pipeline import eval_dataset, open_source
+
+    log = log or (lambda line: print(line, flush=True))
+    run = open_run(workdir)
+    source = open_source(str(data))
+    check_classes(source.classes, run, str(data))
+    if split is None:
+        split = "all" if source.kind == "folder" else "validation"
+    ds = eval_dataset(source, batch_size=batch_size, image_size=run.image_size,
+                      label_mode="sparse", normalization=run.normalization, split=split)
+    model = load_model(run)
+
+    start = time.perf_counter()
+    labels, probs = [], []
+    samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
+    wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
+    for images, y in ds:
+        p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
+        y = np.asarray(y, dtype=np.int64)
+        labels.append(y)
+        probs.append(p)
+        pred = p.argmax(axis=1)
+        images = np.asarray(images)
+        for i in range(len(y)):
+            keep_sample = len(samples["images"]) < num_samples
+            keep_wrong = pred[i] != y[i] and len(wrong["images"]) < max_misclassified
+            for keep, bucket in ((keep_sample, samples), (keep_wrong, wrong)):
+                if keep:
+                    bucket["images"].append(denormalize_np(images[i], run.normalization))
+                    bucket["true"].append(int(y[i]))
+                    bucket["pred"].append(int(pred[i]))
+                    bucket["prob"].append(float(p[i, pred[i]]))
+    seconds = time.perf_counter() - start
+    if not labels:
+        raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
+    y_true = np.concatenate(labels)
+    y_prob = np.concatenate(probs)
+
+    ks = sorted({1, min(top_k, len(run.classes))})
+    report = classification_report(y_true, y_prob, run.classes, ks=ks)
+    report.update({
+        "data": str(data),
+        "split": split,
+        "workdir": str(run.workdir),
+        "model": str(run.model_path),
+        "seconds": round(seconds, 2),
+        "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
+    })
+    out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    for name, bucket in (("samples", samples), ("misclassified", wrong)):
+        _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
+    plots.plot_confusion_from_json(out / "eval.json", out / "confusion_matrix.png")
+    grid = plots.plot_image_grid(
+        out / "misclassified.npz", out / "misclassified.png",
+        title=f"Misclassified ({int((y_true != y_prob.argmax(1)).sum())} of {len(y_true)})")
+    if grid is None:  # nothing misclassified: drop a grid left by an earlier evaluation
+        (out / "misclassified.png").unlink(missing_ok=True)
+    top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
+    log(f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
+        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f} -> {out}")
+    return report
+
+
+def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:
+    h, w = image_size
+    images = (np.stack(bucket["images"]) if bucket["images"]
+              else np.zeros((0, h, w, 3), np.uint8))
+    np.savez_compressed(
+        path,
+        images=images,
+        true=np.asarray(bucket["true"], np.int64),
+        pred=np.asarray(bucket["pred"], np.int64),
+        prob=np.asarray(bucket["prob"], np.float64),
+        classes=np.asarray(list(classes)),
+    )

@@ -1,0 +1,144 @@
+"""Classification metrics as pure NumPy functions of labels and probabilities.
+
+Conventions: ``y_true`` holds integer class indices; ``probs`` is ``[N, num_classes]``;
+a confusion matrix is indexed ``[true, predicted]``. A ratio with a zero denominator
+(a class never predicted, or absent from the data) is reported as 0.0, as scikit-learn
+does with ``zero_division=0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from petal.errors import PetalError
+
+
+def _labels(y_true, num_classes: int | None = None) -> np.ndarray:
+    y = np.asarray(y_true)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise PetalError(f"labels must be a 1-D array of class indices. Received: shape={y.shape}, "
+                         f"dtype={y.dtype}")
+    if num_classes is not None and y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise PetalError(f"labels must be in [0, {num_classes}). Received: min={y.min()}, "
+                         f"max={y.max()}")
+    return y
+
+
+def confusion_matrix(y_true, y_pred, num_classes: int) -> np.ndarray:
+    """Counts ``[num_classes, num_classes]``: row = true class, column = predicted class."""
+    t = _labels(y_true, num_classes)
+    p = _labels(y_pred, num_classes)
+    if t.shape != p.shape:
+        raise PetalError(f"y_true and y_pred differ in length. Received: {t.size} and {p.size}")
+    cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(cm, (t, p), 1)
+    return cm
+
+
+def accuracy(y_true, y_pred) -> float:
+    t, p = _labels(y_true), _labels(y_pred)
+    return float(np.mean(t == p)) if t.size else 0.0
+
+
+def top_k_accuracy(y_true, probs, k: int) -> float:
+    """Fraction of samples whose true class is among the ``k`` highest probabilities.
+
+    Ties are broken toward the lower class index, so the result does not depend on
+    the sort's stability.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    t = _labels(y_true, probs.shape[1])
+    if k < 1:
+        raise PetalError(f"k must be >= 1. Received: k={k}")
+    k = min(k, probs.shape[1])
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    return float(np.mean(np.any(top == t[:, None], axis=1))) if t.size else 0.0
+
+
+def top_k(probs, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and probabilities of the ``k`` most likely classes, best first, per row."""
+    probs = np.asarray(probs)
+    k = min(k, probs.shape[-1])
+    idx = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    return idx, np.take_along_axis(probs, idx, axis=-1)
+
+
+def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+
+
+def per_class_metrics(cm: np.ndarray, classes: Sequence[str]) -> dict:
+    """Precision, recall, F1 and support per class, plus macro and weighted averages.
+
+    Returns:
+        ``{"per_class": {name: {"precision", "recall", "f1", "support"}},
+        "macro": {...}, "weighted": {...}}``.
+    """
+    cm = np.asarray(cm)
+    tp = np.diag(cm).astype(np.float64)
+    support = cm.sum(axis=1)
+    predicted = cm.sum(axis=0)
+    precision = _safe_div(tp, predicted)
+    recall = _safe_div(tp, support)
+    f1 = _safe_div(2 * precision * recall, precision + recall)
+    per_class = {
+        name: {
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
+        for i, name in enumerate(classes)
+    }
+    total = support.sum()
+    weights = support / total if total else np.zeros_like(precision)
+    return {
+        "per_class": per_class,
+        "macro": {
+            "precision": float(precision.mean()),
+            "recall": float(recall.mean()),
+            "f1": float(f1.mean()),
+            "support": int(total),
+        },
+        "weighted": {
+            "precision": float((precision * weights).sum()),
+            "recall": float((recall * weights).sum()),
+            "f1": float((f1 * weights).sum()),
+            "support": int(total),
+        },
+    }
+
+
+def classification_report(
+    y_true, probs, classes: Sequence[str], ks: Sequence[int] = (1, 3)
+) -> dict:
+    """Everything ``petal evaluate`` reports, as a JSON-ready dict.
+
+    Args:
+        y_true: true class indices, ``[N]``.
+        probs: predicted probabilities, ``[N, num_classes]``.
+        classes: class names in index order.
+        ks: the k of each top-k accuracy reported (``top_1`` is plain accuracy).
+    """
+    probs = np.asarray(probs)
+    if probs.ndim != 2 or probs.shape[1] != len(classes):
+        raise PetalError(
+            f"probs must be [N, {len(classes)}] for {len(classes)} classes. "
+            f"Received: shape={probs.shape}"
+        )
+    t = _labels(y_true, len(classes))
+    pred = np.argmax(probs, axis=1)
+    cm = confusion_matrix(t, pred, len(classes))
+    report = {
+        "count": int(t.size),
+        "accuracy": accuracy(t, pred),
+        "top_k_accuracy": {f"top_{k}": top_k_accuracy(t, probs, k) for k in ks},
+        "classes": list(classes),
+        "confusion_matrix": cm.tolist(),
+    }
+    report.update(per_class_metrics(cm, classes))
+    return report

@@ -1,0 +1,138 @@
+"""PNG plots drawn from a run's saved files, headless, so they can be redrawn at any time.
+
+Inputs are the files the training loop and ``petal evaluate`` write: ``history.csv``
+(curves and learning rate), ``eval.json`` (confusion matrix) and ``*.npz`` image samples
+(misclassified images and sample predictions: ``images`` uint8 ``[N, H, W, 3]``,
+``true``, ``pred``, ``prob`` and ``classes``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display needed, same output everywhere
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from petal.training.callbacks import read_history  # noqa: E402
+
+_DPI = 110
+
+
+def _save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=_DPI, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def _column(rows: list[dict], key: str) -> np.ndarray:
+    return np.array([r.get(key, math.nan) for r in rows], dtype=np.float64)
+
+
+def plot_history(history_csv: str | Path, out: str | Path) -> Path:
+    """Accuracy and loss per epoch, training and validation, side by side."""
+    rows = read_history(history_csv)
+    epochs = _column(rows, "epoch")
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key, title in ((ax_acc, "accuracy", "Accuracy"), (ax_loss, "loss", "Loss")):
+        train, val = _column(rows, key), _column(rows, f"val_{key}")
+        ax.plot(epochs, train, marker=".", label="train")
+        if np.isfinite(val).any():
+            ax.plot(epochs, val, marker=".", label="validation")
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    val_acc = _column(rows, "val_accuracy")
+    if np.isfinite(val_acc).any():
+        best = int(np.nanargmax(val_acc))
+        ax_acc.annotate(
+            f"best {val_acc[best]:.3f}",
+            (epochs[best], val_acc[best]),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=8,
+        )
+        ax_acc.set_ylim(0, 1.02)
+    return _save(fig, out)
+
+
+def plot_lr(history_csv: str | Path, out: str | Path) -> Path:
+    """Learning rate at the start of each epoch (the schedule itself is applied per step)."""
+    rows = read_history(history_csv)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(_column(rows, "epoch"), _column(rows, "lr"), marker=".")
+    ax.set_title("Learning rate")
+    ax.set_xlabel("epoch")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
+
+
+def plot_confusion_matrix(cm, classes: Sequence[str], out: str | Path, title: str = "") -> Path:
+    """Counts with row-normalised colour (recall per true class), labelled with class names."""
+    cm = np.asarray(cm)
+    rows = cm.sum(axis=1, keepdims=True)
+    norm = np.divide(cm, rows, out=np.zeros(cm.shape, dtype=np.float64), where=rows > 0)
+    n = len(classes)
+    size = max(4.0, 0.6 * n + 2)
+    fig, ax = plt.subplots(figsize=(size, size * 0.85))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="fraction of true class")
+    ax.set_xticks(range(n), classes, rotation=45, ha="right")
+    ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if n <= 30:
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if norm[i, j] > 0.5 else "black")
+    ax.set_title(title or "Confusion matrix")
+    return _save(fig, out)
+
+
+def plot_confusion_from_json(eval_json: str | Path, out: str | Path) -> Path:
+    data = json.loads(Path(eval_json).read_text())
+    acc = data.get("accuracy")
+    title = f"Confusion matrix (accuracy {acc:.3f})" if acc is not None else ""
+    return plot_confusion_matrix(data["confusion_matrix"], data["classes"], out, title)
+
+
+def plot_image_grid(samples_npz: str | Path, out: str | Path, title: str = "",
+                    cols: int = 6) -> Path | None:
+    """A grid of images titled ``predicted (p)`` with the true class when it differs.
+
+    Returns:
+        The PNG path, or ``None`` when the file holds no images (nothing to draw).
+    """
+    data = np.load(samples_npz, allow_pickle=False)
+    images = data["images"]
+    if len(images) == 0:
+        return None
+    classes = [str(c) for c in data["classes"]]
+    n = len(images)
+    cols = min(cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.1 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i, ax in enumerate(axes.flat[:n]):
+        t, p, prob = int(data["true"][i]), int(data["pred"][i]), float(data["prob"][i])
+        ax.imshow(images[i])
+        ok = t == p
+        label = f"{classes[p]} ({prob:.2f})" + ("" if ok else f"\ntrue: {classes[t]}")
+        ax.set_title(label, fontsize=8, color="darkgreen" if ok else "firebrick")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, out)

@@ -1,0 +1,168 @@
+"""A single static ``report.html`` for a work directory, drawn from its saved files.
+
+Reads ``config.json``, ``metrics.json``, ``history.csv`` and, when ``petal evaluate`` has
+run, ``eval/eval.json`` with its image samples; redraws every plot into ``plots/`` and
+writes ``report.html`` referencing them by relative path (or embedding them, so the page
+can be mailed on its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from petal.errors import PetalError
+from petal.evaluation import plots
+
+EVAL_DIR = "eval"
+PLOTS_DIR = "plots"
+
+_CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 2rem auto;
+       max-width: 1100px; color: #222; padding: 0 1rem; }
+h1 { margin-bottom: 0.2rem; } .sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.92rem; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.8rem; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.3rem 0 1rem; }
+details { margin: 1rem 0; } code { background: #f4f4f4; padding: 0 0.2rem; }
+"""
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return html.escape(json.dumps(value))
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (dict, list)):
+        return f"<code>{html.escape(json.dumps(value))}</code>"
+    return html.escape(str(value))
+
+
+def _table(rows: list[tuple[str, object]]) -> str:
+    body = "".join(
+        f"<tr><th>{html.escape(k)}</th><td class='num'>{_fmt(v)}</td></tr>" for k, v in rows
+    )
+    return f"<table>{body}</table>"
+
+
+def _image(path: Path, workdir: Path, alt: str, embed: bool) -> str:
+    if embed:
+        src = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    else:
+        src = path.relative_to(workdir).as_posix()
+    return f"<img src='{src}' alt='{html.escape(alt)}'>"
+
+
+_METRIC_ROWS = (
+    ("final validation accuracy", "final_val_accuracy"),
+    ("mean of last 5 validation accuracies", "mean_last5_val_accuracy"),
+    ("best validation accuracy", "best_val_accuracy"),
+    ("best epoch", "best_epoch"),
+    ("epochs completed", "epochs_completed"),
+    ("wall time (s)", "wall_seconds"),
+    ("training images/s", "train_images_per_sec"),
+    ("model", "model"),
+    ("parameters", "params"),
+    ("image size", "image_size"),
+    ("global batch", "global_batch"),
+    ("replicas", "replicas"),
+    ("precision", "precision"),
+    ("strategy", "strategy"),
+)
+
+
+def build_report(workdir: str | Path, embed: bool = False) -> Path:
+    """Redraw the plots from the saved files and write ``WORKDIR/report.html``.
+
+    Args:
+        workdir: a training work directory.
+        embed: embed the PNGs as data URIs instead of referencing ``plots/*.png``.
+
+    Returns:
+        The path of ``report.html``.
+
+    Raises:
+        PetalError: when ``workdir`` holds no training run.
+    """
+    workdir = Path(workdir)
+    config = _read_json(workdir / "config.json")
+    metrics = _read_json(workdir / "metrics.json")
+    history = workdir / "history.csv"
+    if config is None or not history.is_file():
+        raise PetalError(
+            f"{workdir} holds no training run (config.json and history.csv missing); "
+            "run `petal train --workdir` first."
+        )
+    plot_dir = workdir / PLOTS_DIR
+    figures: list[tuple[str, Path]] = [
+        ("Accuracy and loss", plots.plot_history(history, plot_dir / "curves.png")),
+        ("Learning rate", plots.plot_lr(history, plot_dir / "lr.png")),
+    ]
+    evaluation = _read_json(workdir / EVAL_DIR / "eval.json")
+    if evaluation is not None:
+        figures.append(("Confusion matrix", plots.plot_confusion_from_json(
+            workdir / EVAL_DIR / "eval.json", plot_dir / "confusion_matrix.png")))
+        for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
+            npz = workdir / EVAL_DIR / f"{name}.npz"
+            if npz.is_file():
+                png = plots.plot_image_grid(npz, plot_dir / f"{name}.png")
+                if png is not None:
+                    figures.append((title, png))
+
+    title = f"petal run: {config.get('preset', '')} / {config.get('model', '')}"
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='sub'>{html.escape(str(workdir.resolve()))}</p>",
+    ]
+    if metrics is not None:
+        rows = [(label, metrics[key]) for label, key in _METRIC_ROWS if key in metrics]
+        parts += ["<h2>Training</h2>", _table(rows)]
+        if metrics.get("stopped"):
+            parts.append(f"<p><b>Stopped:</b> {html.escape(str(metrics['stopped']))}</p>")
+    else:
+        parts.append("<p>metrics.json missing: the run has not finished.</p>")
+    if evaluation is not None:
+        parts += [
+            f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
+            _table(
+                [("images", evaluation["count"]), ("accuracy", evaluation["accuracy"])]
+                + list(evaluation.get("top_k_accuracy", {}).items())
+                + [("macro F1", evaluation["macro"]["f1"])]
+            ),
+            _per_class_table(evaluation),
+        ]
+    for caption, png in figures:
+        parts += [f"<h3>{html.escape(caption)}</h3>", _image(png, workdir, caption, embed)]
+    parts += [
+        "<details><summary>Resolved configuration</summary>",
+        _table(sorted(config.items())),
+        "</details></body></html>",
+    ]
+    out = workdir / "report.html"
+    out.write_text("\n".join(parts) + "\n")
+    return out
+
+
+def _per_class_table(evaluation: dict) -> str:
+    head = "<tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
+    body = ""
+    for name, m in evaluation["per_class"].items():
+        body += (
+            f"<tr><th>{html.escape(name)}</th><td class='num'>{m['precision']:.3f}</td>"
+            f"<td class='num'>{m['recall']:.3f}</td><td class='num'>{m['f1']:.3f}</td>"
+            f"<td class='num'>{m['support']}</td></tr>"
+        )
+    return f"<table>{head}{body}</table>"

@@ -1,0 +1,159 @@
+"""Read a finished training run back from its work directory: facts, model, preprocessing.
+
+Everything inference needs is in ``WORKDIR/config.json`` under ``"resolved"`` (classes,
+image size, pixel normalization, the records' resize mode), written by the training loop,
+so evaluate, predict, export and report never need the training data or its config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from petal.errors import PetalError
+
+MODEL_FILE = "model.keras"
+CONFIG_FILE = "config.json"
+
+# The input pipeline's "imagenet" scaling, in 0..1 units (inverted for image grids).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What inference needs to know about a trained run.
+
+    Attributes:
+        workdir: the work directory.
+        config: the saved ``config.json`` (TrainConfig fields plus ``resolved``).
+        classes: class names in output order.
+        image_size: (height, width) the model takes.
+        normalization: pixel scaling (``unit``, ``symmetric``, ``imagenet``, ``raw``).
+        resize: how source images were fitted to the records' size (``fill``, ``pad``,
+            ``stretch``); reused for new images at predict and export time.
+        records_size: (height, width) of the training records, or None when they varied.
+    """
+
+    workdir: Path
+    config: dict
+    classes: tuple[str, ...]
+    image_size: tuple[int, int]
+    normalization: str
+    resize: str
+    records_size: tuple[int, int] | None
+
+    @property
+    def model_path(self) -> Path:
+        return self.workdir / MODEL_FILE
+
+
+def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
+    """Read ``config.json`` of a training run.
+
+    Raises:
+        PetalError: the folder holds no run, or (with ``need_model``) no finished model.
+    """
+    workdir = Path(workdir)
+    cfg_path = workdir / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise PetalError(
+            f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "
+            "pass the --workdir of a `petal train` run."
+        )
+    config = json.loads(cfg_path.read_text())
+    resolved = config.get("resolved") or {}
+    if "classes" not in resolved:
+        raise PetalError(f"{cfg_path} has no resolved classes; it was not written by petal train.")
+    if need_model and not (workdir / MODEL_FILE).is_file():
+        raise PetalError(
+            f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
+            f"`petal train --workdir {workdir} --resume`."
+        )
+    size = resolved["image_size"]
+    records = resolved.get("records_size")
+    return RunInfo(
+        workdir=workdir,
+        config=config,
+        classes=tuple(resolved["classes"]),
+        image_size=(int(size[0]), int(size[1])),
+        normalization=resolved["normalization"],
+        resize=resolved.get("resize") or "fill",
+        records_size=(int(records[0]), int(records[1])) if records else None,
+    )
+
+
+def load_model(run: RunInfo, float32: bool = False):
+    """The run's final model, loaded with Keras' safe mode (no arbitrary code), uncompiled.
+
+    Args:
+        run: from :func:`open_run`.
+        float32: rebuild the model with a float32 dtype policy everywhere (for export:
+            serving runtimes and TFLite expect float32), with the trained weights.
+
+    Raises:
+        PetalError: the model's outputs do not match the run's classes.
+    """
+    import keras
+
+    import petal.models  # noqa: F401 (registers any custom objects the models use)
+
+    model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
+    outputs = model.outputs[0].shape[-1]
+    if outputs != len(run.classes):
+        raise PetalError(
+            f"{run.model_path} has {outputs} outputs but {run.workdir / CONFIG_FILE} lists "
+            f"{len(run.classes)} classes; the work directory is inconsistent, retrain it."
+        )
+    if float32:
+        model = _as_float32(model)
+    return model
+
+
+def _as_float32(model):
+    """A copy of a (mixed-precision) model with every layer in float32, same weights."""
+    import keras
+
+    config = keras.saving.serialize_keras_object(model)
+    config = _replace_policies(config)
+    clone = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def _replace_policies(node):
+    if isinstance(node, dict):
+        if node.get("class_name") == "DTypePolicy" and isinstance(node.get("config"), dict):
+            return {**node, "config": {**node["config"], "name": "float32"}}
+        return {k: _replace_policies(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_replace_policies(v) for v in node]
+    if isinstance(node, str) and node.startswith("mixed_"):
+        return "float32"
+    return node
+
+
+def check_classes(data_classes, run: RunInfo, data: str) -> None:
+    """Raise when the data's classes differ from the model's (names or order)."""
+    data_classes = tuple(data_classes)
+    if data_classes != run.classes:
+        raise PetalError(
+            f"Classes of {data} ({', '.join(data_classes)}) differ from the model's in "
+            f"{run.workdir} ({', '.join(run.classes)}); evaluate on data with the same classes "
+            "in the same order."
+        )
+
+
+def denormalize_np(x: np.ndarray, mode: str) -> np.ndarray:
+    """The inverse of the input pipeline's normalization, as uint8 pixels (for image grids)."""
+    x = np.asarray(x, dtype=np.float32)
+    if mode == "unit":
+        x = x * 255.0
+    elif mode == "symmetric":
+        x = (x + 1.0) * 127.5
+    elif mode == "imagenet":
+        x = (x * np.array(IMAGENET_STD, np.float32) + np.array(IMAGENET_MEAN, np.float32)) * 255.0
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8)

@@ -1,0 +1,429 @@
+"""The model registry: one builder per name, one place that validates what a caller asks for.
+
+Each model family module registers its named variants with :func:`register`. Callers only use
+:func:`create_model`, :func:`list_models` and :func:`model_info`; an unknown name, an image size
+a model cannot take or a weights file that does not fit raise :class:`~petal.errors.PetalError`
+with one line that names what was received.
+
+Keras 3 APIs only in this package (no ``tensorflow`` import), so the models also run on Keras'
+JAX and PyTorch backends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import keras
+
+from petal.errors import PetalError
+
+NORMALIZATIONS = ("unit", "symmetric", "imagenet", "raw")
+
+#: Name given to the feature extractor inside models that have one (keras.applications
+#: backbones); :func:`get_backbone` and the freeze helpers look it up by this name.
+BACKBONE_NAME = "backbone"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a caller needs to know about a registered model before building it.
+
+    Attributes:
+        name: Registry name, e.g. ``"squeezenet"``.
+        family: Module that builds it, e.g. ``"squeezenet"`` or ``"applications"``.
+        description: One line for ``petal models``.
+        normalization: Pixel range the model expects: ``"unit"`` (0..1), ``"symmetric"``
+            (-1..1), ``"imagenet"`` (mean/std) or ``"raw"`` (0..255 floats); the input pipeline
+            takes the same names.
+        default_image_size: Side in pixels used when no size is given (the codelab's size where
+            there is one).
+        min_image_size: Smallest side the architecture accepts.
+        pretrained: Whether published ImageNet weights exist (``weights="imagenet"``).
+    """
+
+    name: str
+    family: str
+    description: str
+    normalization: str
+    default_image_size: int
+    min_image_size: int
+    pretrained: bool = False
+
+
+# Builder signature: (num_classes, (height, width), weights, **kwargs) -> keras.Model, where
+# weights is None or "imagenet" (local files are loaded here, after building).
+Builder = Callable[..., keras.Model]
+
+_INFOS: dict[str, ModelInfo] = {}
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register(
+    name: str,
+    *,
+    family: str,
+    description: str,
+    normalization: str,
+    default_image_size: int,
+    min_image_size: int,
+    pretrained: bool = False,
+) -> Callable[[Builder], Builder]:
+    """Decorator that registers a model builder under ``name``.
+
+    Args:
+        name: Registry name; must be new.
+        family: Family (module) name.
+        description: One-line description.
+        normalization: One of :data:`NORMALIZATIONS`.
+        default_image_size: Default square side in pixels.
+        min_image_size: Smallest square side the model takes.
+        pretrained: Whether ``weights="imagenet"`` is available.
+
+    Returns:
+        The decorator, which returns the builder unchanged.
+    """
+    if name in _INFOS:
+        raise ValueError(f"Model {name!r} is registered twice.")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}. Received: {normalization!r}")
+
+    def decorator(builder: Builder) -> Builder:
+        _INFOS[name] = ModelInfo(
+            name=name,
+            family=family,
+            description=description,
+            normalization=normalization,
+            default_image_size=default_image_size,
+            min_image_size=min_image_size,
+            pretrained=pretrained,
+        )
+        _BUILDERS[name] = builder
+        return builder
+
+    return decorator
+
+
+# Listing order: the codelab's progression first, pretrained backbones last.
+_FAMILY_ORDER = ("dense", "convnet", "squeezenet", "inception", "applications")
+
+
+def list_models() -> list[str]:
+    """Registered model names: codelab models in the codelab's order, then pretrained backbones."""
+
+    def rank(item: tuple[int, str]) -> tuple[int, int]:
+        index, name = item
+        family = _INFOS[name].family
+        return (_FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER), index)
+
+    return [name for _, name in sorted(enumerate(_INFOS), key=rank)]
+
+
+def model_info(name: str) -> ModelInfo:
+    """The :class:`ModelInfo` of a registered model.
+
+    Raises:
+        PetalError: ``name`` is not registered (the message lists the registered names).
+    """
+    if name not in _INFOS:
+        raise PetalError(
+            f"Unknown model {name!r}. Choose one of: {', '.join(list_models())}. Received: model={name!r}"
+        )
+    return _INFOS[name]
+
+
+def _image_hw(info: ModelInfo, image_size: int | Sequence[int] | None) -> tuple[int, int]:
+    """Validate ``image_size`` (a side or (height, width)) against the model's minimum."""
+    if image_size is None:
+        return info.default_image_size, info.default_image_size
+    if isinstance(image_size, int) and not isinstance(image_size, bool):
+        hw = (image_size, image_size)
+    elif (
+        isinstance(image_size, Sequence)
+        and len(image_size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in image_size)
+    ):
+        hw = (int(image_size[0]), int(image_size[1]))
+    else:
+        raise PetalError(
+            f"image_size must be a positive int or a (height, width) pair for model {info.name!r}. "
+            f"Received: image_size={image_size!r}"
+        )
+    if min(hw) < info.min_image_size:
+        raise PetalError(
+            f"Model {info.name!r} needs images of at least {info.min_image_size}x"
+            f"{info.min_image_size} pixels (default {info.default_image_size}). "
+            f"Received: image_size={image_size!r}"
+        )
+    return hw
+
+
+def create_model(
+    name: str,
+    num_classes: int,
+    image_size: int | Sequence[int] | None = None,
+    weights: str | Path | None = None,
+    **kwargs,
+) -> keras.Model:
+    """Build a registered model with a float32 softmax head.
+
+    Build it after choosing the precision policy (and inside ``strategy.scope()`` when
+    distributing): layers take the global dtype policy when they are created.
+
+    Args:
+        name: Registry name (see :func:`list_models`).
+        num_classes: Number of output classes (at least 2).
+        image_size: Square side in pixels or a (height, width) pair; ``None`` uses the model's
+            default size.
+        weights: ``None`` (random initialisation), ``"imagenet"`` (published weights, downloaded
+            when online; pretrained models only) or the path of a local ``.weights.h5`` file
+            holding the weights of the whole model or of its backbone.
+        **kwargs: Family-specific options, e.g. ``dropout`` or ``bn_frozen`` for backbones.
+
+    Returns:
+        An uncompiled ``keras.Model`` named ``name``.
+
+    Raises:
+        PetalError: Unknown name, bad ``num_classes``/``image_size``, ImageNet weights asked for
+            a model without them or unavailable offline, or a weights file that does not fit.
+    """
+    info = model_info(name)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise PetalError(
+            f"num_classes must be an int of at least 2 for model {name!r}. "
+            f"Received: num_classes={num_classes!r}"
+        )
+    hw = _image_hw(info, image_size)
+
+    weights_file: Path | None = None
+    builder_weights: str | None = None
+    if weights is None:
+        pass
+    elif str(weights) == "imagenet":
+        if not info.pretrained:
+            pretrained = [n for n in list_models() if _INFOS[n].pretrained]
+            raise PetalError(
+                f"Model {name!r} has no published ImageNet weights; use weights=None, a local "
+                f"weights file, or one of: {', '.join(pretrained)}. Received: weights='imagenet'"
+            )
+        builder_weights = "imagenet"
+    else:
+        weights_file = Path(weights)
+        if not weights_file.is_file():
+            raise PetalError(
+                f"Weights file not found: {weights_file} (pass an existing .weights.h5 file, "
+                f"'imagenet' or None). Received: weights={str(weights)!r}"
+            )
+
+    model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
+    if weights_file is not None:
+        load_weights_file(model, weights_file)
+    return model
+
+
+def load_weights_file(model: keras.Model, path: str | Path) -> str:
+    """Load a local weights file into ``model`` or, failing that, into its backbone.
+
+    Args:
+        model: A model from :func:`create_model`.
+        path: A ``.weights.h5`` file saved by ``model.save_weights`` from the same architecture
+            (same classes and image channels), or from the backbone alone.
+
+    Returns:
+        ``"model"`` or ``"backbone"``: which part the file filled.
+
+    Raises:
+        PetalError: The file fits neither the model nor its backbone (the message names it).
+    """
+    path = Path(path)
+    if not path.name.endswith(".h5"):
+        raise PetalError(
+            f"Weights file {path} is not a Keras weights file: save one with "
+            f"model.save_weights('name.weights.h5'). Received: weights={str(path)!r}"
+        )
+    errors: list[str] = []
+    targets: list[tuple[str, keras.Model]] = [("model", model)]
+    backbone = get_backbone(model)
+    if backbone is not None:
+        targets.append(("backbone", backbone))
+    for label, target in targets:
+        try:
+            with warnings.catch_warnings():
+                # A file for the other target makes Keras warn per skipped container before it
+                # raises; the error below says it once.
+                warnings.simplefilter("ignore", UserWarning)
+                target.load_weights(str(path))
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            # Keras raises ValueError on shape/count mismatches, KeyError on missing groups.
+            errors.append(f"{label}: {str(err).splitlines()[0][:160]}")
+            continue
+        return label
+    raise PetalError(
+        f"Weights file {path} does not match model {model.name!r} "
+        f"({'; '.join(errors)}). Save the weights from the same model, classes and image size."
+    )
+
+
+def get_backbone(model: keras.Model) -> keras.Model | None:
+    """The pretrained feature extractor inside ``model``, or ``None`` for from-scratch models."""
+    for layer in model.layers:
+        if layer.name == BACKBONE_NAME and isinstance(layer, keras.Model):
+            return layer
+    return None
+
+
+def freeze_batchnorm(model: keras.Model) -> int:
+    """Keep every BatchNormalization layer in inference mode, also while fine-tuning.
+
+    Keras recommends running a pretrained backbone's BatchNorm in inference mode when
+    fine-tuning, so small batches do not wreck the ImageNet statistics. Calling the backbone
+    with ``training=False`` does not achieve that in a Keras 3 functional model (checked on
+    Keras 3.15: the outer call's ``training=True`` overrides it), but a BatchNormalization layer
+    with ``trainable=False`` always normalises with its moving statistics and leaves them
+    unchanged, and the flag is saved with the model.
+
+    Args:
+        model: Any model; nested models are searched too.
+
+    Returns:
+        How many BatchNormalization layers were frozen.
+    """
+    count = 0
+    for layer in _walk_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
+            count += 1
+    return count
+
+
+def set_backbone_trainable(model: keras.Model, trainable: bool, *, bn_frozen: bool = True) -> None:
+    """Freeze the backbone for a head-only warm-up, or unfreeze it for full fine-tuning.
+
+    Recompile the model afterwards: Keras reads the trainable flags at compile time.
+
+    Args:
+        model: A model from :func:`create_model` with a backbone.
+        trainable: ``False`` trains only the new head; ``True`` trains every layer.
+        bn_frozen: When unfreezing, keep BatchNorm layers in inference mode (Keras'
+            recommendation for fine-tuning pretrained weights). ``False`` trains them as the
+            codelab did.
+
+    Raises:
+        PetalError: The model has no backbone.
+    """
+    backbone = get_backbone(model)
+    if backbone is None:
+        raise PetalError(
+            f"Model {model.name!r} has no pretrained backbone to freeze or unfreeze; head-only "
+            f"warm-up needs a keras.applications model (e.g. xception)."
+        )
+    backbone.trainable = trainable
+    if trainable and bn_frozen:
+        freeze_batchnorm(backbone)
+
+
+def _walk_layers(model: keras.Layer):
+    """Every leaf layer of ``model``, descending into nested models."""
+    for layer in getattr(model, "layers", []):
+        if isinstance(layer, keras.Model):
+            yield from _walk_layers(layer)
+        else:
+            yield layer
+
+
+def count_params(model: keras.Model) -> tuple[int, int]:
+    """(total, trainable) parameter counts, as ``model.summary()`` reports them."""
+    trainable = sum(_size(w) for w in model.trainable_weights)
+    total = sum(_size(w) for w in model.weights)
+    return total, trainable
+
+
+def _size(variable) -> int:
+    n = 1
+    for d in variable.shape:
+        n *= int(d)
+    return n
+
+
+def _macs_of_call(layer: keras.Layer, in_shape: Sequence, out_shape: Sequence) -> int:
+    """Multiply-accumulates of one call of a weighted layer (bias and activations ignored)."""
+    out_spatial = 1
+    for d in out_shape[1:-1]:
+        out_spatial *= int(d)
+    if isinstance(layer, keras.layers.SeparableConv2D):
+        kh, kw = layer.kernel_size
+        cin = int(in_shape[-1])
+        mult = layer.depth_multiplier
+        return out_spatial * (kh * kw * cin * mult + cin * mult * layer.filters)
+    if isinstance(layer, keras.layers.DepthwiseConv2D):
+        kh, kw = layer.kernel_size
+        return out_spatial * kh * kw * int(in_shape[-1]) * layer.depth_multiplier
+    if isinstance(layer, keras.layers.Conv2D):
+        kh, kw = layer.kernel_size
+        cin = int(in_shape[-1]) // layer.groups
+        return out_spatial * kh * kw * cin * layer.filters
+    if isinstance(layer, keras.layers.Dense):
+        # Dense on a feature map (ConvNeXt's pointwise layers) runs once per position.
+        return out_spatial * int(in_shape[-1]) * layer.units
+    return 0
+
+
+def count_flops(model: keras.Model) -> int:
+    """Forward-pass FLOPs per image, counted analytically from the layers.
+
+    Counts 2 FLOPs per multiply-accumulate of Conv2D, DepthwiseConv2D, SeparableConv2D and
+    Dense layers (including those inside nested backbones); pooling, normalisation, activations
+    and element-wise ops are left out, as in the usual published "FLOPs" figures, so this is a
+    slight undercount.
+
+    Args:
+        model: A built functional model with a fixed input size.
+
+    Returns:
+        FLOPs for one image (divide by 1e6 for MFLOPs).
+    """
+    macs = 0
+    for layer in _walk_layers(model):
+        for node in getattr(layer, "_inbound_nodes", []):
+            ins = node.input_tensors
+            outs = node.output_tensors
+            if not ins or not outs:
+                continue
+            macs += _macs_of_call(layer, ins[0].shape, outs[0].shape)
+    return 2 * macs
+
+
+def model_summary(name: str, num_classes: int = 5, image_size: int | None = None) -> dict:
+    """Build ``name`` once (random weights) and describe it for ``petal models``.
+
+    Args:
+        name: Registry name.
+        num_classes: Output classes of the head.
+        image_size: Square side in pixels; ``None`` uses the model's default size.
+
+    Returns:
+        A dict with ``name``, ``params``, ``trainable_params``, ``mflops`` (per image),
+        ``image_size``, ``default_image_size``, ``min_image_size``, ``normalization``,
+        ``pretrained`` and ``description``.
+
+    Raises:
+        PetalError: As :func:`create_model` (e.g. an image size below the model's minimum).
+    """
+    info = model_info(name)
+    size = info.default_image_size if image_size is None else image_size
+    model = create_model(name, num_classes, size)
+    total, trainable = count_params(model)
+    row = {
+        "name": name,
+        "params": total,
+        "trainable_params": trainable,
+        "mflops": count_flops(model) / 1e6,
+        "image_size": size,
+        **{k: v for k, v in dataclasses.asdict(info).items() if k != "name"},
+    }
+    del model
+    # Free the graph between models: `petal models` builds every one in turn.
+    keras.backend.clear_session()
+    return row

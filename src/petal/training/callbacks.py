@@ -1,0 +1,322 @@
+"""Keras callbacks of the training loop: one metrics sink, a NaN guard and checkpoints.
+
+* :class:`MetricsWriter` adds ``lr``, ``images_per_sec`` and ``epoch_seconds`` to the
+  epoch logs (so TensorBoard, placed after it, records them too), appends one row per
+  epoch to ``history.csv`` and prints one concise line per epoch.
+* :class:`NanGuard` stops training on the first non-finite loss and remembers where.
+* :class:`ScalarLogger` writes the epoch scalars as TensorBoard event files.
+* :class:`Checkpointer` writes ``best.weights.h5`` when validation accuracy improves and
+  ``last.keras`` (model + optimizer state) plus ``state.json`` after every epoch, each
+  through a temporary file so an interruption never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import keras
+
+HISTORY_FIELDS = (
+    "epoch",
+    "loss",
+    "accuracy",
+    "val_loss",
+    "val_accuracy",
+    "lr",
+    "images_per_sec",
+    "epoch_seconds",
+)
+
+
+def current_lr(optimizer) -> float:
+    """The optimizer's learning rate at its current step (schedules are evaluated)."""
+    lr = optimizer.learning_rate
+    try:
+        return float(keras.ops.convert_to_numpy(lr))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def read_history(path: str | Path) -> list[dict]:
+    """Rows of ``history.csv`` with numeric values (empty cells become NaN)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            rows.append(
+                {k: (int(v) if k == "epoch" else float(v) if v != "" else math.nan)
+                 for k, v in row.items()}
+            )
+    return rows
+
+
+def truncate_history(path: str | Path, epochs: int) -> None:
+    """Keep the first ``epochs`` rows (resume drops rows of an unfinished epoch)."""
+    rows = [r for r in read_history(path) if r["epoch"] <= epochs]
+    _write_rows(Path(path), rows)
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _fmt(row.get(k)) for k in HISTORY_FIELDS})
+
+
+def _fmt(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+class MetricsWriter(keras.callbacks.Callback):
+    """One row per epoch in ``history.csv`` and one line per epoch on the console.
+
+    ``lr`` is the rate at the epoch's first step. Images/s counts training images only: the clock runs from the start of the epoch to
+    the start of validation, so the first epoch includes tracing and compilation.
+
+    Args:
+        path: the ``history.csv`` file (appended to; created with a header).
+        images_per_step: global batch size.
+        steps_per_epoch: training steps per epoch.
+        epochs: total epochs, for the ``epoch 3/35`` display.
+        log: where lines go (``print`` to stdout by default).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        images_per_step: int,
+        steps_per_epoch: int,
+        epochs: int,
+        log: Callable[[str], None] | None = None,
+    ):
+        super().__init__()
+        self.path = Path(path)
+        self.images_per_epoch = images_per_step * steps_per_epoch
+        self.epochs = epochs
+        self.log = log or (lambda line: print(line, flush=True))
+        self.train_seconds = 0.0
+        self._epoch_start = 0.0
+        self._train_end: float | None = None
+        if not self.path.exists():
+            _write_rows(self.path, [])
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
+        self._train_end = None
+        # The rate at the epoch's first step (the codelab's per-epoch value).
+        self._lr = current_lr(self.model.optimizer)
+
+    def on_test_begin(self, logs=None):
+        # Validation inside fit(): stop the training clock here.
+        if self._train_end is None:
+            self._train_end = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        now = time.perf_counter()
+        train_seconds = (self._train_end or now) - self._epoch_start
+        self.train_seconds += train_seconds
+        logs["lr"] = self._lr
+        logs["images_per_sec"] = self.images_per_epoch / max(train_seconds, 1e-9)
+        logs["epoch_seconds"] = now - self._epoch_start
+        row = {k: _as_float(logs.get(k)) for k in HISTORY_FIELDS}
+        row["epoch"] = epoch + 1
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
+                {k: _fmt(row[k]) for k in HISTORY_FIELDS}
+            )
+        self.log(format_epoch_line(row, self.epochs))
+
+
+def _as_float(value) -> float:
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def format_epoch_line(row: dict, epochs: int) -> str:
+    """``epoch  3/35  loss 1.234  acc 0.456  val_loss 1.101  val_acc 0.552  lr 1.0e-03  ...``."""
+    width = len(str(epochs))
+    parts = [f"epoch {row['epoch']:>{width}}/{epochs}"]
+    for key, label in (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"),
+                       ("val_accuracy", "val_acc")):
+        value = row.get(key, math.nan)
+        if not math.isnan(value):
+            parts.append(f"{label} {value:.4f}")
+    parts.append(f"lr {row['lr']:.2e}")
+    parts.append(f"{row['images_per_sec']:.0f} img/s")
+    parts.append(f"{row['epoch_seconds']:.1f} s")
+    return "  ".join(parts)
+
+
+class NanGuard(keras.callbacks.Callback):
+    """Stops training at the first non-finite training loss; ``nan_epoch`` says where (1-based)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nan_epoch: int | None = None
+        self.nan_step: int | None = None
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None or self.nan_epoch is not None:
+            return
+        if not math.isfinite(float(loss)):
+            self.nan_epoch = self._epoch + 1
+            self.nan_step = batch + 1
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("loss")
+        if self.nan_epoch is None and loss is not None and not math.isfinite(float(loss)):
+            self.nan_epoch = epoch + 1
+            self.model.stop_training = True
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Best weights by validation accuracy, and the last full model + ``state.json`` each epoch.
+
+    Args:
+        workdir: the run's work directory.
+        state: the dict saved as ``state.json``; updated in place (``epoch``,
+            ``best_epoch``, ``best_val_accuracy``, ``wall_seconds``) and saved after
+            ``last.keras``, so the state never points at a checkpoint not yet written.
+        clock: returns the wall-clock seconds of the run so far (for ``wall_seconds``).
+        nan_guard: epochs with a non-finite loss are not checkpointed.
+    """
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        state: dict,
+        clock: Callable[[], float] | None = None,
+        nan_guard: NanGuard | None = None,
+    ):
+        super().__init__()
+        self.workdir = Path(workdir)
+        self.state = state
+        self.clock = clock
+        self.nan_guard = nan_guard
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if self.nan_guard is not None and self.nan_guard.nan_epoch is not None:
+            return
+        val_acc = logs.get("val_accuracy")
+        if val_acc is not None and float(val_acc) > self.state.get("best_val_accuracy", -1.0):
+            self.state["best_val_accuracy"] = float(val_acc)
+            self.state["best_epoch"] = epoch + 1
+            _atomic(self.workdir / "best.weights.h5", self.model.save_weights)
+        self.state["epoch"] = epoch + 1
+        if self.clock is not None:
+            self.state["wall_seconds"] = round(self.clock(), 2)
+        _atomic(self.workdir / "last.keras", self.model.save)
+        write_json(self.workdir / "state.json", self.state)
+
+
+def _atomic(path: Path, save: Callable[[str], None]) -> None:
+    # Keras picks the format from the suffix, so the temporary name keeps it.
+    tmp = path.with_name(f".tmp-{path.name}")
+    save(str(tmp))
+    os.replace(tmp, path)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write JSON through a temporary file and an atomic rename."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class StepProgress(keras.callbacks.Callback):
+    """A tqdm bar over the steps of each epoch, only when stderr is a terminal."""
+
+    def __init__(self, steps_per_epoch: int):
+        super().__init__()
+        self.steps = steps_per_epoch
+        self.enabled = sys.stderr.isatty()
+        self._bar = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}", leave=False,
+                             unit="step")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class ScalarLogger(keras.callbacks.Callback):
+    """Epoch scalars as TensorBoard event files, in ``train/`` and ``validation/`` runs.
+
+    Keras' own TensorBoard callback needs the ``tensorboard`` package for
+    ``tf.summary.scalar``; the core op ``tf.summary.write`` with the scalars plugin's
+    metadata writes the same records without it, so logs exist even where TensorBoard is
+    not installed (view them wherever it is: ``tensorboard --logdir WORKDIR/tensorboard``).
+    Place it after :class:`MetricsWriter` so ``lr`` and ``images_per_sec`` are included.
+    """
+
+    def __init__(self, log_dir: str | Path):
+        super().__init__()
+        self.log_dir = Path(log_dir)
+        self._writers: dict = {}
+
+    def _writer(self, run: str):
+        import tensorflow as tf
+
+        if run not in self._writers:
+            self._writers[run] = tf.summary.create_file_writer(str(self.log_dir / run))
+        return self._writers[run]
+
+    def on_epoch_end(self, epoch, logs=None):
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        metadata = summary_pb2.SummaryMetadata()
+        metadata.plugin_data.plugin_name = "scalars"
+        blob = metadata.SerializeToString()
+        for key, value in (logs or {}).items():
+            value = _as_float(value)
+            if math.isnan(value):
+                continue
+            run, tag = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
+            with self._writer(run).as_default():
+                tf.summary.write(f"epoch_{tag}", tf.constant(value, tf.float32), step=epoch + 1,
+                                 metadata=blob)
+        for writer in self._writers.values():
+            writer.flush()
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()

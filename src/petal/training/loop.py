@@ -1,0 +1,456 @@
+"""The training loop: config -> strategy, precision, datasets, model -> a work directory.
+
+:func:`train` runs one :class:`~petal.training.config.TrainConfig` and leaves everything in
+``WORKDIR``:
+
+| file                 | what                                                              |
+|----------------------|-------------------------------------------------------------------|
+| ``config.json``      | the resolved config, plus facts under ``resolved`` (classes, size) |
+| ``history.csv``      | one row per epoch: loss, accuracy, val_*, lr, images/s, seconds   |
+| ``tensorboard/``     | TensorBoard logs                                                  |
+| ``best.weights.h5``  | weights of the epoch with the best validation accuracy            |
+| ``last.keras``       | model + optimizer after the last completed epoch (for ``--resume``)|
+| ``state.json``       | the last completed epoch, best epoch, wall time so far            |
+| ``model.keras``      | the final model                                                   |
+| ``metrics.json``     | final, mean-of-last-5 and best validation accuracy, wall time...  |
+
+Fine-tuning runs in phases: ``fine_tune="all"`` is one phase with every layer trainable (the
+codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
+``head_epochs``, then unfreezes the backbone with its BatchNorm layers kept in inference mode
+(Keras' advice) and recompiles with ``learning_rate * fine_tune_lr_factor``.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from petal.errors import PetalError
+from petal.training.callbacks import (
+    Checkpointer,
+    MetricsWriter,
+    NanGuard,
+    ScalarLogger,
+    StepProgress,
+    read_history,
+    truncate_history,
+    write_json,
+)
+from petal.training.config import TrainConfig, config_from_json, save_config
+
+# Files and folders a run writes into its work directory (what --overwrite deletes).
+RUN_FILES = (
+    "config.json",
+    "history.csv",
+    "state.json",
+    "metrics.json",
+    "best.weights.h5",
+    "last.keras",
+    "model.keras",
+    "report.html",
+)
+RUN_DIRS = ("tensorboard", "eval", "plots", "export")
+
+
+@dataclass
+class _Phase:
+    name: str  # "all", "head" or "full"
+    start: int  # first epoch (0-based)
+    end: int  # one past the last epoch
+    lr: float | None
+    backbone_trainable: bool | None  # None: leave the model as built
+
+
+def _log_default(line: str) -> None:
+    print(line, flush=True)
+
+
+def prepare_workdir(workdir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix runs: a work directory holding a run needs ``resume`` or ``overwrite``."""
+    if resume and overwrite:
+        raise PetalError("Pass either --resume or --overwrite, not both.")
+    if workdir.exists() and not workdir.is_dir():
+        raise PetalError(f"Work directory {workdir} is a file; pass a folder.")
+    found = [n for n in RUN_FILES if (workdir / n).exists()]
+    if resume:
+        if not (workdir / "config.json").is_file():
+            raise PetalError(
+                f"Nothing to resume in {workdir} (no config.json); start a run without --resume."
+            )
+        return
+    if found and not overwrite:
+        raise PetalError(
+            f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
+            "continue it or --overwrite to start again (deletes its checkpoints and results)."
+        )
+    if overwrite:
+        for name in RUN_FILES + ("state.json",):
+            (workdir / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(workdir / name, ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+
+def resume_config(workdir: str | Path) -> TrainConfig:
+    """The config saved in a work directory (what ``--resume`` continues with)."""
+    return config_from_json(Path(workdir) / "config.json")
+
+
+def class_weights(source, classes) -> dict[int, float]:
+    """``balanced`` weights: N / (C * n_c) per class, from the training split's counts.
+
+    Raises:
+        PetalError: the counts are unknown (codelab shards) or a class has no images.
+    """
+    counts: dict[int, int]
+    if source.manifest is not None:
+        per_class = source.manifest["splits"]["train"].get("per_class") or {}
+        counts = {i: int(per_class.get(name, 0)) for i, name in enumerate(classes)}
+    elif source.kind == "folder":
+        c = Counter(source.labels("train"))
+        counts = {i: c.get(i, 0) for i in range(len(classes))}
+    else:
+        raise PetalError(
+            f"class_weight='balanced' needs per-class counts, which {source.path} does not "
+            "record; convert the images with `petal convert` first."
+        )
+    missing = [classes[i] for i, n in counts.items() if n == 0]
+    if missing:
+        raise PetalError(
+            f"class_weight='balanced': no training images for {', '.join(missing)} in "
+            f"{source.path}."
+        )
+    total = sum(counts.values())
+    return {i: total / (len(classes) * n) for i, n in counts.items()}
+
+
+def _global_batch(cfg: TrainConfig, replicas: int) -> int:
+    if replicas == 1 and cfg.single_device_batch_size:
+        return cfg.single_device_batch_size
+    return cfg.batch_size * replicas
+
+
+def _peak_lr(cfg: TrainConfig, global_batch: int) -> float | None:
+    if cfg.learning_rate is None:
+        return None
+    if cfg.lr_reference_batch:
+        from petal.training.schedules import scale_lr
+
+        return scale_lr(cfg.learning_rate, global_batch, cfg.lr_reference_batch, "linear")
+    return cfg.learning_rate
+
+
+def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, replicas: int):
+    """A per-step LearningRateSchedule for a phase of ``epochs`` epochs."""
+    from petal.training.schedules import build_schedule
+
+    opts = dict(cfg.schedule_options)
+    if cfg.schedule == "constant":
+        return build_schedule("constant", steps_per_epoch=steps, lr=peak, **opts)
+    if cfg.schedule == "warmup_cosine":
+        opts.setdefault("total_epochs", epochs)
+        return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
+    # codelab_ramp: max_lr from learning_rate, else the codelab's rule for this many replicas.
+    if peak is not None:
+        opts.setdefault("max_lr", peak)
+    opts.setdefault("replicas", replicas)
+    return build_schedule("codelab_ramp", steps_per_epoch=steps, **opts)
+
+
+def _optimizer(cfg: TrainConfig, schedule):
+    import keras
+
+    common = {"learning_rate": schedule}
+    if cfg.clipnorm:
+        common["clipnorm"] = cfg.clipnorm
+    if cfg.optimizer == "adam":
+        return keras.optimizers.Adam(**common)
+    if cfg.optimizer == "adamw":
+        return keras.optimizers.AdamW(weight_decay=cfg.weight_decay, **common)
+    if cfg.optimizer == "sgd":
+        return keras.optimizers.SGD(momentum=cfg.momentum, nesterov=True,
+                                    weight_decay=cfg.weight_decay or None, **common)
+    return keras.optimizers.RMSprop(momentum=cfg.momentum, **common)
+
+
+def _phases(cfg: TrainConfig, peak: float | None) -> list[_Phase]:
+    if cfg.fine_tune == "head_then_all":
+        low = None if peak is None else peak * cfg.fine_tune_lr_factor
+        return [
+            _Phase("head", 0, cfg.head_epochs, peak, backbone_trainable=False),
+            _Phase("full", cfg.head_epochs, cfg.epochs, low, backbone_trainable=True),
+        ]
+    return [_Phase("all", 0, cfg.epochs, peak, backbone_trainable=None)]
+
+
+def train(
+    config: TrainConfig,
+    workdir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Train ``config`` into ``workdir``.
+
+    Args:
+        config: the run's configuration (``config.data`` must name the training data).
+        workdir: output folder; refused when it holds another run, unless ``resume``
+            (continue from the last completed epoch, optimizer state included) or
+            ``overwrite`` (delete the old run's files first).
+        resume: continue the run saved in ``workdir``.
+        overwrite: replace the run saved in ``workdir``.
+        log: receives the progress lines (default: print).
+
+    Returns:
+        The contents of ``metrics.json``.
+
+    Raises:
+        PetalError: bad config or data, a refused work directory, or a non-finite loss
+            (the message names the epoch).
+    """
+    import keras
+
+    from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
+    from petal.models import count_params, create_model, model_info, set_backbone_trainable
+    from petal.training.precision import resolve_precision, set_policy
+    from petal.training.strategy import check_global_batch, describe, get_strategy
+
+    log = log or _log_default
+    cfg = config.validate()
+    workdir = Path(workdir)
+    if not cfg.data:
+        raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
+    info_model = model_info(cfg.model)  # unknown model: fails before anything is written
+    prepare_workdir(workdir, resume, overwrite)
+
+    state: dict = {"epoch": 0, "best_epoch": 0, "best_val_accuracy": -1.0, "wall_seconds": 0.0,
+                   "phase": None, "compile_epochs": []}
+    if resume and (workdir / "state.json").is_file():
+        import json
+
+        state.update(json.loads((workdir / "state.json").read_text()))
+    start_epoch = int(state["epoch"])
+    if resume and start_epoch and not (workdir / "last.keras").is_file():
+        raise PetalError(f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
+                         "start again with --overwrite.")
+
+    strategy, sinfo = get_strategy(cfg.strategy)
+    replicas = int(sinfo["replicas"])
+    global_batch = _global_batch(cfg, replicas)
+    check_global_batch(global_batch, replicas)
+    eval_batch = cfg.eval_batch_size or global_batch
+    check_global_batch(eval_batch, replicas)
+    policy = resolve_precision(cfg.precision, sinfo)
+    previous_policy = keras.mixed_precision.global_policy().name
+
+    source = open_source(cfg.data)
+    classes = list(source.classes)
+    if cfg.image_size:
+        image_size = (cfg.image_size, cfg.image_size)
+    elif source.image_size:
+        image_size = tuple(source.image_size)
+    else:
+        image_size = (info_model.default_image_size,) * 2
+    normalization = cfg.normalization or info_model.normalization
+    train_count, val_count = source.count("train"), source.count("validation")
+    steps = cfg.steps_per_epoch or train_count // global_batch
+    if steps < 1:
+        raise PetalError(
+            f"The training split of {cfg.data} has {train_count} images, fewer than one global "
+            f"batch of {global_batch}; lower batch_size. Received: batch_size={cfg.batch_size}"
+        )
+    weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
+    peak = _peak_lr(cfg, global_batch)
+    resize = (source.manifest or {}).get("resize") or "fill"
+
+    resolved = {
+        "classes": classes,
+        "image_size": list(image_size),
+        "records_size": list(source.image_size) if source.image_size else None,
+        "resize": resize,
+        "normalization": normalization,
+        "data_kind": source.kind,
+        "train_count": train_count,
+        "val_count": val_count,
+        "strategy": sinfo["name"],
+        "devices": list(sinfo["devices"]),
+        "replicas": replicas,
+        "precision": policy,
+        "global_batch": global_batch,
+        "eval_batch": eval_batch,
+        "steps_per_epoch": steps,
+        "peak_lr": peak,
+        "class_weights": weights_by_class,
+    }
+    save_config(cfg, workdir / "config.json", **resolved)
+    if not resume:
+        (workdir / "history.csv").unlink(missing_ok=True)
+    else:
+        truncate_history(workdir / "history.csv", start_epoch)
+
+    log(
+        f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
+        f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
+    )
+    log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    log(
+        f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
+        f"{cfg.schedule} peak lr {'codelab rule' if peak is None else f'{peak:.3g}'}"
+        + (f", resuming after epoch {start_epoch}" if resume else "")
+    )
+
+    def train_fn(ctx=None):
+        ds = train_dataset(
+            source, batch_size=global_batch, image_size=image_size, augment=cfg.augment,
+            cache=cfg.cache, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + start_epoch,
+            normalization=normalization, input_context=ctx,
+        )
+        if weights_by_class is not None:
+            import tensorflow as tf
+
+            table = tf.constant([weights_by_class[i] for i in range(len(classes))], tf.float32)
+            ds = ds.map(lambda x, y: (x, y, tf.gather(table, tf.argmax(y, axis=-1))))
+        return ds
+
+    def eval_fn(ctx=None):
+        return eval_dataset(source, batch_size=eval_batch, image_size=image_size,
+                            normalization=normalization, input_context=ctx, cache="auto")
+
+    if replicas > 1:
+        train_ds = distributed_dataset(strategy, train_fn)
+        val_ds = distributed_dataset(strategy, eval_fn)
+    else:
+        train_ds, val_ds = train_fn(), eval_fn()
+
+    t0 = time.perf_counter()
+    prior_wall = float(state.get("wall_seconds", 0.0))
+    clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
+    nan_guard = NanGuard()
+    history_path = workdir / "history.csv"
+    phases = _phases(cfg, peak)
+    set_policy(policy)
+    try:
+        keras.utils.set_random_seed(cfg.seed)
+        with strategy.scope():
+            model = create_model(cfg.model, len(classes), image_size, weights=cfg.weights,
+                                 **cfg.model_options)
+        total_params, _ = count_params(model)
+        loaded = False
+        for phase in phases:
+            if phase.end <= start_epoch:
+                continue
+            with strategy.scope():
+                if phase.backbone_trainable is not None:
+                    set_backbone_trainable(model, phase.backbone_trainable, bn_frozen=True)
+                if resume and start_epoch and not loaded and state.get("phase") != phase.name:
+                    # The checkpoint ends an earlier phase: take its weights, not its optimizer.
+                    model.load_weights(str(workdir / "last.keras"))
+                    loaded = True
+                phase_epochs = phase.end - phase.start
+                lr = _schedule(cfg, phase.lr, phase_epochs, steps, replicas)
+                model.compile(
+                    optimizer=_optimizer(cfg, lr),
+                    loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),
+                    metrics=["accuracy"],
+                    jit_compile=cfg.jit_compile,
+                    steps_per_execution=cfg.steps_per_execution,
+                )
+                if resume and start_epoch and not loaded:
+                    # Same phase as the checkpoint: restore weights and optimizer state.
+                    model.optimizer.build(model.trainable_variables)
+                    model.load_weights(str(workdir / "last.keras"))
+                    loaded = True
+            state["phase"] = phase.name
+            # This session's (or phase's) first epoch includes tracing and compilation.
+            first = max(phase.start, start_epoch) + 1
+            state["compile_epochs"] = sorted({*state.get("compile_epochs", []), first})
+            writer = MetricsWriter(history_path, global_batch, steps, cfg.epochs, log=log)
+            callbacks = [
+                writer,
+                nan_guard,
+                Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
+                StepProgress(steps),
+            ]
+            if cfg.tensorboard:
+                callbacks.append(ScalarLogger(workdir / "tensorboard"))
+            if phase.name == "full":
+                log(f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
+                    f"lr x{cfg.fine_tune_lr_factor}")
+            model.fit(
+                train_ds,
+                epochs=phase.end,
+                initial_epoch=max(phase.start, start_epoch),
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                callbacks=callbacks,
+                shuffle=False,  # the input pipeline shuffles
+                verbose=0,
+            )
+            if nan_guard.nan_epoch is not None:
+                break
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+    rows = read_history(history_path)
+    metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
+    if nan_guard.nan_epoch is not None:
+        where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
+            f" (step {nan_guard.nan_step})" if nan_guard.nan_step else "")
+        metrics["stopped"] = f"non-finite loss at {where}"
+        write_json(workdir / "metrics.json", metrics)
+        raise PetalError(
+            f"Training stopped: the loss became NaN/inf at {where}. Lower the "
+            f"learning rate (--set learning_rate=...) or use --precision float32; the last good "
+            f"checkpoint is {workdir / 'last.keras'}."
+        )
+    model.save(str(workdir / "model.keras"))
+    write_json(workdir / "metrics.json", metrics)
+    log(
+        f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
+        f"{metrics['final_val_accuracy']:.4f}, mean of last 5 "
+        f"{metrics['mean_last5_val_accuracy']:.4f}, best {metrics['best_val_accuracy']:.4f} "
+        f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s -> {workdir}"
+    )
+    return metrics
+
+
+def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
+    val = [r["val_accuracy"] for r in rows if not math.isnan(r.get("val_accuracy", math.nan))]
+    speeds = [r["images_per_sec"] for r in rows if not math.isnan(r["images_per_sec"])]
+    # Epochs that began a session or phase include tracing and compilation: leave them out
+    # when there are others.
+    compiled = set(state.get("compile_epochs", []))
+    steady = [r["images_per_sec"] for r in rows
+              if r["epoch"] not in compiled and not math.isnan(r["images_per_sec"])]
+    steady = steady or speeds
+    best = max(range(len(val)), key=lambda i: val[i]) if val else None
+    return {
+        "final_val_accuracy": val[-1] if val else None,
+        "mean_last5_val_accuracy": statistics.fmean(val[-5:]) if val else None,
+        "best_val_accuracy": val[best] if best is not None else None,
+        "best_epoch": rows[best]["epoch"] if best is not None else None,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_val_loss": rows[-1]["val_loss"] if rows else None,
+        "epochs_completed": int(state["epoch"]),
+        "wall_seconds": round(wall, 2),
+        "train_images_per_sec": round(statistics.median(steady), 1) if steady else None,
+        "model": cfg.model,
+        "params": int(params),
+        "preset": cfg.preset,
+        "image_size": resolved["image_size"],
+        "replicas": resolved["replicas"],
+        "strategy": resolved["strategy"],
+        "precision": resolved["precision"],
+        "global_batch": resolved["global_batch"],
+        "steps_per_epoch": resolved["steps_per_epoch"],
+        "train_count": resolved["train_count"],
+        "val_count": resolved["val_count"],
+        "classes": resolved["classes"],
+    }

@@ -1,0 +1,109 @@
+"""Pick the mixed-precision policy per platform, in one place.
+
+``auto`` resolves to:
+
+- TPU: ``mixed_bfloat16`` (the matrix units compute in bfloat16 natively).
+- GPU with compute capability >= 8.0 (Ampere and later): ``mixed_bfloat16``; same speed as
+  float16 there, float32's range, no loss scaling.
+- GPU with compute capability 7.x (Volta/Turing tensor cores): ``mixed_float16``. Keras 3's
+  ``Model.compile`` wraps the optimizer in a ``LossScaleOptimizer`` (dynamic loss scaling)
+  automatically when the model's dtype policy is ``mixed_float16`` (keras/src/trainers/
+  trainer.py), so nothing else is needed.
+- Older GPUs: ``float32``.
+- CPU: ``mixed_bfloat16`` only where it was measured faster; see :data:`CPU_BF16_RULE`.
+
+Build the model after :func:`set_policy`: layers take the global policy when created. The
+classifier head stays float32 in every petal model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from petal.errors import PetalError
+
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+
+# Measured with `python benchmarks/bench_train_speed.py` on this project's CPU (Intel Xeon with
+# avx512_bf16, no AMX, 2 shared cores, TF 2.21 + oneDNN): squeezenet at 192x192, batch 32,
+# training images/s float32 vs mixed_bfloat16 -- see benchmarks/README.md for the table.
+# Rule derived from it: AMX (amx_bf16) -> bfloat16; avx512_bf16 alone -> see CPU_BF16_WITHOUT_AMX.
+CPU_BF16_WITHOUT_AMX = True
+CPU_BF16_RULE = (
+    "CPU: mixed_bfloat16 with AMX (amx_bf16); with avx512_bf16 alone only if "
+    "CPU_BF16_WITHOUT_AMX (set from benchmarks/bench_train_speed.py); float32 otherwise"
+)
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU feature flags from ``/proc/cpuinfo`` (empty where that file does not exist)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags") and ":" in line:
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_prefers_bfloat16(flags: set[str] | None = None) -> bool:
+    """Whether ``mixed_bfloat16`` trains faster than float32 on this CPU (see module docs)."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return True
+    return "avx512_bf16" in flags and CPU_BF16_WITHOUT_AMX
+
+
+def resolve_precision(name: str = "auto", strategy_info: dict[str, Any] | None = None) -> str:
+    """Turn a precision name into a Keras dtype policy name.
+
+    Args:
+        name: ``"auto"``, ``"float32"``, ``"mixed_bfloat16"`` or ``"mixed_float16"``.
+        strategy_info: The info dict from :func:`petal.training.strategy.get_strategy`
+            (keys ``tpu``, ``gpu``, ``gpu_compute_capability``); ``None`` means CPU.
+
+    Returns:
+        The policy name.
+
+    Raises:
+        PetalError: Unknown precision name.
+    """
+    if name not in PRECISIONS:
+        raise PetalError(
+            f"Unknown precision {name!r}. Choose one of: {', '.join(PRECISIONS)}. Received: precision={name!r}"
+        )
+    if name != "auto":
+        return name
+    info = strategy_info or {}
+    if info.get("tpu"):
+        return "mixed_bfloat16"
+    if info.get("gpu"):
+        cc = info.get("gpu_compute_capability")
+        if cc is not None and tuple(cc) >= (8, 0):
+            return "mixed_bfloat16"
+        if cc is not None and tuple(cc) >= (7, 0):
+            return "mixed_float16"
+        return "float32"
+    return "mixed_bfloat16" if cpu_prefers_bfloat16() else "float32"
+
+
+def set_policy(policy: str) -> str:
+    """Set Keras' global dtype policy (call before building the model).
+
+    Args:
+        policy: A name from :data:`PRECISIONS` other than ``auto`` (resolve it first).
+
+    Returns:
+        The policy set.
+    """
+    if policy not in PRECISIONS or policy == "auto":
+        raise PetalError(
+            f"set_policy needs a resolved policy (float32, mixed_bfloat16 or mixed_float16). "
+            f"Received: policy={policy!r}"
+        )
+    keras.mixed_precision.set_global_policy(policy)
+    return policy

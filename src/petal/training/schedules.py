@@ -1,0 +1,247 @@
+"""Learning-rate schedules as pure functions of the optimizer step.
+
+Durations are given in epochs and become steps in one place (:func:`epochs_to_steps`, via the
+``steps_per_epoch`` every schedule takes). Each factory returns a callable ``step -> lr`` built
+from ``keras.ops``, so it works on Python ints (tests pin golden values) and on the optimizer's
+step counter inside a compiled train step. :class:`StepSchedule` wraps them as a serialisable
+``keras.optimizers.schedules.LearningRateSchedule`` so the optimizer updates the rate every step
+(not once per epoch as the codelab's ``LearningRateScheduler`` callback did).
+
+Typical use::
+
+    lr = build_schedule("codelab_ramp", steps_per_epoch=23, replicas=8)
+    optimizer = keras.optimizers.Adam(learning_rate=lr)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import keras
+from keras import ops
+
+from petal.errors import PetalError
+
+StepFn = Callable[[object], object]
+
+
+def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
+    """Convert a duration in (possibly fractional) epochs to whole optimizer steps.
+
+    Raises:
+        PetalError: ``steps_per_epoch`` is not a positive int or ``epochs`` is negative.
+    """
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+        raise PetalError(f"steps_per_epoch must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}")
+    if epochs < 0:
+        raise PetalError(f"A duration in epochs cannot be negative. Received: epochs={epochs!r}")
+    return int(round(epochs * steps_per_epoch))
+
+
+def scale_lr(base_lr: float, batch_size: int, reference_batch: int = 256, rule: str = "linear") -> float:
+    """Scale a peak learning rate to the global batch size.
+
+    The linear scaling rule (Goyal et al., 2017): a rate tuned for ``reference_batch`` is
+    multiplied by ``batch_size / reference_batch``; ``"sqrt"`` uses the square root of the ratio
+    (gentler, often better for Adam).
+
+    Args:
+        base_lr: Rate that works at ``reference_batch``.
+        batch_size: Global batch size (per-replica batch x replicas).
+        reference_batch: Batch size ``base_lr`` was tuned for.
+        rule: ``"linear"``, ``"sqrt"`` or ``"none"``.
+
+    Returns:
+        The scaled rate.
+    """
+    if batch_size < 1 or reference_batch < 1:
+        raise PetalError(
+            f"Batch sizes must be positive. Received: batch_size={batch_size}, reference_batch={reference_batch}"
+        )
+    ratio = batch_size / reference_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    if rule == "none":
+        return base_lr
+    raise PetalError(f"rule must be 'linear', 'sqrt' or 'none'. Received: rule={rule!r}")
+
+
+def codelab_max_lr(replicas: int) -> float:
+    """The codelab Xception notebook's peak rate for a number of replicas.
+
+    5e-5 x replicas (4e-4 on 8 TPU cores) and 2e-4 on one device; in between we keep at least
+    2e-4 so that more replicas never lower the rate (our interpolation, not the codelab's).
+    """
+    if replicas < 1:
+        raise PetalError(f"replicas must be at least 1. Received: replicas={replicas}")
+    return max(2e-4, 5e-5 * replicas)
+
+
+def _as_float_step(step):
+    return ops.cast(step, "float32")
+
+
+def codelab_ramp(
+    steps_per_epoch: int,
+    *,
+    start_lr: float = 1e-5,
+    max_lr: float | None = None,
+    min_lr: float = 1e-5,
+    rampup_epochs: float = 5,
+    sustain_epochs: float = 0,
+    decay: float = 0.8,
+    replicas: int = 1,
+    interpolate: bool = False,
+) -> StepFn:
+    """The codelab's ramp-up, sustain, exponential-decay schedule, evaluated per step.
+
+    Per epoch ``e``: ``start + (max - start) * e / rampup`` while ``e < rampup``, then ``max``
+    for ``sustain`` epochs, then ``(max - min) * decay ** (e - rampup - sustain) + min``. With
+    ``replicas=8`` this gives the golden values 1e-5, 8.8e-5, 1.66e-4, 2.44e-4, 3.22e-4, 4e-4,
+    3.22e-4, 2.596e-4, ... at epochs 0, 1, 2, ...
+
+    Args:
+        steps_per_epoch: Optimizer steps per epoch.
+        start_lr: Rate at step 0.
+        max_lr: Peak rate; ``None`` uses :func:`codelab_max_lr` of ``replicas``.
+        min_lr: Rate the decay tends to.
+        rampup_epochs: Epochs of linear ramp-up.
+        sustain_epochs: Epochs held at the peak.
+        decay: Per-epoch decay factor of ``max - min``.
+        replicas: Replicas in sync (only used when ``max_lr`` is None).
+        interpolate: ``False`` keeps each epoch's codelab value for all its steps (identical to
+            the codelab's per-epoch callback); ``True`` evaluates the same curve at fractional
+            epochs, so the rate changes smoothly and still equals the codelab values at epoch
+            boundaries.
+
+    Returns:
+        ``step -> lr``.
+    """
+    epochs_to_steps(0, steps_per_epoch)  # validates steps_per_epoch
+    peak = codelab_max_lr(replicas) if max_lr is None else max_lr
+    spe = float(steps_per_epoch)
+
+    def fn(step):
+        epoch = _as_float_step(step) / spe
+        if not interpolate:
+            epoch = ops.floor(epoch)
+        ramp = start_lr + (peak - start_lr) * epoch / max(rampup_epochs, 1e-12)
+        decayed = (peak - min_lr) * ops.power(
+            decay, ops.maximum(epoch - rampup_epochs - sustain_epochs, 0.0)
+        ) + min_lr
+        lr = ops.where(epoch < rampup_epochs + sustain_epochs, peak, decayed)
+        return ops.where(epoch < rampup_epochs, ramp, lr)
+
+    return fn
+
+
+def warmup_cosine(
+    steps_per_epoch: int,
+    *,
+    peak_lr: float,
+    total_epochs: float,
+    warmup_epochs: float = 0,
+    start_lr: float = 0.0,
+    end_lr: float = 0.0,
+) -> StepFn:
+    """Linear warm-up from ``start_lr`` to ``peak_lr``, then cosine decay to ``end_lr``.
+
+    Args:
+        steps_per_epoch: Optimizer steps per epoch.
+        peak_lr: Rate at the end of warm-up.
+        total_epochs: Length of the whole schedule (warm-up included); after it the rate stays
+            at ``end_lr``.
+        warmup_epochs: Epochs of linear warm-up.
+        start_lr: Rate at step 0.
+        end_lr: Final rate.
+
+    Returns:
+        ``step -> lr``.
+    """
+    total = epochs_to_steps(total_epochs, steps_per_epoch)
+    warmup = epochs_to_steps(warmup_epochs, steps_per_epoch)
+    if warmup > total or total < 1:
+        raise PetalError(
+            f"warmup_epochs must not exceed total_epochs, which must be positive. "
+            f"Received: warmup_epochs={warmup_epochs}, total_epochs={total_epochs}"
+        )
+
+    def fn(step):
+        s = _as_float_step(step)
+        warm = start_lr + (peak_lr - start_lr) * s / max(warmup, 1)
+        progress = ops.clip((s - warmup) / max(total - warmup, 1), 0.0, 1.0)
+        cosine = end_lr + 0.5 * (peak_lr - end_lr) * (1.0 + ops.cos(math.pi * progress))
+        return ops.where(s < warmup, warm, cosine)
+
+    return fn
+
+
+def constant(steps_per_epoch: int = 1, *, lr: float = 1e-3) -> StepFn:
+    """A constant rate (the codelab squeezenet's Adam default is 1e-3).
+
+    Args:
+        steps_per_epoch: Accepted for a uniform signature; unused.
+        lr: The rate.
+
+    Returns:
+        ``step -> lr``.
+    """
+    del steps_per_epoch
+
+    def fn(step):
+        return ops.cast(lr, "float32") + 0.0 * _as_float_step(step)
+
+    return fn
+
+
+SCHEDULES: dict[str, Callable[..., StepFn]] = {
+    "codelab_ramp": codelab_ramp,
+    "warmup_cosine": warmup_cosine,
+    "constant": constant,
+}
+
+
+@keras.saving.register_keras_serializable(package="petal")
+class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A named schedule from :data:`SCHEDULES` as a Keras ``LearningRateSchedule``.
+
+    Serialises as its name and keyword arguments, so a compiled model saved to ``.keras``
+    reloads (safe mode included) once this module is imported.
+    """
+
+    def __init__(self, name: str, **kwargs):
+        if name not in SCHEDULES:
+            raise PetalError(
+                f"Unknown learning-rate schedule {name!r}. Choose one of: "
+                f"{', '.join(SCHEDULES)}. Received: schedule={name!r}"
+            )
+        self.schedule_name = name
+        self.kwargs = dict(kwargs)
+        try:
+            self._fn = SCHEDULES[name](**kwargs)
+        except TypeError as err:
+            raise PetalError(f"Bad arguments for schedule {name!r}: {err}. Received: {kwargs}") from err
+
+    def __call__(self, step):
+        return self._fn(step)
+
+    def get_config(self) -> dict:
+        return {"name": self.schedule_name, **self.kwargs}
+
+    @classmethod
+    def from_config(cls, config: dict) -> StepSchedule:
+        config = dict(config)
+        return cls(config.pop("name"), **config)
+
+
+def build_schedule(name: str, **kwargs) -> StepSchedule:
+    """A :class:`StepSchedule` by name, e.g. ``build_schedule("constant", lr=1e-3)``."""
+    return StepSchedule(name, **kwargs)
+
+
+def per_epoch_values(schedule: StepFn, epochs: int, steps_per_epoch: int) -> list[float]:
+    """The rate at the first step of each epoch (for logs, plots and tests)."""
+    return [float(schedule(e * steps_per_epoch)) for e in range(epochs)]

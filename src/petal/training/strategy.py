@@ -1,0 +1,167 @@
+"""Pick the distribution strategy in one function: TPU, else all local GPUs, else the default.
+
+``get_strategy("auto")`` follows the codelab's detection but fixes its 2021 bug (``tpu`` is set
+to ``None`` before the attempt, so the GPU/CPU fallback cannot hit a NameError) and catches only
+the error ``TPUClusterResolver`` raises when there is no TPU: a ``ValueError`` ("Please provide
+a TPU Name to connect to.", checked on TensorFlow 2.21).
+
+This module uses ``tf.distribute`` (TensorFlow backend); the models themselves are Keras-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import tensorflow as tf
+
+from petal.errors import PetalError
+
+STRATEGIES = ("auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default")
+
+
+def _connect_tpu(tpu_address: str | None = None):
+    """Connect to a TPU and return its resolver; raises ValueError when there is none."""
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address or "")
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return resolver
+
+
+def _gpu_compute_capability(gpus) -> tuple[int, int] | None:
+    """The lowest compute capability among ``gpus`` (the slowest card sets the precision)."""
+    caps = []
+    for gpu in gpus:
+        details = tf.config.experimental.get_device_details(gpu)
+        if "compute_capability" in details:
+            caps.append(tuple(details["compute_capability"]))
+    return min(caps) if caps else None
+
+
+def _info(strategy, name: str, *, tpu: bool) -> dict[str, Any]:
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        devices = list(strategy.extended.worker_devices)
+    except RuntimeError:
+        # The default strategy has no device list; it places ops on the first GPU, else the CPU.
+        first = tf.config.list_logical_devices("GPU" if gpus else "CPU")[:1]
+        devices = [d.name for d in first]
+    uses_gpu = any("GPU" in d.upper() for d in devices)
+    return {
+        "name": name,
+        "replicas": int(strategy.num_replicas_in_sync),
+        "devices": devices,
+        "tpu": tpu,
+        "gpu": uses_gpu,
+        "gpu_compute_capability": _gpu_compute_capability(gpus) if uses_gpu else None,
+    }
+
+
+def get_strategy(name: str = "auto", tpu_address: str | None = None):
+    """Create a ``tf.distribute`` strategy from a name.
+
+    Args:
+        name: ``"auto"`` (TPU, else MirroredStrategy over all local GPUs, else the default
+            strategy), ``"tpu"``, ``"mirrored"`` (all GPUs, else all logical CPU devices),
+            ``"multi-worker"`` (MultiWorkerMirroredStrategy configured by ``TF_CONFIG``),
+            ``"one-device"`` (first GPU, else the CPU), ``"cpu"`` or ``"default"``.
+        tpu_address: TPU name or ``grpc://`` address; empty uses the environment (Colab,
+            Kaggle, TPU VMs).
+
+    Returns:
+        ``(strategy, info)``; ``info`` holds ``name`` (the strategy chosen), ``replicas``,
+        ``devices``, ``tpu`` and ``gpu`` (bools) and ``gpu_compute_capability`` (or None).
+
+    Raises:
+        PetalError: Unknown name; ``tpu`` without a TPU; ``multi-worker`` without ``TF_CONFIG``.
+    """
+    if name not in STRATEGIES:
+        raise PetalError(f"Unknown strategy {name!r}. Choose one of: {', '.join(STRATEGIES)}. Received: strategy={name!r}")
+
+    if name in ("auto", "tpu"):
+        tpu = None  # Set first: the codelab's 2021 notebooks crashed on `if tpu:` without it.
+        try:
+            tpu = _connect_tpu(tpu_address)
+        except ValueError as err:
+            if name == "tpu":
+                raise PetalError(
+                    f"No TPU found ({err}). Run on a TPU host or pass --strategy auto. Received: strategy='tpu'"
+                ) from err
+        if tpu is not None:
+            strategy = tf.distribute.TPUStrategy(tpu)
+            return strategy, _info(strategy, "tpu", tpu=True)
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "auto":
+        if gpus:
+            strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+            return strategy, _info(strategy, "mirrored", tpu=False)
+        strategy = tf.distribute.get_strategy()
+        return strategy, _info(strategy, "default", tpu=False)
+    if name == "mirrored":
+        devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+        strategy = tf.distribute.MirroredStrategy(devices)
+        return strategy, _info(strategy, "mirrored", tpu=False)
+    if name == "multi-worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise PetalError(
+                "strategy 'multi-worker' needs the TF_CONFIG environment variable (cluster and "
+                "task of this worker); see tf.distribute.MultiWorkerMirroredStrategy. Received: TF_CONFIG unset"
+            )
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as err:
+            raise PetalError(f"TF_CONFIG is not valid JSON: {err}. Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}") from err
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy, _info(strategy, "multi-worker", tpu=False)
+    if name == "one-device":
+        device = gpus[0].name if gpus else "/cpu:0"
+        strategy = tf.distribute.OneDeviceStrategy(device)
+        return strategy, _info(strategy, "one-device", tpu=False)
+    if name == "cpu":
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        return strategy, _info(strategy, "cpu", tpu=False)
+    strategy = tf.distribute.get_strategy()
+    return strategy, _info(strategy, "default", tpu=False)
+
+
+def check_global_batch(batch_size: int, replicas: int) -> int:
+    """Check that the global batch splits evenly across replicas.
+
+    Args:
+        batch_size: Global batch size (per-replica batch x replicas).
+        replicas: Replicas in sync.
+
+    Returns:
+        The per-replica batch size.
+
+    Raises:
+        PetalError: ``batch_size`` is not a positive multiple of ``replicas``; the message names
+            the nearest valid sizes.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
+    if replicas < 1:
+        raise PetalError(f"replicas must be at least 1. Received: replicas={replicas}")
+    if batch_size % replicas:
+        lower = (batch_size // replicas) * replicas
+        upper = lower + replicas
+        nearest = f"{lower} or {upper}" if lower else f"{upper}"
+        raise PetalError(
+            f"Global batch size {batch_size} does not divide across {replicas} replicas; use "
+            f"{nearest} (a multiple of {replicas}). Received: batch_size={batch_size}"
+        )
+    return batch_size // replicas
+
+
+def describe(info: dict[str, Any], precision: str | None = None, global_batch: int | None = None) -> str:
+    """One log line: strategy, replicas, devices, precision and global batch."""
+    # "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0": the prefix is noise in logs.
+    devices = ",".join(d.rsplit("device:", 1)[-1] for d in info["devices"])
+    parts = [f"strategy={info['name']}", f"replicas={info['replicas']}", f"devices={devices}"]
+    if precision:
+        parts.append(f"precision={precision}")
+    if global_batch:
+        parts.append(f"global_batch={global_batch} ({global_batch // max(info['replicas'], 1)} per replica)")
+    return " ".join(parts)

@@ -1,0 +1,190 @@
+"""Model registry: codelab parameter counts, a training step per model, weights files, FLOPs."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from petal.errors import PetalError
+from petal.models import (
+    count_flops,
+    count_params,
+    create_model,
+    get_backbone,
+    list_models,
+    model_info,
+    set_backbone_trainable,
+)
+from petal.models.registry import model_summary
+
+
+def _tiny_size(name: str) -> int:
+    return max(model_info(name).min_image_size, 32)
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+    """Every test starts and ends with the default policy (some set mixed precision)."""
+    keras.mixed_precision.set_global_policy("float32")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize(
+    "name, size, total, trainable",
+    [
+        ("dense", 192, 55_321_805, 55_321_805),  # 110,592*500+500 + 500*50+50 + 50*5+5
+        ("convnet", 192, 293_233, 293_233),
+        ("squeezenet", 192, 120_613, 119_301),
+        ("xception", 331, 20_871_725, 20_817_197),
+    ],
+)
+def test_codelab_parameter_counts(name, size, total, trainable):
+    model = create_model(name, num_classes=5, image_size=size)
+    assert count_params(model) == (total, trainable)
+    assert model.count_params() == total
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_builds_and_takes_a_training_step(name):
+    size = _tiny_size(name)
+    model = create_model(name, num_classes=3, image_size=size)
+    assert model.name == name
+    assert model.output_shape == (None, 3)
+    # run_eagerly: one step of a big graph is far quicker eagerly than traced and optimised.
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="categorical_crossentropy", run_eagerly=True)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (2, size, size, 3)).astype("float32")
+    y = np.eye(3, dtype="float32")[[0, 2]]
+    before = [w.numpy().copy() for w in model.trainable_weights[-2:]]
+    loss = model.train_on_batch(x, y)
+    assert np.isfinite(loss)
+    after = [w.numpy() for w in model.trainable_weights[-2:]]
+    assert any(not np.allclose(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_head_is_float32_under_mixed_bfloat16():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = create_model("squeezenet", num_classes=5, image_size=32)
+    assert model.get_layer("stem_conv").compute_dtype == "bfloat16"
+    assert model.layers[-1].compute_dtype == "float32"
+    out = model(np.zeros((1, 32, 32, 3), "float32"))
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+    np.testing.assert_allclose(np.sum(np.asarray(out), axis=-1), 1.0, rtol=1e-5)
+
+
+def test_model_info_and_registry_errors():
+    info = model_info("squeezenet")
+    assert (info.normalization, info.default_image_size, info.pretrained) == ("unit", 192, False)
+    assert model_info("xception").pretrained and model_info("xception").normalization == "symmetric"
+    assert list_models()[:3] == ["dense", "convnet", "squeezenet"]
+    with pytest.raises(PetalError, match="Unknown model 'resnet9'.*squeezenet"):
+        create_model("resnet9", 5)
+    with pytest.raises(PetalError, match="at least 71x71.*image_size=64"):
+        create_model("xception", 5, 64)
+    with pytest.raises(PetalError, match="image_size=-3"):
+        create_model("squeezenet", 5, -3)
+    with pytest.raises(PetalError, match="image_size=0"):
+        create_model("convnet", 5, 0)
+    with pytest.raises(PetalError, match="num_classes=1"):
+        create_model("squeezenet", 1, 32)
+    with pytest.raises(PetalError, match="no published ImageNet weights"):
+        create_model("squeezenet", 5, 32, weights="imagenet")
+    with pytest.raises(PetalError, match="Weights file not found: .*nope.weights.h5"):
+        create_model("squeezenet", 5, 32, weights="nope.weights.h5")
+
+
+def test_rectangular_image_size():
+    model = create_model("convnet", 5, (48, 64))
+    assert model.input_shape == (None, 48, 64, 3)
+
+
+def test_imagenet_weights_offline_is_a_clear_error(monkeypatch):
+    from keras.src.utils import file_utils
+
+    def offline(*args, **kwargs):
+        # What keras.utils.get_file raises when there is no network.
+        raise Exception("URL fetch failure on https://storage.googleapis.com/x.h5: None -- [Errno -3]")
+
+    monkeypatch.setattr(file_utils, "get_file", offline)
+    with pytest.raises(PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2'.*weights=PATH"):
+        create_model("mobilenet_v2", 5, 32, weights="imagenet")
+
+
+def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):
+    source = create_model("mobilenet_v2", 5, 32)
+    backbone_file = tmp_path / "backbone.weights.h5"
+    model_file = tmp_path / "model.weights.h5"
+    get_backbone(source).save_weights(backbone_file)
+    source.save_weights(model_file)
+    reference = [w.numpy() for w in source.weights]
+
+    from_backbone = create_model("mobilenet_v2", 5, 32, weights=backbone_file)
+    for a, b in zip(get_backbone(from_backbone).weights, get_backbone(source).weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+    from_model = create_model("mobilenet_v2", 5, 32, weights=str(model_file))
+    for a, b in zip(from_model.weights, reference, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b)
+
+    # A whole-model file for another class count fits neither the model nor its backbone.
+    with pytest.raises(PetalError, match="model.weights.h5 does not match model 'mobilenet_v2'"):
+        create_model("mobilenet_v2", 3, 32, weights=model_file)
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path):
+    path = tmp_path / "squeeze.weights.h5"
+    create_model("squeezenet", 5, 32).save_weights(path)
+    with pytest.raises(PetalError, match="squeeze.weights.h5 does not match model 'convnet'"):
+        create_model("convnet", 5, 32, weights=path)
+    model = create_model("squeezenet", 5, 32, weights=path)  # same architecture loads
+    assert model.name == "squeezenet"
+
+
+def test_head_only_warmup_then_fine_tune_with_frozen_batchnorm():
+    model = create_model("mobilenet_v2", 4, 32)
+    set_backbone_trainable(model, False)
+    assert count_params(model)[1] == 1280 * 4 + 4  # head only
+    set_backbone_trainable(model, True, bn_frozen=True)
+    bns = [l for l in get_backbone(model).layers if isinstance(l, keras.layers.BatchNormalization)]
+    assert bns and not any(l.trainable for l in bns)
+    model.compile(keras.optimizers.SGD(0.01), "categorical_crossentropy", run_eagerly=True)
+    stats = bns[0].moving_mean.numpy().copy()
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model.train_on_batch(x, np.eye(4, dtype="float32")[[0, 1]])
+    np.testing.assert_array_equal(bns[0].moving_mean.numpy(), stats)
+    with pytest.raises(PetalError, match="no pretrained backbone"):
+        set_backbone_trainable(create_model("convnet", 5, 32), False)
+
+
+def test_keras_file_round_trip_in_safe_mode(tmp_path):
+    model = create_model("squeezenet_separable", 5, 32)
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    x = np.random.default_rng(2).uniform(0, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5)
+
+
+def test_count_flops_matches_a_hand_count():
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(4, 3, padding="same")(inputs)  # 64 positions * 4 * 27 = 6,912 MACs
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)  # 64 * 4 * 9 = 2,304
+    x = keras.layers.SeparableConv2D(6, 3, padding="valid")(x)  # 36 * (9*4 + 4*6) = 2,160
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(2)(x)  # 6 * 2 = 12
+    assert count_flops(keras.Model(inputs, outputs)) == 2 * (6912 + 2304 + 2160 + 12)
+
+
+def test_count_flops_of_known_architectures():
+    # MobileNetV2 at 224: ~300M multiply-adds published; convnet is hand-countable.
+    assert 590 < count_flops(create_model("mobilenet_v2", 5, 224)) / 1e6 < 610
+    macs = 192 * 192 * 27 * 16 + 192 * 192 * 144 * 30 + 96 * 96 * 270 * 60 + 48 * 48 * 540 * 90
+    macs += 24 * 24 * 810 * 110 + 12 * 12 * 990 * 130 + 12 * 12 * 130 * 40 + 40 * 5
+    assert count_flops(create_model("convnet", 5, 192)) == 2 * macs
+
+
+def test_model_summary_row():
+    row = model_summary("squeezenet", 5, 64)
+    assert row["params"] == 120_613 and row["image_size"] == 64 and row["mflops"] > 0

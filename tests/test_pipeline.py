@@ -1,0 +1,217 @@
+"""Training and evaluation datasets: shapes, counts, splits, determinism, caching, sharding."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from petal.data import pipeline
+from petal.data.pipeline import eval_dataset, steps_per_epoch, train_dataset
+from petal.data.reader import open_source
+from petal.errors import PetalError
+
+COUNTS = {"train": [7, 6, 6], "validation": [5, 4]}  # 19 train (ids 0..18), 9 validation
+
+
+def _ids(images) -> list[int]:
+    px = np.asarray(images)[:, 0, 0, :2].astype(np.int64)
+    return list(px[:, 0] + 256 * px[:, 1])
+
+
+def _all_ids(dataset, steps=None) -> list[int]:
+    out = []
+    for images, _ in dataset.take(steps) if steps else dataset:
+        out += _ids(images)
+    return out
+
+
+@pytest.fixture
+def records(make_records):
+    return make_records(counts=COUNTS)
+
+
+def test_train_shapes_dtypes_and_labels(records):
+    ds = train_dataset(str(records), batch_size=4, seed=1)
+    spec_images, spec_labels = ds.element_spec
+    assert spec_images.shape == (4, 16, 16, 3) and spec_images.dtype == tf.float32
+    assert spec_labels.shape == (4, 5) and spec_labels.dtype == tf.float32
+    images, labels = next(iter(ds))
+    assert 0.0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 1.0
+    np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0)
+
+    sparse = train_dataset(str(records), batch_size=4, label_mode="sparse", augment=None, seed=1,
+                           normalization="raw")
+    images, labels = next(iter(sparse))
+    assert labels.dtype == tf.int32 and labels.shape == (4,)
+    # Label of test image i is i % 5.
+    np.testing.assert_array_equal(labels.numpy(), np.array(_ids(images)) % 5)
+
+
+@pytest.mark.parametrize(
+    ("normalization", "lo", "hi"),
+    [("unit", 0.0, 1.0), ("symmetric", -1.0, 1.0), ("raw", 0.0, 255.0), ("imagenet", -2.2, 2.7)],
+)
+def test_normalization_ranges(normalization, lo, hi):
+    values = pipeline.normalize(tf.constant([[[[0, 128, 255]]]], tf.uint8), normalization)
+    assert values.dtype == tf.float32
+    assert lo - 1e-6 <= float(tf.reduce_min(values)) and float(tf.reduce_max(values)) <= hi + 1e-6
+    assert float(pipeline.normalize(tf.constant([0, 255], tf.uint8), normalization)[1]) == (
+        pytest.approx(hi, abs=0.1) if normalization != "imagenet" else pytest.approx(2.64, abs=0.01)
+    )
+
+
+def test_eval_counts_every_image_once_and_splits_never_overlap(records):
+    ids = _all_ids(eval_dataset(str(records), batch_size=4, normalization="raw"))
+    assert sorted(ids) == list(range(19, 28))  # 9 images: batches 4, 4, 1; none dropped
+    train_ids = set(_all_ids(train_dataset(str(records), batch_size=4, normalization="raw",
+                                           augment=None, seed=0), steps=20))
+    assert train_ids == set(range(19)) and not train_ids & set(ids)
+
+
+def test_train_epochs_cover_the_split(records):
+    # 19 images, batch 19: each batch is exactly one epoch, reshuffled.
+    ds = train_dataset(str(records), batch_size=19, augment=None, normalization="raw", seed=3)
+    epochs = [sorted(_ids(x)) for x, _ in ds.take(3)]
+    assert all(e == list(range(19)) for e in epochs)
+    orders = [tuple(_ids(x)) for x, _ in ds.take(2)]
+    assert orders[0] != orders[1]
+
+
+@pytest.mark.parametrize("cache", ["off", "ram", "disk"])
+def test_seeded_pipeline_is_reproducible(records, cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def run(seed):
+        ds = train_dataset(str(records), batch_size=4, seed=seed, cache=cache,
+                           augment="codelab+crop")
+        return [x.numpy() for x, _ in ds.take(6)]  # more than one epoch
+
+    first, second, other = run(7), run(7), run(8)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_cache_modes_yield_the_same_images(records, tmp_path):
+    seen = {}
+    for cache in ["off", "ram", str(tmp_path / "cache")]:
+        ds = train_dataset(str(records), batch_size=19, seed=0, cache=cache, augment=None,
+                           normalization="raw")
+        seen[cache] = [sorted(_ids(x)) for x, _ in ds.take(2)]
+    assert seen["off"] == seen["ram"] == seen[str(tmp_path / "cache")]
+    assert any(p.name.startswith("train-") for p in (tmp_path / "cache").iterdir())
+
+
+def test_jpeg_records_and_resize(make_records):
+    folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
+    images, _ = next(iter(eval_dataset(str(folder), batch_size=3, normalization="raw")))
+    assert images.shape == (3, 16, 16, 3)
+    # Flat colour 60 + 30 * label away from pixel (0, 0): JPEG error stays small.
+    assert abs(float(images[0, 8, 8, 1]) - (60 + 30 * (19 % 5))) < 4
+    small, _ = next(iter(train_dataset(str(folder), batch_size=2, image_size=(8, 12), seed=0)))
+    assert small.shape == (2, 8, 12, 3)
+
+
+def test_bad_arguments(records):
+    src = open_source(str(records))
+    with pytest.raises(PetalError, match="batch_size=0"):
+        train_dataset(src, batch_size=0)
+    with pytest.raises(PetalError, match="fewer than one batch"):
+        train_dataset(src, batch_size=64)
+    with pytest.raises(PetalError, match="normalization"):
+        eval_dataset(src, batch_size=2, normalization="zscore")
+    with pytest.raises(PetalError, match="image_size=-3"):
+        eval_dataset(src, batch_size=2, image_size=-3)
+    with pytest.raises(PetalError, match="label_mode='one_hot'"):
+        train_dataset(src, batch_size=2, label_mode="sparse", augment="mixup")
+    with pytest.raises(PetalError, match="Unknown augmentation 'blur'"):
+        train_dataset(src, batch_size=2, augment="flip+blur")
+    assert steps_per_epoch(src, 4) == 4
+
+
+def test_global_batch_must_divide_across_replicas(records):
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                     num_replicas_in_sync=8)
+    with pytest.raises(PetalError, match="nearest valid sizes: 96 or 104"):
+        train_dataset(str(records), batch_size=100, input_context=ctx)
+    with pytest.raises(PetalError, match="nearest valid sizes: 8"):
+        train_dataset(str(records), batch_size=6, input_context=ctx)
+
+
+@pytest.mark.parametrize("pipelines", [2, 4])  # 3 train files: by file for 2, by record for 4
+def test_input_pipelines_share_the_data(records, pipelines):
+    train_parts, eval_parts = [], []
+    for index in range(pipelines):
+        ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
+                                         num_replicas_in_sync=pipelines)
+        eval_parts.append(_all_ids(eval_dataset(str(records), batch_size=pipelines, input_context=ctx,
+                                                normalization="raw")))
+        ds = train_dataset(str(records), batch_size=pipelines, input_context=ctx,
+                           augment=None, normalization="raw", seed=0)
+        assert ds.element_spec[0].shape[0] == 1  # per-replica batch
+        train_parts.append(set(_all_ids(ds, steps=40)))
+    assert sorted(sum(eval_parts, [])) == list(range(19, 28))  # every image exactly once
+    assert set().union(*train_parts) == set(range(19))
+    for a in range(pipelines):
+        for b in range(a + 1, pipelines):
+            assert not train_parts[a] & train_parts[b]
+
+
+_STRATEGY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import tensorflow as tf
+
+    # Logical devices must be set before TensorFlow initialises its devices.
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from petal.data.pipeline import distributed_dataset, eval_dataset, train_dataset
+    from petal.errors import PetalError
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    src = sys.argv[1]
+    dist = distributed_dataset(
+        strategy,
+        lambda ctx: train_dataset(src, batch_size=4, input_context=ctx, seed=0,
+                                  normalization="raw", augment=None),
+    )
+    images, labels = next(iter(dist))
+    shapes = [tuple(t.shape) for t in strategy.experimental_local_results(images)]
+    print("train", shapes, strategy.num_replicas_in_sync)
+    dist = distributed_dataset(
+        strategy, lambda ctx: eval_dataset(src, batch_size=4, input_context=ctx, normalization="raw")
+    )
+    seen = []
+    for images, _ in dist:
+        for part in strategy.experimental_local_results(images):
+            px = part.numpy()[:, 0, 0, :2].astype(int)
+            seen += list(px[:, 0] + 256 * px[:, 1])
+    print("eval", sorted(seen))
+    try:
+        distributed_dataset(strategy, lambda ctx: train_dataset(src, batch_size=5, input_context=ctx))
+    except PetalError as err:
+        print("error", err)
+    """
+)
+
+
+def test_mirrored_strategy_on_two_logical_cpus(records):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _STRATEGY_SCRIPT, str(records)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines()
+             if line.split(" ", 1)[0] in ("train", "eval", "error")}
+    assert lines["train"] == "[(2, 16, 16, 3), (2, 16, 16, 3)] 2"
+    assert Counter(eval(lines["eval"])) == Counter(range(19, 28))
+    assert "nearest valid sizes: 4 or 6" in lines["error"]

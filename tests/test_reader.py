@@ -1,0 +1,143 @@
+"""Reader: opening records folders, codelab shards and image folders; bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from petal.data import reader
+from petal.data.pipeline import eval_dataset, train_dataset
+from petal.data.reader import CODELAB_CLASSES, open_source
+from petal.errors import PetalError
+
+
+def _ids(dataset) -> list[int]:
+    """Image ids (pixel (0, 0) of raw test records) of every element of a dataset."""
+    out = []
+    for images, _ in dataset:
+        px = images.numpy()[:, 0, 0, :2].astype(np.int64)
+        out += list(px[:, 0] + 256 * px[:, 1])
+    return out
+
+
+def test_records_folder(make_records):
+    folder = make_records(counts={"train": [7, 6], "validation": [5]})
+    src = open_source(str(folder))
+    assert src.kind == "records"
+    assert src.classes == tuple(json.loads((folder / "manifest.json").read_text())["classes"])
+    assert src.image_size == (16, 16)
+    assert src.format == "raw"
+    assert src.count("train") == 13 and src.count("validation") == 5 and src.count("all") == 18
+    assert [f.split("/")[-1] for f in src.files("validation")] == ["validation-00000-of-00001-5.tfrec"]
+    assert set(src.files("train")).isdisjoint(src.files("validation"))
+
+
+def test_codelab_shards_split_by_file_like_the_notebook(make_records):
+    # 16 shards like the codelab's: int(16 * 0.19) = 3 validation files, the first three.
+    folder = make_records("codelab", counts={"all": [3] * 15 + [2]}, codelab=True, fmt="jpeg")
+    src = open_source(str(folder))
+    assert src.kind == "codelab"
+    names = [f.split("/")[-1] for f in src.files("validation")]
+    assert names == ["flowers00-3.tfrec", "flowers01-3.tfrec", "flowers02-3.tfrec"]
+    assert len(src.files("train")) == 13
+    assert set(src.files("train")).isdisjoint(src.files("validation"))
+    assert src.count("validation") == 9 and src.count("train") == 12 * 3 + 2
+    assert src.classes == CODELAB_CLASSES  # from the records' label fields
+    assert src.image_size == (16, 16)
+    # A glob opens the same shards; the codelab's feature spec decodes them.
+    assert open_source(str(folder / "flowers*.tfrec")).files("train") == src.files("train")
+    images, labels = next(iter(eval_dataset(src, batch_size=4, label_mode="sparse")))
+    assert images.shape == (4, 16, 16, 3) and labels.dtype == tf.int32
+
+
+def test_codelab_classes_from_labels(make_records):
+    folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True,
+                          classes=("cat", "dog", "emu"))
+    assert open_source(str(folder)).classes == ("cat", "dog", "emu")
+
+
+def test_image_folder_split_is_stable_and_disjoint(small_flowers):
+    src = open_source(str(small_flowers))
+    assert src.kind == "folder" and src.image_size is None
+    assert src.count("all") == 60
+    train, val = set(src.files("train")), set(src.files("validation"))
+    assert not train & val and len(val) == 5 * round(12 * 0.19)
+    assert open_source(str(small_flowers)).files("validation") == src.files("validation")
+    assert sorted(set(src.labels("validation"))) == [0, 1, 2, 3, 4]
+    with pytest.raises(PetalError, match="image_size"):
+        train_dataset(src, batch_size=4)
+    images, labels = next(iter(train_dataset(src, batch_size=4, image_size=24, seed=0)))
+    assert images.shape == (4, 24, 24, 3) and labels.shape == (4, 5)
+
+
+def test_missing_and_empty_sources(tmp_path):
+    with pytest.raises(PetalError, match="not found"):
+        open_source(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PetalError, match="empty"):
+        open_source(str(tmp_path / "empty"))
+
+
+def test_manifest_disagreeing_with_shards(make_records):
+    folder = make_records()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    missing = manifest["splits"]["train"]["shards"][1]["file"]
+    (folder / missing).rename(folder / "elsewhere.bin")
+    with pytest.raises(PetalError, match=f"{missing}.*missing"):
+        open_source(str(folder))
+    (folder / "elsewhere.bin").rename(folder / missing)
+
+    manifest["splits"]["train"]["shards"][0]["count"] = 8
+    manifest["splits"]["train"]["count"] = 14
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PetalError, match="train-00000-of-00002-7.tfrec.*manifest count 8"):
+        open_source(str(folder))
+
+    other = make_records("other")
+    (other / "train-00005-of-00009-3.tfrec").write_bytes(b"")
+    with pytest.raises(PetalError, match="does not list: train-00005"):
+        open_source(str(other))
+
+
+def test_mixed_image_sizes_need_image_size(make_records):
+    sizes = [(16, 16), (20, 12), (12, 24)] * 6
+    folder = make_records(counts={"train": [6, 6], "validation": [6]}, size=None, sizes=sizes)
+    src = open_source(str(folder))
+    assert src.image_size is None
+    with pytest.raises(PetalError, match="mixed image sizes.*image_size"):
+        train_dataset(src, batch_size=4)
+    images, _ = next(iter(eval_dataset(src, batch_size=6, image_size=10)))
+    assert images.shape == (6, 10, 10, 3)
+
+
+def _corrupt(folder, name, record):
+    """Flip one byte inside record ``record`` of a raw 16x16 shard (breaks its data CRC)."""
+    path = folder / name
+    data = bytearray(path.read_bytes())
+    offset, index = 0, 0
+    while index < record:
+        length = int.from_bytes(data[offset : offset + 8], "little")
+        offset += 12 + length + 4
+        index += 1
+    data[offset + 12 + 40] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_record_is_named_or_skipped(make_records, caplog):
+    folder = make_records(counts={"train": [7, 6], "validation": [5]})
+    _corrupt(folder, "validation-00000-of-00001-5.tfrec", 3)
+    # The manifest's byte counts still match: only reading finds the CRC failure.
+    src = open_source(str(folder))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"validation-00000-of-00001-5\.tfrec: record 3 .*3 of 5"):
+        list(eval_dataset(src, batch_size=2))
+    before = reader.SKIPPED.skipped
+    with caplog.at_level(logging.WARNING, logger="petal.data.reader"):
+        ids = _ids(eval_dataset(src, batch_size=2, normalization="raw", skip_corrupt=True))
+    assert ids == [13, 14, 15]
+    assert reader.SKIPPED.skipped - before == 2
+    assert "validation-00000-of-00001-5.tfrec" in caplog.text

@@ -1,0 +1,108 @@
+"""Learning-rate schedules: golden values, per-step use by the optimizer, serialisation."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from petal.errors import PetalError
+from petal.training.schedules import (
+    StepSchedule,
+    build_schedule,
+    codelab_max_lr,
+    codelab_ramp,
+    constant,
+    epochs_to_steps,
+    per_epoch_values,
+    scale_lr,
+    warmup_cosine,
+)
+
+# The codelab Xception notebook's per-epoch rates on 8 replicas (epochs 0..11).
+CODELAB_8_REPLICAS = [
+    1e-5, 8.8e-5, 1.66e-4, 2.44e-4, 3.22e-4, 4e-4,
+    3.22e-4, 2.596e-4, 2.097e-4, 1.697e-4, 1.378e-4, 1.122e-4,
+]  # fmt: skip
+
+
+def test_codelab_ramp_golden_values_at_epoch_boundaries():
+    for interpolate in (False, True):
+        fn = codelab_ramp(23, replicas=8, interpolate=interpolate)
+        values = per_epoch_values(fn, 12, 23)
+        # The golden values are printed to 4 significant digits.
+        np.testing.assert_allclose(values, CODELAB_8_REPLICAS, rtol=5e-4)
+    # Exact to float32 against the formula.
+    fn = codelab_ramp(23, replicas=8)
+    assert float(fn(11 * 23)) == pytest.approx(3.9e-4 * 0.8**6 + 1e-5, rel=1e-6)
+    assert float(fn(5 * 23)) == pytest.approx(4e-4, rel=1e-6)
+
+
+def test_codelab_ramp_per_step():
+    stepped = codelab_ramp(10, replicas=8)
+    smooth = codelab_ramp(10, replicas=8, interpolate=True)
+    # Constant within an epoch (the codelab's per-epoch callback), ...
+    assert float(stepped(10)) == float(stepped(19)) == pytest.approx(8.8e-5, rel=1e-6)
+    # ... or linear inside the ramp, continuous through the decay.
+    assert float(smooth(15)) == pytest.approx((8.8e-5 + 1.66e-4) / 2, rel=1e-6)
+    assert 3.22e-4 > float(smooth(65)) > 2.596e-4
+
+
+def test_codelab_ramp_replicas_and_sustain():
+    assert codelab_max_lr(8) == pytest.approx(4e-4) and codelab_max_lr(1) == pytest.approx(2e-4)
+    assert float(codelab_ramp(1)(5)) == pytest.approx(2e-4, rel=1e-6)
+    fn = codelab_ramp(1, max_lr=1e-3, sustain_epochs=2)
+    # As in the codelab's lrfn, the decay starts from the peak at epoch rampup + sustain.
+    expected = [1e-3, 1e-3, 1e-3, (1e-3 - 1e-5) * 0.8 + 1e-5]
+    assert [float(fn(e)) for e in (5, 6, 7, 8)] == pytest.approx(expected, rel=1e-6)
+
+
+def test_warmup_cosine_and_constant():
+    fn = warmup_cosine(10, peak_lr=1e-3, total_epochs=10, warmup_epochs=2, end_lr=1e-5)
+    assert float(fn(0)) == 0.0
+    assert float(fn(10)) == pytest.approx(5e-4, rel=1e-6)
+    assert float(fn(20)) == pytest.approx(1e-3, rel=1e-6)
+    assert float(fn(60)) == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5), rel=1e-5)
+    assert float(fn(100)) == pytest.approx(1e-5, rel=1e-5)
+    assert float(fn(500)) == pytest.approx(1e-5, rel=1e-5)
+    expected = 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * 10 / 80))
+    assert float(fn(30)) == pytest.approx(expected, rel=1e-5)
+    assert float(constant(lr=3e-4)(12345)) == pytest.approx(3e-4)
+
+
+def test_scaling_and_durations():
+    assert scale_lr(1e-3, 512, reference_batch=256) == pytest.approx(2e-3)
+    assert scale_lr(1e-3, 64, reference_batch=256, rule="sqrt") == pytest.approx(5e-4)
+    assert epochs_to_steps(2.5, 10) == 25
+    with pytest.raises(PetalError, match="steps_per_epoch=0"):
+        epochs_to_steps(1, 0)
+    with pytest.raises(PetalError, match="rule='cubic'"):
+        scale_lr(1e-3, 64, rule="cubic")
+    with pytest.raises(PetalError, match="warmup_epochs"):
+        warmup_cosine(10, peak_lr=1e-3, total_epochs=1, warmup_epochs=2)
+
+
+def test_step_schedule_serialises_and_drives_the_optimizer_per_step():
+    schedule = build_schedule("codelab_ramp", steps_per_epoch=2, replicas=8, interpolate=True)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(restored, StepSchedule)
+    assert restored.get_config() == {"name": "codelab_ramp", "steps_per_epoch": 2, "replicas": 8, "interpolate": True}
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    optimizer = keras.optimizers.Adam(learning_rate=schedule)
+    model.compile(optimizer, "categorical_crossentropy")  # compiled (graph) train step
+    x = np.ones((12, 3), "float32")
+    y = np.eye(2, dtype="float32")[[0, 1] * 6]
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # 3 optimizer steps
+    assert int(optimizer.iterations.numpy()) == 3
+    # 1.5 epochs in: halfway between the epoch-1 and epoch-2 codelab rates.
+    assert float(optimizer.learning_rate) == pytest.approx((8.8e-5 + 1.66e-4) / 2, rel=1e-5)
+
+
+def test_unknown_schedule():
+    with pytest.raises(PetalError, match="Unknown learning-rate schedule 'step'.*codelab_ramp"):
+        build_schedule("step")
+    with pytest.raises(PetalError, match="Bad arguments for schedule 'constant'"):
+        build_schedule("constant", lr=1e-3, gamma=0.1)

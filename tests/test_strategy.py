@@ -1,0 +1,158 @@
+"""Strategy and precision selection; a 2-replica MirroredStrategy trains like one replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import pytest
+
+from petal.errors import PetalError
+from petal.training.precision import cpu_flags, cpu_prefers_bfloat16, resolve_precision, set_policy
+from petal.training.strategy import STRATEGIES, check_global_batch, describe, get_strategy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_auto_on_cpu():
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this host has a GPU; auto picks MirroredStrategy there")
+    strategy, info = get_strategy("auto")
+    assert info["name"] == "default" and info["replicas"] == 1 == strategy.num_replicas_in_sync
+    assert info["tpu"] is False and info["gpu"] is False
+    assert info["devices"] and "CPU" in info["devices"][0]
+    line = describe(info, "float32", 32)
+    assert "replicas=1" in line and "devices=CPU:0" in line and "global_batch=32" in line
+
+
+def test_named_strategies_and_errors(monkeypatch):
+    _, info = get_strategy("cpu")
+    assert info["replicas"] == 1 and info["name"] == "cpu"
+    with pytest.raises(PetalError, match="Unknown strategy 'gpu'.*mirrored.*one-device"):
+        get_strategy("gpu")
+    assert set(STRATEGIES) >= {"auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default"}
+    with pytest.raises(PetalError, match="No TPU found"):
+        get_strategy("tpu")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(PetalError, match="TF_CONFIG"):
+        get_strategy("multi-worker")
+
+
+def test_check_global_batch():
+    assert check_global_batch(128, 8) == 16
+    assert check_global_batch(32, 1) == 32
+    with pytest.raises(PetalError, match="use 24 or 32.*batch_size=30"):
+        check_global_batch(30, 8)
+    with pytest.raises(PetalError, match="use 8 .*batch_size=5"):
+        check_global_batch(5, 8)
+    with pytest.raises(PetalError, match="batch_size=0"):
+        check_global_batch(0, 1)
+
+
+def test_resolve_precision_per_platform(monkeypatch):
+    assert resolve_precision("auto", {"tpu": True}) == "mixed_bfloat16"
+    assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (8, 6)}) == "mixed_bfloat16"
+    assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (7, 0)}) == "mixed_float16"
+    assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (6, 1)}) == "float32"
+    assert resolve_precision("float32", {"tpu": True}) == "float32"
+    with pytest.raises(PetalError, match="Unknown precision 'fp8'"):
+        resolve_precision("fp8", None)
+    # CPU: follows the flags (and the measured rule for avx512_bf16 without AMX).
+    monkeypatch.setattr("petal.training.precision.cpu_flags", lambda: {"avx2", "amx_bf16"})
+    assert resolve_precision("auto", {"tpu": False, "gpu": False}) == "mixed_bfloat16"
+    monkeypatch.setattr("petal.training.precision.cpu_flags", lambda: {"avx2", "fma"})
+    assert resolve_precision("auto", None) == "float32"
+
+
+def test_cpu_flags_parsing(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    assert cpu_flags(info) == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") == set()
+    assert cpu_prefers_bfloat16({"amx_bf16"}) is True
+    assert cpu_prefers_bfloat16({"avx2"}) is False
+
+
+def test_mixed_float16_gets_loss_scaling():
+    try:
+        assert set_policy("mixed_float16") == "mixed_float16"
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax", dtype="float32")])
+        model.compile("adam", "categorical_crossentropy")
+        # Keras 3 wraps the optimizer itself when the model's policy is mixed_float16.
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(PetalError, match="resolved policy"):
+        set_policy("auto")
+
+
+# Runs in a fresh interpreter: logical CPU devices must be configured before TF initialises.
+_MIRRORED_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    import keras
+    from petal.training.strategy import check_global_batch, get_strategy
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = np.eye(3, dtype="float32")[rng.integers(0, 3, 64)]
+    keras.utils.set_random_seed(0)
+    initial = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(3, activation="softmax")]
+    ).get_weights()
+
+    def train(strategy):
+        with strategy.scope():
+            model = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                 keras.layers.Dense(3, activation="softmax")]
+            )
+            model.set_weights(initial)
+            model.compile(keras.optimizers.SGD(0.5), "categorical_crossentropy")
+        check_global_batch(16, strategy.num_replicas_in_sync)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)  # global batch 16
+        history = model.fit(data, epochs=3, verbose=0, shuffle=False)
+        return model.get_weights(), history.history["loss"]
+
+    mirrored, info = get_strategy("mirrored")
+    one, _ = get_strategy("cpu")
+    w2, loss2 = train(mirrored)
+    w1, loss1 = train(one)
+    print(json.dumps({
+        "replicas": info["replicas"],
+        "max_weight_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(w1, w2)),
+        "max_change": max(float(np.max(np.abs(a - b))) for a, b in zip(w1, initial)),
+        "loss1": loss1, "loss2": loss2,
+    }))
+    """
+)
+
+
+def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(_MIRRORED_SCRIPT)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert result["max_change"] > 1e-2  # it did train
+    assert result["max_weight_diff"] < 1e-5
+    assert result["loss1"] == pytest.approx(result["loss2"], rel=1e-5)
