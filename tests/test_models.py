@@ -53,7 +53,9 @@ def test_every_model_builds_and_takes_a_training_step(name):
     assert model.name == name
     assert model.output_shape == (None, 3)
     # run_eagerly: one step of a big graph is far quicker eagerly than traced and optimised.
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="categorical_crossentropy", run_eagerly=True)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01), loss="categorical_crossentropy", run_eagerly=True
+    )
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, (2, size, size, 3)).astype("float32")
     y = np.eye(3, dtype="float32")[[0, 2]]
@@ -91,6 +93,8 @@ def test_model_info_and_registry_errors():
         create_model("squeezenet", 1, 32)
     with pytest.raises(PetalError, match="no published ImageNet weights"):
         create_model("squeezenet", 5, 32, weights="imagenet")
+    with pytest.raises(PetalError, match="does not take that option.*'dropuot'"):
+        create_model("squeezenet", 5, 32, dropuot=0.2)
     with pytest.raises(PetalError, match="Weights file not found: .*nope.weights.h5"):
         create_model("squeezenet", 5, 32, weights="nope.weights.h5")
 
@@ -105,10 +109,14 @@ def test_imagenet_weights_offline_is_a_clear_error(monkeypatch):
 
     def offline(*args, **kwargs):
         # What keras.utils.get_file raises when there is no network.
-        raise Exception("URL fetch failure on https://storage.googleapis.com/x.h5: None -- [Errno -3]")
+        raise Exception(
+            "URL fetch failure on https://storage.googleapis.com/x.h5: None -- [Errno -3]"
+        )
 
     monkeypatch.setattr(file_utils, "get_file", offline)
-    with pytest.raises(PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2'.*weights=PATH"):
+    with pytest.raises(
+        PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2'.*weights=PATH"
+    ):
         create_model("mobilenet_v2", 5, 32, weights="imagenet")
 
 
@@ -147,8 +155,8 @@ def test_head_only_warmup_then_fine_tune_with_frozen_batchnorm():
     set_backbone_trainable(model, False)
     assert count_params(model)[1] == 1280 * 4 + 4  # head only
     set_backbone_trainable(model, True, bn_frozen=True)
-    bns = [l for l in get_backbone(model).layers if isinstance(l, keras.layers.BatchNormalization)]
-    assert bns and not any(l.trainable for l in bns)
+    bns = [x for x in get_backbone(model).layers if isinstance(x, keras.layers.BatchNormalization)]
+    assert bns and not any(x.trainable for x in bns)
     model.compile(keras.optimizers.SGD(0.01), "categorical_crossentropy", run_eagerly=True)
     stats = bns[0].moving_mean.numpy().copy()
     x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
@@ -188,3 +196,16 @@ def test_count_flops_of_known_architectures():
 def test_model_summary_row():
     row = model_summary("squeezenet", 5, 64)
     assert row["params"] == 120_613 and row["image_size"] == 64 and row["mflops"] > 0
+
+
+def test_models_command(capsys, monkeypatch):
+    from petal.cli import main
+
+    # Two rows are enough to check the table; building all nine takes a while on 2 cores.
+    monkeypatch.setattr("petal.models.list_models", lambda: ["squeezenet", "convnet", "xception"])
+    assert main(["models", "--image-size", "40", "--num-classes", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "squeezenet" in out and "120,613" in out and "293,233" in out
+    assert "needs >= 71 px" in out  # xception cannot take 40x40
+    assert main(["models", "--image-size", "-3"]) == 2
+    assert "image_size=-3" in capsys.readouterr().err

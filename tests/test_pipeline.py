@@ -62,9 +62,9 @@ def test_normalization_ranges(normalization, lo, hi):
     values = pipeline.normalize(tf.constant([[[[0, 128, 255]]]], tf.uint8), normalization)
     assert values.dtype == tf.float32
     assert lo - 1e-6 <= float(tf.reduce_min(values)) and float(tf.reduce_max(values)) <= hi + 1e-6
-    assert float(pipeline.normalize(tf.constant([0, 255], tf.uint8), normalization)[1]) == (
-        pytest.approx(hi, abs=0.1) if normalization != "imagenet" else pytest.approx(2.64, abs=0.01)
-    )
+    white = pipeline.normalize(tf.fill([1, 1, 3], tf.constant(255, tf.uint8)), normalization)
+    expected = {"unit": 1.0, "symmetric": 1.0, "raw": 255.0, "imagenet": (1 - 0.406) / 0.225}
+    assert float(white[0, 0, 2]) == pytest.approx(expected[normalization], abs=1e-5)
 
 
 def test_eval_counts_every_image_once_and_splits_never_overlap(records):

@@ -88,7 +88,12 @@ def test_step_schedule_serialises_and_drives_the_optimizer_per_step():
     schedule = build_schedule("codelab_ramp", steps_per_epoch=2, replicas=8, interpolate=True)
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
     assert isinstance(restored, StepSchedule)
-    assert restored.get_config() == {"name": "codelab_ramp", "steps_per_epoch": 2, "replicas": 8, "interpolate": True}
+    assert restored.get_config() == {
+        "name": "codelab_ramp",
+        "steps_per_epoch": 2,
+        "replicas": 8,
+        "interpolate": True,
+    }
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
     optimizer = keras.optimizers.Adam(learning_rate=schedule)

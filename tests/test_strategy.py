@@ -37,7 +37,15 @@ def test_named_strategies_and_errors(monkeypatch):
     assert info["replicas"] == 1 and info["name"] == "cpu"
     with pytest.raises(PetalError, match="Unknown strategy 'gpu'.*mirrored.*one-device"):
         get_strategy("gpu")
-    assert set(STRATEGIES) >= {"auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default"}
+    assert set(STRATEGIES) >= {
+        "auto",
+        "tpu",
+        "mirrored",
+        "multi-worker",
+        "one-device",
+        "cpu",
+        "default",
+    }
     with pytest.raises(PetalError, match="No TPU found"):
         get_strategy("tpu")
     monkeypatch.delenv("TF_CONFIG", raising=False)
@@ -58,8 +66,14 @@ def test_check_global_batch():
 
 def test_resolve_precision_per_platform(monkeypatch):
     assert resolve_precision("auto", {"tpu": True}) == "mixed_bfloat16"
-    assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (8, 6)}) == "mixed_bfloat16"
-    assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (7, 0)}) == "mixed_float16"
+    assert (
+        resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (8, 6)})
+        == "mixed_bfloat16"
+    )
+    assert (
+        resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (7, 0)})
+        == "mixed_float16"
+    )
     assert resolve_precision("auto", {"gpu": True, "gpu_compute_capability": (6, 1)}) == "float32"
     assert resolve_precision("float32", {"tpu": True}) == "float32"
     with pytest.raises(PetalError, match="Unknown precision 'fp8'"):
@@ -83,7 +97,9 @@ def test_cpu_flags_parsing(tmp_path):
 def test_mixed_float16_gets_loss_scaling():
     try:
         assert set_policy("mixed_float16") == "mixed_float16"
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax", dtype="float32")])
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(2, activation="softmax", dtype="float32")]
+        )
         model.compile("adam", "categorical_crossentropy")
         # Keras 3 wraps the optimizer itself when the model's policy is mixed_float16.
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
@@ -145,7 +161,9 @@ _MIRRORED_SCRIPT = textwrap.dedent(
 def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
     script = tmp_path / "mirrored.py"
     script.write_text(_MIRRORED_SCRIPT)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="")
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300

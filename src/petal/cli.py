@@ -118,6 +118,73 @@ COMMANDS.append(
 
 # --- input pipeline: bench ------------------------------------------------------------------
 
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="WHAT")
+    p = sub.add_parser(
+        "input",
+        help="images/s of each input path against the JPEG decode ceiling",
+        description="Images/s and batches/s (after warm-up) of the per-file folder path, "
+        "TFRecord JPEG, TFRecord raw and the cached pipeline, each with and without "
+        "augmentation, against the decode ceiling; names the bottleneck.",
+    )
+    p.add_argument("records", metavar="RECORDS", help="JPEG records folder (petal convert output)")
+    p.add_argument("--folder", metavar="SRC", help="the image folder RECORDS came from (per-file case)")
+    p.add_argument("--raw-records", metavar="DIR",
+                   help="the same images as raw records (default: written to a temporary folder)")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--png", metavar="OUT", help="write a bar chart")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--seconds", type=float, default=6.0, help="timed seconds per case (default 6)")
+    p.add_argument("--augment", default="codelab", help="augmentation of the +aug cases (codelab)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="rounds over all cases; medians reported (default 1)")
+    p.add_argument("--cases", help="comma-separated subset: ceiling,folder,jpeg,raw,cached,remote")
+    p.add_argument("--remote-latency-ms", type=float, metavar="MS",
+                   help="also read through a loopback object server with MS ms per request")
+    p.set_defaults(_run=_run_bench_input)
+    parser.set_defaults(_bench_parser=parser)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    args._bench_parser.print_help()
+    return 2
+
+
+def _run_bench_input(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
+    from petal.data import bench
+
+    if args.batch_size <= 0 or args.seconds <= 0:
+        raise PetalError(f"--batch-size and --seconds must be positive. Received: "
+                         f"batch_size={args.batch_size}, seconds={args.seconds}")
+    try:
+        result = bench.run(
+            args.records,
+            folder=args.folder,
+            raw_records=args.raw_records,
+            batch_size=args.batch_size,
+            seconds=args.seconds,
+            augment=args.augment,
+            repeats=args.repeat,
+            remote_latency_ms=args.remote_latency_ms,
+            cases=tuple(args.cases.split(",")) if args.cases else None,
+            progress=lambda line: print(line, flush=True),
+        )
+    except tf.errors.OpError as err:
+        raise PetalError(err.message.strip().splitlines()[0]) from None
+    print(bench.format_table(result))
+    if args.json:
+        bench.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.png:
+        bench.write_png(result, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+COMMANDS.append(("bench", _add_bench, _run_bench, "benchmarks: `petal bench input RECORDS`"))
+
 
 # --- models and training: models, train, evaluate, predict, export, report, demo -----------
 
@@ -159,6 +226,165 @@ def _run_models(args: argparse.Namespace) -> int:
 
 
 COMMANDS.append(("models", _add_models, _run_models, "list the registered models with parameters and MFLOPs per image"))
+
+
+def _add_train(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default=None, help="named preset (default: 'default'; --list-presets)")
+    parser.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    parser.add_argument("--config", default=None, metavar="FILE", help="JSON file of config fields")
+    parser.add_argument("--data", default=None, metavar="RECORDS", help="records folder from petal convert")
+    parser.add_argument("--workdir", default=None, metavar="DIR", help="output folder (default runs/PRESET)")
+    parser.add_argument("--model", default=None, help="registered model name (petal models)")
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None, help="batch per replica")
+    parser.add_argument("--image-size", type=int, default=None, help="square training size in pixels")
+    parser.add_argument("--strategy", default=None, help="auto, tpu, mirrored, multi-worker, one-device, cpu")
+    parser.add_argument("--precision", default=None, help="auto, float32, mixed_bfloat16, mixed_float16")
+    parser.add_argument("--weights", default=None, help="'imagenet', a .weights.h5 file or 'none'")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config field (repeatable), e.g. --set label_smoothing=0.1")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --workdir")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run in --workdir")
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from petal.training.config import get_preset, list_presets, load_config, preset_doc
+
+    if args.list_presets:
+        for name in list_presets():
+            print(f"{name:<20}{preset_doc(name)}")
+        return 0
+    if args.workdir is None:
+        if args.resume:
+            raise PetalError("--resume needs the --workdir of the run to continue.")
+        args.workdir = str(Path("runs") / (args.preset or "default"))
+    base = None
+    if args.resume and not (args.preset or args.config):
+        from petal.training.loop import resume_config
+
+        base = resume_config(args.workdir)
+    elif args.preset:
+        get_preset(args.preset)  # unknown preset: list the valid ones before anything else
+    overrides = list(args.overrides)
+    weights = args.weights
+    if weights is not None and weights.lower() == "none":
+        weights, overrides = None, ["weights=null", *overrides]
+    config = load_config(
+        args.preset, args.config, overrides, base=base,
+        data=args.data, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
+        image_size=args.image_size, strategy=args.strategy, precision=args.precision,
+        weights=weights,
+    )
+
+    from petal.training.loop import train
+
+    train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
+    return 0
+
+
+def _add_evaluate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
+    parser.add_argument("--data", default=None, metavar="PATH",
+                        help="records or image folder (default: the run's training data)")
+    parser.add_argument("--split", default=None, help="validation, train or all (default: "
+                        "validation for records, all for an image folder)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print eval.json")
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.workdir import open_run
+
+    data = args.data or open_run(args.workdir).config.get("data")
+    if not data:
+        raise PetalError("Pass --data PATH (records or an image folder) to evaluate on.")
+    quiet = (lambda line: None) if args.json else None
+    report = evaluate(args.workdir, data, split=args.split, batch_size=args.batch_size,
+                      top_k=args.top_k, log=quiet)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        width = max(len(c) for c in report["classes"])
+        print(f"{'class':<{width}}  precision  recall     f1  support")
+        for name, m in report["per_class"].items():
+            print(f"{name:<{width}}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
+                  f"{m['support']:7d}")
+    return 0
+
+
+def _add_predict(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
+    parser.add_argument("images", metavar="IMAGE", nargs="+", help="image files")
+    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _run_predict(args: argparse.Namespace) -> int:
+    import json
+
+    from petal.evaluation.predict import format_predictions, predict
+
+    results = predict(args.workdir, args.images, top_k_count=args.top_k)
+    print(json.dumps(results, indent=2) if args.json else format_predictions(results))
+    return 0
+
+
+def _add_export(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
+    parser.add_argument("--out", default=None, metavar="DIR", help="default WORKDIR/export")
+    parser.add_argument("--tflite", action="store_true", help="also write model.tflite (pixels in)")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from petal.evaluation.export import export
+
+    out = export(args.workdir, args.out, tflite=args.tflite)
+    print(f"SavedModel (encoded image bytes in): {out['saved_model']}")
+    print(f"labels: {out['labels']}")
+    if out["tflite"]:
+        print(f"TFLite (float pixels 0..255 in): {out['tflite']}")
+    return 0
+
+
+def _add_report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a run")
+    parser.add_argument("--embed", action="store_true", help="embed the PNGs in the HTML")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from petal.evaluation.report import build_report
+
+    print(build_report(args.workdir, embed=args.embed))
+    return 0
+
+
+def _add_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None, metavar="FOLDER",
+                        help="folder of class sub-folders (default $PETAL_DATA, else tf_flowers)")
+    parser.add_argument("--workdir", default="petal-demo", metavar="DIR", help="default ./petal-demo")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field of the quick preset (repeatable)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from petal.demo import run_demo
+
+    run_demo(args.data, args.workdir, overrides=tuple(args.overrides))
+    return 0
+
+
+COMMANDS.append(("train", _add_train, _run_train, "train a model from records with a preset, config and overrides"))
+COMMANDS.append(("evaluate", _add_evaluate, _run_evaluate, "accuracy, top-k, per-class metrics and plots of a run"))
+COMMANDS.append(("predict", _add_predict, _run_predict, "top-k labels with probabilities for image files"))
+COMMANDS.append(("export", _add_export, _run_export, "SavedModel taking encoded image bytes (and TFLite)"))
+COMMANDS.append(("report", _add_report, _run_report, "PNG plots and report.html from a run's saved files"))
+COMMANDS.append(("demo", _add_demo, _run_demo, "convert, train the quick preset, evaluate and report"))
 
 
 

@@ -1,21 +1,28 @@
 """Augmentations: small factories that return functions, usable eagerly and inside tf.data.
 
-Every image op is ``op(images, seed) -> images``:
+Every image op returned by a factory is callable as ``op(images, seed) -> images``:
 
 - ``images``: one image ``[H, W, 3]`` or a batch ``[B, H, W, 3]``, uint8 or float, in pixel
-  units (0..255); the result is float32 in 0..255. Ops work on whole batches with one
-  random draw per image, because in tf.data one vectorised op over a batch costs far less
-  than the same op run once per image.
-- ``seed``: an int32/int64 tensor of shape ``[2]``. Randomness comes only from stateless ops
-  keyed by it, so the same (images, seed) gives the same output eagerly and inside
-  tf.data, and a seeded pipeline is reproducible (the pipeline derives the seed from its
-  own seed and the batch index, which counts across epochs).
+  units (0..255). Results are float32 in 0..255, except that a flip keeps the input dtype.
+  Ops work on whole batches with one random draw per image: in tf.data one vectorised op
+  over a batch costs far less than the same op run once per image.
+- ``seed``: an int tensor of shape ``[2]``. Randomness comes only from stateless ops keyed
+  by it, so the same (images, seed) gives the same output eagerly and inside tf.data, and
+  a seeded pipeline is reproducible (the pipeline derives the seed from its own seed and
+  the batch index, which counts across epochs).
+
+Each op is split in two: ``draw(n, seed)`` makes the per-image random parameters (a few
+numbers per image) and ``apply(images, params)`` is a pure function of them. The pipeline
+compiles the ``apply`` half of a batch with XLA (fusing flip, saturation, the cast and the
+normalisation into one pass over the pixels) while the draws stay outside: XLA's random
+number generators differ from TensorFlow's, and this keeps both paths bit-for-bit in their
+draws.
 
 Mixing ops (mixup, cutmix) act on a batch and its one-hot labels:
 ``op(images, labels, seed) -> (images, labels)``.
 
 :func:`build` turns a spec (``"codelab"``, ``"none"``, ``"flip+saturation+crop"``, ...) into
-one function ``fn(images, labels, seed) -> (images, labels)`` over batches.
+one :class:`Augment` callable as ``fn(images, labels, seed) -> (images, labels)`` on batches.
 """
 
 from __future__ import annotations
@@ -27,44 +34,79 @@ import tensorflow as tf
 
 from petal.errors import PetalError
 
-ImageOp = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-BatchOp = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
-
 
 def _as_batch(images) -> tuple[tf.Tensor, bool]:
     images = tf.convert_to_tensor(images)
     single = images.shape.rank == 3
-    images = tf.cast(images, tf.float32)
     return (images[None] if single else images), single
 
 
-def _unbatch(images: tf.Tensor, single: bool) -> tf.Tensor:
-    return images[0] if single else images
+def _float(images) -> tf.Tensor:
+    return tf.cast(images, tf.float32)
 
 
 def _seeds(seed, n: int) -> tf.Tensor:
-    """``n`` independent stateless seeds from one, one per random draw of an op."""
+    """``n`` independent stateless seeds from one, one per random draw."""
     return tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), n)
 
 
-def _per_image(batch: tf.Tensor) -> tf.Tensor:
-    """Shape ``[B, 1, 1, 1]`` for per-image factors broadcast over pixels."""
-    return tf.stack([tf.shape(batch)[0], 1, 1, 1])
+def _uniform(n, seed, lo=0.0, hi=1.0) -> tf.Tensor:
+    return tf.random.stateless_uniform(tf.reshape(n, [1]), seed, lo, hi)
+
+
+def _col(v) -> tf.Tensor:
+    """``[B] -> [B, 1, 1, 1]`` for per-image values broadcast over pixels."""
+    return tf.reshape(v, [-1, 1, 1, 1])
+
+
+class ImageOp:
+    """An image augmentation: ``op(images, seed)``, or ``apply(images, draw(n, seed))``.
+
+    Attributes:
+        xla: whether ``apply`` compiles with XLA (the pipeline then fuses it).
+    """
+
+    xla = True
+    takes_labels = False
+
+    def draw(self, n, seed) -> dict[str, tf.Tensor]:
+        raise NotImplementedError
+
+    def apply(self, images: tf.Tensor, params: dict[str, tf.Tensor]) -> tf.Tensor:
+        raise NotImplementedError
+
+    def __call__(self, images, seed) -> tf.Tensor:
+        batch, single = _as_batch(images)
+        out = self.apply(batch, self.draw(tf.shape(batch)[0], seed))
+        return out[0] if single else out
+
+
+class _Fn(ImageOp):
+    """An ImageOp from a draw function and an apply function."""
+
+    def __init__(self, name, draw, apply, xla=True):
+        self.name, self._draw, self._apply, self.xla = name, draw, apply, xla
+
+    def draw(self, n, seed):
+        return self._draw(n, seed)
+
+    def apply(self, images, params):
+        return self._apply(images, params)
+
+    def __repr__(self):
+        return f"ImageOp({self.name})"
 
 
 # --- image ops -------------------------------------------------------------------------------
 
 
 def flip_left_right(probability: float = 0.5) -> ImageOp:
-    """Mirror each image left-right with ``probability``."""
-
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        draw = tf.random.stateless_uniform(_per_image(batch), seed)
-        out = tf.where(draw < probability, tf.reverse(batch, axis=[2]), batch)
-        return _unbatch(out, single)
-
-    return op
+    """Mirror each image left-right with ``probability`` (keeps the dtype)."""
+    return _Fn(
+        "flip",
+        lambda n, seed: {"flip": _uniform(n, seed) < probability},
+        lambda x, p: tf.where(_col(p["flip"]), tf.reverse(x, axis=[2]), x),
+    )
 
 
 def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
@@ -73,58 +115,54 @@ def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
     Same result as ``tf.image.random_saturation`` (what the codelab uses) up to rounding,
     computed without an HSV round trip: with hue and value fixed, every channel is
     ``v - (v - c) * k``, so scaling saturation by ``f`` (clipped at 1) scales ``v - c`` by
-    ``min(f, v / (v - min))``. That is a few element-wise ops over the whole batch.
+    ``min(f, v / (v - min))``: a few element-wise ops over the whole batch.
     """
     if not 0.0 <= lower <= upper:
         raise PetalError(f"saturation needs 0 <= lower <= upper. Received: lower={lower}, upper={upper}")
 
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        factor = tf.random.stateless_uniform(_per_image(batch), seed, lower, upper)
-        v = tf.reduce_max(batch, axis=-1, keepdims=True)
-        spread = v - tf.reduce_min(batch, axis=-1, keepdims=True)
-        scale = tf.where(spread > 0, tf.minimum(factor, v / tf.maximum(spread, 1e-6)), 1.0)
-        out = tf.clip_by_value(v - (v - batch) * scale, 0.0, 255.0)
-        return _unbatch(out, single)
+    def apply(x, p):
+        x = _float(x)
+        # Channel slices, not reduce_max/min over the last axis: XLA fuses them into the
+        # same element-wise loop (about 1.5x faster on CPU).
+        r, g, b = x[..., 0:1], x[..., 1:2], x[..., 2:3]
+        v = tf.maximum(tf.maximum(r, g), b)
+        spread = v - tf.minimum(tf.minimum(r, g), b)
+        scale = tf.where(spread > 0, tf.minimum(_col(p["factor"]), v / tf.maximum(spread, 1e-6)),
+                         1.0)
+        return tf.maximum(v - (v - x) * scale, 0.0)
 
-    return op
+    return _Fn("saturation", lambda n, seed: {"factor": _uniform(n, seed, lower, upper)}, apply)
 
 
 def brightness(max_delta: float = 0.2) -> ImageOp:
     """Add a per-image offset uniform in [-max_delta, max_delta) x 255, then clip."""
-
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        delta = tf.random.stateless_uniform(_per_image(batch), seed, -max_delta, max_delta) * 255.0
-        return _unbatch(tf.clip_by_value(batch + delta, 0.0, 255.0), single)
-
-    return op
+    return _Fn(
+        "brightness",
+        lambda n, seed: {"delta": _uniform(n, seed, -max_delta, max_delta) * 255.0},
+        lambda x, p: tf.clip_by_value(_float(x) + _col(p["delta"]), 0.0, 255.0),
+    )
 
 
 def contrast(lower: float = 0.8, upper: float = 1.2) -> ImageOp:
     """Scale each image's deviation from its per-channel mean by a factor in [lower, upper)."""
 
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        factor = tf.random.stateless_uniform(_per_image(batch), seed, lower, upper)
-        mean = tf.reduce_mean(batch, axis=[1, 2], keepdims=True)
-        return _unbatch(tf.clip_by_value((batch - mean) * factor + mean, 0.0, 255.0), single)
+    def apply(x, p):
+        x = _float(x)
+        mean = tf.reduce_mean(x, axis=[1, 2], keepdims=True)
+        return tf.clip_by_value((x - mean) * _col(p["factor"]) + mean, 0.0, 255.0)
 
-    return op
+    return _Fn("contrast", lambda n, seed: {"factor": _uniform(n, seed, lower, upper)}, apply)
 
 
 def hue(max_delta: float = 0.05) -> ImageOp:
     """Rotate each image's hue by a fraction of the circle uniform in [-max_delta, max_delta)."""
 
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        delta = tf.random.stateless_uniform(_per_image(batch), seed, -max_delta, max_delta)
-        hsv = tf.image.rgb_to_hsv(batch / 255.0)
-        h = tf.math.floormod(hsv[..., :1] + delta, 1.0)
-        rgb = tf.image.hsv_to_rgb(tf.concat([h, hsv[..., 1:]], axis=-1)) * 255.0
-        return _unbatch(rgb, single)
+    def apply(x, p):
+        hsv = tf.image.rgb_to_hsv(_float(x) / 255.0)
+        h = tf.math.floormod(hsv[..., :1] + _col(p["delta"]), 1.0)
+        return tf.image.hsv_to_rgb(tf.concat([h, hsv[..., 1:]], axis=-1)) * 255.0
 
-    return op
+    return _Fn("hue", lambda n, seed: {"delta": _uniform(n, seed, -max_delta, max_delta)}, apply)
 
 
 def color_jitter(brightness_delta=0.2, contrast_range=(0.8, 1.2), hue_delta=0.05) -> ImageOp:
@@ -140,75 +178,96 @@ def random_resized_crop(
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
     size: tuple[int, int] | None = None,
 ) -> ImageOp:
-    """Crop a random box (area fraction in ``scale``, aspect in ``ratio``) and resize it back.
+    """Crop a random box (area fraction in ``scale``, pixel aspect in ``ratio``), resize back.
 
     One ``crop_and_resize`` call for the whole batch, each image with its own box.
     ``size`` defaults to the input size, so shapes stay static.
     """
 
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        n = tf.shape(batch)[0]
+    def draw(n, seed):
         s_area, s_ratio, s_x, s_y = tf.unstack(_seeds(seed, 4))
-        area = tf.random.stateless_uniform([n], s_area, scale[0], scale[1])
-        log_r = tf.random.stateless_uniform([n], s_ratio, math.log(ratio[0]), math.log(ratio[1]))
-        aspect = tf.exp(log_r)
-        # Box sides as fractions of the image; clipped so the box fits.
-        h = tf.minimum(tf.sqrt(area / aspect), 1.0)
-        w = tf.minimum(tf.sqrt(area * aspect), 1.0)
-        y0 = tf.random.stateless_uniform([n], s_y) * (1.0 - h)
-        x0 = tf.random.stateless_uniform([n], s_x) * (1.0 - w)
-        boxes = tf.stack([y0, x0, y0 + h, x0 + w], axis=1)
-        out_size = size or (batch.shape[1], batch.shape[2])
-        if out_size[0] is None:
-            out_size = tf.shape(batch)[1:3]
-        out = tf.image.crop_and_resize(batch, boxes, tf.range(n), out_size)
-        return _unbatch(out, single)
+        return {
+            "area": _uniform(n, s_area, scale[0], scale[1]),
+            "log_ratio": _uniform(n, s_ratio, math.log(ratio[0]), math.log(ratio[1])),
+            "x": _uniform(n, s_x),
+            "y": _uniform(n, s_y),
+        }
 
-    return op
+    def apply(x, p):
+        x = _float(x)
+        aspect = tf.exp(p["log_ratio"])
+        # Box sides as fractions of the image, for a box of ``aspect`` in pixels; clipped
+        # so the box fits.
+        hw = tf.cast(tf.shape(x)[2], tf.float32) / tf.cast(tf.shape(x)[1], tf.float32)
+        h = tf.minimum(tf.sqrt(p["area"] * hw / aspect), 1.0)
+        w = tf.minimum(tf.sqrt(p["area"] * aspect / hw), 1.0)
+        y0 = p["y"] * (1.0 - h)
+        x0 = p["x"] * (1.0 - w)
+        boxes = tf.stack([y0, x0, y0 + h, x0 + w], axis=1)
+        out_size = size or (x.shape[1], x.shape[2])
+        if out_size[0] is None or out_size[1] is None:
+            out_size = tf.shape(x)[1:3]
+        return tf.image.crop_and_resize(x, boxes, tf.range(tf.shape(x)[0]), out_size)
+
+    # CropAndResize has no XLA kernel.
+    return _Fn("crop", draw, apply, xla=False)
 
 
 def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
     """Rotate each image by an angle uniform in [-max_degrees, max_degrees), bilinear."""
 
-    def op(images, seed):
-        batch, single = _as_batch(images)
-        n = tf.shape(batch)[0]
-        angle = tf.random.stateless_uniform([n], seed, -max_degrees, max_degrees) * (math.pi / 180)
-        h = tf.cast(tf.shape(batch)[1], tf.float32)
-        w = tf.cast(tf.shape(batch)[2], tf.float32)
+    def apply(x, p):
+        x = _float(x)
+        angle = p["degrees"] * (math.pi / 180)
+        h = tf.cast(tf.shape(x)[1], tf.float32)
+        w = tf.cast(tf.shape(x)[2], tf.float32)
         cos, sin = tf.cos(angle), tf.sin(angle)
-        # Output pixel (x, y) samples input at the inverse rotation about the centre.
+        # Output pixel (x, y) samples the input at the inverse rotation about the centre.
         cx, cy = (w - 1) / 2, (h - 1) / 2
-        x_off = cx - cos * cx + sin * cy
-        y_off = cy - sin * cx - cos * cy
         zeros = tf.zeros_like(cos)
-        transforms = tf.stack([cos, -sin, x_off, sin, cos, y_off, zeros, zeros], axis=1)
-        out = tf.raw_ops.ImageProjectiveTransformV3(
-            images=batch,
+        transforms = tf.stack(
+            [cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy, zeros, zeros],
+            axis=1,
+        )
+        return tf.raw_ops.ImageProjectiveTransformV3(
+            images=x,
             transforms=transforms,
-            output_shape=tf.shape(batch)[1:3],
+            output_shape=tf.shape(x)[1:3],
             fill_value=0.0,
             interpolation="BILINEAR",
             fill_mode=fill_mode.upper(),
         )
-        return _unbatch(out, single)
 
-    return op
+    return _Fn("rotate", lambda n, s: {"degrees": _uniform(n, s, -max_degrees, max_degrees)},
+               apply, xla=False)
+
+
+class _Compose(ImageOp):
+    def __init__(self, ops):
+        self.ops = list(ops)
+        self.xla = all(op.xla for op in self.ops)
+
+    def draw(self, n, seed):
+        if not self.ops:
+            return {}
+        seeds = _seeds(seed, len(self.ops))
+        return {f"{i}/{k}": v for i, op in enumerate(self.ops)
+                for k, v in op.draw(n, seeds[i]).items()}
+
+    def apply(self, images, params):
+        for i, op in enumerate(self.ops):
+            prefix = f"{i}/"
+            images = op.apply(images, {k[len(prefix):]: v for k, v in params.items()
+                                       if k.startswith(prefix)})
+        return images
+
+    def __repr__(self):
+        return f"compose({', '.join(map(repr, self.ops))})"
 
 
 def compose(*ops: ImageOp) -> ImageOp:
     """Apply image ops in order, each with its own seed split from the one given."""
-
-    def op(images, seed):
-        if not ops:
-            return tf.cast(images, tf.float32)
-        seeds = _seeds(seed, len(ops))
-        for i, fn in enumerate(ops):
-            images = fn(images, seeds[i])
-        return images
-
-    return op
+    return _Compose(ops)
 
 
 def codelab() -> ImageOp:
@@ -219,67 +278,89 @@ def codelab() -> ImageOp:
 # --- batch ops on images and one-hot labels --------------------------------------------------
 
 
-def mixup(alpha: float = 0.2) -> BatchOp:
+class MixOp:
+    """A batch op on images and one-hot labels: ``op(images, labels, seed)``."""
+
+    takes_labels = True
+    xla = True
+
+    def __init__(self, name, draw, apply):
+        self.name, self._draw, self._apply = name, draw, apply
+
+    def draw(self, n, seed):
+        return self._draw(n, seed)
+
+    def apply(self, images, labels, params):
+        return self._apply(images, labels, params)
+
+    def __call__(self, images, labels, seed):
+        images = tf.convert_to_tensor(images)
+        return self.apply(images, labels, self.draw(tf.shape(images)[0], seed))
+
+    def __repr__(self):
+        return f"MixOp({self.name})"
+
+
+def _beta(n, seed, alpha) -> tf.Tensor:
+    s_a, s_b = tf.unstack(_seeds(seed, 2))
+    shape = tf.reshape(n, [1])
+    a = tf.random.stateless_gamma(shape, s_a, alpha)
+    b = tf.random.stateless_gamma(shape, s_b, alpha)
+    return a / (a + b)
+
+
+def _permutation(n, seed) -> tf.Tensor:
+    return tf.argsort(_uniform(n, seed))
+
+
+def mixup(alpha: float = 0.2) -> MixOp:
     """Blend each image (and label) with another of the batch, weight ~ Beta(alpha, alpha)."""
     if alpha <= 0:
         raise PetalError(f"mixup alpha must be > 0. Received: alpha={alpha}")
 
-    def op(images, labels, seed):
-        images = tf.cast(images, tf.float32)
-        n = tf.shape(images)[0]
-        s_a, s_b, s_perm = tf.unstack(_seeds(seed, 3))
-        a = tf.random.stateless_gamma([n], s_a, alpha)
-        b = tf.random.stateless_gamma([n], s_b, alpha)
-        lam = a / (a + b)
-        perm = _permutation(n, s_perm)
-        lam_img = tf.reshape(lam, [-1, 1, 1, 1])
-        mixed = lam_img * images + (1 - lam_img) * tf.gather(images, perm)
-        lam_lab = tf.reshape(lam, [-1, 1])
-        labels = tf.cast(labels, tf.float32)
-        return mixed, lam_lab * labels + (1 - lam_lab) * tf.gather(labels, perm)
+    def draw(n, seed):
+        s_lam, s_perm = tf.unstack(_seeds(seed, 2))
+        return {"lam": _beta(n, s_lam, alpha), "perm": _permutation(n, s_perm)}
 
-    return op
+    def apply(images, labels, p):
+        images, labels = _float(images), tf.cast(labels, tf.float32)
+        lam, perm = p["lam"], p["perm"]
+        mixed = _col(lam) * images + (1 - _col(lam)) * tf.gather(images, perm)
+        lam = lam[:, None]
+        return mixed, lam * labels + (1 - lam) * tf.gather(labels, perm)
+
+    return MixOp("mixup", draw, apply)
 
 
-def cutmix(alpha: float = 1.0) -> BatchOp:
+def cutmix(alpha: float = 1.0) -> MixOp:
     """Paste a random box from another image of the batch; labels mixed by pasted area."""
     if alpha <= 0:
         raise PetalError(f"cutmix alpha must be > 0. Received: alpha={alpha}")
 
-    def op(images, labels, seed):
-        images = tf.cast(images, tf.float32)
-        n = tf.shape(images)[0]
+    def draw(n, seed):
+        s_lam, s_y, s_x, s_perm = tf.unstack(_seeds(seed, 4))
+        return {"lam": _beta(n, s_lam, alpha), "y": _uniform(n, s_y), "x": _uniform(n, s_x),
+                "perm": _permutation(n, s_perm)}
+
+    def apply(images, labels, p):
+        images, labels = _float(images), tf.cast(labels, tf.float32)
         h, w = tf.shape(images)[1], tf.shape(images)[2]
-        s_a, s_b, s_y, s_x, s_perm = tf.unstack(_seeds(seed, 5))
-        a = tf.random.stateless_gamma([n], s_a, alpha)
-        b = tf.random.stateless_gamma([n], s_b, alpha)
-        lam = a / (a + b)
-        side = tf.sqrt(1.0 - lam)
         hf, wf = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
-        cy = tf.random.stateless_uniform([n], s_y) * hf
-        cx = tf.random.stateless_uniform([n], s_x) * wf
-        y0 = tf.clip_by_value(cy - side * hf / 2, 0, hf)
-        y1 = tf.clip_by_value(cy + side * hf / 2, 0, hf)
-        x0 = tf.clip_by_value(cx - side * wf / 2, 0, wf)
-        x1 = tf.clip_by_value(cx + side * wf / 2, 0, wf)
+        side = tf.sqrt(1.0 - p["lam"])
+        cy, cx = p["y"] * hf, p["x"] * wf
+        y0 = tf.clip_by_value(cy - side * hf / 2, 0, hf)[:, None, None]
+        y1 = tf.clip_by_value(cy + side * hf / 2, 0, hf)[:, None, None]
+        x0 = tf.clip_by_value(cx - side * wf / 2, 0, wf)[:, None, None]
+        x1 = tf.clip_by_value(cx + side * wf / 2, 0, wf)[:, None, None]
         ys = tf.cast(tf.range(h), tf.float32)[None, :, None] + 0.5
         xs = tf.cast(tf.range(w), tf.float32)[None, None, :] + 0.5
-        inside = (
-            (ys >= y0[:, None, None]) & (ys < y1[:, None, None])
-            & (xs >= x0[:, None, None]) & (xs < x1[:, None, None])
-        )
-        perm = _permutation(n, s_perm)
-        mixed = tf.where(inside[..., None], tf.gather(images, perm), images)
+        inside = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
+        mixed = tf.where(inside[..., None], tf.gather(images, p["perm"]), images)
         # The label weight is the area actually pasted, after clipping at the borders.
         pasted = tf.reduce_mean(tf.cast(inside, tf.float32), axis=[1, 2])[:, None]
-        labels = tf.cast(labels, tf.float32)
-        return mixed, (1 - pasted) * labels + pasted * tf.gather(labels, perm)
+        return mixed, (1 - pasted) * labels + pasted * tf.gather(labels, p["perm"])
 
-    return op
-
-
-def _permutation(n, seed) -> tf.Tensor:
-    return tf.argsort(tf.random.stateless_uniform([n], seed))
+    return MixOp("cutmix", draw, apply)
 
 
 # --- specs -----------------------------------------------------------------------------------
@@ -294,7 +375,7 @@ IMAGE_OPS: dict[str, Callable[[], ImageOp]] = {
     "crop": random_resized_crop,
     "rotate": rotation,
 }
-BATCH_OPS: dict[str, Callable[[], BatchOp]] = {"mixup": mixup, "cutmix": cutmix}
+BATCH_OPS: dict[str, Callable[[], MixOp]] = {"mixup": mixup, "cutmix": cutmix}
 PRESETS: dict[str, str] = {
     "codelab": "flip+saturation",
     "light": "flip+crop",
@@ -303,57 +384,106 @@ PRESETS: dict[str, str] = {
 }
 
 
+class Augment:
+    """A batch augmentation: image ops, then mixing ops. ``fn(images, labels, seed)``.
+
+    Attributes:
+        image_op: the composed image ops, or None.
+        mix_ops: mixing ops applied after the image ops (they need one-hot labels).
+        xla: whether :meth:`apply` compiles with XLA.
+    """
+
+    takes_labels = True
+
+    def __init__(self, image_ops=(), mix_ops=(), spec=None):
+        self.image_op = compose(*image_ops) if image_ops else None
+        self.mix_ops = list(mix_ops)
+        self.mixes_labels = bool(self.mix_ops)
+        self.spec = spec
+        self.xla = (self.image_op is None or self.image_op.xla) and all(
+            m.xla for m in self.mix_ops
+        )
+
+    def draw(self, n, seed) -> dict:
+        s_img, s_mix = tf.unstack(_seeds(seed, 2))
+        params = {"image": self.image_op.draw(n, s_img) if self.image_op else {}}
+        for i, op in enumerate(self.mix_ops):
+            params[f"mix{i}"] = op.draw(n, tf.random.experimental.stateless_fold_in(s_mix, i))
+        return params
+
+    def apply_images(self, images, params):
+        return self.image_op.apply(images, params["image"]) if self.image_op else images
+
+    def apply_mix(self, images, labels, params):
+        for i, op in enumerate(self.mix_ops):
+            images, labels = op.apply(images, labels, params[f"mix{i}"])
+        return images, labels
+
+    def __call__(self, images, labels, seed):
+        params = self.draw(tf.shape(images)[0], seed)
+        images = _float(self.apply_images(images, params))
+        return self.apply_mix(images, labels, params)
+
+    def __repr__(self):
+        return f"Augment({self.spec!r})"
+
+
+class _Custom(Augment):
+    """A user function: ``fn(images, seed)`` or ``fn(images, labels, seed)``; never compiled."""
+
+    def __init__(self, fn):
+        super().__init__(spec=fn)
+        self.fn = fn
+        self.xla = False
+        self.mixes_labels = bool(getattr(fn, "mixes_labels", False))
+
+    def __call__(self, images, labels, seed):
+        if getattr(self.fn, "takes_labels", False):
+            return self.fn(images, labels, seed)
+        return _float(self.fn(images, seed)), labels
+
+
 def names() -> list[str]:
     """Every op and preset name :func:`build` accepts."""
     return sorted([*PRESETS, *IMAGE_OPS, *BATCH_OPS])
 
 
-def build(spec) -> BatchOp | None:
-    """One batch function ``fn(images, labels, seed) -> (images, labels)`` from a spec.
+def build(spec) -> Augment | None:
+    """One batch augmentation from a spec, or None when there is nothing to do.
 
     Args:
         spec: None/False/"none" (no augmentation); a preset (``codelab``, ``light``,
-            ``strong``); op names joined by ``+`` or ``,`` (``"flip+crop+mixup"``), image
-            ops applied in order and mixing ops last; an image op ``fn(images, seed)``; or a
-            batch op ``fn(images, labels, seed)`` (marked by ``fn.takes_labels = True``).
-
-    Returns:
-        The function, or None when there is nothing to do.
+            ``strong``); op names joined by ``+`` or ``,`` (``"flip+crop+mixup"``): image ops
+            applied in order, then mixing ops; an :class:`Augment`; or a function
+            ``fn(images, seed)`` (or ``fn(images, labels, seed)`` with
+            ``fn.takes_labels = True``).
     """
     if spec is None or spec is False:
         return None
+    if isinstance(spec, Augment):
+        return spec
+    if isinstance(spec, ImageOp):
+        return Augment([spec], spec=spec)
+    if isinstance(spec, MixOp):
+        return Augment([], [spec], spec=spec)
     if callable(spec):
-        if getattr(spec, "takes_labels", False):
-            return spec
-        return lambda images, labels, seed: (spec(images, seed), labels)
+        return _Custom(spec)
     if not isinstance(spec, str):
         raise PetalError(f"augment must be a name, a '+'-joined list of names or a function. "
                          f"Received: augment={spec!r}")
     text = PRESETS.get(spec.strip().lower(), spec)
     parts = [p.strip().lower() for p in text.replace(",", "+").split("+") if p.strip()]
-    image_ops, batch_ops = [], []
+    image_ops, mix_ops = [], []
     for part in parts:
         if part in PRESETS:
-            sub = PRESETS[part]
-            image_ops.extend(IMAGE_OPS[p]() for p in sub.split("+") if p)
+            image_ops.extend(IMAGE_OPS[p]() for p in PRESETS[part].split("+") if p)
         elif part in IMAGE_OPS:
             image_ops.append(IMAGE_OPS[part]())
         elif part in BATCH_OPS:
-            batch_ops.append(BATCH_OPS[part]())
+            mix_ops.append(BATCH_OPS[part]())
         else:
             raise PetalError(f"Unknown augmentation {part!r} (known: {', '.join(names())}). "
                              f"Received: augment={spec!r}")
-    if not image_ops and not batch_ops:
+    if not image_ops and not mix_ops:
         return None
-    image_fn = compose(*image_ops)
-
-    def fn(images, labels, seed):
-        s_img, s_mix = tf.unstack(_seeds(seed, 2))
-        images = image_fn(images, s_img) if image_ops else tf.cast(images, tf.float32)
-        for i, op in enumerate(batch_ops):
-            images, labels = op(images, labels, tf.random.experimental.stateless_fold_in(s_mix, i))
-        return images, labels
-
-    fn.takes_labels = True
-    fn.mixes_labels = bool(batch_ops)
-    return fn
+    return Augment(image_ops, mix_ops, spec=spec)

@@ -13,6 +13,7 @@ codelab's pixel for pixel before JPEG encoding.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import warnings
@@ -198,6 +199,18 @@ def _lerp_weights(
     return lower, upper, (x - floor).astype(np.float32)
 
 
+@functools.lru_cache(maxsize=256)
+def _resize_plan(in_h: int, in_w: int, size: tuple[int, int], crop: tuple[int, int, int, int]):
+    """Indices and weights of one resize geometry; photos of a folder often share one."""
+    top, left, out_h, out_w = crop
+    y0, y1, wy = _lerp_weights(in_h, size[0], top, out_h)
+    x0, x1, wx = _lerp_weights(in_w, size[1], left, out_w)
+    rows, where = np.unique(np.concatenate([y0, y1]), return_inverse=True)
+    for array in (x0, x1, wx, wy, rows, where):
+        array.flags.writeable = False  # shared between calls
+    return rows, where[:out_h], where[out_h:], x0, x1, wx[None, :, None], wy[:, None, None]
+
+
 def resize_bilinear(
     pixels: np.ndarray,
     size: tuple[int, int],
@@ -212,23 +225,21 @@ def resize_bilinear(
             equal to resizing and then cropping, but only the kept pixels are computed.
     """
     in_h, in_w = pixels.shape[:2]
-    top, left, out_h, out_w = crop if crop is not None else (0, 0, *size)
-    y0, y1, wy = _lerp_weights(in_h, size[0], top, out_h)
-    x0, x1, wx = _lerp_weights(in_w, size[1], left, out_w)
+    crop = tuple(crop) if crop is not None else (0, 0, *size)
+    rows, upper_rows, lower_rows, x0, x1, wx, wy = _resize_plan(in_h, in_w, tuple(size), crop)
     # Interpolate each needed source row horizontally once, then the rows vertically:
     # the same operations, in the same order, as the kernel's per-pixel
     # top = tl + (tr - tl) * wx; bottom = ...; out = top + (bottom - top) * wy.
-    rows, where = np.unique(np.concatenate([y0, y1]), return_inverse=True)
     needed = pixels[rows]
     across = np.take(needed, x0, axis=1).astype(np.float32)
     right = np.take(needed, x1, axis=1).astype(np.float32)
     right -= across
-    right *= wx[None, :, None]
+    right *= wx
     across += right
-    out = across[where[:out_h]]
-    below = across[where[out_h:]]
+    out = across[upper_rows]
+    below = across[lower_rows]
     below -= out
-    below *= wy[:, None, None]
+    below *= wy
     out += below
     # tf.cast truncates toward zero; the clip only guards float round-off at the ends.
     np.clip(out, 0, 255, out=out)

@@ -257,9 +257,15 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                         bar.update()
                         continue
                     issue = _field_issue(
-                        int(cls), label.numpy().decode("utf-8", "replace"), int(hot),
-                        float(hot_sum), stored_size.numpy().tolist(), stored.numpy().tolist(),
-                        classes, image_size, manifest["format"],
+                        int(cls),
+                        label.numpy().decode("utf-8", "replace"),
+                        int(hot),
+                        float(hot_sum),
+                        stored_size.numpy().tolist(),
+                        stored.numpy().tolist(),
+                        classes,
+                        image_size,
+                        manifest["format"],
                     )
                     if issue:
                         problems.append(f"{name}: record {index}: {issue}")
@@ -366,4 +372,3 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
         os.makedirs(parent, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
-

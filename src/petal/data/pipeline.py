@@ -60,6 +60,9 @@ MAX_PARALLEL_READS = 16
 # libjpeg's accurate integer DCT (TensorFlow's default): "INTEGER_FAST" is a little faster and
 # a little less accurate; keep the default for training data.
 DCT_METHOD = ""
+# Compile the per-batch pixel work (augmentation + normalisation) with XLA: one fused pass
+# instead of one per op (several times faster on CPU). PETAL_XLA=0 turns it off.
+USE_XLA = os.environ.get("PETAL_XLA", "1") != "0"
 
 __all__ = [
     "train_dataset",
@@ -307,33 +310,36 @@ def _read(src: Source, split, *, training, seed, deterministic, input_context, s
             by_record = (n, index)
 
     if src.kind == "folder":
+        if src.remote:
+            from petal.data import remote
+
+            # One request per file, a fixed number in flight, a new order every epoch.
+            return remote.files_dataset(files, labels, shuffle_seed=seed if training else None)
         ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
         if training:
             # File names are cheap to shuffle: shuffle them all, then read in parallel.
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        if src.remote:
-            from petal.data import remote
-
-            return ds.map(remote.fetch_pair, num_parallel_calls=remote.PARALLEL_REQUESTS,
-                          deterministic=deterministic)
         return ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=AUTOTUNE,
                       deterministic=deterministic)
 
     if src.remote:
         from petal.data import remote
 
-        ds = remote.records_dataset(files, counts, shuffle_seed=seed if training else None,
-                                    deterministic=deterministic, skip_corrupt=skip_corrupt)
+        shuffle = training and by_record is None
+        ds = remote.records_dataset(files, counts, shuffle_seed=seed if shuffle else None,
+                                    deterministic=deterministic or by_record is not None,
+                                    skip_corrupt=skip_corrupt)
     else:
         ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
-        if training and len(files) > 1:
+        if training and len(files) > 1 and by_record is None:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         ds = ds.interleave(
             lambda f, c: reader.guarded_records(f, c, skip_corrupt=skip_corrupt),
             cycle_length=max(1, min(len(files), MAX_PARALLEL_READS)),
             block_length=1,
             num_parallel_calls=AUTOTUNE,
-            deterministic=deterministic,
+            # Sharding by record needs every pipeline to read the same order.
+            deterministic=deterministic or by_record is not None,
         )
     if by_record is not None:
         ds = ds.shard(*by_record)
@@ -392,16 +398,38 @@ def _ignore_decode_errors(ds, skip_corrupt: bool):
 
 
 def _finish_fn(num_classes, label_mode, normalization, aug, seed):
-    """``(batch index, (uint8 images, class ids)) -> (float32 images, labels)``."""
+    """``(batch index, (uint8 images, class ids)) -> (float32 images, labels)``.
+
+    The per-image random parameters are drawn first (stateless, keyed by seed and batch
+    index); everything that touches pixels (augmentation, cast, normalisation, mixing)
+    then runs as one XLA-compiled function, which fuses it into a single pass over the
+    batch instead of one pass per op.
+    """
+
+    def transform(images, labels, params):
+        if aug is not None:
+            images = aug.apply_images(images, params)
+        images = normalize(images, normalization)
+        if aug is not None and aug.mix_ops:
+            # Mixing commutes with the (affine) normalisation, so it can come last.
+            images, labels = aug.apply_mix(images, labels, params)
+        return images, labels
+
+    compiled = transform
+    if USE_XLA and (aug is None or aug.xla):
+        compiled = tf.function(transform, jit_compile=True, reduce_retracing=True)
 
     def finish(index, batch):
         images, labels = batch
         if label_mode == "one_hot":
             labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
-        if aug is not None:
-            # The batch index counts across epochs: every batch of every epoch differs.
-            key = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
-            images, labels = aug(images, labels, key)
+        if aug is None:
+            return compiled(images, labels, {})
+        # The batch index counts across epochs: every batch of every epoch differs.
+        key = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
+        if isinstance(aug, augment_lib.Augment) and type(aug) is augment_lib.Augment:
+            return compiled(images, labels, aug.draw(tf.shape(images)[0], key))
+        images, labels = aug(images, labels, key)  # a user function: run as given
         return normalize(images, normalization), labels
 
     return finish

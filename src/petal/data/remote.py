@@ -10,10 +10,10 @@ that honestly on one machine:
   listing (``GET /prefix/?list``), waits ``latency_ms`` before every response, bounds the
   number of concurrent requests and stops itself after ``idle_timeout`` seconds unused.
 - petal's remote-read path for ``http://`` sources: :class:`HttpFS` (the few file-system
-  calls the reader needs), :func:`records_dataset` (shards fetched whole, several at once and
-  in parallel byte ranges, into TensorFlow's in-memory file system, then read by
-  ``TFRecordDataset`` with its CRC checks) and :func:`fetch_pair` (one request per image
-  file: the per-file path).
+  calls the reader needs), :func:`records_dataset` (each shard streamed with one request
+  into a RAM-backed staging file, several shards at once, then read by ``TFRecordDataset``
+  with its CRC checks) and :func:`files_dataset` (one request per image file: the
+  per-file path). Both keep the same number of requests in flight.
 
 ``ObjectServer`` serves any folder, so ``open_source("http://127.0.0.1:PORT/flowers-192")``
 reads records exactly as from a bucket.
@@ -21,12 +21,18 @@ reads records exactly as from a bucket.
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
+import http.client
 import http.server
 import json
 import logging
 import os
 import posixpath
+import random
+import shutil
+import tempfile
 import threading
 import time
 import urllib.error
@@ -39,11 +45,11 @@ from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
 
-# Concurrent requests of the per-file path, and shards downloaded at once: the same budget
-# for both, so the comparison is about the number of requests, not about parallelism.
+# Requests in flight: files fetched at once by the per-file path, shards downloaded at once
+# by the sharded one. The same budget for both, so the comparison is about the number of
+# requests, not about parallelism.
 PARALLEL_REQUESTS = 8
 # Shards are fetched in byte ranges of this size, in parallel, like cloud storage clients do.
-CHUNK_BYTES = 8 << 20
 TIMEOUT_S = 60.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -60,7 +66,8 @@ class ObjectServer:
             url = server.url("flowers-192")     # http://127.0.0.1:PORT/flowers-192
 
     Args:
-        root: folder to serve (read only; paths outside it are refused).
+        root: folder to serve, or ``{name: folder}`` to serve several under ``/name/``
+            (read only; paths outside them are refused).
         latency_ms: delay before every response, like a cloud store's first-byte latency.
         host: must be a loopback address; nothing else is ever bound.
         port: 0 picks a free port.
@@ -74,9 +81,12 @@ class ObjectServer:
             raise PetalError(f"ObjectServer only binds loopback (127.0.0.1). Received: host={host!r}")
         if latency_ms < 0:
             raise PetalError(f"latency_ms must be >= 0. Received: latency_ms={latency_ms}")
-        self.root = os.path.realpath(os.fspath(root))
-        if not os.path.isdir(self.root):
-            raise PetalError(f"ObjectServer root is not a folder: {root}")
+        mounts = root if isinstance(root, dict) else {"": root}
+        self.mounts = {name.strip("/"): os.path.abspath(os.fspath(path))
+                       for name, path in mounts.items()}
+        for path in self.mounts.values():
+            if not os.path.isdir(path):
+                raise PetalError(f"ObjectServer can only serve folders. Received: root={root!r}")
         self.latency_s = latency_ms / 1000.0
         self.idle_timeout = idle_timeout
         self.requests = 0
@@ -132,9 +142,19 @@ class ObjectServer:
             self.bytes_sent += sent
 
     def resolve(self, key: str) -> str | None:
-        """Local path of ``key`` inside root, or None when it would escape root."""
-        path = os.path.realpath(os.path.join(self.root, key.lstrip("/")))
-        if path != self.root and not path.startswith(self.root + os.sep):
+        """Local path of ``key``, or None when it is outside every served folder."""
+        key = key.lstrip("/")
+        if "" in self.mounts:
+            base, rest = self.mounts[""], key
+        else:
+            name, _, rest = key.partition("/")
+            if name not in self.mounts:
+                return None
+            base = self.mounts[name]
+        # Normalise away ".." and refuse anything that leaves the folder; symlinks inside
+        # it are followed (they are the owner's choice, like a bucket's contents).
+        path = os.path.normpath(os.path.join(base, rest))
+        if path != base and not path.startswith(base + os.sep):
             return None
         return path
 
@@ -222,14 +242,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if head:
             return
         with open(path, "rb") as f:
-            f.seek(start)
-            left = length
-            while left:
-                block = f.read(min(left, 1 << 20))
-                if not block:
-                    break
-                self.wfile.write(block)
-                left -= len(block)
+            # Zero-copy from the page cache to the socket: the store should not be the
+            # bottleneck of what it measures.
+            self.connection.sendfile(f, offset=start, count=length)
         store._touch(sent=length)
 
     def _reply(self, status, body, ctype, head):
@@ -342,73 +357,122 @@ class HttpFS:
 
 # --- tf.data readers -------------------------------------------------------------------------
 
-_RAM_ROOT = "ram://petal-remote"
+
+def _staging_dir() -> str:
+    """A private folder for shards being read (RAM-backed /dev/shm when there is one)."""
+    global _STAGING
+    if _STAGING is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        _STAGING = tempfile.mkdtemp(prefix="petal-remote-", dir=base)
+        atexit.register(shutil.rmtree, _STAGING, True)
+    return _STAGING
 
 
-def download_shard(url: str, *, chunk_bytes: int = CHUNK_BYTES, parallel: int = 4) -> bytes:
-    """A whole shard, in parallel byte ranges when it is larger than one chunk."""
-    size = object_size(url)
-    if size <= chunk_bytes:
-        return get_bytes(url)
-    ranges = [(s, min(s + chunk_bytes, size) - 1) for s in range(0, size, chunk_bytes)]
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        parts = list(pool.map(lambda r: _request(url, byte_range=r), ranges))
-    return b"".join(parts)
+_STAGING: str | None = None
 
 
-def _fetch_to_ram(url) -> bytes:
-    import tensorflow as tf
+def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
+    """Stream the object at ``url`` into ``path`` with one request; returns its size."""
+    parts = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    for attempt in range(4):
+        conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
+        try:
+            conn.request("GET", parts.path or "/")
+            resp = conn.getresponse()
+            if resp.status == 503 and attempt < 3:
+                resp.read()
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            if resp.status == 404:
+                raise FileNotFoundError(f"Not found: {url}")
+            if resp.status != 200:
+                raise PetalError(f"HTTP {resp.status} reading {url}: {resp.reason}")
+            buffer = memoryview(bytearray(block))
+            size = 0
+            with open(path, "wb") as f:
+                while True:
+                    n = resp.readinto(buffer)
+                    if not n:
+                        break
+                    f.write(buffer[:n])
+                    size += n
+            return size
+        except OSError as err:
+            if isinstance(err, FileNotFoundError):
+                raise
+            raise PetalError(f"Cannot read {url}: {err}") from err
+        finally:
+            conn.close()
+    raise PetalError(f"Server stayed busy reading {url}")
 
-    url = url.numpy().decode("utf-8")
-    data = download_shard(url)
-    path = f"{_RAM_ROOT}/{uuid.uuid4().hex}-{posixpath.basename(url)}"
-    with tf.io.gfile.GFile(path, "wb") as f:
-        f.write(data)
-    return path.encode()
 
+def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None):
+    """A generator factory: ``fetch(item)`` run ``parallel`` at a time, yielded in order.
 
-def _delete_ram(path) -> bytes:
-    import tensorflow as tf
+    Python threads, not ``tf.py_function``s in a parallel map: TensorFlow runs Python
+    functions one at a time, which would serialise the requests. Each call of the factory
+    is one pass (epoch); with ``shuffle_seed`` each pass has its own order.
+    """
+    epoch = [0]
 
-    with contextlib.suppress(tf.errors.NotFoundError):
-        tf.io.gfile.remove(path.numpy().decode("utf-8"))
-    return b""
+    def generate():
+        order = list(range(len(items)))
+        if shuffle_seed is not None:
+            random.Random(f"{shuffle_seed}:{epoch[0]}").shuffle(order)
+        epoch[0] += 1
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            pending: collections.deque = collections.deque()
+            for i in order:
+                pending.append(pool.submit(fetch, items[i]))
+                if len(pending) >= parallel:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+    return generate
 
 
 def records_dataset(urls, counts=None, *, shuffle_seed=None, deterministic=True,
                     skip_corrupt=False, parallel: int = PARALLEL_REQUESTS):
     """Serialized records of remote shards (a tf.data.Dataset of scalar strings).
 
-    Each shard is downloaded whole (parallel byte ranges) into TensorFlow's in-memory file
-    system, read by ``TFRecordDataset`` (CRC-checked, and counted against ``counts`` like
-    local shards), then deleted; up to ``parallel`` shards are in flight at once.
+    Each shard is streamed with one request into a private RAM-backed staging folder,
+    up to ``parallel`` shards at once, then read by ``TFRecordDataset`` (CRC-checked and
+    counted against ``counts`` like local shards) and deleted.
     """
     import tensorflow as tf
 
     from petal.data import reader
 
     urls = list(urls)
-    if counts is None:
-        counts = [-1] * len(urls)
-    ds = tf.data.Dataset.from_tensor_slices((urls, tf.constant(counts, tf.int64)))
-    if shuffle_seed is not None and len(urls) > 1:
-        ds = ds.shuffle(len(urls), seed=shuffle_seed, reshuffle_each_iteration=True)
+    expected = dict(zip(urls, counts if counts is not None else [-1] * len(urls), strict=True))
+    staging = _staging_dir()
 
-    def one_shard(url, count):
-        path = tf.py_function(_fetch_to_ram, [url], tf.string)
-        path.set_shape([])
-        if counts[0] == -1:
-            records = tf.data.TFRecordDataset(path)
+    def fetch(url):
+        path = os.path.join(staging, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
+        download_to_file(url, path)
+        return path, url, expected[url]
+
+    paths = tf.data.Dataset.from_generator(
+        _prefetched(urls, fetch, parallel=parallel, shuffle_seed=shuffle_seed),
+        output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string),
+                          tf.TensorSpec([], tf.int64)),
+    )
+
+    def one_shard(path, url, count):
+        if counts is None:
+            records = tf.data.TFRecordDataset(path, buffer_size=1 << 20)
         else:
             records = reader.guarded_records(path, count, skip_corrupt=skip_corrupt, name=url)
         cleanup = (
             tf.data.Dataset.from_tensors(path)
-            .map(lambda p: tf.py_function(_delete_ram, [p], tf.string))
+            .map(lambda p: tf.py_function(_delete, [p], tf.string))
             .filter(lambda _: False)
         )
         return records.concatenate(cleanup)
 
-    return ds.interleave(
+    return paths.interleave(
         one_shard,
         cycle_length=max(1, min(len(urls), parallel)),
         block_length=1,
@@ -417,14 +481,23 @@ def records_dataset(urls, counts=None, *, shuffle_seed=None, deterministic=True,
     )
 
 
-def _fetch_one(url) -> bytes:
-    return get_bytes(url.numpy().decode("utf-8"))
+def _delete(path) -> bytes:
+    with contextlib.suppress(OSError):
+        os.remove(path.numpy().decode("utf-8"))
+    return b""
 
 
-def fetch_pair(url, label):
-    """``(url, label) -> (file bytes, label)`` with one HTTP request: the per-file path."""
+def files_dataset(urls, labels, *, shuffle_seed=None, parallel: int = PARALLEL_REQUESTS):
+    """``(file bytes, label)`` for each URL, one request per file: the per-file path.
+
+    ``parallel`` requests are in flight at once; with ``shuffle_seed`` the order changes
+    every pass.
+    """
     import tensorflow as tf
 
-    data = tf.py_function(_fetch_one, [url], tf.string)
-    data.set_shape([])
-    return data, label
+    items = list(zip(list(urls), [int(v) for v in labels], strict=True))
+    return tf.data.Dataset.from_generator(
+        _prefetched(items, lambda item: (get_bytes(item[0]), item[1]), parallel=parallel,
+                    shuffle_seed=shuffle_seed),
+        output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32)),
+    )

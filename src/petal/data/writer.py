@@ -29,10 +29,12 @@ import multiprocessing
 import os
 import random
 import re
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 
 from petal.data import folders, images, schema
 from petal.errors import PetalError
@@ -45,6 +47,8 @@ DEFAULT_SHARD_MB = 200.0
 _MB = 1_000_000
 # Bytes a record adds around its image (keys, label, file name, sizes); an estimate.
 _RECORD_OVERHEAD = 256
+# TFRecord framing: length (8), its CRC (4), data CRC (4).
+_FRAME = 16
 _ESTIMATE_SAMPLE = 16
 
 _TEMP_PREFIX = ".petal-tmp-"
@@ -58,8 +62,9 @@ class _Options:
     size: tuple[int, int] | None
     resize: str
     format: str
-    quality: int
+    quality: int | None
     max_pixels: int
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,25 +130,25 @@ def _read(path: str) -> bytes | str:
         return f"unreadable: {err.strerror or err}"
 
 
-def _probe(path: str, max_pixels: int) -> tuple[str, int] | str:
-    """(sha256 hex, size in bytes) of a usable file, or the reason it is skipped."""
+def _probe(path: str) -> tuple[str, int] | str:
+    """(sha256 hex, size in bytes) of a readable file, or the reason it is skipped."""
     data = _read(path)
     if isinstance(data, str):
         return data
-    try:
-        images.open_image(data, max_pixels)
-    except images.ImageError as err:
-        return str(err)
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def _convert(path: str, options: _Options) -> images.Encoded | str:
-    """The record's image for one file, or the reason it is skipped."""
+def _convert(task: tuple[str, int, str], options: _Options) -> bytes | str:
+    """One serialised record for (path, label, relpath), or the reason the file is skipped.
+
+    The worker serialises the record too, so the main process only frames and writes it.
+    """
+    path, label, relpath = task
     data = _read(path)
     if isinstance(data, str):
         return data
     try:
-        return images.convert_image(
+        encoded = images.convert_image(
             data,
             size=options.size,
             mode=options.resize,
@@ -153,6 +158,98 @@ def _convert(path: str, options: _Options) -> images.Encoded | str:
         )
     except images.ImageError as err:
         return str(err)
+    return example_bytes(encoded, label, relpath, options.classes)
+
+
+# A tf.train.Example, serialised by hand: workers stay free of TensorFlow, and the bytes are
+# those of ``tf.train.Example.SerializeToString(deterministic=True)`` (map keys sorted),
+# which a test checks. Everything but the image, sizes and file name is built once per class.
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # int64 two's complement, as protobuf encodes negatives
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _bytes_feature(values: Sequence[bytes]) -> bytes:
+    # Feature.bytes_list (1) -> BytesList.value (1, repeated)
+    return _field(1, b"".join(_field(1, v) for v in values))
+
+
+def _float_feature(values: Sequence[float]) -> bytes:
+    # Feature.float_list (2) -> FloatList.value (1, packed little-endian float32)
+    return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))
+
+
+def _int64_feature(values: Sequence[int]) -> bytes:
+    # Feature.int64_list (3) -> Int64List.value (1, packed varints)
+    return _field(3, _field(1, b"".join(_varint(v) for v in values)))
+
+
+def _entry(key: str, feature: bytes) -> bytes:
+    """One entry of the Features map (field 1): key (1) and value (2)."""
+    return _field(1, _field(1, key.encode("utf-8")) + _field(2, feature))
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_entries(classes: tuple[str, ...], label: int) -> dict[str, bytes]:
+    return {
+        schema.CLASS: _entry(schema.CLASS, _int64_feature([label])),
+        schema.LABEL: _entry(schema.LABEL, _bytes_feature([classes[label].encode("utf-8")])),
+        schema.ONE_HOT: _entry(
+            schema.ONE_HOT, _float_feature([float(i == label) for i in range(len(classes))])
+        ),
+    }
+
+
+def example_bytes(
+    encoded: images.Encoded, label: int, relpath: str, classes: Sequence[str]
+) -> bytes:
+    """The serialised ``tf.train.Example`` of one record (keys in ``petal.data.schema``)."""
+    entries = dict(_class_entries(tuple(classes), label))
+    entries[schema.IMAGE] = _entry(schema.IMAGE, _bytes_feature([encoded.data]))
+    entries[schema.SIZE] = _entry(schema.SIZE, _int64_feature([encoded.height, encoded.width]))
+    entries[schema.FILENAME] = _entry(schema.FILENAME, _bytes_feature([relpath.encode("utf-8")]))
+    entries[schema.ORIGINAL_SIZE] = _entry(
+        schema.ORIGINAL_SIZE,
+        _int64_feature([encoded.original_height, encoded.original_width]),
+    )
+    # Example.features (1) -> Features.feature (map entries, sorted by key).
+    return _field(1, b"".join(entries[key] for key in sorted(entries)))
+
+
+def _start_workers_server() -> None:
+    """Starts the forkserver now (if used), so its imports overlap the caller's work."""
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _context():
+    """The multiprocessing context for the workers.
+
+    Never 'fork': the parent may hold TensorFlow's threads, which a fork copies in an
+    undefined state. 'forkserver' starts one clean server process per parent process
+    that has imported this module (PIL and NumPy, not TensorFlow) and forks every worker
+    from it, so workers start in milliseconds, also on a second conversion; 'spawn'
+    (a fresh interpreter per worker) where forkserver does not exist.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        return context
+    return multiprocessing.get_context("spawn")
 
 
 class _Mapper:
@@ -162,9 +259,7 @@ class _Mapper:
         self.workers = workers
         self._pool = None
         if workers > 1:
-            # 'spawn': the parent may hold TensorFlow's threads, which fork would copy
-            # in an undefined state; spawned workers import only PIL and NumPy.
-            self._pool = multiprocessing.get_context("spawn").Pool(workers)
+            self._pool = _context().Pool(workers)
 
     def imap(self, fn: Callable, items: Sequence) -> Iterator:
         if self._pool is None:
@@ -290,8 +385,8 @@ def _listdir(path: str) -> list[str]:
 
 
 def _is_ours(name: str) -> bool:
-    return name == schema.MANIFEST_NAME or name.startswith(_TEMP_PREFIX) or bool(
-        _SHARD_RE.match(name)
+    return (
+        name == schema.MANIFEST_NAME or name.startswith(_TEMP_PREFIX) or bool(_SHARD_RE.match(name))
     )
 
 
@@ -393,19 +488,18 @@ def _shard_sizes(count: int, shards: int) -> list[int]:
     return [count // shards + (1 if i < count % shards else 0) for i in range(shards)]
 
 
-def _estimate_record_bytes(
-    probed: Sequence[_Probed], options: _Options, mapper: _Mapper
-) -> float:
-    """Average record size, from a spread-out sample of the files."""
+def _task(item: _Probed) -> tuple[str, int, str]:
+    return item.file.path, item.file.label, item.file.relpath
+
+
+def _estimate_record_bytes(probed: Sequence[_Probed], options: _Options, mapper: _Mapper) -> float:
+    """Average record size on disk, from a spread-out sample of the files."""
     step = max(1, len(probed) // _ESTIMATE_SAMPLE)
-    sample = [p.file.path for p in probed[::step][:_ESTIMATE_SAMPLE]]
-    sizes = [
-        len(r.data)
-        for r in mapper.imap(functools.partial(_convert, options=options), sample)
-        if not isinstance(r, str)
-    ]
+    sample = [_task(p) for p in probed[::step][:_ESTIMATE_SAMPLE]]
+    convert_fn = functools.partial(_convert, options=options)
+    sizes = [len(r) + _FRAME for r in mapper.imap(convert_fn, sample) if not isinstance(r, str)]
     if sizes:
-        return sum(sizes) / len(sizes) + _RECORD_OVERHEAD
+        return sum(sizes) / len(sizes)
     return sum(p.nbytes for p in probed) / max(1, len(probed)) + _RECORD_OVERHEAD
 
 
@@ -435,43 +529,6 @@ def _shard_counts(
 
 
 # --- records ---------------------------------------------------------------------------------------
-
-
-class _ExampleBuilder:
-    """Serialises ``tf.train.Example`` records (main process only)."""
-
-    def __init__(self, classes: Sequence[str]):
-        import tensorflow as tf
-
-        self._tf = tf
-        n = len(classes)
-        self._label = [self._bytes(c.encode("utf-8")) for c in classes]
-        self._class = [tf.train.Feature(int64_list=tf.train.Int64List(value=[i])) for i in range(n)]
-        self._one_hot = [
-            tf.train.Feature(float_list=tf.train.FloatList(value=[float(i == j) for j in range(n)]))
-            for i in range(n)
-        ]
-
-    def _bytes(self, value: bytes):
-        return self._tf.train.Feature(bytes_list=self._tf.train.BytesList(value=[value]))
-
-    def _ints(self, values: list[int]):
-        return self._tf.train.Feature(int64_list=self._tf.train.Int64List(value=values))
-
-    def __call__(self, encoded: images.Encoded, label: int, relpath: str) -> bytes:
-        tf = self._tf
-        feature = {
-            schema.IMAGE: self._bytes(encoded.data),
-            schema.CLASS: self._class[label],
-            schema.LABEL: self._label[label],
-            schema.SIZE: self._ints([encoded.height, encoded.width]),
-            schema.ONE_HOT: self._one_hot[label],
-            schema.FILENAME: self._bytes(relpath.encode("utf-8")),
-            schema.ORIGINAL_SIZE: self._ints([encoded.original_height, encoded.original_width]),
-        }
-        example = tf.train.Example(features=tf.train.Features(feature=feature))
-        # Sorted map keys: identical bytes for identical input, whatever the process.
-        return example.SerializeToString(deterministic=True)
 
 
 def _file_digest(path: str) -> tuple[int, str]:
@@ -547,41 +604,61 @@ def convert(
     started = time.perf_counter()
     source, output = str(source), str(output)
     options, recorded = _resolve_options(
-        image_size, resize, format, quality, val_fraction, seed, shards, shard_mb, workers,
+        image_size,
+        resize,
+        format,
+        quality,
+        val_fraction,
+        seed,
+        shards,
+        shard_mb,
+        workers,
         max_pixels,
     )
+    folder = folders.find_images(source, classes)
     _check_paths(source, output)
     _check_output(output, overwrite)
-    folder = folders.find_images(source, classes)
     files = folder.files
     workers = min(recorded["workers"], len(files))
+    options = replace(options, classes=folder.classes)
+    if workers > 1:
+        _start_workers_server()
+    # TensorFlow's start-up (seconds, once per process) is not conversion work: keep it
+    # out of the summary's time and images/s.
+    before_import = time.perf_counter()
+    import tensorflow  # noqa: F401
 
-    mapper = _Mapper(workers)
-    try:
-        # Pass 1: hash and header of every file.
-        probed: list[_Probed] = []
-        skipped: list[dict] = []
-        with _progress(len(files), "scan", progress) as bar:
-            probe = functools.partial(_probe, max_pixels=max_pixels)
-            for f, result in zip(files, mapper.imap(probe, [f.path for f in files]), strict=True):
+    started += time.perf_counter() - before_import
+
+    # Pass 1: read and hash every file, in threads (I/O and hashing release the GIL;
+    # many threads hide the latency of object stores).
+    probed: list[_Probed] = []
+    skipped: list[dict] = []
+    threads = 32 if folders.is_remote(source) else 4
+    with ThreadPoolExecutor(threads) as pool, _progress(len(files), "scan", progress) as bar:
+        results = pool.map(_probe, [f.path for f in files])
+        # The worker processes start while the threads read.
+        mapper = _Mapper(workers)
+        try:
+            for f, result in zip(files, results, strict=True):
                 if isinstance(result, str):
                     skipped.append({"file": f.relpath, "reason": result})
                 else:
                     probed.append(_Probed(f, *result))
                 bar.update()
+        except BaseException:
+            mapper.close()
+            raise
+    try:
         if not probed:
             raise PetalError(_nothing_usable(source, skipped))
-
         splits = split_files(probed, folder.classes, val_fraction, seed)
         shard_counts = _shard_counts(splits, options, shards, shard_mb, mapper)
-        written = _write(source, output, folder.classes, splits, shard_counts, options, mapper, progress,
-                         skipped)
+        written = _write(source, output, splits, shard_counts, options, mapper, progress, skipped)
     finally:
         mapper.close()
 
-    manifest = _manifest(
-        source, folder, recorded, classes, written, skipped, probed
-    )
+    manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
     _write_manifest(output, manifest)
     seconds = time.perf_counter() - started
     return ConvertSummary(
@@ -610,7 +687,6 @@ def _nothing_usable(source: str, skipped: list[dict]) -> str:
 def _write(
     source: str,
     output: str,
-    classes: Sequence[str],
     splits: dict[str, list[_Probed]],
     shard_counts: dict[str, int],
     options: _Options,
@@ -631,14 +707,13 @@ def _write(
             plan += [(split, index, next(items)) for _ in range(size)]
 
     convert_fn = functools.partial(_convert, options=options)
-    results = mapper.imap(convert_fn, [item.file.path for _, _, item in plan])
+    results = mapper.imap(convert_fn, [_task(item) for _, _, item in plan])
+    created = not folders.exists(output)
     _prepare_output(output)
     temp_paths: list[str] = []
     try:
-        # Imported after the workers have their tasks, so its start-up overlaps theirs.
         import tensorflow as tf
 
-        build = _ExampleBuilder(classes)
         shards: dict[tuple[str, int], dict] = {}
         writer = None
         current = None
@@ -656,7 +731,7 @@ def _write(
                     temp_paths.append(path)
                     writer = tf.io.TFRecordWriter(path)
                     shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
-                writer.write(build(result, item.file.label, item.file.relpath))
+                writer.write(result)
                 shards[current]["count"] += 1
                 shards[current]["per_class"][item.file.label] += 1
         if writer is not None:
@@ -688,6 +763,8 @@ def _write(
         for path in temp_paths:
             if folders.exists(path):
                 _remove(path)
+        if created and not folders.is_remote(output) and not os.listdir(output):
+            os.rmdir(output)
         raise
 
 

@@ -11,6 +11,7 @@ registry's freeze helpers find it and a backbone-only weights file can be loaded
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import keras
@@ -71,12 +72,17 @@ def build_application(
     """
     spec = _BACKBONES[arch]
     try:
-        backbone = spec.constructor(
-            include_top=False,
-            weights=weights,
-            input_shape=(*image_size, 3),
-            **spec.extra,
-        )
+        with warnings.catch_warnings():
+            if weights is None:
+                # MobileNetV2 warns about which ImageNet weights it would load at odd sizes,
+                # even when it loads none.
+                warnings.filterwarnings("ignore", message=".*will be loaded as the default")
+            backbone = spec.constructor(
+                include_top=False,
+                weights=weights,
+                input_shape=(*image_size, 3),
+                **spec.extra,
+            )
     except Exception as err:
         # keras.utils.get_file raises a bare Exception("URL fetch failure on ...") when offline;
         # anything else is a real bug and propagates unchanged.

@@ -57,7 +57,9 @@ def fire(x, squeeze: int, expand: int, *, separable: bool = False, name: str | N
     return layers.Concatenate(name=f"{p}_concat")([left, right])
 
 
-def inception_module(x, c1: int, c3: tuple[int, int], c5: tuple[int, int], pool_proj: int, *, name: str):
+def inception_module(
+    x, c1: int, c3: tuple[int, int], c5: tuple[int, int], pool_proj: int, *, name: str
+):
     """An inception-style (GoogLeNet) module: four parallel branches concatenated.
 
     The 5x5 branch is two stacked 3x3 convolutions (same receptive field, fewer weights), as in

@@ -12,6 +12,7 @@ JAX and PyTorch backends.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,7 +89,9 @@ def register(
     if name in _INFOS:
         raise ValueError(f"Model {name!r} is registered twice.")
     if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}. Received: {normalization!r}")
+        raise ValueError(
+            f"normalization must be one of {NORMALIZATIONS}. Received: {normalization!r}"
+        )
 
     def decorator(builder: Builder) -> Builder:
         _INFOS[name] = ModelInfo(
@@ -116,7 +119,10 @@ def list_models() -> list[str]:
     def rank(item: tuple[int, str]) -> tuple[int, int]:
         index, name = item
         family = _INFOS[name].family
-        return (_FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER), index)
+        return (
+            _FAMILY_ORDER.index(family) if family in _FAMILY_ORDER else len(_FAMILY_ORDER),
+            index,
+        )
 
     return [name for _, name in sorted(enumerate(_INFOS), key=rank)]
 
@@ -134,16 +140,18 @@ def model_info(name: str) -> ModelInfo:
     return _INFOS[name]
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _image_hw(info: ModelInfo, image_size: int | Sequence[int] | None) -> tuple[int, int]:
     """Validate ``image_size`` (a side or (height, width)) against the model's minimum."""
     if image_size is None:
         return info.default_image_size, info.default_image_size
-    if isinstance(image_size, int) and not isinstance(image_size, bool):
-        hw = (image_size, image_size)
+    if _is_int(image_size):
+        hw = (int(image_size), int(image_size))
     elif (
-        isinstance(image_size, Sequence)
-        and len(image_size) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in image_size)
+        isinstance(image_size, Sequence) and len(image_size) == 2 and all(map(_is_int, image_size))
     ):
         hw = (int(image_size[0]), int(image_size[1]))
     else:
@@ -190,7 +198,7 @@ def create_model(
             a model without them or unavailable offline, or a weights file that does not fit.
     """
     info = model_info(name)
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+    if not _is_int(num_classes) or num_classes < 2:
         raise PetalError(
             f"num_classes must be an int of at least 2 for model {name!r}. "
             f"Received: num_classes={num_classes!r}"
@@ -217,7 +225,14 @@ def create_model(
                 f"'imagenet' or None). Received: weights={str(weights)!r}"
             )
 
-    model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
+    try:
+        model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise PetalError(
+            f"Model {name!r} does not take that option ({err}). Received: {sorted(kwargs)}"
+        ) from err
     if weights_file is not None:
         load_weights_file(model, weights_file)
     return model

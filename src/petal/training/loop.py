@@ -26,6 +26,7 @@ import math
 import shutil
 import statistics
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -320,8 +321,15 @@ def train(
         return ds
 
     def eval_fn(ctx=None):
-        return eval_dataset(source, batch_size=eval_batch, image_size=image_size,
-                            normalization=normalization, input_context=ctx, cache="auto")
+        ds = eval_dataset(source, batch_size=eval_batch, image_size=image_size,
+                          normalization=normalization, input_context=ctx, cache="auto")
+        if ctx is None:
+            import tensorflow as tf
+
+            # Record reads have unknown length; telling Keras spares it a first pass that
+            # ends in a misleading "input ran out of data" warning.
+            ds = ds.apply(tf.data.experimental.assert_cardinality(-(-val_count // eval_batch)))
+        return ds
 
     if replicas > 1:
         train_ds = distributed_dataset(strategy, train_fn)
@@ -383,16 +391,20 @@ def train(
             if phase.name == "full":
                 log(f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
                     f"lr x{cfg.fine_tune_lr_factor}")
-            model.fit(
-                train_ds,
-                epochs=phase.end,
-                initial_epoch=max(phase.start, start_epoch),
-                steps_per_epoch=steps,
-                validation_data=val_ds,
-                callbacks=callbacks,
-                shuffle=False,  # the input pipeline shuffles
-                verbose=0,
-            )
+            with warnings.catch_warnings():
+                # Distributed validation sets have unknown length; Keras warns when it first
+                # reaches their end, which is expected here.
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                model.fit(
+                    train_ds,
+                    epochs=phase.end,
+                    initial_epoch=max(phase.start, start_epoch),
+                    steps_per_epoch=steps,
+                    validation_data=val_ds,
+                    callbacks=callbacks,
+                    shuffle=False,  # the input pipeline shuffles
+                    verbose=0,
+                )
             if nan_guard.nan_epoch is not None:
                 break
     finally:

@@ -32,14 +32,22 @@ def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
     Raises:
         PetalError: ``steps_per_epoch`` is not a positive int or ``epochs`` is negative.
     """
-    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-        raise PetalError(f"steps_per_epoch must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}")
+    if (
+        isinstance(steps_per_epoch, bool)
+        or not isinstance(steps_per_epoch, int)
+        or steps_per_epoch < 1
+    ):
+        raise PetalError(
+            f"steps_per_epoch must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}"
+        )
     if epochs < 0:
         raise PetalError(f"A duration in epochs cannot be negative. Received: epochs={epochs!r}")
     return int(round(epochs * steps_per_epoch))
 
 
-def scale_lr(base_lr: float, batch_size: int, reference_batch: int = 256, rule: str = "linear") -> float:
+def scale_lr(
+    base_lr: float, batch_size: int, reference_batch: int = 256, rule: str = "linear"
+) -> float:
     """Scale a peak learning rate to the global batch size.
 
     The linear scaling rule (Goyal et al., 2017): a rate tuned for ``reference_batch`` is
@@ -223,7 +231,9 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
         try:
             self._fn = SCHEDULES[name](**kwargs)
         except TypeError as err:
-            raise PetalError(f"Bad arguments for schedule {name!r}: {err}. Received: {kwargs}") from err
+            raise PetalError(
+                f"Bad arguments for schedule {name!r}: {err}. Received: {kwargs}"
+            ) from err
 
     def __call__(self, step):
         return self._fn(step)

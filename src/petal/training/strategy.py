@@ -23,7 +23,10 @@ STRATEGIES = ("auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "d
 
 def _connect_tpu(tpu_address: str | None = None):
     """Connect to a TPU and return its resolver; raises ValueError when there is none."""
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address or "")
+    # No argument, as in the codelab: the resolver then reads TPU_NAME / Colab / Kaggle / TPU VM
+    # settings from the environment.
+    cls = tf.distribute.cluster_resolver.TPUClusterResolver
+    resolver = cls(tpu=tpu_address) if tpu_address else cls()
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return resolver
@@ -77,7 +80,9 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
         PetalError: Unknown name; ``tpu`` without a TPU; ``multi-worker`` without ``TF_CONFIG``.
     """
     if name not in STRATEGIES:
-        raise PetalError(f"Unknown strategy {name!r}. Choose one of: {', '.join(STRATEGIES)}. Received: strategy={name!r}")
+        raise PetalError(
+            f"Unknown strategy {name!r}. Choose one of: {', '.join(STRATEGIES)}. Received: strategy={name!r}"
+        )
 
     if name in ("auto", "tpu"):
         tpu = None  # Set first: the codelab's 2021 notebooks crashed on `if tpu:` without it.
@@ -112,7 +117,9 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
         try:
             json.loads(os.environ["TF_CONFIG"])
         except json.JSONDecodeError as err:
-            raise PetalError(f"TF_CONFIG is not valid JSON: {err}. Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}") from err
+            raise PetalError(
+                f"TF_CONFIG is not valid JSON: {err}. Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}"
+            ) from err
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return strategy, _info(strategy, "multi-worker", tpu=False)
     if name == "one-device":
@@ -155,7 +162,9 @@ def check_global_batch(batch_size: int, replicas: int) -> int:
     return batch_size // replicas
 
 
-def describe(info: dict[str, Any], precision: str | None = None, global_batch: int | None = None) -> str:
+def describe(
+    info: dict[str, Any], precision: str | None = None, global_batch: int | None = None
+) -> str:
     """One log line: strategy, replicas, devices, precision and global batch."""
     # "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0": the prefix is noise in logs.
     devices = ",".join(d.rsplit("device:", 1)[-1] for d in info["devices"])
@@ -163,5 +172,7 @@ def describe(info: dict[str, Any], precision: str | None = None, global_batch: i
     if precision:
         parts.append(f"precision={precision}")
     if global_batch:
-        parts.append(f"global_batch={global_batch} ({global_batch // max(info['replicas'], 1)} per replica)")
+        parts.append(
+            f"global_batch={global_batch} ({global_batch // max(info['replicas'], 1)} per replica)"
+        )
     return " ".join(parts)

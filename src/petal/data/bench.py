@@ -1,0 +1,526 @@
+"""``petal bench input``: how fast each input path runs, against the decode ceiling.
+
+Measured in one run, on the same images:
+
+- ``ceiling``: the records' own JPEG bytes decoded in a tight loop on every core with the
+  fastest decoder available (simplejpeg = libjpeg-turbo, in threads: it releases the GIL;
+  else PIL, else ``tf.io.decode_jpeg``). A JPEG pipeline cannot beat it on this machine.
+- ``folder``: the per-file path (read each image file, decode, resize);
+- ``jpeg``: TFRecords of JPEGs (``petal convert`` default);
+- ``raw``: TFRecords of raw uint8 pixels (no decoding);
+- ``cached``: the JPEG records decoded once into an in-RAM cache;
+
+each without and with the default (codelab) augmentation, through the same
+:func:`petal.data.pipeline.train_dataset` that training uses, timed after a warm-up.
+With ``remote_latency_ms`` it also serves the folder and the records from a loopback
+object server with that latency per request and measures reads per second (per-file
+vs sharded) and the full pipelines over it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from petal.errors import PetalError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Case:
+    """One measured configuration."""
+
+    name: str
+    path: str
+    augment: str
+    images_per_s: float  # median over rounds
+    batches_per_s: float
+    rounds: int
+    seconds: float
+    note: str = ""
+    runs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    records: str
+    batch_size: int
+    seconds: float
+    cpus: int
+    decoder: str
+    cases: list[Case] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    remote: dict = field(default_factory=dict)
+
+    def case(self, name: str) -> Case | None:
+        return next((c for c in self.cases if c.name == name), None)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def time_dataset(dataset, *, batch_size: int, seconds: float, warmup_batches: int = 10,
+                 min_batches: int = 5) -> tuple[float, float, int, float]:
+    """(images/s, batches/s, images, seconds) after ``warmup_batches``, for ~``seconds``."""
+    it = iter(dataset)
+    for _ in range(warmup_batches):
+        next(it)
+    n, start = 0, time.perf_counter()
+    images = 0
+    while True:
+        x, _ = next(it)
+        images += int(x.shape[0])
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and n >= min_batches:
+            break
+    return images / elapsed, n / elapsed, images, elapsed
+
+
+def time_iterator(items, *, seconds: float, count=lambda item: 1, warmup: int = 0):
+    """(items/s, items, seconds) for a plain iterator (used for raw reads)."""
+    it = iter(items)
+    for _ in range(warmup):
+        next(it)
+    n, start = 0, time.perf_counter()
+    for item in it:
+        n += count(item)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    elapsed = time.perf_counter() - start
+    return n / elapsed, n, elapsed
+
+
+# --- decode ceiling --------------------------------------------------------------------------
+
+
+def jpeg_bytes(source, split: str = "train", limit: int = 4000) -> list[bytes]:
+    """The encoded images of a JPEG records folder, as stored."""
+    import tensorflow as tf
+
+    from petal.data import schema
+    from petal.data.reader import open_source
+
+    src = open_source(source)
+    if src.format != schema.FORMAT_JPEG:
+        raise PetalError(f"The decode ceiling needs JPEG records; {src.path} is {src.format}.")
+    spec = {schema.IMAGE: tf.io.FixedLenFeature([], tf.string)}
+    ds = tf.data.TFRecordDataset(src.files(split)).take(limit)
+    ds = ds.map(lambda r: tf.io.parse_single_example(r, spec)[schema.IMAGE])
+    return [bytes(b) for b in ds.as_numpy_iterator()]
+
+
+def _decoder():
+    """(name, decode function bytes -> HxWx3 uint8) of the fastest decoder available."""
+    try:
+        import simplejpeg
+
+        def decode(data):
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+
+        return f"simplejpeg {simplejpeg.__version__} (libjpeg-turbo)", decode
+    except ImportError:
+        pass
+    try:
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        def decode(data):
+            with Image.open(io.BytesIO(data)) as im:
+                return np.asarray(im.convert("RGB"))
+
+        return "PIL", decode
+    except ImportError:  # pragma: no cover - pillow is a dependency
+        import tensorflow as tf
+
+        return "tf.io.decode_jpeg", lambda data: tf.io.decode_jpeg(data, channels=3).numpy()
+
+
+def decode_ceiling(blobs: list[bytes], *, seconds: float, threads: int | None = None):
+    """(images/s, decoder name, threads): ``blobs`` decoded over and over on all cores."""
+    name, decode = _decoder()
+    threads = threads or os.cpu_count() or 1
+    for blob in blobs[:20]:  # warm-up
+        decode(blob)
+    stop = threading.Event()
+    counts = [0] * threads
+
+    def worker(index):
+        i = index
+        while not stop.is_set():
+            decode(blobs[i % len(blobs)])
+            counts[index] += 1
+            i += threads
+
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        futures = [pool.submit(worker, i) for i in range(threads)]
+        time.sleep(seconds)
+        stop.set()
+        for f in futures:
+            f.result()
+        elapsed = time.perf_counter() - start
+    return sum(counts) / elapsed, name, threads
+
+
+# --- raw records from JPEG records -----------------------------------------------------------
+
+
+def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
+    """Write ``split`` of a JPEG records folder again with raw pixels (for case ``raw``)."""
+    import tensorflow as tf
+
+    from petal.data import schema
+    from petal.data.reader import open_source
+
+    src = open_source(records)
+    manifest = json.loads(json.dumps(src.manifest))
+    os.makedirs(folder, exist_ok=True)
+    shards = []
+    for path, count in zip(src.files(split), src.counts(split), strict=True):
+        name = os.path.basename(path)
+        out = os.path.join(folder, name)
+        with tf.io.TFRecordWriter(out) as writer:
+            for record in tf.data.TFRecordDataset(path):
+                example = tf.train.Example.FromString(record.numpy())
+                image = example.features.feature[schema.IMAGE].bytes_list
+                pixels = tf.io.decode_jpeg(image.value[0], channels=3).numpy()
+                image.value[0] = pixels.tobytes()
+                writer.write(example.SerializeToString())
+        shards.append({"file": name, "count": count, "bytes": os.path.getsize(out)})
+    manifest["format"] = schema.FORMAT_RAW
+    manifest["splits"] = {
+        split: {"count": sum(s["count"] for s in shards), "shards": shards},
+        **{s: {"count": 0, "shards": []} for s in schema.SPLITS if s != split},
+    }
+    with open(os.path.join(folder, schema.MANIFEST_NAME), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return folder
+
+
+# --- the benchmark ---------------------------------------------------------------------------
+
+
+def run(
+    records: str,
+    *,
+    folder: str | None = None,
+    raw_records: str | None = None,
+    batch_size: int = 64,
+    seconds: float = 6.0,
+    augment: str = "codelab",
+    repeats: int = 1,
+    remote_latency_ms: float | None = None,
+    cases: tuple[str, ...] | None = None,
+    progress=print,
+) -> BenchResult:
+    """Measure every input path; see the module docstring.
+
+    Args:
+        records: a JPEG records folder (``petal convert`` output).
+        folder: the image folder it was converted from, for the per-file case.
+        raw_records: the same images as raw records; default: written to a temporary
+            folder from ``records`` (train split) and removed afterwards.
+        batch_size: batch size of every pipeline.
+        seconds: timed seconds per case and round (after warm-up).
+        augment: the augmentation of the "+aug" cases.
+        repeats: rounds over all cases. Each case reports its median; each ratio is the
+            median of the ratios within a round (cases of one round ran under the same
+            machine load, which matters on a shared machine).
+        remote_latency_ms: also measure reads through a loopback object server with this
+            latency per request.
+        cases: only these case names (``ceiling``, ``folder``, ``jpeg``, ``raw``, ``cached``,
+            ``remote``); default all that apply.
+        progress: called with one line per finished case.
+    """
+    from petal.data import pipeline
+    from petal.data.reader import open_source
+
+    src = open_source(records)
+    if src.image_size is None:
+        raise PetalError(f"bench input needs records of one image size; {records} has mixed sizes.")
+    if repeats < 1:
+        raise PetalError(f"repeats must be >= 1. Received: repeats={repeats}")
+    wanted = set(cases or ("ceiling", "folder", "jpeg", "raw", "cached", "remote"))
+    unknown = wanted - {"ceiling", "folder", "jpeg", "raw", "cached", "remote"}
+    if unknown:
+        raise PetalError(f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: ceiling, "
+                         "folder, jpeg, raw, cached, remote.")
+    blobs = jpeg_bytes(src)
+    result = BenchResult(records=str(records), batch_size=batch_size, seconds=seconds,
+                         cpus=os.cpu_count() or 1, decoder="")
+    size = src.image_size
+    per_epoch = src.count("train")
+    if per_epoch < batch_size:
+        raise PetalError(f"{records} has {per_epoch} training images, fewer than one batch of "
+                         f"{batch_size}. Received: batch_size={batch_size}")
+
+    def pipeline_case(source, aug, cache="off", warmup=10):
+        def measure():
+            ds = pipeline.train_dataset(source, batch_size=batch_size, image_size=size,
+                                        augment=aug, cache=cache, seed=None)
+            return time_dataset(ds, batch_size=batch_size, seconds=seconds,
+                                warmup_batches=warmup)[:2]
+
+        return measure
+
+    def ceiling_case():
+        rate, name, threads = decode_ceiling(blobs, seconds=seconds)
+        result.decoder = f"{name}, {threads} threads"
+        return rate, rate / batch_size
+
+    tmp = None
+    try:
+        if "raw" in wanted and raw_records is None:
+            tmp = tempfile.mkdtemp(prefix="petal-bench-raw-")
+            progress("writing raw-pixel records for case 'raw' ...")
+            raw_records = make_raw_copy(str(records), tmp)
+        # (name, measure, path, augment, note)
+        plan = []
+        if "ceiling" in wanted:
+            plan.append(("ceiling", ceiling_case, "decode only", "-", "JPEG decode, all cores"))
+        for aug in (None, augment):
+            sfx, aug_name = ("+aug", aug) if aug else ("", "none")
+            if "folder" in wanted and folder:
+                plan.append((f"folder{sfx}", pipeline_case(folder, aug), folder, aug_name,
+                             "read, decode and resize every file"))
+            if "jpeg" in wanted:
+                plan.append((f"jpeg{sfx}", pipeline_case(src, aug), src.path, aug_name,
+                             "TFRecord JPEG"))
+            if "raw" in wanted:
+                plan.append((f"raw{sfx}", pipeline_case(raw_records, aug), raw_records, aug_name,
+                             "TFRecord raw pixels"))
+            if "cached" in wanted:
+                # Warm-up covers a full epoch: timing starts once the cache is complete.
+                plan.append((f"cached{sfx}", pipeline_case(src, aug, cache="ram",
+                                                           warmup=per_epoch // batch_size + 5),
+                             src.path, aug_name, "decoded uint8 images in RAM"))
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in plan}
+        for round_index in range(repeats):
+            for name, measure, *_ in plan:
+                ips, bps = measure()
+                runs[name].append((ips, bps))
+                progress(f"[{round_index + 1}/{repeats}] {name}: {ips:,.0f} images/s, "
+                         f"{bps:,.1f} batches/s")
+        for name, _, path, aug_name, note in plan:
+            values = runs[name]
+            result.cases.append(Case(
+                name, str(path), aug_name, _median([v[0] for v in values]),
+                _median([v[1] for v in values]), len(values), seconds,
+                result.decoder if name == "ceiling" else note,
+                runs=[round(v[0], 1) for v in values],
+            ))
+        result.ratios = _ratios(runs)
+        if "remote" in wanted and remote_latency_ms is not None:
+            result.remote = remote_bench(src, folder, latency_ms=remote_latency_ms,
+                                         batch_size=batch_size, seconds=seconds,
+                                         progress=progress)
+            if result.remote.get("sharded_over_per_file"):
+                result.ratios["remote sharded/per-file"] = result.remote["sharded_over_per_file"]
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    _summarise(result)
+    return result
+
+
+def _median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+RATIOS = {
+    "jpeg/ceiling": ("jpeg", "ceiling"),
+    "jpeg+aug/ceiling": ("jpeg+aug", "ceiling"),
+    "cached/jpeg": ("cached", "jpeg"),
+    "cached+aug/jpeg+aug": ("cached+aug", "jpeg+aug"),
+    "raw/jpeg": ("raw", "jpeg"),
+    "jpeg/folder": ("jpeg", "folder"),
+}
+
+
+def _ratios(runs: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Each ratio within each round, then the median over rounds."""
+    out = {}
+    for label, (a, b) in RATIOS.items():
+        if runs.get(a) and runs.get(b):
+            out[label] = _median([x[0] / y[0] for x, y in zip(runs[a], runs[b], strict=True)])
+    return out
+
+
+def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: float,
+                 progress=print) -> dict:
+    """Reads/s per file and sharded through the loopback object server, plus full pipelines."""
+    from petal.data import pipeline, remote
+    from petal.data.reader import open_source
+
+    mounts = {"records": src.path}
+    if folder:
+        mounts["images"] = folder
+    out: dict = {"latency_ms": latency_ms, "parallel_requests": remote.PARALLEL_REQUESTS}
+    with remote.ObjectServer(mounts, latency_ms=latency_ms) as server:
+        rsrc = open_source(server.url("records"))
+        # Reads only (no decoding), counted in batches of 256 so Python's per-element cost
+        # does not cap the count.
+        shards = remote.records_dataset(rsrc.files("train"), rsrc.counts("train")).repeat()
+        start_requests = server.requests
+        rate, n, secs = time_iterator(shards.batch(256), seconds=seconds,
+                                      count=lambda b: int(b.shape[0]))
+        out["sharded_reads_per_s"] = rate
+        out["sharded_requests"] = server.requests - start_requests
+        progress(f"remote sharded read: {rate:,.0f} records/s "
+                 f"({out['sharded_requests']} requests in {secs:.1f} s)")
+        if folder:
+            fsrc = open_source(server.url("images"))
+            reads = remote.files_dataset(fsrc.files("train"), fsrc.labels("train"),
+                                         shuffle_seed=0).repeat()
+            start_requests = server.requests
+            rate_file, n, secs = time_iterator(reads.batch(16), seconds=seconds,
+                                               count=lambda b: int(b[0].shape[0]))
+            out["per_file_reads_per_s"] = rate_file
+            out["per_file_requests"] = server.requests - start_requests
+            out["sharded_over_per_file"] = rate / rate_file if rate_file else None
+            progress(f"remote per-file read: {rate_file:,.0f} images/s "
+                     f"({out['per_file_requests']} requests in {secs:.1f} s); sharded is "
+                     f"{out['sharded_over_per_file']:,.1f}x faster")
+        # The full training pipeline over the store (decode included).
+        ds = pipeline.train_dataset(rsrc, batch_size=batch_size, augment=None, cache="off")
+        ips, _, _, _ = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=3)
+        out["sharded_pipeline_images_per_s"] = ips
+        progress(f"remote sharded pipeline: {ips:,.0f} images/s")
+        if folder:
+            ds = pipeline.train_dataset(fsrc, batch_size=batch_size, image_size=rsrc.image_size,
+                                        augment=None, cache="off")
+            ips, _, _, _ = time_dataset(ds, batch_size=batch_size, seconds=seconds,
+                                        warmup_batches=1, min_batches=2)
+            out["per_file_pipeline_images_per_s"] = ips
+            progress(f"remote per-file pipeline: {ips:,.0f} images/s")
+    return out
+
+
+TARGETS = {"jpeg/ceiling": 0.85, "jpeg+aug/ceiling": 0.7, "cached/jpeg": 3.0,
+           "remote sharded/per-file": 50.0}
+
+
+def _summarise(result: BenchResult) -> None:
+    """Which stage is the bottleneck, in words, from the within-round ratios."""
+    r, f = result.ratios, result.findings
+    ceiling = result.case("ceiling")
+    if "jpeg/ceiling" in r:
+        if r["jpeg/ceiling"] >= 0.85:
+            f.append(f"JPEG decoding is the bottleneck: the TFRecord JPEG pipeline runs at "
+                     f"{r['jpeg/ceiling']:.2f}x the decode ceiling ({ceiling.images_per_s:,.0f} "
+                     f"images/s on {result.cpus} cores); only more cores, raw records or the "
+                     "cache go faster.")
+        else:
+            f.append(f"The TFRecord JPEG pipeline runs at {r['jpeg/ceiling']:.2f}x the decode "
+                     "ceiling: pipeline overhead (parsing, batching, threads) costs the rest.")
+    if "jpeg+aug/ceiling" in r and "jpeg/ceiling" in r:
+        cost = 1 - r["jpeg+aug/ceiling"] / r["jpeg/ceiling"]
+        aug = result.case("jpeg+aug").augment
+        f.append(f"Augmentation ({aug}) costs {max(cost, 0) * 100:.0f}% of the JPEG pipeline's "
+                 "throughput" + (" (within noise)." if abs(cost) < 0.05 else "."))
+    if "cached/jpeg" in r:
+        f.append(f"Caching decoded images is {r['cached/jpeg']:.1f}x the uncached JPEG "
+                 "pipeline: after the first epoch nothing is decoded.")
+    if "raw/jpeg" in r:
+        f.append(f"Raw-pixel records are {r['raw/jpeg']:.1f}x the JPEG records (no decoding, "
+                 "but about 5x the bytes to read).")
+    if "jpeg/folder" in r:
+        f.append(f"Per-file reading (read, decode and resize every source file) is "
+                 f"{r['jpeg/folder']:.1f}x slower than the TFRecord JPEG pipeline.")
+    if result.remote.get("sharded_over_per_file"):
+        rem = result.remote
+        f.append(f"With {rem['latency_ms']:g} ms per request, sharded records read "
+                 f"{rem['sharded_over_per_file']:.0f}x faster than per-file requests "
+                 f"({rem['sharded_reads_per_s']:,.0f} vs {rem['per_file_reads_per_s']:,.0f} "
+                 f"reads/s, {rem['parallel_requests']} requests in flight for both).")
+    for label, target in TARGETS.items():
+        if label in r:
+            verdict = "meets" if r[label] >= target else "MISSES"
+            f.append(f"target {label} >= {target:g}: {r[label]:.2f} ({verdict})")
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def format_table(result: BenchResult) -> str:
+    lines = [
+        f"petal bench input: {result.records}  batch {result.batch_size}, "
+        f"{result.seconds:g} s per case, {result.cpus} CPUs",
+        f"{'case':<14}{'images/s':>12}{'batches/s':>12}{'x ceiling':>11}  note "
+        "(median of rounds; ratios below are medians of within-round ratios)",
+    ]
+    ceiling = result.case("ceiling")
+    for c in result.cases:
+        rel = f"{c.images_per_s / ceiling.images_per_s:.2f}" if ceiling else "-"
+        lines.append(f"{c.name:<14}{c.images_per_s:>12,.0f}{c.batches_per_s:>12,.1f}{rel:>11}  "
+                     f"{c.note}")
+    if result.remote:
+        rem = result.remote
+        lines.append(f"remote ({rem['latency_ms']:g} ms/request, {rem['parallel_requests']} in "
+                     "flight):")
+        for key in ("per_file_reads_per_s", "sharded_reads_per_s",
+                    "per_file_pipeline_images_per_s", "sharded_pipeline_images_per_s"):
+            if key in rem:
+                lines.append(f"  {key.replace('_', ' '):<34}{rem[key]:>12,.0f}")
+    if result.ratios:
+        lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result.ratios.items()))
+    lines += [f"- {line}" for line in result.findings]
+    return "\n".join(lines)
+
+
+def write_json(result: BenchResult, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result.to_dict(), f, indent=2)
+
+
+def write_png(result: BenchResult, path: str) -> None:
+    """A horizontal bar chart of images/s per case, the decode ceiling marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c.name for c in result.cases]
+    values = [c.images_per_s for c in result.cases]
+    if result.remote:
+        for key, label in (("per_file_reads_per_s", "remote per-file reads"),
+                           ("sharded_reads_per_s", "remote sharded reads")):
+            if key in result.remote:
+                names.append(label)
+                values.append(result.remote[key])
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
+    colors = ["#555555" if n == "ceiling" else "#4c72b0" if "aug" not in n else "#dd8452"
+              for n in names]
+    ax.barh(names[::-1], values[::-1], color=colors[::-1])
+    ceiling = result.case("ceiling")
+    if ceiling:
+        ax.axvline(ceiling.images_per_s, color="#555555", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("images per second (log scale)")
+    ax.set_title(f"petal bench input: batch {result.batch_size}, {result.cpus} CPUs")
+    for i, v in enumerate(values[::-1]):
+        ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,123 @@
+"""Augmentations: same output eagerly and inside tf.data, per-image draws, label mixing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from petal.data import augment
+from petal.errors import PetalError
+
+IMAGE_OPS = {
+    "flip": augment.flip_left_right(),
+    "saturation": augment.saturation(0.0, 2.0),
+    "brightness": augment.brightness(),
+    "contrast": augment.contrast(),
+    "hue": augment.hue(),
+    "crop": augment.random_resized_crop(),
+    "rotate": augment.rotation(),
+    "codelab": augment.codelab(),
+}
+
+
+@pytest.fixture(scope="module")
+def batch() -> tf.Tensor:
+    rng = np.random.default_rng(0)
+    return tf.constant(rng.integers(0, 256, size=(4, 12, 10, 3), dtype=np.uint8))
+
+
+SEED = tf.constant([3, 4], tf.int64)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_OPS))
+def test_eager_equals_tf_data(name, batch):
+    op = IMAGE_OPS[name]
+    eager = op(batch, SEED).numpy()
+    assert eager.shape == batch.shape
+    assert eager.dtype == (np.uint8 if name == "flip" else np.float32)  # a flip keeps the dtype
+    assert eager.min() >= -1e-3 and eager.max() <= 255.0 + 1e-3
+    in_data = next(iter(tf.data.Dataset.from_tensors(batch).map(lambda x: op(x, SEED)))).numpy()
+    np.testing.assert_allclose(eager, in_data, atol=1e-3)
+    # A single image gives the same result as the first image of a batch of one.
+    single = op(batch[0], SEED).numpy()
+    np.testing.assert_allclose(single, op(batch[:1], SEED).numpy()[0], atol=1e-3)
+    # A different seed gives a different result (these ops are never the identity).
+    other = op(batch, tf.constant([5, 6], tf.int64)).numpy()
+    assert not np.allclose(eager, other)
+
+
+def test_flip_draws_per_image(batch):
+    out = augment.flip_left_right()(batch, SEED).numpy()
+    flipped = [np.array_equal(out[i], batch.numpy()[i, :, ::-1]) for i in range(4)]
+    kept = [np.array_equal(out[i], batch.numpy()[i]) for i in range(4)]
+    assert all(f or k for f, k in zip(flipped, kept, strict=True))
+    always = augment.flip_left_right(1.0)(batch, SEED).numpy()
+    np.testing.assert_array_equal(always, batch.numpy()[:, :, ::-1])
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.4, 1.0, 1.7, 5.0])
+def test_saturation_matches_tf_image(batch, factor):
+    op = augment.saturation(factor, factor)
+    ours = op(batch, SEED).numpy()
+    reference = tf.image.adjust_saturation(tf.cast(batch, tf.float32) / 255.0, factor) * 255.0
+    np.testing.assert_allclose(ours, reference.numpy(), atol=0.05)
+
+
+def test_rotation_by_zero_and_crop_of_whole_image_are_identity(batch):
+    np.testing.assert_allclose(augment.rotation(0.0)(batch, SEED), tf.cast(batch, tf.float32),
+                               atol=1e-3)
+    whole = augment.random_resized_crop(scale=(1.0, 1.0), ratio=(10 / 12, 10 / 12))(batch, SEED)
+    np.testing.assert_allclose(whole, tf.cast(batch, tf.float32), atol=1e-3)
+    resized = augment.random_resized_crop(size=(5, 6))(batch, SEED)
+    assert resized.shape == (4, 5, 6, 3)
+
+
+@pytest.mark.parametrize("name", ["mixup", "cutmix"])
+def test_mixing_ops_mix_labels_consistently(name, batch):
+    op = augment.BATCH_OPS[name]()
+    labels = tf.one_hot([0, 1, 2, 3], 5)
+    images, mixed = op(batch, labels, SEED)
+    assert images.shape == batch.shape and mixed.shape == (4, 5)
+    np.testing.assert_allclose(mixed.numpy().sum(axis=1), 1.0, atol=1e-5)
+    eager = op(batch, labels, SEED)
+    ds = tf.data.Dataset.from_tensors((batch, labels)).map(lambda x, y: op(x, y, SEED))
+    in_data = next(iter(ds))
+    for a, b in zip(eager, in_data, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+    if name == "cutmix":
+        # The label weight of each image is the share of its own pixels left.
+        kept = np.mean(np.all(images.numpy() == batch.numpy().astype(np.float32), axis=-1),
+                       axis=(1, 2))
+        own = mixed.numpy()[np.arange(4), np.arange(4)]
+        assert np.all(own >= kept - 1e-5)
+
+
+@pytest.mark.parametrize("spec", ["codelab", "flip+color+mixup", "crop+rotate+cutmix"])
+def test_pipeline_batch_function_matches_eager(spec, batch):
+    """The pipeline's per-batch step (XLA-compiled where possible) equals the eager ops."""
+    from petal.data import pipeline
+
+    aug = augment.build(spec)
+    finish = pipeline._finish_fn(5, "one_hot", "unit", aug, seed=11)
+    labels = tf.constant([0, 1, 2, 3])
+    images, mixed = finish(tf.constant(7, tf.int64), (batch, labels))
+    key = tf.constant([11, 7], tf.int64)
+    want_images, want_labels = aug(batch, tf.one_hot(labels, 5), key)
+    np.testing.assert_allclose(images, want_images / 255.0, atol=1e-4)
+    np.testing.assert_allclose(mixed, want_labels, atol=1e-5)
+    assert aug.xla == (spec != "crop+rotate+cutmix")
+
+
+def test_build_specs():
+    assert augment.build(None) is None and augment.build("none") is None
+    fn = augment.build("codelab")
+    images, labels = fn(tf.zeros([2, 4, 4, 3], tf.uint8), tf.one_hot([0, 1], 2), SEED)
+    assert images.dtype == tf.float32 and labels.shape == (2, 2)
+    assert augment.build("flip+crop+mixup").mixes_labels
+    custom = augment.build(lambda x, seed: tf.cast(x, tf.float32) + 1.0)
+    assert float(custom(tf.zeros([1, 2, 2, 3]), None, SEED)[0][0, 0, 0, 0]) == 1.0
+    with pytest.raises(PetalError, match="Unknown augmentation 'sharpen'"):
+        augment.build("flip+sharpen")
+    with pytest.raises(PetalError, match="alpha"):
+        augment.mixup(0.0)

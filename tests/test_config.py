@@ -1,0 +1,137 @@
+"""TrainConfig, presets and config loading: preset < file < flags < --set (no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from petal.errors import PetalError
+from petal.training.config import (
+    TrainConfig,
+    apply_overrides,
+    config_from_json,
+    get_preset,
+    list_presets,
+    load_config,
+    parse_overrides,
+    preset_doc,
+    save_config,
+)
+
+
+def test_every_preset_is_valid_and_documented():
+    names = list_presets()
+    for required in ("codelab-squeezenet", "codelab-xception", "codelab-convnet",
+                     "codelab-dense", "quick", "squeezenet-plus"):
+        assert required in names
+    for name in names:
+        cfg = get_preset(name).validate()
+        assert cfg.preset == name
+        assert len(preset_doc(name)) > 20, name
+
+
+def test_codelab_presets_follow_the_codelab():
+    sq = get_preset("codelab-squeezenet")
+    assert (sq.model, sq.image_size, sq.epochs, sq.batch_size) == ("squeezenet", 192, 35, 16)
+    assert sq.single_device_batch_size == 32
+    assert (sq.optimizer, sq.learning_rate, sq.schedule, sq.augment) == (
+        "adam", 1e-3, "constant", "codelab")
+    assert sq.cache is True
+    xc = get_preset("codelab-xception")
+    assert (xc.model, xc.weights, xc.image_size, xc.epochs) == ("xception", "imagenet", 331, 12)
+    assert xc.schedule == "codelab_ramp" and xc.fine_tune == "all"
+    assert xc.schedule_options["rampup_epochs"] == 5 and xc.schedule_options["decay"] == 0.8
+    conv = get_preset("codelab-convnet")
+    assert (conv.model, conv.epochs, conv.single_device_batch_size, conv.augment) == (
+        "convnet", 20, 128, "none")
+    assert get_preset("codelab-dense").model == "dense"
+    plus = get_preset("squeezenet-plus")
+    assert (plus.optimizer, plus.schedule, plus.label_smoothing) == ("adamw", "warmup_cosine", 0.1)
+
+
+def test_presets_are_fresh_copies():
+    a = get_preset("quick")
+    a.schedule_options["warmup_epochs"] = 99
+    assert get_preset("quick").schedule_options["warmup_epochs"] != 99
+
+
+def test_unknown_preset_lists_the_valid_ones():
+    with pytest.raises(PetalError, match="codelab-squeezenet.*quick"):
+        get_preset("nope")
+
+
+def test_parse_overrides_json_values_and_strings():
+    got = parse_overrides(["epochs=3", "learning_rate=1e-4", "cache=false", "weights=null",
+                           "augment=flip+crop", "schedule_options.warmup_epochs=2"])
+    assert got == {"epochs": 3, "learning_rate": 1e-4, "cache": False, "weights": None,
+                   "augment": "flip+crop", "schedule_options.warmup_epochs": 2}
+    with pytest.raises(PetalError, match="key=value"):
+        parse_overrides(["epochs"])
+
+
+def test_precedence_preset_file_flags_set(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "quick", "epochs": 4, "batch_size": 8, "seed": 1}))
+    cfg = load_config(None, path, ["batch_size=4", "schedule_options.warmup_epochs=0"],
+                      batch_size=16, epochs=None, model=None)
+    assert cfg.preset == "quick"  # from the file
+    assert cfg.image_size == get_preset("quick").image_size  # from the preset
+    assert cfg.epochs == 4  # file (the flag was not given)
+    assert cfg.batch_size == 4  # --set beats the flag, which beat the file
+    assert cfg.seed == 1
+    assert cfg.schedule_options == {"warmup_epochs": 0}
+    # An explicit preset beats the file's.
+    assert load_config("codelab-dense", path).model == "dense"
+
+
+def test_base_config_is_used_without_a_preset():
+    base = get_preset("quick").replace(epochs=3)
+    assert load_config(None, None, ["epochs=5"], base=base).epochs == 5
+    assert load_config(None, None, [], base=base).image_size == base.image_size
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"epochs": 0}, "epochs must be a positive integer"),
+        ({"epochs": "3"}, "epochs must be int"),
+        ({"batch_size": 2.5}, "batch_size must be int"),
+        ({"optimizer": "lion"}, "Unknown optimizer 'lion'; valid: adam, adamw"),
+        ({"schedule": "step"}, "Unknown schedule"),
+        ({"class_weight": "inverse"}, "Unknown class_weight"),
+        ({"fine_tune": "head_then_all", "head_epochs": 2}, "pretrained weights"),
+        ({"fine_tune": "head_then_all", "weights": "imagenet", "head_epochs": 40}, "head_epochs"),
+        ({"head_epochs": 1}, "only used with fine_tune"),
+        ({"label_smoothing": 1.0}, "label_smoothing"),
+        ({"learning_rate": None}, "codelab_ramp"),
+        ({"cache": "sometimes"}, "cache must be"),
+    ],
+)
+def test_bad_values_name_the_field(values, match):
+    with pytest.raises(PetalError, match=match):
+        apply_overrides(TrainConfig(), values).validate()
+
+
+def test_unknown_key_lists_valid_keys(tmp_path):
+    with pytest.raises(PetalError, match="Unknown config key 'epoch'.*valid keys: preset"):
+        load_config("quick", None, ["epoch=3"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PetalError, match="not valid JSON"):
+        load_config(None, bad)
+    with pytest.raises(PetalError, match="not found"):
+        load_config(None, tmp_path / "missing.json")
+
+
+def test_int_given_for_float_and_integral_float_for_int():
+    cfg = apply_overrides(TrainConfig(), {"learning_rate": 1, "epochs": 3.0})
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.epochs == 3 and isinstance(cfg.epochs, int)
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = get_preset("squeezenet-plus").replace(data="/some/records")
+    save_config(cfg, tmp_path / "config.json", classes=["a", "b"])
+    assert json.loads((tmp_path / "config.json").read_text())["resolved"]["classes"] == ["a", "b"]
+    assert config_from_json(tmp_path / "config.json") == cfg

@@ -1,0 +1,98 @@
+"""`petal convert` and `petal inspect` on the command line: output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from petal.cli import main
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err, "expected an error message"
+    return err[-1]
+
+
+def test_convert_then_inspect(small_flowers, tmp_path, capsys):
+    out = tmp_path / "records"
+    args = ["convert", str(small_flowers), str(out), "--image-size", "24x32", "--workers", "1"]
+    assert main([*args, "--shards", "2", "--seed", "3", "--val-fraction", "0.25"]) == 0
+    printed = capsys.readouterr().out
+    assert "written 60 (train 45 in 2 shards, validation 15 in 2 shards), skipped 0 of 60" in printed
+    assert "images/s" in printed and str(out) in printed
+
+    grid = tmp_path / "grid.png"
+    assert main(["inspect", str(out), "--verify", "--grid", str(grid)]) == 0
+    printed = capsys.readouterr().out
+    assert "jpeg 24x32" in printed and "verify: OK, 60 records in 4 shards" in printed
+    assert grid.is_file()
+
+    # A complete output is not replaced without --overwrite.
+    assert main(args) == 2
+    assert "--overwrite" in _error_line(capsys)
+    assert main([*args, "--overwrite", "--format", "raw", "--classes", "roses,daisy"]) == 0
+    assert "written 24 (train 20 in 1 shard, validation 4 in 1 shard)" in capsys.readouterr().out
+
+
+def test_inspect_exit_code_on_damage(small_records, tmp_path, capsys):
+    copy = shutil.copytree(small_records, tmp_path / "copy")
+    shard = copy / "validation-00000-of-00002-5.tfrec"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    assert main(["inspect", str(copy), "--verify"]) == 1
+    assert "validation-00000-of-00002-5.tfrec: record 4:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--quality", "80", "--format", "raw"], "conflicts with --format raw"),
+        (["--image-size", "64", "--resize", "none"], "conflicts with --resize none"),
+        (["--classes", "daisy,lilies"], "Unknown class 'lilies'"),
+        (["--val-fraction", "1.5"], "val_fraction must be in [0, 1)"),
+        (["--image-size", "big"], "image_size must be a positive size"),
+    ],
+)
+def test_refused_options(small_flowers, tmp_path, capsys, extra, message):
+    out = tmp_path / "out"
+    assert main(["convert", str(small_flowers), str(out), *extra]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("petal convert: error:") and message in line
+    assert not out.exists()
+
+
+def test_shards_and_shard_mb_are_exclusive(small_flowers, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", str(small_flowers), str(tmp_path / "o"), "--shards", "2", "--shard-mb", "9"])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in _error_line(capsys)
+
+
+def test_bad_trees(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert main(["convert", str(tmp_path / "missing"), out]) == 2
+    assert "does not exist" in _error_line(capsys)
+
+    (tmp_path / "empty" / "daisy").mkdir(parents=True)
+    assert main(["convert", str(tmp_path / "empty"), out]) == 2
+    assert ".jpg" in _error_line(capsys)
+
+    (tmp_path / "one" / "daisy").mkdir(parents=True)
+    shutil.copy(__file__, tmp_path / "one" / "daisy" / "x.jpg")
+    assert main(["convert", str(tmp_path / "one"), out]) == 2
+    assert "only one class" in _error_line(capsys)
+
+    (tmp_path / "one" / "roses").mkdir()
+    shutil.copy(__file__, tmp_path / "one" / "roses" / "y.jpg")
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "one" / "out")]) == 2
+    assert "inside the source" in _error_line(capsys)
+
+    assert main(["convert", str(tmp_path / "one"), out, "--workers", "1"]) == 2
+    assert "None of the 2 image files" in _error_line(capsys)  # both are text files
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_without_manifest(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "No readable manifest.json" in _error_line(capsys)

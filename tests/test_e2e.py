@@ -1,0 +1,87 @@
+"""End to end through the command line on tiny real photos: convert, train one short epoch,
+evaluate, predict, report; and ``petal demo`` (convert + quick preset + evaluate + report)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from petal.cli import main
+
+# The quick preset shrunk to one short epoch at 32 px.
+SHORT = ["--set", "steps_per_epoch=3", "--set", "tensorboard=false"]
+
+
+def test_convert_train_evaluate_predict_report(small_flowers, tmp_path, capsys):
+    records, run = tmp_path / "records", tmp_path / "run"
+    assert main(["convert", str(small_flowers), str(records), "--image-size", "48",
+                 "--shards", "2", "--workers", "1"]) == 0
+    assert main(["train", "--preset", "quick", "--data", str(records), "--workdir", str(run),
+                 "--epochs", "1", "--batch-size", "10", "--image-size", "32",
+                 "--precision", "float32", *SHORT]) == 0
+    out = capsys.readouterr().out
+    assert "replicas=1" in out and "global_batch=10" in out and "epoch 1/1" in out
+    assert "img/s" in out
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["epochs_completed"] == 1 and metrics["image_size"] == [32, 32]
+
+    assert main(["evaluate", str(run)]) == 0  # defaults to the run's own records
+    assert "precision" in capsys.readouterr().out
+    assert json.loads((run / "eval" / "eval.json").read_text())["count"] == 10
+
+    image = sorted((small_flowers / "roses").iterdir())[0]
+    assert main(["predict", str(run), str(image), "--top-k", "2", "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["file"] == str(image) and len(result["predictions"]) == 2
+
+    assert main(["report", str(run)]) == 0
+    html = Path(capsys.readouterr().out.strip())
+    assert html == run / "report.html" and html.is_file()
+    assert "plots/curves.png" in html.read_text()
+
+
+def test_cli_errors_are_one_line_and_exit_2(small_flowers, tmp_path, capsys):
+    assert main(["train", "--preset", "fast", "--workdir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown preset 'fast'" in err and "codelab-squeezenet" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["train", "--preset", "quick", "--data", str(small_flowers), "--strategy",
+                 "warp", "--workdir", str(tmp_path / "r")]) == 2
+    assert "Unknown strategy 'warp'" in capsys.readouterr().err
+    assert main(["train", "--set", "epochs=x", "--workdir", str(tmp_path / "r")]) == 2
+    assert "epochs must be int" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "nowhere"), "a.jpg"]) == 2
+    assert "not a petal work directory" in capsys.readouterr().err
+
+
+def test_demo_on_a_local_folder(small_flowers, tmp_path, capsys):
+    workdir = tmp_path / "demo"
+    assert main(["demo", "--data", str(small_flowers), "--workdir", str(workdir),
+                 "--set", "image_size=32", "--set", "epochs=1", "--set", "batch_size=10",
+                 "--set", "precision=float32", *SHORT]) == 0
+    out = capsys.readouterr().out
+    assert "report written to" in out
+    manifest = json.loads((workdir / "records" / "manifest.json").read_text())
+    assert manifest["image_size"] == [32, 32]
+    for name in ("model.keras", "metrics.json", "eval/eval.json", "report.html"):
+        assert (workdir / name).is_file(), name
+
+
+def test_demo_offline_says_how_to_pass_data(tmp_path, monkeypatch):
+    from petal import demo
+    from petal.errors import PetalError
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.delenv("PETAL_DATA", raising=False)
+    monkeypatch.setenv("PETAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo.urllib.request, "urlopen", offline)
+    with pytest.raises(PetalError, match="offline.*--data FOLDER.*PETAL_DATA"):
+        demo.resolve_data(None, log=lambda line: None)
+    assert not list((tmp_path / "cache").glob("*.part"))
+    monkeypatch.setenv("PETAL_DATA", str(tmp_path))
+    assert demo.resolve_data(None, log=lambda line: None) == tmp_path

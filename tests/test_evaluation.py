@@ -1,0 +1,198 @@
+"""Metrics (golden values), and evaluate / predict / export / report on a tiny trained model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from petal.errors import PetalError
+from petal.evaluation import metrics
+
+# --- metrics: golden values worked out by hand ---------------------------------------------
+
+Y_TRUE = np.array([0, 0, 1, 1, 2, 2])
+PROBS = np.array(
+    [
+        [0.6, 0.3, 0.1],  # true 0, predicted 0
+        [0.3, 0.5, 0.2],  # true 0, predicted 1 (0 is second)
+        [0.1, 0.8, 0.1],  # true 1, predicted 1
+        [0.2, 0.7, 0.1],  # true 1, predicted 1
+        [0.1, 0.2, 0.7],  # true 2, predicted 2
+        [0.5, 0.4, 0.1],  # true 2, predicted 0 (2 is last)
+    ]
+)
+
+
+def test_confusion_matrix_and_accuracy():
+    pred = PROBS.argmax(1)
+    cm = metrics.confusion_matrix(Y_TRUE, pred, 3)
+    np.testing.assert_array_equal(cm, [[1, 1, 0], [0, 2, 0], [1, 0, 1]])
+    assert metrics.accuracy(Y_TRUE, pred) == pytest.approx(4 / 6)
+
+
+def test_top_k_accuracy():
+    assert metrics.top_k_accuracy(Y_TRUE, PROBS, 1) == pytest.approx(4 / 6)
+    assert metrics.top_k_accuracy(Y_TRUE, PROBS, 2) == pytest.approx(5 / 6)
+    assert metrics.top_k_accuracy(Y_TRUE, PROBS, 3) == 1.0
+    assert metrics.top_k_accuracy(Y_TRUE, PROBS, 10) == 1.0  # k capped at the classes
+    # Ties go to the lower class index, whatever the sort does.
+    assert metrics.top_k_accuracy([1], [[0.4, 0.4, 0.2]], 1) == 0.0
+    assert metrics.top_k_accuracy([0], [[0.4, 0.4, 0.2]], 1) == 1.0
+
+
+def test_per_class_precision_recall_f1():
+    cm = np.array([[1, 1, 0], [0, 2, 0], [1, 0, 1]])
+    got = metrics.per_class_metrics(cm, ["a", "b", "c"])
+    pc = got["per_class"]
+    assert pc["a"] == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2})
+    assert pc["b"] == pytest.approx({"precision": 2 / 3, "recall": 1.0, "f1": 0.8, "support": 2})
+    assert pc["c"] == pytest.approx({"precision": 1.0, "recall": 0.5, "f1": 2 / 3, "support": 2})
+    assert got["macro"]["f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
+    assert got["macro"]["precision"] == pytest.approx((0.5 + 2 / 3 + 1.0) / 3)
+    assert got["weighted"]["recall"] == pytest.approx(4 / 6)  # equals accuracy
+
+
+def test_zero_division_is_zero():
+    # Class 2 is never predicted and never present: its ratios are 0, not NaN.
+    cm = metrics.confusion_matrix([0, 1, 1], [0, 1, 0], 3)
+    pc = metrics.per_class_metrics(cm, ["a", "b", "c"])["per_class"]
+    assert pc["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+    assert pc["a"]["precision"] == 0.5
+
+
+def test_classification_report_is_json_ready():
+    report = metrics.classification_report(Y_TRUE, PROBS, ["a", "b", "c"], ks=(1, 2))
+    assert report["count"] == 6
+    assert report["top_k_accuracy"] == pytest.approx({"top_1": 4 / 6, "top_2": 5 / 6})
+    json.dumps(report)
+    with pytest.raises(PetalError, match="probs must be"):
+        metrics.classification_report(Y_TRUE, PROBS, ["a", "b"])
+    with pytest.raises(PetalError, match="labels must be in"):
+        metrics.confusion_matrix([0, 3], [0, 1], 3)
+
+
+# --- evaluate / predict / export / report on a tiny trained run ----------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(small_records, tmp_path_factory) -> Path:
+    """One short run: 64 px records trained at 32 px (so inference must resize too)."""
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    workdir = tmp_path_factory.mktemp("eval_run") / "run"
+    cfg = get_preset("quick").replace(
+        data=str(small_records), image_size=32, epochs=1, batch_size=10, steps_per_epoch=3,
+        precision="float32", tensorboard=False,
+    )
+    train(cfg, workdir, log=lambda line: None)
+    return workdir
+
+
+def _image_files(folder: Path, n: int) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.jpg"))[:n]
+
+
+def test_evaluate_on_records_matches_training_validation(trained, small_records):
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.callbacks import read_history
+
+    report = evaluate(trained, small_records, log=lambda line: None)
+    assert report["count"] == 10 and report["split"] == "validation"
+    assert np.sum(report["confusion_matrix"]) == 10
+    assert set(report["per_class"]) == {"daisy", "dandelion", "roses", "sunflowers", "tulips"}
+    # Same model, same images, same preprocessing as the validation pass in training.
+    val_acc = read_history(trained / "history.csv")[-1]["val_accuracy"]
+    assert report["accuracy"] == pytest.approx(val_acc, abs=0.1 + 1e-6)
+    for name in ("eval.json", "confusion_matrix.png", "samples.npz", "misclassified.npz"):
+        assert (trained / "eval" / name).is_file(), name
+    assert json.loads((trained / "eval" / "eval.json").read_text())["count"] == 10
+
+
+def test_evaluate_on_an_image_folder_uses_every_image(trained, small_flowers, tmp_path):
+    from petal.evaluation.evaluate import evaluate
+
+    report = evaluate(trained, small_flowers, out_dir=tmp_path, log=lambda line: None)
+    assert report["count"] == 60 and report["split"] == "all"
+
+
+def test_evaluate_refuses_other_classes(trained, small_flowers, tmp_path):
+    from petal.evaluation.evaluate import evaluate
+
+    for cls in ("daisy", "roses"):
+        (tmp_path / cls).mkdir()
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (tmp_path / cls / f.name).symlink_to(f.resolve())
+    with pytest.raises(PetalError, match=r"Classes of .* \(daisy, roses\) differ from the model's"):
+        evaluate(trained, tmp_path, log=lambda line: None)
+
+
+def test_predict_top_k(trained, originals_dir):
+    from petal.evaluation.predict import format_predictions, predict
+
+    files = _image_files(originals_dir, 2)
+    results = predict(trained, files, top_k_count=3)
+    assert [r["file"] for r in results] == [str(f) for f in files]
+    for r in results:
+        probs = [p["probability"] for p in r["predictions"]]
+        assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+        assert 0.0 < sum(probs) <= 1.0 + 1e-5
+    assert str(files[0]) in format_predictions(results)
+
+
+def test_predict_names_an_unreadable_image(trained, tmp_path):
+    from petal.evaluation.predict import predict
+
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg at all")
+    with pytest.raises(PetalError, match="broken.jpg"):
+        predict(trained, [bad])
+    with pytest.raises(PetalError, match="Image not found: .*missing.jpg"):
+        predict(trained, [tmp_path / "missing.jpg"])
+
+
+def test_export_serves_encoded_bytes_like_predict(trained, originals_dir):
+    import tensorflow as tf
+
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import predict
+
+    out = export(trained, tflite=True)
+    files = _image_files(originals_dir, 2)
+    loaded = tf.saved_model.load(out["saved_model"])
+    got = loaded.serve(tf.constant([f.read_bytes() for f in files]))
+    probs = got["probabilities"].numpy()
+    assert probs.shape == (2, 5)
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
+    classes = Path(out["labels"]).read_text().split()
+    assert [s.decode() for s in got["label"].numpy()] == [classes[i] for i in probs.argmax(1)]
+    # Same answer as `petal predict` (decoders and resizing differ by a pixel here and there).
+    expected = predict(trained, files, top_k_count=5)
+    for row, r in zip(probs, expected, strict=True):
+        for p in r["predictions"]:
+            assert row[p["index"]] == pytest.approx(p["probability"], abs=0.03)
+    assert Path(out["tflite"]).stat().st_size > 0
+
+
+def test_report_from_saved_files(trained, small_records):
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+
+    evaluate(trained, small_records, log=lambda line: None)
+    html = build_report(trained)
+    text = html.read_text()
+    for png in ("curves.png", "lr.png", "confusion_matrix.png", "samples.png"):
+        assert (trained / "plots" / png).is_file(), png
+        assert f"plots/{png}" in text
+    assert "mean of last 5 validation accuracies" in text and "tulips" in text
+    assert "data:image/png;base64," in build_report(trained, embed=True).read_text()
+
+
+def test_report_without_a_run(tmp_path):
+    from petal.evaluation.report import build_report
+
+    with pytest.raises(PetalError, match="holds no training run"):
+        build_report(tmp_path)

@@ -1,0 +1,135 @@
+"""Discovery: deterministic, extension-filtered, loud on bad trees."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from petal.data.folders import IMAGE_EXTENSIONS, find_images, read_bytes
+from petal.errors import PetalError
+
+
+def _touch(path, data: bytes = b"x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "src"
+    for rel in [
+        "tulips/b.jpg",
+        "tulips/A.JPG",
+        "tulips/sub/c.png",
+        "daisy/z.webp",
+        "daisy/y.jpeg",
+        "daisy/notes.txt",
+        "roses/x.gif",
+        "roses/w.BMP",
+        "loose.jpg",  # directly in the root: no class
+        ".hidden/q.jpg",  # never a class
+    ]:
+        _touch(root / rel)
+    (root / "empty").mkdir()
+    return root
+
+
+def test_classes_and_files_are_sorted(tree):
+    folder = find_images(tree)
+    assert folder.classes == ("daisy", "roses", "tulips")  # "empty" has no images
+    assert [f.relpath for f in folder.files] == [
+        "daisy/y.jpeg",
+        "daisy/z.webp",
+        "roses/w.BMP",
+        "roses/x.gif",
+        "tulips/A.JPG",
+        "tulips/b.jpg",
+        "tulips/sub/c.png",
+    ]
+    assert [f.label for f in folder.files] == [0, 0, 1, 1, 2, 2, 2]
+    assert folder.files[0].path == os.path.join(str(tree), "daisy", "y.jpeg")
+    assert folder.per_class() == {"daisy": 2, "roses": 2, "tulips": 3}
+    assert folder.ignored == ("daisy/notes.txt", "loose.jpg")
+
+
+def test_discovery_is_repeatable(tree):
+    first, second = find_images(tree), find_images(str(tree) + "/")
+    assert first.files == second.files and first.classes == second.classes
+
+
+def test_explicit_classes_set_order_and_subset(tree):
+    folder = find_images(tree, "tulips, daisy")
+    assert folder.classes == ("tulips", "daisy")
+    assert {f.relpath.split("/")[0]: f.label for f in folder.files} == {"tulips": 0, "daisy": 1}
+    assert "roses/x.gif" in folder.ignored
+
+
+def test_unknown_class_lists_the_found_ones(tree):
+    with pytest.raises(PetalError, match=r"Unknown class 'lilies'.*daisy, roses, tulips"):
+        find_images(tree, ["daisy", "lilies"])
+
+
+@pytest.mark.parametrize("classes", ["daisy,daisy", "daisy,,roses"])
+def test_malformed_class_lists(tree, classes):
+    with pytest.raises(PetalError, match="--classes"):
+        find_images(tree, classes)
+
+
+def test_empty_explicit_class(tree):
+    with pytest.raises(PetalError, match="'empty' holds no images"):
+        find_images(tree, ["daisy", "empty"])
+
+
+def test_missing_source(tmp_path):
+    with pytest.raises(PetalError, match="does not exist"):
+        find_images(tmp_path / "nope")
+
+
+def test_source_is_a_file(tmp_path):
+    _touch(tmp_path / "a.jpg")
+    with pytest.raises(PetalError, match="not a file"):
+        find_images(tmp_path / "a.jpg")
+
+
+def test_empty_tree_names_the_extensions(tmp_path):
+    _touch(tmp_path / "daisy" / "readme.txt")
+    with pytest.raises(PetalError, match="No images found") as err:
+        find_images(tmp_path)
+    assert all(ext in str(err.value) for ext in IMAGE_EXTENSIONS)
+
+
+def test_single_class(tmp_path):
+    _touch(tmp_path / "daisy" / "a.jpg")
+    with pytest.raises(PetalError, match="only one class"):
+        find_images(tmp_path)
+    _touch(tmp_path / "roses" / "b.jpg")
+    with pytest.raises(PetalError, match="only one class"):
+        find_images(tmp_path, ["roses"])
+
+
+def test_dangling_link_and_unicode_names_are_candidates(tmp_path):
+    _touch(tmp_path / "a" / "été en fleur.jpg")
+    _touch(tmp_path / "b" / "b.jpg")
+    (tmp_path / "b" / "gone.jpg").symlink_to(tmp_path / "missing.jpg")
+    folder = find_images(tmp_path)
+    assert [f.relpath for f in folder.files] == ["a/été en fleur.jpg", "b/b.jpg", "b/gone.jpg"]
+    with pytest.raises(OSError):
+        read_bytes(folder.files[2].path)
+
+
+def test_read_bytes_refuses_special_files(tmp_path):
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)  # reading would block forever
+    with pytest.raises(OSError, match="not a regular file"):
+        read_bytes(str(fifo))
+
+
+def test_symlinked_folders_are_followed_without_cycles(tmp_path, small_flowers):
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "daisy").symlink_to(small_flowers / "daisy", target_is_directory=True)
+    _touch(root / "roses" / "a.png")
+    (root / "roses" / "again").symlink_to(root / "roses", target_is_directory=True)
+    folder = find_images(root)
+    assert folder.per_class() == {"daisy": 12, "roses": 1}

@@ -1,0 +1,115 @@
+"""petal inspect: the summary, --verify naming the damaged shard and record, --grid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from petal.data import inspect_records, read_manifest, schema
+from petal.errors import PetalError
+
+
+@pytest.fixture
+def damaged(small_records, tmp_path):
+    """A private copy of small_records to break."""
+    return shutil.copytree(small_records, tmp_path / "copy")
+
+
+def _record_offsets(path) -> list[int]:
+    """Byte offset of each record's data in a TFRecord file (8-byte length + 4-byte CRC)."""
+    offsets, pos = [], 0
+    data = path.read_bytes()
+    while pos < len(data):
+        length = int.from_bytes(data[pos : pos + 8], "little")
+        offsets.append(pos + 12)
+        pos += 12 + length + 4
+    return offsets
+
+
+def test_summary(small_records):
+    report = inspect_records(small_records, progress=False)
+    text = str(report)
+    assert report.ok and report.verified is None
+    assert "60 records, jpeg 64x64 (resize fill, quality 95), 5 classes, seed 0" in text
+    assert "daisy" in text and "20.0%" in text
+    assert [line.split() for line in text.splitlines() if line.startswith("all ")] == [
+        ["all", "50", "10", "60", "100.0%"]
+    ]
+    assert "balance: largest/smallest class 1.00" in text
+    for shard in ("train-00000-of-00002-25.tfrec", "validation-00001-of-00002-5.tfrec"):
+        assert shard in text
+
+
+def test_verify_ok(small_records):
+    report = inspect_records(small_records, verify=True, progress=False)
+    assert report.ok and report.verified == 60
+    assert "verify: OK, 60 records in 4 shards" in str(report)
+
+
+def test_verify_names_shard_and_record_of_a_flipped_byte(damaged):
+    shard = damaged / "train-00001-of-00002-25.tfrec"
+    data = bytearray(shard.read_bytes())
+    data[_record_offsets(shard)[7] + 100] ^= 0xFF  # inside record 7's image
+    shard.write_bytes(bytes(data))
+    report = inspect_records(damaged, verify=True, progress=False)
+    assert not report.ok
+    assert "train-00001-of-00002-25.tfrec: sha256 differs from the manifest" in report.problems
+    assert any(
+        p.startswith("train-00001-of-00002-25.tfrec: record 7: corrupted record")
+        for p in report.problems
+    ), report.problems
+    assert report.verified == 25 + 7 + 10  # the other shards were read in full
+
+
+def test_verify_truncated_and_missing_shards(damaged):
+    shard = damaged / "validation-00000-of-00002-5.tfrec"
+    offsets = _record_offsets(shard)
+    shard.write_bytes(shard.read_bytes()[: offsets[3] + 10])
+    (damaged / "train-00000-of-00002-25.tfrec").unlink()
+    problems = inspect_records(damaged, verify=True, progress=False).problems
+    assert "train-00000-of-00002-25.tfrec: missing" in problems
+    assert any(p.startswith("validation-00000-of-00002-5.tfrec: record 3:") for p in problems)
+
+
+def test_verify_finds_records_that_do_not_parse(damaged, tmp_path):
+    """Intact frames whose content is wrong: bad fields are named by record index."""
+    m = read_manifest(damaged)
+    name = m["splits"]["validation"]["shards"][1]["file"]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(damaged / name))]
+    wrong = tf.train.Example.FromString(records[2])
+    wrong.features.feature[schema.LABEL].bytes_list.value[0] = b"lilies"
+    records[2] = wrong.SerializeToString()
+    records[4] = b"not an example"
+    with tf.io.TFRecordWriter(str(damaged / name)) as w:
+        for r in records:
+            w.write(r)
+    problems = inspect_records(damaged, verify=True, progress=False).problems
+    assert any(p.startswith(f"{name}: record 2: label 'lilies'") for p in problems), problems
+    assert any(p.startswith(f"{name}: record 4:") for p in problems), problems
+
+
+def test_grid(small_records, tmp_path):
+    out = tmp_path / "plots" / "grid.png"
+    report = inspect_records(small_records, grid=out, grid_per_class=3, progress=False)
+    assert report.grid == str(out) and "grid: " in str(report)
+    with Image.open(out) as image:
+        assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 500
+
+
+def test_skipped_files_are_listed(small_records, tmp_path):
+    copy = shutil.copytree(small_records, tmp_path / "copy")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["skipped"] = [{"file": f"daisy/bad{i}.jpg", "reason": "empty file"} for i in range(12)]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    text = str(inspect_records(copy, progress=False))
+    assert "skipped (12):" in text and "daisy/bad0.jpg: empty file" in text
+    assert "... and 2 more" in text
+
+
+def test_no_manifest(tmp_path):
+    with pytest.raises(PetalError, match="No readable manifest.json"):
+        inspect_records(tmp_path)

@@ -1,0 +1,218 @@
+"""The training loop on tiny real records: artefacts, resume, NaN stop, work-directory rules,
+fine-tuning from a saved weights file with a head-only warm-up, class weights."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from petal.errors import PetalError
+from petal.training.config import get_preset
+from petal.training.loop import class_weights, prepare_workdir, train
+
+QUIET = {"log": lambda line: None}
+
+
+def _cfg(records: Path, **changes):
+    """The quick preset shrunk to seconds: 32 px, batch 10, 2 steps per epoch, float32."""
+    base = dict(data=str(records), image_size=32, epochs=2, batch_size=10, steps_per_epoch=2,
+                precision="float32", tensorboard=False)
+    return get_preset("quick").replace(**{**base, **changes})
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_at(prefix: str):
+    """A log function that raises when the line for ``prefix`` (e.g. "epoch 2/3") is logged.
+
+    The epoch line is written before that epoch's checkpoint, so this leaves the work
+    directory as a crash during the epoch would: history one row ahead of state.json.
+    """
+
+    def log(line: str) -> None:
+        if line.startswith(prefix):
+            raise _Interrupt(line)
+
+    return log
+
+
+def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_records, tmp_path):
+    import keras
+
+    import petal.training.schedules  # noqa: F401 (registers the schedule for loading)
+    from petal.training.callbacks import read_history
+
+    workdir = tmp_path / "run"
+    cfg = _cfg(small_records, epochs=3, tensorboard=True)
+    with pytest.raises(_Interrupt):
+        train(cfg, workdir, log=_interrupt_at("epoch 2/3"))
+    state = json.loads((workdir / "state.json").read_text())
+    assert state["epoch"] == 1 and (workdir / "last.keras").is_file()
+    assert not (workdir / "model.keras").exists()
+
+    # The work directory now holds a run: refused without --resume or --overwrite.
+    with pytest.raises(PetalError, match="already holds a training run.*--resume.*--overwrite"):
+        train(cfg, workdir, **QUIET)
+
+    metrics = train(cfg, workdir, resume=True, **QUIET)
+    rows = read_history(workdir / "history.csv")
+    assert [r["epoch"] for r in rows] == [1, 2, 3]  # the unfinished epoch 2 row was dropped
+    assert set(rows[0]) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr",
+                            "images_per_sec", "epoch_seconds"}
+    assert metrics["epochs_completed"] == 3
+    assert metrics["mean_last5_val_accuracy"] == pytest.approx(
+        np.mean([r["val_accuracy"] for r in rows]))
+    assert metrics["best_val_accuracy"] == max(r["val_accuracy"] for r in rows)
+    for key in ("final_val_accuracy", "best_epoch", "wall_seconds", "train_images_per_sec",
+                "replicas", "precision", "global_batch"):
+        assert metrics[key] is not None, key
+    assert metrics["global_batch"] == 10 and metrics["replicas"] == 1
+    assert json.loads((workdir / "metrics.json").read_text()) == metrics
+    resolved = json.loads((workdir / "config.json").read_text())["resolved"]
+    assert resolved["classes"] == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    assert resolved["image_size"] == [32, 32] and resolved["records_size"] == [64, 64]
+    for name in ("best.weights.h5", "last.keras", "model.keras"):
+        assert (workdir / name).is_file(), name
+    assert list((workdir / "tensorboard" / "train").iterdir())
+    # The optimizer state was restored, not restarted: 3 epochs x 2 steps in all.
+    model = keras.saving.load_model(workdir / "model.keras", safe_mode=True)
+    assert int(model.optimizer.iterations) == 6
+
+
+def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
+    cfg = _cfg(small_records, epochs=3, optimizer="sgd", learning_rate=1e30, schedule="constant",
+               schedule_options={})
+    with pytest.raises(PetalError, match=r"NaN/inf at epoch 1/3 \(step 2\)"):
+        train(cfg, tmp_path / "run", **QUIET)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["stopped"].startswith("non-finite loss at epoch 1/3")
+    assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_workdir_rules(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(PetalError, match="Nothing to resume"):
+        prepare_workdir(run, resume=True, overwrite=False)
+    with pytest.raises(PetalError, match="either --resume or --overwrite"):
+        prepare_workdir(run, resume=True, overwrite=True)
+    (run / "records").mkdir(parents=True)
+    (run / "records" / "manifest.json").write_text("{}")
+    (run / "eval").mkdir()
+    for name in ("config.json", "history.csv", "last.keras"):
+        (run / name).write_text("x")
+    prepare_workdir(run, resume=True, overwrite=False)  # leaves everything alone
+    assert (run / "last.keras").exists()
+    prepare_workdir(run, resume=False, overwrite=True)
+    assert not (run / "config.json").exists() and not (run / "eval").exists()
+    assert (run / "records" / "manifest.json").exists()  # not ours: kept
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PetalError, match="is a file"):
+        prepare_workdir(tmp_path / "file", resume=False, overwrite=False)
+
+
+def test_bad_model_fails_before_writing(small_records, tmp_path):
+    with pytest.raises(PetalError, match="Unknown model 'resnet9000'.*squeezenet"):
+        train(_cfg(small_records, model="resnet9000"), tmp_path / "run", **QUIET)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(PetalError, match="No training data"):
+        train(_cfg(small_records, data=None), tmp_path / "run", **QUIET)
+
+
+def test_balanced_class_weights_golden():
+    source = types.SimpleNamespace(
+        manifest={"splits": {"train": {"per_class": {"a": 10, "b": 30}}}}, kind="records", path="x"
+    )
+    assert class_weights(source, ["a", "b"]) == pytest.approx({0: 2.0, 1: 40 / 60})
+    source.manifest["splits"]["train"]["per_class"]["b"] = 0
+    with pytest.raises(PetalError, match="no training images for b"):
+        class_weights(source, ["a", "b"])
+    codelab = types.SimpleNamespace(manifest=None, kind="codelab", path="shards")
+    with pytest.raises(PetalError, match="per-class counts"):
+        class_weights(codelab, ["a", "b"])
+
+
+# --- fine-tuning: a tiny "pretrained" model with a backbone, weights from a saved file ----
+
+
+@pytest.fixture
+def tiny_backbone_model():
+    """Registers a two-layer model with a nested ``backbone`` for the test, then removes it."""
+    import keras
+    from keras import layers
+
+    from petal.models import registry
+
+    name = "test_tiny_backbone"
+
+    @registry.register(name, family="test", description="test only", normalization="unit",
+                       default_image_size=32, min_image_size=8, pretrained=True)
+    def build(num_classes, image_size, weights=None, **kwargs):
+        x = inp = keras.Input((*image_size, 3))
+        x = layers.Conv2D(8, 3, strides=2, name="conv")(x)
+        x = layers.BatchNormalization(name="bn")(x)
+        x = layers.GlobalAveragePooling2D()(x)
+        backbone = keras.Model(inp, x, name=registry.BACKBONE_NAME)
+        inputs = keras.Input((*image_size, 3))
+        out = layers.Dense(num_classes, activation="softmax", dtype="float32", name="head")(
+            backbone(inputs))
+        return keras.Model(inputs, out, name=name)
+
+    yield name
+    registry._INFOS.pop(name, None)
+    registry._BUILDERS.pop(name, None)
+
+
+def _part(model, layer: str, index: int = 0) -> np.ndarray:
+    from petal.models import get_backbone
+
+    owner = model if layer == "head" else get_backbone(model)
+    return np.asarray(owner.get_layer(layer).weights[index])
+
+
+def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
+    small_records, tmp_path, tiny_backbone_model
+):
+    import keras
+
+    from petal.models import create_model
+
+    start = create_model(tiny_backbone_model, 5, 32)
+    weights = tmp_path / "start.weights.h5"
+    start.save_weights(weights)
+
+    workdir = tmp_path / "run"
+    cfg = _cfg(small_records, model=tiny_backbone_model, weights=str(weights),
+               fine_tune="head_then_all", head_epochs=1, epochs=2, class_weight="balanced",
+               schedule="constant", schedule_options={}, learning_rate=0.05)
+    # Stop after the head-only epoch, then resume into the fine-tuning phase.
+    with pytest.raises(_Interrupt):
+        train(cfg, workdir, log=_interrupt_at("epoch 2/2"))
+    head_only = keras.saving.load_model(workdir / "last.keras", safe_mode=True)
+    np.testing.assert_array_equal(_part(head_only, "conv"), _part(start, "conv"))
+    assert not np.allclose(_part(head_only, "head"), _part(start, "head"))
+
+    metrics = train(cfg, workdir, resume=True, **QUIET)
+    assert metrics["epochs_completed"] == 2
+    final = keras.saving.load_model(workdir / "model.keras", safe_mode=True)
+    assert not np.allclose(_part(final, "conv"), _part(start, "conv"))  # unfrozen
+    # BatchNorm stayed in inference mode: its moving mean (weights[2]) never moved.
+    np.testing.assert_array_equal(_part(final, "bn", 2), _part(start, "bn", 2))
+    resolved = json.loads((workdir / "config.json").read_text())["resolved"]
+    assert resolved["class_weights"] == pytest.approx({"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0,
+                                                       "4": 1.0})
+
+
+def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
+    from petal.models import create_model
+
+    other = create_model("dense", 5, 32)
+    weights = tmp_path / "dense.weights.h5"
+    other.save_weights(weights)
+    with pytest.raises(PetalError, match="does not match"):
+        train(_cfg(small_records, weights=str(weights)), tmp_path / "run", **QUIET)

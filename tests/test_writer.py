@@ -1,0 +1,597 @@
+"""The converter: image handling, the record schema round trip, split, determinism, bad input,
+crash safety. Conversions are tiny (tens of small images, one worker unless parallelism is
+what is tested)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image, JpegImagePlugin
+
+from petal.data import convert, images, read_manifest, schema, writer
+from petal.errors import PetalError
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _photo(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A smooth gradient with mild noise: compresses like a photo, not like noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], -1)
+    return np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
+
+
+def _jpeg(pixels: np.ndarray, **kw) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, **kw)
+    return buffer.getvalue()
+
+
+def _records(path: Path, split: str | None = None) -> list[dict]:
+    """Every record of a records folder, parsed with the full spec, in file order."""
+    manifest = read_manifest(path)
+    spec = schema.feature_spec(len(manifest["classes"]))
+    out = []
+    for s in [split] if split else schema.SPLITS:
+        for shard in manifest["splits"][s]["shards"]:
+            for raw in tf.data.TFRecordDataset(str(path / shard["file"])):
+                ex = tf.io.parse_single_example(raw, spec)
+                rec = {k: v.numpy() for k, v in ex.items()}
+                rec["split"] = s
+                rec["filename"] = rec["filename"].decode("utf-8")
+                out.append(rec)
+    return out
+
+
+def _pixels(rec: dict, fmt: str = "jpeg") -> np.ndarray:
+    h, w = rec["size"].tolist()
+    if fmt == "raw":
+        return np.frombuffer(rec["image"], np.uint8).reshape(h, w, 3)
+    return np.asarray(Image.open(io.BytesIO(rec["image"])).convert("RGB"))
+
+
+def _source_pixels(path: Path) -> np.ndarray:
+    return images.decode_rgb(path.read_bytes())[0]
+
+
+def _shard_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.glob("*.tfrec"))}
+
+
+def _codelab_fill(pixels: np.ndarray, side: int) -> np.ndarray:
+    """The codelab's converter step: resize to cover (float sizes, truncated), centre-crop,
+    cast to uint8 -- written from its description, in TensorFlow."""
+    h, w = pixels.shape[:2]
+    if h * side < w * side:  # wider: the height becomes the side
+        size = [side, int(w * side / h)]
+    else:
+        size = [int(h * side / w), side]
+    resized = tf.image.resize(pixels, size)
+    cropped = tf.image.crop_to_bounding_box(
+        resized, (size[0] - side) // 2, (size[1] - side) // 2, side, side
+    )
+    return tf.cast(cropped, tf.uint8).numpy()
+
+
+# --- images: resize, modes, encoding -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(37, 53), (53, 37), (20, 20), (333, 500), (7, 300)])
+def test_fill_is_the_codelabs_algorithm(shape):
+    pixels = np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    for side in (16, 32):
+        np.testing.assert_array_equal(
+            images.resize(pixels, (side, side), "fill"), _codelab_fill(pixels, side)
+        )
+
+
+def test_fill_non_square_covers_and_centres():
+    pixels = np.random.default_rng(2).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    out = images.resize(pixels, (12, 30), "fill")
+    nh, nw = images.fill_geometry(40, 50, (12, 30))
+    assert (nh, nw) == (24, 30)
+    resized = tf.cast(tf.image.resize(pixels, [nh, nw]), tf.uint8).numpy()
+    np.testing.assert_array_equal(out, resized[6:18, :])
+
+
+def test_stretch_and_pad_and_none():
+    pixels = np.random.default_rng(3).integers(1, 256, (30, 60, 3), dtype=np.uint8)
+    stretched = images.resize(pixels, (20, 20), "stretch")
+    np.testing.assert_array_equal(
+        stretched, tf.cast(tf.image.resize(pixels, [20, 20]), tf.uint8).numpy()
+    )
+    padded = images.resize(pixels, (20, 20), "pad")
+    assert padded.shape == (20, 20, 3)
+    assert not padded[:5].any() and not padded[15:].any()  # black bars above and below
+    np.testing.assert_array_equal(
+        padded[5:15], tf.cast(tf.image.resize(pixels, [10, 20]), tf.uint8).numpy()
+    )
+    assert images.resize(pixels, None, "none") is pixels
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(192, (192, 192)), ("192", (192, 192)), ("128x256", (128, 256)), ((3, 4), (3, 4))],
+)
+def test_parse_image_size(value, expected):
+    assert images.parse_image_size(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "x", "1x2x3", -3, "axb"])
+def test_parse_image_size_rejects(value):
+    with pytest.raises(ValueError, match="Received: image_size"):
+        images.parse_image_size(value)
+
+
+def _encode(image: Image.Image, fmt: str, **kw) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kw)
+    return buffer.getvalue()
+
+
+def test_modes_become_rgb():
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[:, :4] = (255, 0, 0, 255)  # left half opaque red, right half fully transparent
+    decoded = images.decode_rgb(_encode(Image.fromarray(rgba, "RGBA"), "PNG"))[0]
+    assert decoded[0, 0].tolist() == [255, 0, 0] and decoded[0, 7].tolist() == [255, 255, 255]
+
+    la = Image.fromarray(np.full((4, 4, 2), (0, 0), np.uint8), "LA")
+    assert images.decode_rgb(_encode(la, "PNG"))[0].min() == 255  # transparent black -> white
+
+    grey = Image.fromarray(np.full((4, 4), 77, np.uint8), "L")
+    assert images.decode_rgb(_encode(grey, "PNG"))[0][0, 0].tolist() == [77, 77, 77]
+
+    deep = Image.fromarray(np.full((4, 4), 65535, np.uint16))  # 16-bit greyscale
+    assert images.decode_rgb(_encode(deep, "PNG"))[0][0, 0].tolist() == [255, 255, 255]
+
+    cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # red in CMYK
+    red = images.decode_rgb(_encode(cmyk, "JPEG", quality=95))[0][4, 4]
+    assert red[0] > 200 and red[1] < 60 and red[2] < 60
+
+    palette = Image.new("P", (6, 6), 1)
+    palette.putpalette([0, 0, 0, 0, 255, 0] + [0] * 762)
+    assert images.decode_rgb(_encode(palette, "GIF"))[0][0, 0].tolist() == [0, 255, 0]
+    palette.info["transparency"] = 1
+    assert images.decode_rgb(_encode(palette, "PNG", transparency=1))[0].min() == 255
+
+
+def test_animation_uses_the_first_frame():
+    frames = [Image.new("RGB", (10, 10), c) for c in ((255, 0, 0), (0, 0, 255))]
+    data = _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+    assert Image.open(io.BytesIO(data)).n_frames == 2
+    pixel = images.decode_rgb(data)[0][5, 5]
+    assert pixel[0] > 200 and pixel[2] < 50
+
+
+def test_exif_orientation_is_applied():
+    pixels = _photo(20, 40)  # landscape as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 CW to display": the photo is portrait
+    data = _jpeg(pixels, exif=exif.tobytes())
+    decoded, _, plain = images.decode_rgb(data)
+    assert decoded.shape == (40, 20, 3) and not plain
+    encoded = images.convert_image(data, size=None, mode="none")
+    assert (encoded.height, encoded.width) == (40, 20) and encoded.data != data
+
+
+def test_jpeg_without_chroma_subsampling_and_plain_jpeg_kept():
+    data = images.encode_jpeg(_photo(16, 16))
+    assert JpegImagePlugin.get_sampling(Image.open(io.BytesIO(data))) == 0  # 4:4:4
+    source = _jpeg(_photo(30, 20))
+    kept = images.convert_image(source, size=None, mode="none")
+    assert kept.data == source and (kept.height, kept.width) == (30, 20)
+
+
+def test_hand_serialised_example_is_tensorflows():
+    encoded = images.Encoded(b"\xff\xd8jpeg", 64, 48, 480, 640)
+    classes = ["daisy", "dandelion", "roses"]
+    ours = writer.example_bytes(encoded, 2, "roses/été 1.jpg", classes)
+    feature = {
+        "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded.data])),
+        "class": tf.train.Feature(int64_list=tf.train.Int64List(value=[2])),
+        "label": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"roses"])),
+        "size": tf.train.Feature(int64_list=tf.train.Int64List(value=[64, 48])),
+        "one_hot_class": tf.train.Feature(float_list=tf.train.FloatList(value=[0, 0, 1])),
+        "filename": tf.train.Feature(
+            bytes_list=tf.train.BytesList(value=["roses/été 1.jpg".encode()])
+        ),
+        "original_size": tf.train.Feature(int64_list=tf.train.Int64List(value=[480, 640])),
+    }
+    theirs = tf.train.Example(features=tf.train.Features(feature=feature))
+    assert ours == theirs.SerializeToString(deterministic=True)
+    assert writer._varint(300) == b"\xac\x02" and len(writer._varint(-1)) == 10
+
+
+# --- the records of small_flowers ----------------------------------------------------------------
+
+
+def test_manifest_contract(small_records, small_flowers):
+    m = read_manifest(small_records)
+    assert read_manifest(small_records / "manifest.json") == m
+    assert m["classes"] == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    assert m["image_size"] == [64, 64] and m["format"] == "jpeg" and m["resize"] == "fill"
+    assert m["quality"] == 95 and m["seed"] == 0 and m["val_fraction"] == 0.19
+    assert m["images_found"] == 60 == m["written"] + len(m["skipped"]) and not m["skipped"]
+    assert m["source"] == os.path.abspath(small_flowers)
+    for key in ("petal_version", "tensorflow_version", "created", "options"):
+        assert key in m
+    assert m["splits"]["train"]["per_class"] == dict.fromkeys(m["classes"], 10)
+    assert m["splits"]["validation"]["per_class"] == dict.fromkeys(m["classes"], 2)
+    on_disk = sorted(p.name for p in small_records.iterdir())
+    listed = []
+    for split, n in (("train", 50), ("validation", 10)):
+        shards = m["splits"][split]["shards"]
+        assert m["splits"][split]["count"] == n == sum(s["count"] for s in shards)
+        assert len(shards) == 2
+        for i, shard in enumerate(shards):
+            assert shard["file"] == schema.shard_name(split, i, 2, shard["count"])
+            data = (small_records / shard["file"]).read_bytes()
+            assert shard["bytes"] == len(data)
+            assert shard["sha256"] == hashlib.sha256(data).hexdigest()
+            listed.append(shard["file"])
+    assert on_disk == sorted([*listed, "manifest.json"])  # nothing else left behind
+
+
+def test_codelab_spec_parses_every_record(small_records):
+    files = sorted(str(p) for p in small_records.glob("*.tfrec"))
+    spec = schema.feature_spec(codelab=True)
+    count = 0
+    for raw in tf.data.TFRecordDataset(files):
+        ex = tf.io.parse_single_example(raw, spec)
+        image = tf.reshape(tf.io.decode_jpeg(ex["image"], channels=3), [64, 64, 3])
+        one_hot = tf.sparse.to_dense(ex["one_hot_class"])
+        assert image.dtype == tf.uint8 and ex["size"].numpy().tolist() == [64, 64]
+        assert int(tf.argmax(one_hot)) == int(ex["class"]) and float(tf.reduce_sum(one_hot)) == 1
+        count += 1
+    assert count == 60
+
+
+def test_round_trip_fields_and_pixels(small_records, small_flowers):
+    m = read_manifest(small_records)
+    errors = []
+    for rec in _records(small_records):
+        assert rec["label"].decode() == m["classes"][rec["class"]]
+        assert rec["filename"].split("/")[0] == m["classes"][rec["class"]]
+        assert rec["original_size"].tolist() == [224, 224]
+        source = _source_pixels(small_flowers / rec["filename"])
+        expected = images.resize(source, (64, 64), "fill")
+        stored = _pixels(rec)
+        errors.append(np.abs(stored.astype(int) - expected).mean())
+        # Only the JPEG re-encoding (quality 95, 4:4:4) separates them: exactly.
+        reencoded = Image.open(io.BytesIO(images.encode_jpeg(expected, 95))).convert("RGB")
+        np.testing.assert_array_equal(stored, np.asarray(reencoded))
+    # JPEG error on these detailed 64x64 crops: a few levels out of 255.
+    assert max(errors) < 4.0 and np.mean(errors) < 2.5
+
+
+def test_splits_are_disjoint_and_complete(small_records, small_flowers):
+    records = _records(small_records)
+    train = {r["filename"] for r in records if r["split"] == "train"}
+    val = {r["filename"] for r in records if r["split"] == "validation"}
+    assert not train & val
+    everything = {f"{p.parent.name}/{p.name}" for p in small_flowers.glob("*/*")}
+    assert train | val == everything and len(records) == 60
+
+
+def test_same_seed_same_bytes_whatever_the_workers(small_records, small_flowers, tmp_path):
+    again = convert(
+        small_flowers, tmp_path / "w2", image_size=64, seed=0, shards=2, workers=2, progress=False
+    )
+    assert again.written == 60
+    assert _shard_bytes(tmp_path / "w2") == _shard_bytes(small_records)
+
+
+def test_another_seed_another_split(small_records, small_flowers, tmp_path):
+    convert(small_flowers, tmp_path / "s1", image_size=64, seed=1, shards=2, workers=1, progress=False)
+    val0 = {r["filename"] for r in _records(small_records, "validation")}
+    val1 = {r["filename"] for r in _records(tmp_path / "s1", "validation")}
+    assert val0 != val1 and len(val1) == 10
+
+
+def test_raw_pixels_equal_a_direct_resize(small_originals, tmp_path):
+    summary = convert(
+        small_originals, tmp_path / "raw", image_size="24x32", format="raw", shards=1,
+        workers=1, progress=False,
+    )  # fmt: skip
+    m = summary.manifest
+    assert m["format"] == "raw" and m["quality"] is None and m["image_size"] == [24, 32]
+    for rec in _records(tmp_path / "raw"):
+        assert len(rec["image"]) == 24 * 32 * 3
+        source = _source_pixels(small_originals / rec["filename"])
+        assert rec["original_size"].tolist() == list(source.shape[:2])
+        np.testing.assert_array_equal(
+            _pixels(rec, "raw"), images.resize(source, (24, 32), "fill")
+        )
+
+
+def test_resize_none_keeps_sizes_and_jpeg_bytes(small_originals, tmp_path):
+    summary = convert(
+        small_originals, tmp_path / "none", resize="none", shards=1, workers=1, progress=False
+    )
+    assert summary.manifest["image_size"] is None
+    sizes = set()
+    for rec in _records(tmp_path / "none"):
+        source = (small_originals / rec["filename"]).read_bytes()
+        assert rec["image"] == source  # plain RGB JPEGs are stored as they are
+        sizes.add(tuple(rec["size"].tolist()))
+        assert rec["size"].tolist() == rec["original_size"].tolist()
+    assert len(sizes) > 3
+
+
+def test_pad_mode_through_convert(small_originals, tmp_path):
+    convert(
+        small_originals, tmp_path / "pad", image_size=32, resize="pad", format="raw",
+        val_fraction=0.0, workers=1, progress=False,
+    )  # fmt: skip
+    m = read_manifest(tmp_path / "pad")
+    assert m["splits"]["validation"] == {
+        "count": 0, "per_class": dict.fromkeys(m["classes"], 0), "shards": []
+    }  # fmt: skip
+    for rec in _records(tmp_path / "pad"):
+        source = _source_pixels(small_originals / rec["filename"])
+        np.testing.assert_array_equal(_pixels(rec, "raw"), images.resize(source, (32, 32), "pad"))
+
+
+# --- shards ---------------------------------------------------------------------------------------
+
+
+def test_shard_counts(small_flowers, tmp_path):
+    many = convert(
+        small_flowers, tmp_path / "many", image_size=16, shards=1000, workers=1, progress=False
+    )
+    assert many.shards == {"train": 50, "validation": 10}  # never more shards than records
+    small = convert(
+        small_flowers, tmp_path / "mb", image_size=16, shard_mb=0.004, workers=1, progress=False
+    )
+    sizes = [s["bytes"] for s in small.manifest["splits"]["train"]["shards"]]
+    assert 1 < len(sizes) < 50 and max(sizes) < 4000 * 1.5
+    default = convert(small_flowers, tmp_path / "one", image_size=16, workers=1, progress=False)
+    assert default.shards == {"train": 1, "validation": 1}  # far below 200 MB
+
+
+def test_shard_sizes_are_even():
+    assert writer._shard_sizes(10, 4) == [3, 3, 2, 2]
+    assert writer._shard_sizes(9, 4) == [3, 2, 2, 2]  # never an empty shard
+    assert writer._shard_sizes(3, 8) == [1, 1, 1]
+    assert writer._shard_sizes(0, 2) == []
+
+
+# --- duplicates and the split ---------------------------------------------------------------------
+
+
+def _write_class_tree(root: Path, per_class: int, classes=("a", "b")) -> None:
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            (root / name / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=100 * c + i)))
+
+
+def test_duplicates_stay_on_one_side(tmp_path):
+    src = tmp_path / "src"
+    _write_class_tree(src, 10)
+    # Three copies in class a, one copy in class b of the same image.
+    for dup in ("a/dup1.jpg", "a/dup2.jpg", "b/dup3.jpg"):
+        (src / dup).write_bytes((src / "a" / "00.jpg").read_bytes())
+    copies = {"a/00.jpg", "a/dup1.jpg", "a/dup2.jpg", "b/dup3.jpg"}
+    sides = set()
+    for seed in (0, 1, 8, 9):  # the group lands in train for 0 and 1, validation for 8 and 9
+        out = tmp_path / f"o{seed}"
+        m = convert(
+            src, out, image_size=8, seed=seed, val_fraction=0.3, workers=1, progress=False
+        ).manifest
+        assert m["duplicates"] == 3
+        where = {r["filename"]: r["split"] for r in _records(out)}
+        side = {where[f] for f in copies}
+        assert len(side) == 1
+        sides |= side
+        per_class = m["splits"]["validation"]["per_class"]
+        assert 3 <= per_class["a"] <= 6 and 3 <= per_class["b"] <= 5
+    assert sides == {"train", "validation"}  # the group is not pinned to one side
+
+
+def test_split_is_stratified_per_class(tmp_path):
+    src = tmp_path / "src"
+    _write_class_tree(src, 20, classes=("a", "b", "c"))
+    for i in range(20, 40):  # class c twice as big
+        (src / "c" / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=900 + i)))
+    m = convert(src, tmp_path / "o", image_size=8, val_fraction=0.25, workers=1, progress=False)
+    assert m.manifest["splits"]["validation"]["per_class"] == {"a": 5, "b": 5, "c": 10}
+    assert m.counts == {"train": 60, "validation": 20}
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """Two classes of odd but valid images, plus bad files with the reason expected for each."""
+    root = tmp_path_factory.mktemp("zoo") / "src"
+    a, b = root / "a", root / "b"
+    a.mkdir(parents=True)
+    b.mkdir()
+    for i in range(3):
+        (a / f"ok{i}.jpg").write_bytes(_jpeg(_photo(40, 48, seed=i)))
+        (b / f"ok{i}.jpg").write_bytes(_jpeg(_photo(48, 40, seed=10 + i)))
+    (a / "été en fleur ü.jpg").write_bytes(_jpeg(_photo(30, 30, seed=20)))
+    Image.fromarray(_photo(30, 30, 21)).convert("L").save(a / "grey.png")
+    Image.fromarray(_photo(30, 30, 22)).convert("CMYK").save(a / "cmyk.jpg", quality=95)
+    Image.fromarray(_photo(30, 30, 23)).convert("P").save(a / "palette.gif")
+    rgba = np.zeros((30, 30, 4), np.uint8)
+    rgba[:, :15] = (0, 0, 255, 255)
+    Image.fromarray(rgba, "RGBA").save(a / "half transparent.png")
+    frames = [Image.new("RGB", (30, 30), c) for c in ((255, 0, 0), (0, 255, 0))]
+    frames[0].save(a / "anim.gif", save_all=True, append_images=frames[1:], duration=40)
+    (a / "notes.txt").write_text("not a candidate")
+
+    good = _jpeg(_photo(40, 48, seed=30))
+    (b / "empty.jpg").write_bytes(b"")
+    (b / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (b / "random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
+    (b / "text.JPG").write_text("hello, I am not a photo\n")
+    Image.new("L", (1500, 1000)).save(b / "bomb.png")
+    (b / "dangling.jpg").symlink_to(root / "nowhere.jpg")
+    os.mkfifo(b / "pipe.jpeg")
+    reasons = {
+        "b/empty.jpg": "empty file",
+        "b/truncated.jpg": "corrupt or truncated",
+        "b/random.jpg": "not an image",
+        "b/text.JPG": "not an image",
+        "b/bomb.png": "too many pixels",
+        "b/dangling.jpg": "unreadable",
+        "b/pipe.jpeg": "unreadable: not a regular file",
+    }
+    return root, reasons
+
+
+def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
+    root, reasons = zoo
+    summary = convert(
+        root, tmp_path / "out", image_size=16, format="raw", shards=1, max_pixels=1_000_000,
+        workers=1, progress=False,
+    )  # fmt: skip
+    m = summary.manifest
+    skipped = {s["file"]: s["reason"] for s in m["skipped"]}
+    assert set(skipped) == set(reasons)
+    for file, reason in reasons.items():
+        assert skipped[file].startswith(reason), (file, skipped[file])
+    assert m["images_found"] == 19 == m["written"] + len(m["skipped"])
+    assert summary.written == 12 and summary.skipped == 7 and m["ignored_files"] == 1
+    by_name = {r["filename"]: r for r in _records(tmp_path / "out")}
+    assert "a/été en fleur ü.jpg" in by_name
+    anim = _pixels(by_name["a/anim.gif"], "raw")
+    assert anim[..., 0].min() > 200 and anim[..., 1].max() < 50  # first frame: red
+    half = _pixels(by_name["a/half transparent.png"], "raw")
+    assert half[8, 2].tolist() == [0, 0, 255] and half[8, 14].tolist() == [255, 255, 255]
+
+
+def test_bad_inputs_with_workers(zoo, tmp_path):
+    """The same accounting when workers do the reading and decoding."""
+    root, reasons = zoo
+    m = convert(
+        root, tmp_path / "out", image_size=16, shards=1, max_pixels=1_000_000, workers=2,
+        progress=False,
+    ).manifest  # fmt: skip
+    assert {s["file"] for s in m["skipped"]} == set(reasons) and m["written"] == 12
+
+
+def test_nothing_readable(tmp_path):
+    for c in ("a", "b"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        (tmp_path / "src" / c / "x.jpg").write_bytes(b"")
+    with pytest.raises(PetalError, match="None of the 2 image files"):
+        convert(tmp_path / "src", tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# --- refused operations: one line, nothing written ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"quality": 90, "format": "raw"}, "conflicts with --format raw"),
+        ({"image_size": 64, "resize": "none"}, "conflicts with --resize none"),
+        ({"shards": 2, "shard_mb": 100}, "give one"),
+        ({"val_fraction": 1.0}, "val_fraction must be in"),
+        ({"resize": "crop"}, "resize must be one of"),
+        ({"format": "png"}, "format must be one of"),
+        ({"quality": 0}, "quality must be"),
+        ({"image_size": "12x"}, "image_size"),
+        ({"workers": 0}, "workers must be"),
+        ({"classes": "daisy,lilies"}, "Unknown class 'lilies'"),
+    ],
+)
+def test_refused_options(small_flowers, tmp_path, kwargs, match):
+    with pytest.raises(PetalError, match=match):
+        convert(small_flowers, tmp_path / "out", progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_inside_source(tmp_path):
+    _write_class_tree(tmp_path / "src", 2)
+    with pytest.raises(PetalError, match="inside the source"):
+        convert(tmp_path / "src", tmp_path / "src" / "records", progress=False)
+    assert not (tmp_path / "src" / "records").exists()
+
+
+def test_complete_output_is_not_clobbered(small_flowers, tmp_path):
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
+    before = _shard_bytes(out)
+    with pytest.raises(PetalError, match="--overwrite"):
+        convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)
+    assert _shard_bytes(out) == before
+    convert(small_flowers, out, image_size=16, shards=1, workers=1, overwrite=True, progress=False)
+    assert sorted(_shard_bytes(out)) == [
+        "train-00000-of-00001-50.tfrec",
+        "validation-00000-of-00001-10.tfrec",
+    ]
+
+
+def test_foreign_files_in_output(small_flowers, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(PetalError, match="did not write"):
+        convert(small_flowers, out, image_size=16, workers=1, progress=False)
+    convert(small_flowers, out, image_size=16, workers=1, overwrite=True, progress=False)
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+# --- crash safety ----------------------------------------------------------------------------------
+
+
+def test_interrupted_run_leaves_nothing_that_looks_complete(small_flowers, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    calls = {"n": 0}
+    real = writer._convert
+
+    def flaky(path, options):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        return real(path, options)
+
+    monkeypatch.setattr(writer, "_convert", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
+    assert calls["n"] == 30
+    assert not out.exists()  # no manifest, no shards, no temporary files: no folder
+    with pytest.raises(PetalError, match="manifest"):
+        read_manifest(out)
+
+    # Interrupted in a folder that existed: the folder stays, empty.
+    out.mkdir()
+    calls["n"] = 0
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
+    assert list(out.iterdir()) == []
+
+    monkeypatch.setattr(writer, "_convert", real)
+    summary = convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
+    assert summary.written == 60
+
+
+def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    # What a run killed between renaming its shards and writing the manifest leaves.
+    (out / ".petal-tmp-train-00001.tfrec").write_bytes(b"partial")
+    (out / "train-00000-of-00007-9.tfrec").write_bytes(b"old")
+    (out / ".petal-tmp-manifest.json").write_text("{")
+    convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "train-00000-of-00001-50.tfrec",
+        "validation-00000-of-00001-10.tfrec",
+    ]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["written"] == 60
