@@ -64,9 +64,7 @@ def parallel(src: Path, out: Path, size: tuple[int, int], workers: int) -> tuple
     from petal.data import convert
 
     start = time.perf_counter()
-    summary = convert(
-        src, out, image_size=size, workers=workers, overwrite=True, progress=False
-    )
+    summary = convert(src, out, image_size=size, workers=workers, overwrite=True, progress=False)
     return time.perf_counter() - start, summary.written
 
 
@@ -77,6 +75,12 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=192)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3, help="baseline/convert pairs")
+    parser.add_argument(
+        "--no-cpu-check",
+        dest="cpu_check",
+        action="store_false",
+        help="skip the single-process convert run that measures convert's CPU overhead",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -103,22 +107,31 @@ def main() -> None:
             result = {}
             for which in order:
                 if which == "baseline":
+                    cpu = time.process_time()
                     result[which] = baseline(paths, size)
+                    baseline_cpu = time.process_time() - cpu
                 else:
                     result[which] = parallel(src, out, size, args.workers)
             b_s, b_n = result["baseline"]
             c_s, c_n = result["convert"]
-            rows.append(
-                {
-                    "round": r + 1,
-                    "baseline_images_per_s": b_n / b_s,
-                    "convert_images_per_s": c_n / c_s,
-                    "speedup": (c_n / c_s) / (b_n / b_s),
-                    "baseline_s": b_s,
-                    "convert_s": c_s,
-                    "images": c_n,
-                }
-            )
+            row = {
+                "round": r + 1,
+                "baseline_images_per_s": b_n / b_s,
+                "convert_images_per_s": c_n / c_s,
+                "speedup": (c_n / c_s) / (b_n / b_s),
+                "baseline_s": b_s,
+                "convert_s": c_s,
+                "images": c_n,
+                "baseline_cpu_s": baseline_cpu,
+            }
+            if args.cpu_check:
+                # The whole pipeline in one process (all its threads counted): its CPU time
+                # over the loop's is the work convert adds, whatever the machine's load.
+                cpu = time.process_time()
+                parallel(src, out, size, 1)
+                row["convert_1_worker_cpu_s"] = time.process_time() - cpu
+                row["cpu_overhead"] = row["convert_1_worker_cpu_s"] / baseline_cpu - 1
+            rows.append(row)
     load_after = os.getloadavg()
 
     print(
@@ -128,15 +141,29 @@ def main() -> None:
         f"{os.cpu_count()} CPUs"
     )
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n")
-    print("| round | loop (img/s) | convert (img/s) | speedup |")
-    print("|---|---|---|---|")
+    print("| round | loop (img/s) | convert (img/s) | speedup | convert CPU overhead |")
+    print("|---|---|---|---|---|")
     for row in rows:
+        overhead = f"{row['cpu_overhead']:+.1%}" if "cpu_overhead" in row else "-"
         print(
             f"| {row['round']} | {row['baseline_images_per_s']:.0f} | "
-            f"{row['convert_images_per_s']:.0f} | {row['speedup']:.2f}x |"
+            f"{row['convert_images_per_s']:.0f} | {row['speedup']:.2f}x | {overhead} |"
         )
     median = statistics.median(row["speedup"] for row in rows)
-    print(f"| median | | | **{median:.2f}x** |")
+    overhead = None
+    if args.cpu_check:
+        # Best of the rounds on both sides: contention only ever adds CPU time.
+        best_convert = min(r["convert_1_worker_cpu_s"] for r in rows)
+        overhead = best_convert / min(r["baseline_cpu_s"] for r in rows) - 1
+    shown = f"{overhead:+.1%}" if overhead is not None else "-"
+    print(f"| median / best | | | **{median:.2f}x** | {shown} |")
+    if overhead is not None:
+        # Not a measurement: what the overhead allows when the workers get whole cores.
+        ceiling = args.workers / (1 + max(0.0, overhead))
+        print(
+            f"\nceiling on {args.workers} idle cores from the CPU overhead: "
+            f"{ceiling:.2f}x (workers / (1 + overhead); IPC and start-up not included)"
+        )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
@@ -155,6 +182,7 @@ def main() -> None:
                 "python": platform.python_version(),
                 "rounds": rows,
                 "median_speedup": median,
+                "cpu_overhead_best_of_rounds": overhead,
             },
             indent=2,
         )

@@ -22,8 +22,14 @@ from petal.training.config import (
 
 def test_every_preset_is_valid_and_documented():
     names = list_presets()
-    for required in ("codelab-squeezenet", "codelab-xception", "codelab-convnet",
-                     "codelab-dense", "quick", "squeezenet-plus"):
+    for required in (
+        "codelab-squeezenet",
+        "codelab-xception",
+        "codelab-convnet",
+        "codelab-dense",
+        "quick",
+        "squeezenet-plus",
+    ):
         assert required in names
     for name in names:
         cfg = get_preset(name).validate()
@@ -36,7 +42,11 @@ def test_codelab_presets_follow_the_codelab():
     assert (sq.model, sq.image_size, sq.epochs, sq.batch_size) == ("squeezenet", 192, 35, 16)
     assert sq.single_device_batch_size == 32
     assert (sq.optimizer, sq.learning_rate, sq.schedule, sq.augment) == (
-        "adam", 1e-3, "constant", "codelab")
+        "adam",
+        1e-3,
+        "constant",
+        "codelab",
+    )
     assert sq.cache is True
     xc = get_preset("codelab-xception")
     assert (xc.model, xc.weights, xc.image_size, xc.epochs) == ("xception", "imagenet", 331, 12)
@@ -44,7 +54,11 @@ def test_codelab_presets_follow_the_codelab():
     assert xc.schedule_options["rampup_epochs"] == 5 and xc.schedule_options["decay"] == 0.8
     conv = get_preset("codelab-convnet")
     assert (conv.model, conv.epochs, conv.single_device_batch_size, conv.augment) == (
-        "convnet", 20, 128, "none")
+        "convnet",
+        20,
+        128,
+        "none",
+    )
     assert get_preset("codelab-dense").model == "dense"
     plus = get_preset("squeezenet-plus")
     assert (plus.optimizer, plus.schedule, plus.label_smoothing) == ("adamw", "warmup_cosine", 0.1)
@@ -62,10 +76,24 @@ def test_unknown_preset_lists_the_valid_ones():
 
 
 def test_parse_overrides_json_values_and_strings():
-    got = parse_overrides(["epochs=3", "learning_rate=1e-4", "cache=false", "weights=null",
-                           "augment=flip+crop", "schedule_options.warmup_epochs=2"])
-    assert got == {"epochs": 3, "learning_rate": 1e-4, "cache": False, "weights": None,
-                   "augment": "flip+crop", "schedule_options.warmup_epochs": 2}
+    got = parse_overrides(
+        [
+            "epochs=3",
+            "learning_rate=1e-4",
+            "cache=false",
+            "weights=null",
+            "augment=flip+crop",
+            "schedule_options.warmup_epochs=2",
+        ]
+    )
+    assert got == {
+        "epochs": 3,
+        "learning_rate": 1e-4,
+        "cache": False,
+        "weights": None,
+        "augment": "flip+crop",
+        "schedule_options.warmup_epochs": 2,
+    }
     with pytest.raises(PetalError, match="key=value"):
         parse_overrides(["epochs"])
 
@@ -73,8 +101,14 @@ def test_parse_overrides_json_values_and_strings():
 def test_precedence_preset_file_flags_set(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"preset": "quick", "epochs": 4, "batch_size": 8, "seed": 1}))
-    cfg = load_config(None, path, ["batch_size=4", "schedule_options.warmup_epochs=0"],
-                      batch_size=16, epochs=None, model=None)
+    cfg = load_config(
+        None,
+        path,
+        ["batch_size=4", "schedule_options.warmup_epochs=0"],
+        batch_size=16,
+        epochs=None,
+        model=None,
+    )
     assert cfg.preset == "quick"  # from the file
     assert cfg.image_size == get_preset("quick").image_size  # from the preset
     assert cfg.epochs == 4  # file (the flag was not given)

@@ -20,7 +20,9 @@ def test_convert_then_inspect(small_flowers, tmp_path, capsys):
     args = ["convert", str(small_flowers), str(out), "--image-size", "24x32", "--workers", "1"]
     assert main([*args, "--shards", "2", "--seed", "3", "--val-fraction", "0.25"]) == 0
     printed = capsys.readouterr().out
-    assert "written 60 (train 45 in 2 shards, validation 15 in 2 shards), skipped 0 of 60" in printed
+    assert (
+        "written 60 (train 45 in 2 shards, validation 15 in 2 shards), skipped 0 of 60" in printed
+    )
     assert "images/s" in printed and str(out) in printed
 
     grid = tmp_path / "grid.png"
@@ -64,7 +66,9 @@ def test_refused_options(small_flowers, tmp_path, capsys, extra, message):
 
 def test_shards_and_shard_mb_are_exclusive(small_flowers, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["convert", str(small_flowers), str(tmp_path / "o"), "--shards", "2", "--shard-mb", "9"])
+        main(
+            ["convert", str(small_flowers), str(tmp_path / "o"), "--shards", "2", "--shard-mb", "9"]
+        )
     assert exit_info.value.code == 2
     assert "not allowed with argument" in _error_line(capsys)
 

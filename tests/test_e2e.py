@@ -17,11 +17,11 @@ SHORT = ["--set", "steps_per_epoch=3", "--set", "tensorboard=false"]
 
 def test_convert_train_evaluate_predict_report(small_flowers, tmp_path, capsys):
     records, run = tmp_path / "records", tmp_path / "run"
-    assert main(["convert", str(small_flowers), str(records), "--image-size", "48",
-                 "--shards", "2", "--workers", "1"]) == 0
-    assert main(["train", "--preset", "quick", "--data", str(records), "--workdir", str(run),
-                 "--epochs", "1", "--batch-size", "10", "--image-size", "32",
-                 "--precision", "float32", *SHORT]) == 0
+    convert = ["--image-size", "48", "--shards", "2", "--workers", "1"]
+    assert main(["convert", str(small_flowers), str(records), *convert]) == 0
+    flags = ["--epochs", "1", "--batch-size", "10", "--image-size", "32", "--precision", "float32"]
+    train = ["train", "--preset", "quick", "--data", str(records), "--workdir", str(run)]
+    assert main([*train, *flags, *SHORT]) == 0
     out = capsys.readouterr().out
     assert "replicas=1" in out and "global_batch=10" in out and "epoch 1/1" in out
     assert "img/s" in out
@@ -48,10 +48,11 @@ def test_cli_errors_are_one_line_and_exit_2(small_flowers, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Unknown preset 'fast'" in err and "codelab-squeezenet" in err
     assert len(err.strip().splitlines()) == 1
-    assert main(["train", "--preset", "quick", "--data", str(small_flowers), "--strategy",
-                 "warp", "--workdir", str(tmp_path / "r")]) == 2
+    workdir = str(tmp_path / "r")
+    bad = ["train", "--preset", "quick", "--data", str(small_flowers), "--strategy", "warp"]
+    assert main([*bad, "--workdir", workdir]) == 2
     assert "Unknown strategy 'warp'" in capsys.readouterr().err
-    assert main(["train", "--set", "epochs=x", "--workdir", str(tmp_path / "r")]) == 2
+    assert main(["train", "--set", "epochs=x", "--workdir", workdir]) == 2
     assert "epochs must be int" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "nowhere"), "a.jpg"]) == 2
     assert "not a petal work directory" in capsys.readouterr().err
@@ -59,9 +60,11 @@ def test_cli_errors_are_one_line_and_exit_2(small_flowers, tmp_path, capsys):
 
 def test_demo_on_a_local_folder(small_flowers, tmp_path, capsys):
     workdir = tmp_path / "demo"
-    assert main(["demo", "--data", str(small_flowers), "--workdir", str(workdir),
-                 "--set", "image_size=32", "--set", "epochs=1", "--set", "batch_size=10",
-                 "--set", "precision=float32", *SHORT]) == 0
+    small = [
+        f"--set={kv}" for kv in ("image_size=32", "epochs=1", "batch_size=10", "precision=float32")
+    ]
+    demo = ["demo", "--data", str(small_flowers), "--workdir", str(workdir)]
+    assert main([*demo, *small, *SHORT]) == 0
     out = capsys.readouterr().out
     assert "report written to" in out
     manifest = json.loads((workdir / "records" / "manifest.json").read_text())

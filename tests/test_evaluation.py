@@ -85,8 +85,13 @@ def trained(small_records, tmp_path_factory) -> Path:
 
     workdir = tmp_path_factory.mktemp("eval_run") / "run"
     cfg = get_preset("quick").replace(
-        data=str(small_records), image_size=32, epochs=1, batch_size=10, steps_per_epoch=3,
-        precision="float32", tensorboard=False,
+        data=str(small_records),
+        image_size=32,
+        epochs=1,
+        batch_size=10,
+        steps_per_epoch=3,
+        precision="float32",
+        tensorboard=False,
     )
     train(cfg, workdir, log=lambda line: None)
     return workdir

@@ -43,7 +43,7 @@ def test_train_shapes_dtypes_and_labels(records):
     assert spec_images.shape == (4, 16, 16, 3) and spec_images.dtype == tf.float32
     assert spec_labels.shape == (4, 5) and spec_labels.dtype == tf.float32
     images, labels = next(iter(ds))
-    assert 0.0 <= float(tf.reduce_min(images)) and float(tf.reduce_max(images)) <= 1.0
+    assert float(tf.reduce_min(images)) >= 0.0 and float(tf.reduce_max(images)) <= 1.0
     np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0)
 
     sparse = train_dataset(str(records), batch_size=4, label_mode="sparse", augment=None, seed=1,

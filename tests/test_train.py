@@ -19,8 +19,15 @@ QUIET = {"log": lambda line: None}
 
 def _cfg(records: Path, **changes):
     """The quick preset shrunk to seconds: 32 px, batch 10, 2 steps per epoch, float32."""
-    base = dict(data=str(records), image_size=32, epochs=2, batch_size=10, steps_per_epoch=2,
-                precision="float32", tensorboard=False)
+    base = dict(
+        data=str(records),
+        image_size=32,
+        epochs=2,
+        batch_size=10,
+        steps_per_epoch=2,
+        precision="float32",
+        tensorboard=False,
+    )
     return get_preset("quick").replace(**{**base, **changes})
 
 
@@ -63,14 +70,30 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     metrics = train(cfg, workdir, resume=True, **QUIET)
     rows = read_history(workdir / "history.csv")
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # the unfinished epoch 2 row was dropped
-    assert set(rows[0]) == {"epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr",
-                            "images_per_sec", "epoch_seconds"}
+    assert set(rows[0]) == {
+        "epoch",
+        "loss",
+        "accuracy",
+        "val_loss",
+        "val_accuracy",
+        "lr",
+        "images_per_sec",
+        "epoch_seconds",
+    }
     assert metrics["epochs_completed"] == 3
     assert metrics["mean_last5_val_accuracy"] == pytest.approx(
-        np.mean([r["val_accuracy"] for r in rows]))
+        np.mean([r["val_accuracy"] for r in rows])
+    )
     assert metrics["best_val_accuracy"] == max(r["val_accuracy"] for r in rows)
-    for key in ("final_val_accuracy", "best_epoch", "wall_seconds", "train_images_per_sec",
-                "replicas", "precision", "global_batch"):
+    for key in (
+        "final_val_accuracy",
+        "best_epoch",
+        "wall_seconds",
+        "train_images_per_sec",
+        "replicas",
+        "precision",
+        "global_batch",
+    ):
         assert metrics[key] is not None, key
     assert metrics["global_batch"] == 10 and metrics["replicas"] == 1
     assert json.loads((workdir / "metrics.json").read_text()) == metrics
@@ -86,8 +109,14 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
 
 
 def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
-    cfg = _cfg(small_records, epochs=3, optimizer="sgd", learning_rate=1e30, schedule="constant",
-               schedule_options={})
+    cfg = _cfg(
+        small_records,
+        epochs=3,
+        optimizer="sgd",
+        learning_rate=1e30,
+        schedule="constant",
+        schedule_options={},
+    )
     with pytest.raises(PetalError, match=r"NaN/inf at epoch 1/3 \(step 2\)"):
         train(cfg, tmp_path / "run", **QUIET)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -150,8 +179,15 @@ def tiny_backbone_model():
 
     name = "test_tiny_backbone"
 
-    @registry.register(name, family="test", description="test only", normalization="unit",
-                       default_image_size=32, min_image_size=8, pretrained=True)
+    @registry.register(
+        name,
+        family="test",
+        description="test only",
+        normalization="unit",
+        default_image_size=32,
+        min_image_size=8,
+        pretrained=True,
+    )
     def build(num_classes, image_size, weights=None, **kwargs):
         x = inp = keras.Input((*image_size, 3))
         x = layers.Conv2D(8, 3, strides=2, name="conv")(x)
@@ -160,7 +196,8 @@ def tiny_backbone_model():
         backbone = keras.Model(inp, x, name=registry.BACKBONE_NAME)
         inputs = keras.Input((*image_size, 3))
         out = layers.Dense(num_classes, activation="softmax", dtype="float32", name="head")(
-            backbone(inputs))
+            backbone(inputs)
+        )
         return keras.Model(inputs, out, name=name)
 
     yield name
@@ -187,9 +224,18 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     start.save_weights(weights)
 
     workdir = tmp_path / "run"
-    cfg = _cfg(small_records, model=tiny_backbone_model, weights=str(weights),
-               fine_tune="head_then_all", head_epochs=1, epochs=2, class_weight="balanced",
-               schedule="constant", schedule_options={}, learning_rate=0.05)
+    cfg = _cfg(
+        small_records,
+        model=tiny_backbone_model,
+        weights=str(weights),
+        fine_tune="head_then_all",
+        head_epochs=1,
+        epochs=2,
+        class_weight="balanced",
+        schedule="constant",
+        schedule_options={},
+        learning_rate=0.05,
+    )
     # Stop after the head-only epoch, then resume into the fine-tuning phase.
     with pytest.raises(_Interrupt):
         train(cfg, workdir, log=_interrupt_at("epoch 2/2"))
@@ -204,8 +250,9 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     # BatchNorm stayed in inference mode: its moving mean (weights[2]) never moved.
     np.testing.assert_array_equal(_part(final, "bn", 2), _part(start, "bn", 2))
     resolved = json.loads((workdir / "config.json").read_text())["resolved"]
-    assert resolved["class_weights"] == pytest.approx({"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0,
-                                                       "4": 1.0})
+    assert resolved["class_weights"] == pytest.approx(
+        {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
+    )
 
 
 def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
@@ -216,3 +263,4 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     other.save_weights(weights)
     with pytest.raises(PetalError, match="does not match"):
         train(_cfg(small_records, weights=str(weights)), tmp_path / "run", **QUIET)
+    assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind

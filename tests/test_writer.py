@@ -70,10 +70,8 @@ def _codelab_fill(pixels: np.ndarray, side: int) -> np.ndarray:
     """The codelab's converter step: resize to cover (float sizes, truncated), centre-crop,
     cast to uint8 -- written from its description, in TensorFlow."""
     h, w = pixels.shape[:2]
-    if h * side < w * side:  # wider: the height becomes the side
-        size = [side, int(w * side / h)]
-    else:
-        size = [int(h * side / w), side]
+    # Wider than tall: the height becomes the side, else the width does.
+    size = [side, int(w * side / h)] if h < w else [int(h * side / w), side]
     resized = tf.image.resize(pixels, size)
     cropped = tf.image.crop_to_bounding_box(
         resized, (size[0] - side) // 2, (size[1] - side) // 2, side, side
@@ -290,7 +288,9 @@ def test_same_seed_same_bytes_whatever_the_workers(small_records, small_flowers,
 
 
 def test_another_seed_another_split(small_records, small_flowers, tmp_path):
-    convert(small_flowers, tmp_path / "s1", image_size=64, seed=1, shards=2, workers=1, progress=False)
+    convert(
+        small_flowers, tmp_path / "s1", image_size=64, seed=1, shards=2, workers=1, progress=False
+    )
     val0 = {r["filename"] for r in _records(small_records, "validation")}
     val1 = {r["filename"] for r in _records(tmp_path / "s1", "validation")}
     assert val0 != val1 and len(val1) == 10
@@ -307,9 +307,7 @@ def test_raw_pixels_equal_a_direct_resize(small_originals, tmp_path):
         assert len(rec["image"]) == 24 * 32 * 3
         source = _source_pixels(small_originals / rec["filename"])
         assert rec["original_size"].tolist() == list(source.shape[:2])
-        np.testing.assert_array_equal(
-            _pixels(rec, "raw"), images.resize(source, (24, 32), "fill")
-        )
+        np.testing.assert_array_equal(_pixels(rec, "raw"), images.resize(source, (24, 32), "fill"))
 
 
 def test_resize_none_keeps_sizes_and_jpeg_bytes(small_originals, tmp_path):

@@ -229,20 +229,38 @@ COMMANDS.append(("models", _add_models, _run_models, "list the registered models
 
 
 def _add_train(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default=None, help="named preset (default: 'default'; --list-presets)")
+    parser.add_argument(
+        "--preset", default=None, help="named preset (default: 'default'; --list-presets)"
+    )
     parser.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     parser.add_argument("--config", default=None, metavar="FILE", help="JSON file of config fields")
-    parser.add_argument("--data", default=None, metavar="RECORDS", help="records folder from petal convert")
-    parser.add_argument("--workdir", default=None, metavar="DIR", help="output folder (default runs/PRESET)")
+    parser.add_argument(
+        "--data", default=None, metavar="RECORDS", help="records folder from petal convert"
+    )
+    parser.add_argument(
+        "--workdir", default=None, metavar="DIR", help="output folder (default runs/PRESET)"
+    )
     parser.add_argument("--model", default=None, help="registered model name (petal models)")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="batch per replica")
-    parser.add_argument("--image-size", type=int, default=None, help="square training size in pixels")
-    parser.add_argument("--strategy", default=None, help="auto, tpu, mirrored, multi-worker, one-device, cpu")
-    parser.add_argument("--precision", default=None, help="auto, float32, mixed_bfloat16, mixed_float16")
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="square training size in pixels"
+    )
+    parser.add_argument(
+        "--strategy", default=None, help="auto, tpu, mirrored, multi-worker, one-device, cpu"
+    )
+    parser.add_argument(
+        "--precision", default=None, help="auto, float32, mixed_bfloat16, mixed_float16"
+    )
     parser.add_argument("--weights", default=None, help="'imagenet', a .weights.h5 file or 'none'")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config field (repeatable), e.g. --set label_smoothing=0.1")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field (repeatable), e.g. --set label_smoothing=0.1",
+    )
     parser.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     parser.add_argument("--overwrite", action="store_true", help="replace the run in --workdir")
 
@@ -272,9 +290,17 @@ def _run_train(args: argparse.Namespace) -> int:
     if weights is not None and weights.lower() == "none":
         weights, overrides = None, ["weights=null", *overrides]
     config = load_config(
-        args.preset, args.config, overrides, base=base,
-        data=args.data, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
-        image_size=args.image_size, strategy=args.strategy, precision=args.precision,
+        args.preset,
+        args.config,
+        overrides,
+        base=base,
+        data=args.data,
+        model=args.model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        strategy=args.strategy,
+        precision=args.precision,
         weights=weights,
     )
 
@@ -286,10 +312,17 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
-    parser.add_argument("--data", default=None, metavar="PATH",
-                        help="records or image folder (default: the run's training data)")
-    parser.add_argument("--split", default=None, help="validation, train or all (default: "
-                        "validation for records, all for an image folder)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="PATH",
+        help="records or image folder (default: the run's training data)",
+    )
+    parser.add_argument(
+        "--split",
+        default=None,
+        help="validation, train or all (default: validation for records, all for an image folder)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print eval.json")
@@ -305,16 +338,24 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if not data:
         raise PetalError("Pass --data PATH (records or an image folder) to evaluate on.")
     quiet = (lambda line: None) if args.json else None
-    report = evaluate(args.workdir, data, split=args.split, batch_size=args.batch_size,
-                      top_k=args.top_k, log=quiet)
+    report = evaluate(
+        args.workdir,
+        data,
+        split=args.split,
+        batch_size=args.batch_size,
+        top_k=args.top_k,
+        log=quiet,
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         width = max(len(c) for c in report["classes"])
         print(f"{'class':<{width}}  precision  recall     f1  support")
         for name, m in report["per_class"].items():
-            print(f"{name:<{width}}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
-                  f"{m['support']:7d}")
+            print(
+                f"{name:<{width}}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
+                f"{m['support']:7d}"
+            )
     return 0
 
 
@@ -365,11 +406,23 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _add_demo(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default=None, metavar="FOLDER",
-                        help="folder of class sub-folders (default $PETAL_DATA, else tf_flowers)")
-    parser.add_argument("--workdir", default="petal-demo", metavar="DIR", help="default ./petal-demo")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field of the quick preset (repeatable)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="FOLDER",
+        help="folder of class sub-folders (default $PETAL_DATA, else tf_flowers)",
+    )
+    parser.add_argument(
+        "--workdir", default="petal-demo", metavar="DIR", help="default ./petal-demo"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the quick preset (repeatable)",
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -379,12 +432,34 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS.append(("train", _add_train, _run_train, "train a model from records with a preset, config and overrides"))
-COMMANDS.append(("evaluate", _add_evaluate, _run_evaluate, "accuracy, top-k, per-class metrics and plots of a run"))
-COMMANDS.append(("predict", _add_predict, _run_predict, "top-k labels with probabilities for image files"))
-COMMANDS.append(("export", _add_export, _run_export, "SavedModel taking encoded image bytes (and TFLite)"))
-COMMANDS.append(("report", _add_report, _run_report, "PNG plots and report.html from a run's saved files"))
-COMMANDS.append(("demo", _add_demo, _run_demo, "convert, train the quick preset, evaluate and report"))
+COMMANDS.append(
+    (
+        "train",
+        _add_train,
+        _run_train,
+        "train a model from records with a preset, config and overrides",
+    )
+)
+COMMANDS.append(
+    (
+        "evaluate",
+        _add_evaluate,
+        _run_evaluate,
+        "accuracy, top-k, per-class metrics and plots of a run",
+    )
+)
+COMMANDS.append(
+    ("predict", _add_predict, _run_predict, "top-k labels with probabilities for image files")
+)
+COMMANDS.append(
+    ("export", _add_export, _run_export, "SavedModel taking encoded image bytes (and TFLite)")
+)
+COMMANDS.append(
+    ("report", _add_report, _run_report, "PNG plots and report.html from a run's saved files")
+)
+COMMANDS.append(
+    ("demo", _add_demo, _run_demo, "convert, train the quick preset, evaluate and report")
+)
 
 
 

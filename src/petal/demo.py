@@ -44,8 +44,10 @@ def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) 
         log(f"petal demo: downloading the tf_flowers photos (218 MB) from {FLOWERS_URL}")
         partial = archive.with_suffix(".tgz.part")
         try:
-            with urllib.request.urlopen(FLOWERS_URL, timeout=timeout) as response, \
-                    partial.open("wb") as f:
+            with (
+                urllib.request.urlopen(FLOWERS_URL, timeout=timeout) as response,
+                partial.open("wb") as f,
+            ):
                 _copy_with_progress(response, f)
         except (urllib.error.URLError, TimeoutError, OSError) as err:
             partial.unlink(missing_ok=True)
@@ -121,8 +123,9 @@ def run_demo(
     reuse = False
     if manifest_path.is_file():
         manifest = read_manifest(records)
-        reuse = (Path(str(manifest.get("source", ""))).resolve() == source.resolve()
-                 and manifest.get("image_size") == [size, size])
+        reuse = Path(
+            str(manifest.get("source", ""))
+        ).resolve() == source.resolve() and manifest.get("image_size") == [size, size]
     if reuse:
         log(f"petal demo: reusing the records in {records}")
     else:

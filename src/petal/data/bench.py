@@ -43,6 +43,7 @@ class Case:
     augment: str
     images_per_s: float  # median over rounds
     batches_per_s: float
+    cpu_ms_per_image: float
     rounds: int
     seconds: float
     note: str = ""
@@ -72,13 +73,18 @@ class BenchResult:
 
 
 def time_dataset(dataset, *, batch_size: int, seconds: float, warmup_batches: int = 10,
-                 min_batches: int = 5) -> tuple[float, float, int, float]:
-    """(images/s, batches/s, images, seconds) after ``warmup_batches``, for ~``seconds``."""
+                 min_batches: int = 5) -> tuple[float, float, float]:
+    """(images/s, batches/s, CPU ms per image) after ``warmup_batches``, for ~``seconds``.
+
+    CPU time is the whole process's (every thread), so it counts what the pipeline costs
+    even when other programs compete for the cores; on a busy machine it is the steadier
+    figure of the two.
+    """
     it = iter(dataset)
     for _ in range(warmup_batches):
         next(it)
-    n, start = 0, time.perf_counter()
-    images = 0
+    n, images = 0, 0
+    cpu, start = time.process_time(), time.perf_counter()
     while True:
         x, _ = next(it)
         images += int(x.shape[0])
@@ -86,7 +92,8 @@ def time_dataset(dataset, *, batch_size: int, seconds: float, warmup_batches: in
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and n >= min_batches:
             break
-    return images / elapsed, n / elapsed, images, elapsed
+    cpu = time.process_time() - cpu
+    return images / elapsed, n / elapsed, cpu / images * 1e3
 
 
 def time_iterator(items, *, seconds: float, count=lambda item: 1, warmup: int = 0):
@@ -152,7 +159,8 @@ def _decoder():
 
 
 def decode_ceiling(blobs: list[bytes], *, seconds: float, threads: int | None = None):
-    """(images/s, decoder name, threads): ``blobs`` decoded over and over on all cores."""
+    """(images/s, CPU ms per image, decoder name, threads): ``blobs`` decoded over and over
+    on all cores."""
     name, decode = _decoder()
     threads = threads or os.cpu_count() or 1
     for blob in blobs[:20]:  # warm-up
@@ -168,14 +176,16 @@ def decode_ceiling(blobs: list[bytes], *, seconds: float, threads: int | None = 
             i += threads
 
     with ThreadPoolExecutor(threads) as pool:
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         futures = [pool.submit(worker, i) for i in range(threads)]
         time.sleep(seconds)
         stop.set()
         for f in futures:
             f.result()
         elapsed = time.perf_counter() - start
-    return sum(counts) / elapsed, name, threads
+        cpu = time.process_time() - cpu
+    total = sum(counts)
+    return total / elapsed, cpu / max(total, 1) * 1e3, name, threads
 
 
 # --- raw records from JPEG records -----------------------------------------------------------
@@ -275,14 +285,14 @@ def run(
             ds = pipeline.train_dataset(source, batch_size=batch_size, image_size=size,
                                         augment=aug, cache=cache, seed=None)
             return time_dataset(ds, batch_size=batch_size, seconds=seconds,
-                                warmup_batches=warmup)[:2]
+                                warmup_batches=warmup)
 
         return measure
 
     def ceiling_case():
-        rate, name, threads = decode_ceiling(blobs, seconds=seconds)
+        rate, cpu_ms, name, threads = decode_ceiling(blobs, seconds=seconds)
         result.decoder = f"{name}, {threads} threads"
-        return rate, rate / batch_size
+        return rate, rate / batch_size, cpu_ms
 
     tmp = None
     try:
@@ -310,19 +320,19 @@ def run(
                 plan.append((f"cached{sfx}", pipeline_case(src, aug, cache="ram",
                                                            warmup=per_epoch // batch_size + 5),
                              src.path, aug_name, "decoded uint8 images in RAM"))
-        runs: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in plan}
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in plan}
         for round_index in range(repeats):
             for name, measure, *_ in plan:
-                ips, bps = measure()
-                runs[name].append((ips, bps))
+                ips, bps, cpu_ms = measure()
+                runs[name].append((ips, bps, cpu_ms))
                 progress(f"[{round_index + 1}/{repeats}] {name}: {ips:,.0f} images/s, "
-                         f"{bps:,.1f} batches/s")
+                         f"{bps:,.1f} batches/s, {cpu_ms:.3f} CPU ms/image")
         for name, _, path, aug_name, note in plan:
             values = runs[name]
             result.cases.append(Case(
                 name, str(path), aug_name, _median([v[0] for v in values]),
-                _median([v[1] for v in values]), len(values), seconds,
-                result.decoder if name == "ceiling" else note,
+                _median([v[1] for v in values]), _median([v[2] for v in values]), len(values),
+                seconds, result.decoder if name == "ceiling" else note,
                 runs=[round(v[0], 1) for v in values],
             ))
         result.ratios = _ratios(runs)
@@ -356,12 +366,21 @@ RATIOS = {
 }
 
 
-def _ratios(runs: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
-    """Each ratio within each round, then the median over rounds."""
+def _ratios(runs: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
+    """Each ratio within each round, then the median over rounds.
+
+    Also ``cpu: A/B``: B's CPU time per image over A's, i.e. the speed ratio the two would
+    have on an otherwise idle machine if both kept every core busy.
+    """
     out = {}
     for label, (a, b) in RATIOS.items():
         if runs.get(a) and runs.get(b):
             out[label] = _median([x[0] / y[0] for x, y in zip(runs[a], runs[b], strict=True)])
+    for label, (a, b) in RATIOS.items():
+        if runs.get(a) and runs.get(b):
+            out[f"cpu: {label}"] = _median(
+                [y[2] / x[2] for x, y in zip(runs[a], runs[b], strict=True) if x[2] > 0]
+            )
     return out
 
 
@@ -377,11 +396,11 @@ def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: fl
     out: dict = {"latency_ms": latency_ms, "parallel_requests": remote.PARALLEL_REQUESTS}
     with remote.ObjectServer(mounts, latency_ms=latency_ms) as server:
         rsrc = open_source(server.url("records"))
-        # Reads only (no decoding), counted in batches of 256 so Python's per-element cost
-        # does not cap the count.
+        # Reads only (no decoding), counted in batches so Python's per-element cost does
+        # not cap the count.
         shards = remote.records_dataset(rsrc.files("train"), rsrc.counts("train")).repeat()
         start_requests = server.requests
-        rate, n, secs = time_iterator(shards.batch(256), seconds=seconds,
+        rate, _, secs = time_iterator(shards.batch(256), seconds=seconds,
                                       count=lambda b: int(b.shape[0]))
         out["sharded_reads_per_s"] = rate
         out["sharded_requests"] = server.requests - start_requests
@@ -392,7 +411,7 @@ def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: fl
             reads = remote.files_dataset(fsrc.files("train"), fsrc.labels("train"),
                                          shuffle_seed=0).repeat()
             start_requests = server.requests
-            rate_file, n, secs = time_iterator(reads.batch(16), seconds=seconds,
+            rate_file, _, secs = time_iterator(reads.batch(16), seconds=seconds,
                                                count=lambda b: int(b[0].shape[0]))
             out["per_file_reads_per_s"] = rate_file
             out["per_file_requests"] = server.requests - start_requests
@@ -400,16 +419,16 @@ def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: fl
             progress(f"remote per-file read: {rate_file:,.0f} images/s "
                      f"({out['per_file_requests']} requests in {secs:.1f} s); sharded is "
                      f"{out['sharded_over_per_file']:,.1f}x faster")
-        # The full training pipeline over the store (decode included).
+        # The full training pipelines over the store (decoding included).
         ds = pipeline.train_dataset(rsrc, batch_size=batch_size, augment=None, cache="off")
-        ips, _, _, _ = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=3)
+        ips = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=3)[0]
         out["sharded_pipeline_images_per_s"] = ips
         progress(f"remote sharded pipeline: {ips:,.0f} images/s")
         if folder:
             ds = pipeline.train_dataset(fsrc, batch_size=batch_size, image_size=rsrc.image_size,
                                         augment=None, cache="off")
-            ips, _, _, _ = time_dataset(ds, batch_size=batch_size, seconds=seconds,
-                                        warmup_batches=1, min_batches=2)
+            ips = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=1,
+                               min_batches=2)[0]
             out["per_file_pipeline_images_per_s"] = ips
             progress(f"remote per-file pipeline: {ips:,.0f} images/s")
     return out
@@ -465,14 +484,13 @@ def format_table(result: BenchResult) -> str:
     lines = [
         f"petal bench input: {result.records}  batch {result.batch_size}, "
         f"{result.seconds:g} s per case, {result.cpus} CPUs",
-        f"{'case':<14}{'images/s':>12}{'batches/s':>12}{'x ceiling':>11}  note "
-        "(median of rounds; ratios below are medians of within-round ratios)",
+        f"{'case':<14}{'images/s':>12}{'batches/s':>12}{'x ceiling':>11}{'CPU ms/img':>12}  note",
     ]
     ceiling = result.case("ceiling")
     for c in result.cases:
         rel = f"{c.images_per_s / ceiling.images_per_s:.2f}" if ceiling else "-"
-        lines.append(f"{c.name:<14}{c.images_per_s:>12,.0f}{c.batches_per_s:>12,.1f}{rel:>11}  "
-                     f"{c.note}")
+        lines.append(f"{c.name:<14}{c.images_per_s:>12,.0f}{c.batches_per_s:>12,.1f}{rel:>11}"
+                     f"{c.cpu_ms_per_image:>12.3f}  {c.note}")
     if result.remote:
         rem = result.remote
         lines.append(f"remote ({rem['latency_ms']:g} ms/request, {rem['parallel_requests']} in "
@@ -481,6 +499,8 @@ def format_table(result: BenchResult) -> str:
                     "per_file_pipeline_images_per_s", "sharded_pipeline_images_per_s"):
             if key in rem:
                 lines.append(f"  {key.replace('_', ' '):<34}{rem[key]:>12,.0f}")
+    lines.append("(images/s: median of rounds; ratios: median of within-round ratios; 'cpu:' "
+                 "ratios compare CPU time per image)")
     if result.ratios:
         lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result.ratios.items()))
     lines += [f"- {line}" for line in result.findings]

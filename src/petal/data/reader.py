@@ -271,10 +271,7 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     n_val = int(len(shards) * fraction)
     peek = _peek_codelab(shards)
     found_classes, image_size = peek
-    if classes is not None:
-        names = tuple(classes)
-    else:
-        names = found_classes
+    names = tuple(classes) if classes is not None else found_classes
     source = Source(
         path=root.rstrip("/"),
         kind="codelab",

@@ -62,8 +62,14 @@ def evaluate(
     check_classes(source.classes, run, str(data))
     if split is None:
         split = "all" if source.kind == "folder" else "validation"
-    ds = eval_dataset(source, batch_size=batch_size, image_size=run.image_size,
-                      label_mode="sparse", normalization=run.normalization, split=split)
+    ds = eval_dataset(
+        source,
+        batch_size=batch_size,
+        image_size=run.image_size,
+        label_mode="sparse",
+        normalization=run.normalization,
+        split=split,
+    )
     model = load_model(run)
 
     start = time.perf_counter()
@@ -94,14 +100,16 @@ def evaluate(
 
     ks = sorted({1, min(top_k, len(run.classes))})
     report = classification_report(y_true, y_prob, run.classes, ks=ks)
-    report.update({
-        "data": str(data),
-        "split": split,
-        "workdir": str(run.workdir),
-        "model": str(run.model_path),
-        "seconds": round(seconds, 2),
-        "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
-    })
+    report.update(
+        {
+            "data": str(data),
+            "split": split,
+            "workdir": str(run.workdir),
+            "model": str(run.model_path),
+            "seconds": round(seconds, 2),
+            "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
+        }
+    )
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -109,20 +117,23 @@ def evaluate(
         _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
     plots.plot_confusion_from_json(out / "eval.json", out / "confusion_matrix.png")
     grid = plots.plot_image_grid(
-        out / "misclassified.npz", out / "misclassified.png",
-        title=f"Misclassified ({int((y_true != y_prob.argmax(1)).sum())} of {len(y_true)})")
+        out / "misclassified.npz",
+        out / "misclassified.png",
+        title=f"Misclassified ({int((y_true != y_prob.argmax(1)).sum())} of {len(y_true)})",
+    )
     if grid is None:  # nothing misclassified: drop a grid left by an earlier evaluation
         (out / "misclassified.png").unlink(missing_ok=True)
     top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
-    log(f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
-        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f} -> {out}")
+    log(
+        f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
+        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f} -> {out}"
+    )
     return report
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:
     h, w = image_size
-    images = (np.stack(bucket["images"]) if bucket["images"]
-              else np.zeros((0, h, w, 3), np.uint8))
+    images = np.stack(bucket["images"]) if bucket["images"] else np.zeros((0, h, w, 3), np.uint8)
     np.savez_compressed(
         path,
         images=images,

@@ -129,10 +129,14 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
 def _to_tflite(saved: Path, path: Path) -> Path:
     import tensorflow as tf
 
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved), signature_keys=["serve_pixels"])
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        str(saved), signature_keys=["serve_pixels"]
+    )
     try:
         data = converter.convert()
     except Exception as err:  # the converter raises ConverterError and plain Exceptions
-        raise PetalError(f"TFLite conversion of {saved} failed: {str(err).splitlines()[0]}") from err
+        raise PetalError(
+            f"TFLite conversion of {saved} failed: {str(err).splitlines()[0]}"
+        ) from err
     path.write_bytes(data)
     return path

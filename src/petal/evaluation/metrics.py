@@ -18,11 +18,14 @@ from petal.errors import PetalError
 def _labels(y_true, num_classes: int | None = None) -> np.ndarray:
     y = np.asarray(y_true)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise PetalError(f"labels must be a 1-D array of class indices. Received: shape={y.shape}, "
-                         f"dtype={y.dtype}")
+        raise PetalError(
+            f"labels must be a 1-D array of class indices. Received: shape={y.shape}, "
+            f"dtype={y.dtype}"
+        )
     if num_classes is not None and y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise PetalError(f"labels must be in [0, {num_classes}). Received: min={y.min()}, "
-                         f"max={y.max()}")
+        raise PetalError(
+            f"labels must be in [0, {num_classes}). Received: min={y.min()}, max={y.max()}"
+        )
     return y
 
 

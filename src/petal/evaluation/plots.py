@@ -95,8 +95,15 @@ def plot_confusion_matrix(cm, classes: Sequence[str], out: str | Path, title: st
     if n <= 30:
         for i in range(n):
             for j in range(n):
-                ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
-                        color="white" if norm[i, j] > 0.5 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(cm[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if norm[i, j] > 0.5 else "black",
+                )
     ax.set_title(title or "Confusion matrix")
     return _save(fig, out)
 
@@ -108,8 +115,9 @@ def plot_confusion_from_json(eval_json: str | Path, out: str | Path) -> Path:
     return plot_confusion_matrix(data["confusion_matrix"], data["classes"], out, title)
 
 
-def plot_image_grid(samples_npz: str | Path, out: str | Path, title: str = "",
-                    cols: int = 6) -> Path | None:
+def plot_image_grid(
+    samples_npz: str | Path, out: str | Path, title: str = "", cols: int = 6
+) -> Path | None:
     """A grid of images titled ``predicted (p)`` with the true class when it differs.
 
     Returns:

@@ -111,8 +111,14 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     ]
     evaluation = _read_json(workdir / EVAL_DIR / "eval.json")
     if evaluation is not None:
-        figures.append(("Confusion matrix", plots.plot_confusion_from_json(
-            workdir / EVAL_DIR / "eval.json", plot_dir / "confusion_matrix.png")))
+        figures.append(
+            (
+                "Confusion matrix",
+                plots.plot_confusion_from_json(
+                    workdir / EVAL_DIR / "eval.json", plot_dir / "confusion_matrix.png"
+                ),
+            )
+        )
         for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
             npz = workdir / EVAL_DIR / f"{name}.npz"
             if npz.is_file():
@@ -128,7 +134,10 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         f"<p class='sub'>{html.escape(str(workdir.resolve()))}</p>",
     ]
     if metrics is not None:
-        rows = [(label, metrics[key]) for label, key in _METRIC_ROWS if key in metrics]
+        shown = dict(metrics)
+        if isinstance(shown.get("image_size"), list):
+            shown["image_size"] = "x".join(map(str, shown["image_size"]))
+        rows = [(label, shown[key]) for label, key in _METRIC_ROWS if key in shown]
         parts += ["<h2>Training</h2>", _table(rows)]
         if metrics.get("stopped"):
             parts.append(f"<p><b>Stopped:</b> {html.escape(str(metrics['stopped']))}</p>")

@@ -53,8 +53,10 @@ def read_history(path: str | Path) -> list[dict]:
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             rows.append(
-                {k: (int(v) if k == "epoch" else float(v) if v != "" else math.nan)
-                 for k, v in row.items()}
+                {
+                    k: (int(v) if k == "epoch" else float(v) if v != "" else math.nan)
+                    for k, v in row.items()
+                }
             )
     return rows
 
@@ -155,8 +157,12 @@ def format_epoch_line(row: dict, epochs: int) -> str:
     """``epoch  3/35  loss 1.234  acc 0.456  val_loss 1.101  val_acc 0.552  lr 1.0e-03  ...``."""
     width = len(str(epochs))
     parts = [f"epoch {row['epoch']:>{width}}/{epochs}"]
-    for key, label in (("loss", "loss"), ("accuracy", "acc"), ("val_loss", "val_loss"),
-                       ("val_accuracy", "val_acc")):
+    for key, label in (
+        ("loss", "loss"),
+        ("accuracy", "acc"),
+        ("val_loss", "val_loss"),
+        ("val_accuracy", "val_acc"),
+    ):
         value = row.get(key, math.nan)
         if not math.isnan(value):
             parts.append(f"{label} {value:.4f}")
@@ -263,8 +269,7 @@ class StepProgress(keras.callbacks.Callback):
         if self.enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}", leave=False,
-                             unit="step")
+            self._bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}", leave=False, unit="step")
 
     def on_train_batch_end(self, batch, logs=None):
         if self._bar is not None:
@@ -311,8 +316,9 @@ class ScalarLogger(keras.callbacks.Callback):
                 continue
             run, tag = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
             with self._writer(run).as_default():
-                tf.summary.write(f"epoch_{tag}", tf.constant(value, tf.float32), step=epoch + 1,
-                                 metadata=blob)
+                tf.summary.write(
+                    f"epoch_{tag}", tf.constant(value, tf.float32), step=epoch + 1, metadata=blob
+                )
         for writer in self._writers.values():
             writer.flush()
 

@@ -129,8 +129,15 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check values that need no TensorFlow; raises PetalError naming the field."""
         _check_positive(self, "epochs", "batch_size", "shuffle_buffer", "steps_per_execution")
-        _check_positive(self, "steps_per_epoch", "single_device_batch_size", "eval_batch_size",
-                        "image_size", "lr_reference_batch", allow_none=True)
+        _check_positive(
+            self,
+            "steps_per_epoch",
+            "single_device_batch_size",
+            "eval_batch_size",
+            "image_size",
+            "lr_reference_batch",
+            allow_none=True,
+        )
         if self.learning_rate is None:
             if self.schedule != "codelab_ramp":
                 raise PetalError(
@@ -342,22 +349,23 @@ def codelab_dense() -> TrainConfig:
 
 @register_preset("quick")
 def quick() -> TrainConfig:
-    """CPU demo: squeezenet at 96px for 6 epochs, Adam 2e-3 with warm-up and cosine decay.
+    """CPU demo: squeezenet at 96px for 5 epochs, Adam 3e-3 with half an epoch of warm-up, cosine.
 
-    For ``petal demo``: about 2 minutes on a 2-core CPU over the 3,119-image flowers set,
-    reaching well above chance (5 classes: 0.2) but not the codelab's 0.80. Flip +
-    saturation; cached decoded images.
+    For ``petal demo``. On the flowers set (2,526 training images) it reaches about 0.70
+    validation accuracy (5 classes: chance is 0.20) in a few minutes on a 2-core CPU
+    (about 6 minutes measured on this project's busy shared 2-core machine, 40-65 img/s).
+    Flip + saturation; decoded images cached in RAM.
     """
     return dataclasses.replace(
         default(),
         model="squeezenet",
         image_size=96,
-        epochs=6,
+        epochs=5,
         batch_size=32,
         optimizer="adam",
-        learning_rate=2e-3,
+        learning_rate=3e-3,
         schedule="warmup_cosine",
-        schedule_options={"warmup_epochs": 1},
+        schedule_options={"warmup_epochs": 0.5},
         augment="codelab",
         cache=True,
     )
@@ -412,10 +420,7 @@ def load_config(
         file_values = read_config_file(config_file)
     name = preset or file_values.pop("preset", None)
     file_values.pop("preset", None)
-    if name:
-        cfg = get_preset(name)
-    else:
-        cfg = base if base is not None else get_preset("default")
+    cfg = base if base is not None and not name else get_preset(name or "default")
     cfg = apply_overrides(cfg, file_values, source=str(config_file))
     cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None}, source="flag")
     cfg = apply_overrides(cfg, parse_overrides(overrides), source="--set")
@@ -469,7 +474,9 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
             )
         if sub:
             if hints[name] is not dict:
-                raise PetalError(f"{name} is not a dict; use {name}=VALUE. Received: {key}={value!r}")
+                raise PetalError(
+                    f"{name} is not a dict; use {name}=VALUE. Received: {key}={value!r}"
+                )
             data[name] = {**data[name], sub: value}
         else:
             data[name] = _coerce(name, value, hints[name], where)

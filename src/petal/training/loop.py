@@ -72,8 +72,15 @@ def _log_default(line: str) -> None:
     print(line, flush=True)
 
 
-def prepare_workdir(workdir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to mix runs: a work directory holding a run needs ``resume`` or ``overwrite``."""
+def prepare_workdir(workdir: Path, resume: bool, overwrite: bool, clear: bool = True) -> None:
+    """Refuse to mix runs: a work directory holding a run needs ``resume`` or ``overwrite``.
+
+    Args:
+        workdir: the work directory (created when missing).
+        resume: continue the run it holds.
+        overwrite: delete the files of the run it holds (other files are kept).
+        clear: ``False`` only checks, changing nothing (so later errors leave it intact).
+    """
     if resume and overwrite:
         raise PetalError("Pass either --resume or --overwrite, not both.")
     if workdir.exists() and not workdir.is_dir():
@@ -90,6 +97,8 @@ def prepare_workdir(workdir: Path, resume: bool, overwrite: bool) -> None:
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
             "continue it or --overwrite to start again (deletes its checkpoints and results)."
         )
+    if not clear:
+        return
     if overwrite:
         for name in RUN_FILES + ("state.json",):
             (workdir / name).unlink(missing_ok=True)
@@ -175,8 +184,9 @@ def _optimizer(cfg: TrainConfig, schedule):
     if cfg.optimizer == "adamw":
         return keras.optimizers.AdamW(weight_decay=cfg.weight_decay, **common)
     if cfg.optimizer == "sgd":
-        return keras.optimizers.SGD(momentum=cfg.momentum, nesterov=True,
-                                    weight_decay=cfg.weight_decay or None, **common)
+        return keras.optimizers.SGD(
+            momentum=cfg.momentum, nesterov=True, weight_decay=cfg.weight_decay or None, **common
+        )
     return keras.optimizers.RMSprop(momentum=cfg.momentum, **common)
 
 
@@ -229,18 +239,26 @@ def train(
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
-    prepare_workdir(workdir, resume, overwrite)
+    prepare_workdir(workdir, resume, overwrite, clear=False)
 
-    state: dict = {"epoch": 0, "best_epoch": 0, "best_val_accuracy": -1.0, "wall_seconds": 0.0,
-                   "phase": None, "compile_epochs": []}
+    state: dict = {
+        "epoch": 0,
+        "best_epoch": 0,
+        "best_val_accuracy": -1.0,
+        "wall_seconds": 0.0,
+        "phase": None,
+        "compile_epochs": [],
+    }
     if resume and (workdir / "state.json").is_file():
         import json
 
         state.update(json.loads((workdir / "state.json").read_text()))
     start_epoch = int(state["epoch"])
     if resume and start_epoch and not (workdir / "last.keras").is_file():
-        raise PetalError(f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
-                         "start again with --overwrite.")
+        raise PetalError(
+            f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
+            "start again with --overwrite."
+        )
 
     strategy, sinfo = get_strategy(cfg.strategy)
     replicas = int(sinfo["replicas"])
@@ -290,12 +308,6 @@ def train(
         "peak_lr": peak,
         "class_weights": weights_by_class,
     }
-    save_config(cfg, workdir / "config.json", **resolved)
-    if not resume:
-        (workdir / "history.csv").unlink(missing_ok=True)
-    else:
-        truncate_history(workdir / "history.csv", start_epoch)
-
     log(
         f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
         f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
@@ -309,9 +321,15 @@ def train(
 
     def train_fn(ctx=None):
         ds = train_dataset(
-            source, batch_size=global_batch, image_size=image_size, augment=cfg.augment,
-            cache=cfg.cache, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed + start_epoch,
-            normalization=normalization, input_context=ctx,
+            source,
+            batch_size=global_batch,
+            image_size=image_size,
+            augment=cfg.augment,
+            cache=cfg.cache,
+            shuffle_buffer=cfg.shuffle_buffer,
+            seed=cfg.seed + start_epoch,
+            normalization=normalization,
+            input_context=ctx,
         )
         if weights_by_class is not None:
             import tensorflow as tf
@@ -321,8 +339,14 @@ def train(
         return ds
 
     def eval_fn(ctx=None):
-        ds = eval_dataset(source, batch_size=eval_batch, image_size=image_size,
-                          normalization=normalization, input_context=ctx, cache="auto")
+        ds = eval_dataset(
+            source,
+            batch_size=eval_batch,
+            image_size=image_size,
+            normalization=normalization,
+            input_context=ctx,
+            cache="auto",
+        )
         if ctx is None:
             import tensorflow as tf
 
@@ -347,9 +371,15 @@ def train(
     try:
         keras.utils.set_random_seed(cfg.seed)
         with strategy.scope():
-            model = create_model(cfg.model, len(classes), image_size, weights=cfg.weights,
-                                 **cfg.model_options)
+            model = create_model(
+                cfg.model, len(classes), image_size, weights=cfg.weights, **cfg.model_options
+            )
         total_params, _ = count_params(model)
+        # Everything checked and built: only now touch the work directory.
+        prepare_workdir(workdir, resume, overwrite)
+        save_config(cfg, workdir / "config.json", **resolved)
+        if resume:
+            truncate_history(history_path, start_epoch)
         loaded = False
         for phase in phases:
             if phase.end <= start_epoch:
@@ -389,8 +419,10 @@ def train(
             if cfg.tensorboard:
                 callbacks.append(ScalarLogger(workdir / "tensorboard"))
             if phase.name == "full":
-                log(f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
-                    f"lr x{cfg.fine_tune_lr_factor}")
+                log(
+                    f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
+                    f"lr x{cfg.fine_tune_lr_factor}"
+                )
             with warnings.catch_warnings():
                 # Distributed validation sets have unknown length; Keras warns when it first
                 # reaches their end, which is expected here.
@@ -407,6 +439,10 @@ def train(
                 )
             if nan_guard.nan_epoch is not None:
                 break
+        if resume and start_epoch and not loaded:
+            # Every epoch was already done: the final model is the last checkpoint.
+            log(f"petal train: {workdir} already completed {start_epoch} epochs")
+            model.load_weights(str(workdir / "last.keras"))
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
 
@@ -414,7 +450,8 @@ def train(
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
     if nan_guard.nan_epoch is not None:
         where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
-            f" (step {nan_guard.nan_step})" if nan_guard.nan_step else "")
+            f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
+        )
         metrics["stopped"] = f"non-finite loss at {where}"
         write_json(workdir / "metrics.json", metrics)
         raise PetalError(
@@ -439,8 +476,11 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
     # Epochs that began a session or phase include tracing and compilation: leave them out
     # when there are others.
     compiled = set(state.get("compile_epochs", []))
-    steady = [r["images_per_sec"] for r in rows
-              if r["epoch"] not in compiled and not math.isnan(r["images_per_sec"])]
+    steady = [
+        r["images_per_sec"]
+        for r in rows
+        if r["epoch"] not in compiled and not math.isnan(r["images_per_sec"])
+    ]
     steady = steady or speeds
     best = max(range(len(val)), key=lambda i: val[i]) if val else None
     return {
