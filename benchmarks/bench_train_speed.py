@@ -186,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_train_speed.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(
+            [
+                "python benchmarks/bench_train_speed.py",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
         "host": host,
         "tensorflow_version": tf.__version__,
         "keras_version": keras.__version__,

@@ -133,28 +133,50 @@ def write_test_records(
                     feats = {
                         "image": feature(bytes_list=tf.train.BytesList(value=[data])),
                         "class": feature(int64_list=tf.train.Int64List(value=[label])),
-                        "label": feature(bytes_list=tf.train.BytesList(value=[classes[label].encode()])),
+                        "label": feature(
+                            bytes_list=tf.train.BytesList(value=[classes[label].encode()])
+                        ),
                         "size": feature(int64_list=tf.train.Int64List(value=[h, w])),
                         "one_hot_class": feature(float_list=tf.train.FloatList(value=one_hot)),
                     }
                     if not codelab:
                         feats["filename"] = feature(
-                            bytes_list=tf.train.BytesList(value=[f"{classes[label]}/{index}.png".encode()])
+                            bytes_list=tf.train.BytesList(
+                                value=[f"{classes[label]}/{index}.png".encode()]
+                            )
                         )
-                        feats["original_size"] = feature(int64_list=tf.train.Int64List(value=[h, w]))
+                        feats["original_size"] = feature(
+                            int64_list=tf.train.Int64List(value=[h, w])
+                        )
                     example = tf.train.Example(features=tf.train.Features(feature=feats))
                     writer.write(example.SerializeToString())
                     index += 1
             data = path.read_bytes()
-            shards.append({"file": name, "count": n, "bytes": len(data),
-                           "sha256": hashlib.sha256(data).hexdigest()})
+            shards.append(
+                {
+                    "file": name,
+                    "count": n,
+                    "bytes": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
         splits[split] = {"count": sum(shard_counts), "shards": shards}
     if manifest and not codelab:
-        (folder / "manifest.json").write_text(json.dumps({
-            "classes": list(classes), "image_size": list(size) if size and not sizes else None,
-            "format": fmt, "resize": "fill" if size and not sizes else "none", "quality": 95,
-            "seed": 0, "val_fraction": 0.19, "splits": splits, "created": "test",
-        }))
+        (folder / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "classes": list(classes),
+                    "image_size": list(size) if size and not sizes else None,
+                    "format": fmt,
+                    "resize": "fill" if size and not sizes else "none",
+                    "quality": 95,
+                    "seed": 0,
+                    "val_fraction": 0.19,
+                    "splits": splits,
+                    "created": "test",
+                }
+            )
+        )
     return folder
 
 

@@ -65,8 +65,9 @@ def test_saturation_matches_tf_image(batch, factor):
 
 
 def test_rotation_by_zero_and_crop_of_whole_image_are_identity(batch):
-    np.testing.assert_allclose(augment.rotation(0.0)(batch, SEED), tf.cast(batch, tf.float32),
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        augment.rotation(0.0)(batch, SEED), tf.cast(batch, tf.float32), atol=1e-3
+    )
     whole = augment.random_resized_crop(scale=(1.0, 1.0), ratio=(10 / 12, 10 / 12))(batch, SEED)
     np.testing.assert_allclose(whole, tf.cast(batch, tf.float32), atol=1e-3)
     resized = augment.random_resized_crop(size=(5, 6))(batch, SEED)
@@ -87,8 +88,9 @@ def test_mixing_ops_mix_labels_consistently(name, batch):
         np.testing.assert_allclose(a, b, atol=1e-4)
     if name == "cutmix":
         # The label weight of each image is the share of its own pixels left.
-        kept = np.mean(np.all(images.numpy() == batch.numpy().astype(np.float32), axis=-1),
-                       axis=(1, 2))
+        kept = np.mean(
+            np.all(images.numpy() == batch.numpy().astype(np.float32), axis=-1), axis=(1, 2)
+        )
         own = mixed.numpy()[np.arange(4), np.arange(4)]
         assert np.all(own >= kept - 1e-5)
 

@@ -117,7 +117,7 @@ def test_imagenet_weights_offline_is_a_clear_error(monkeypatch):
     with pytest.raises(
         PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2'.*weights=PATH"
     ):
-        create_model("mobilenet_v2", 5, 32, weights="imagenet")
+        create_model("mobilenet_v2", 5, 96, weights="imagenet")
 
 
 def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):

@@ -46,8 +46,9 @@ def test_train_shapes_dtypes_and_labels(records):
     assert float(tf.reduce_min(images)) >= 0.0 and float(tf.reduce_max(images)) <= 1.0
     np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0)
 
-    sparse = train_dataset(str(records), batch_size=4, label_mode="sparse", augment=None, seed=1,
-                           normalization="raw")
+    sparse = train_dataset(
+        str(records), batch_size=4, label_mode="sparse", augment=None, seed=1, normalization="raw"
+    )
     images, labels = next(iter(sparse))
     assert labels.dtype == tf.int32 and labels.shape == (4,)
     # Label of test image i is i % 5.
@@ -70,8 +71,12 @@ def test_normalization_ranges(normalization, lo, hi):
 def test_eval_counts_every_image_once_and_splits_never_overlap(records):
     ids = _all_ids(eval_dataset(str(records), batch_size=4, normalization="raw"))
     assert sorted(ids) == list(range(19, 28))  # 9 images: batches 4, 4, 1; none dropped
-    train_ids = set(_all_ids(train_dataset(str(records), batch_size=4, normalization="raw",
-                                           augment=None, seed=0), steps=20))
+    train_ids = set(
+        _all_ids(
+            train_dataset(str(records), batch_size=4, normalization="raw", augment=None, seed=0),
+            steps=20,
+        )
+    )
     assert train_ids == set(range(19)) and not train_ids & set(ids)
 
 
@@ -92,8 +97,9 @@ def test_seeded_pipeline_is_reproducible(records, cache, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def run(seed):
-        ds = train_dataset(str(records), batch_size=4, seed=seed, cache=cache,
-                           augment="codelab+crop")
+        ds = train_dataset(
+            str(records), batch_size=4, seed=seed, cache=cache, augment="codelab+crop"
+        )
         return [x.numpy() for x, _ in ds.take(6)]  # more than one epoch
 
     first, second, other = run(7), run(7), run(8)
@@ -105,8 +111,9 @@ def test_seeded_pipeline_is_reproducible(records, cache, tmp_path, monkeypatch):
 def test_cache_modes_yield_the_same_images(records, tmp_path):
     seen = {}
     for cache in ["off", "ram", str(tmp_path / "cache")]:
-        ds = train_dataset(str(records), batch_size=19, seed=0, cache=cache, augment=None,
-                           normalization="raw")
+        ds = train_dataset(
+            str(records), batch_size=19, seed=0, cache=cache, augment=None, normalization="raw"
+        )
         seen[cache] = [sorted(_ids(x)) for x, _ in ds.take(2)]
     assert seen["off"] == seen["ram"] == seen[str(tmp_path / "cache")]
     assert any(p.name.startswith("train-") for p in (tmp_path / "cache").iterdir())
@@ -140,8 +147,9 @@ def test_bad_arguments(records):
 
 
 def test_global_batch_must_divide_across_replicas(records):
-    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
-                                     num_replicas_in_sync=8)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=8
+    )
     with pytest.raises(PetalError, match="nearest valid sizes: 96 or 104"):
         train_dataset(str(records), batch_size=100, input_context=ctx)
     with pytest.raises(PetalError, match="nearest valid sizes: 8"):
@@ -152,12 +160,24 @@ def test_global_batch_must_divide_across_replicas(records):
 def test_input_pipelines_share_the_data(records, pipelines):
     train_parts, eval_parts = [], []
     for index in range(pipelines):
-        ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=index,
-                                         num_replicas_in_sync=pipelines)
-        eval_parts.append(_all_ids(eval_dataset(str(records), batch_size=pipelines, input_context=ctx,
-                                                normalization="raw")))
-        ds = train_dataset(str(records), batch_size=pipelines, input_context=ctx,
-                           augment=None, normalization="raw", seed=0)
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=pipelines, input_pipeline_id=index, num_replicas_in_sync=pipelines
+        )
+        eval_parts.append(
+            _all_ids(
+                eval_dataset(
+                    str(records), batch_size=pipelines, input_context=ctx, normalization="raw"
+                )
+            )
+        )
+        ds = train_dataset(
+            str(records),
+            batch_size=pipelines,
+            input_context=ctx,
+            augment=None,
+            normalization="raw",
+            seed=0,
+        )
         assert ds.element_spec[0].shape[0] == 1  # per-replica batch
         train_parts.append(set(_all_ids(ds, steps=40)))
     assert sorted(sum(eval_parts, [])) == list(range(19, 28))  # every image exactly once
@@ -207,11 +227,19 @@ _STRATEGY_SCRIPT = textwrap.dedent(
 
 def test_mirrored_strategy_on_two_logical_cpus(records):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _STRATEGY_SCRIPT, str(records)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _STRATEGY_SCRIPT, str(records)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.stdout.splitlines()
-             if line.split(" ", 1)[0] in ("train", "eval", "error")}
+    lines = {
+        line.split(" ", 1)[0]: line.split(" ", 1)[1]
+        for line in out.stdout.splitlines()
+        if line.split(" ", 1)[0] in ("train", "eval", "error")
+    }
     assert lines["train"] == "[(2, 16, 16, 3), (2, 16, 16, 3)] 2"
     assert Counter(eval(lines["eval"])) == Counter(range(19, 28))
     assert "nearest valid sizes: 4 or 6" in lines["error"]

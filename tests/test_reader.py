@@ -32,7 +32,9 @@ def test_records_folder(make_records):
     assert src.image_size == (16, 16)
     assert src.format == "raw"
     assert src.count("train") == 13 and src.count("validation") == 5 and src.count("all") == 18
-    assert [f.split("/")[-1] for f in src.files("validation")] == ["validation-00000-of-00001-5.tfrec"]
+    assert [f.split("/")[-1] for f in src.files("validation")] == [
+        "validation-00000-of-00001-5.tfrec"
+    ]
     assert set(src.files("train")).isdisjoint(src.files("validation"))
 
 
@@ -55,8 +57,9 @@ def test_codelab_shards_split_by_file_like_the_notebook(make_records):
 
 
 def test_codelab_classes_from_labels(make_records):
-    folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True,
-                          classes=("cat", "dog", "emu"))
+    folder = make_records(
+        "codelab", counts={"all": [4, 4]}, codelab=True, classes=("cat", "dog", "emu")
+    )
     assert open_source(str(folder)).classes == ("cat", "dog", "emu")
 
 
@@ -132,8 +135,10 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     _corrupt(folder, "validation-00000-of-00001-5.tfrec", 3)
     # The manifest's byte counts still match: only reading finds the CRC failure.
     src = open_source(str(folder))
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"validation-00000-of-00001-5\.tfrec: record 3 .*3 of 5"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"validation-00000-of-00001-5\.tfrec: record 3 .*3 of 5",
+    ):
         list(eval_dataset(src, batch_size=2))
     before = reader.SKIPPED.skipped
     with caplog.at_level(logging.WARNING, logger="petal.data.reader"):

@@ -118,7 +118,9 @@ def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
     ``min(f, v / (v - min))``: a few element-wise ops over the whole batch.
     """
     if not 0.0 <= lower <= upper:
-        raise PetalError(f"saturation needs 0 <= lower <= upper. Received: lower={lower}, upper={upper}")
+        raise PetalError(
+            f"saturation needs 0 <= lower <= upper. Received: lower={lower}, upper={upper}"
+        )
 
     def apply(x, p):
         x = _float(x)
@@ -127,8 +129,9 @@ def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
         r, g, b = x[..., 0:1], x[..., 1:2], x[..., 2:3]
         v = tf.maximum(tf.maximum(r, g), b)
         spread = v - tf.minimum(tf.minimum(r, g), b)
-        scale = tf.where(spread > 0, tf.minimum(_col(p["factor"]), v / tf.maximum(spread, 1e-6)),
-                         1.0)
+        scale = tf.where(
+            spread > 0, tf.minimum(_col(p["factor"]), v / tf.maximum(spread, 1e-6)), 1.0
+        )
         return tf.maximum(v - (v - x) * scale, 0.0)
 
     return _Fn("saturation", lambda n, seed: {"factor": _uniform(n, seed, lower, upper)}, apply)
@@ -238,8 +241,12 @@ def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
             fill_mode=fill_mode.upper(),
         )
 
-    return _Fn("rotate", lambda n, s: {"degrees": _uniform(n, s, -max_degrees, max_degrees)},
-               apply, xla=False)
+    return _Fn(
+        "rotate",
+        lambda n, s: {"degrees": _uniform(n, s, -max_degrees, max_degrees)},
+        apply,
+        xla=False,
+    )
 
 
 class _Compose(ImageOp):
@@ -251,14 +258,16 @@ class _Compose(ImageOp):
         if not self.ops:
             return {}
         seeds = _seeds(seed, len(self.ops))
-        return {f"{i}/{k}": v for i, op in enumerate(self.ops)
-                for k, v in op.draw(n, seeds[i]).items()}
+        return {
+            f"{i}/{k}": v for i, op in enumerate(self.ops) for k, v in op.draw(n, seeds[i]).items()
+        }
 
     def apply(self, images, params):
         for i, op in enumerate(self.ops):
             prefix = f"{i}/"
-            images = op.apply(images, {k[len(prefix):]: v for k, v in params.items()
-                                       if k.startswith(prefix)})
+            images = op.apply(
+                images, {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
+            )
         return images
 
     def __repr__(self):
@@ -339,8 +348,12 @@ def cutmix(alpha: float = 1.0) -> MixOp:
 
     def draw(n, seed):
         s_lam, s_y, s_x, s_perm = tf.unstack(_seeds(seed, 4))
-        return {"lam": _beta(n, s_lam, alpha), "y": _uniform(n, s_y), "x": _uniform(n, s_x),
-                "perm": _permutation(n, s_perm)}
+        return {
+            "lam": _beta(n, s_lam, alpha),
+            "y": _uniform(n, s_y),
+            "x": _uniform(n, s_x),
+            "perm": _permutation(n, s_perm),
+        }
 
     def apply(images, labels, p):
         images, labels = _float(images), tf.cast(labels, tf.float32)
@@ -400,9 +413,7 @@ class Augment:
         self.mix_ops = list(mix_ops)
         self.mixes_labels = bool(self.mix_ops)
         self.spec = spec
-        self.xla = (self.image_op is None or self.image_op.xla) and all(
-            m.xla for m in self.mix_ops
-        )
+        self.xla = (self.image_op is None or self.image_op.xla) and all(m.xla for m in self.mix_ops)
 
     def draw(self, n, seed) -> dict:
         s_img, s_mix = tf.unstack(_seeds(seed, 2))
@@ -469,8 +480,10 @@ def build(spec) -> Augment | None:
     if callable(spec):
         return _Custom(spec)
     if not isinstance(spec, str):
-        raise PetalError(f"augment must be a name, a '+'-joined list of names or a function. "
-                         f"Received: augment={spec!r}")
+        raise PetalError(
+            f"augment must be a name, a '+'-joined list of names or a function. "
+            f"Received: augment={spec!r}"
+        )
     text = PRESETS.get(spec.strip().lower(), spec)
     parts = [p.strip().lower() for p in text.replace(",", "+").split("+") if p.strip()]
     image_ops, mix_ops = [], []
@@ -482,8 +495,10 @@ def build(spec) -> Augment | None:
         elif part in BATCH_OPS:
             mix_ops.append(BATCH_OPS[part]())
         else:
-            raise PetalError(f"Unknown augmentation {part!r} (known: {', '.join(names())}). "
-                             f"Received: augment={spec!r}")
+            raise PetalError(
+                f"Unknown augmentation {part!r} (known: {', '.join(names())}). "
+                f"Received: augment={spec!r}"
+            )
     if not image_ops and not mix_ops:
         return None
     return Augment(image_ops, mix_ops, spec=spec)

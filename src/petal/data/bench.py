@@ -2,9 +2,10 @@
 
 Measured in one run, on the same images:
 
-- ``ceiling``: the records' own JPEG bytes decoded in a tight loop on every core with the
-  fastest decoder available (simplejpeg = libjpeg-turbo, in threads: it releases the GIL;
-  else PIL, else ``tf.io.decode_jpeg``). A JPEG pipeline cannot beat it on this machine.
+- ``ceiling``: the records' own JPEG bytes decoded in a tight loop on every core (one
+  process per core) with the fastest decoder available (simplejpeg = libjpeg-turbo, with
+  its accurate defaults, the same work as the pipeline's decoder; else PIL, else
+  ``tf.io.decode_jpeg``). A JPEG pipeline cannot beat it on this machine.
 - ``folder``: the per-file path (read each image file, decode, resize);
 - ``jpeg``: TFRecords of JPEGs (``petal convert`` default);
 - ``raw``: TFRecords of raw uint8 pixels (no decoding);
@@ -72,8 +73,9 @@ class BenchResult:
 # --- timing ----------------------------------------------------------------------------------
 
 
-def time_dataset(dataset, *, batch_size: int, seconds: float, warmup_batches: int = 10,
-                 min_batches: int = 5) -> tuple[float, float, float]:
+def time_dataset(
+    dataset, *, batch_size: int, seconds: float, warmup_batches: int = 10, min_batches: int = 5
+) -> tuple[float, float, float]:
     """(images/s, batches/s, CPU ms per image) after ``warmup_batches``, for ~``seconds``.
 
     CPU time is the whole process's (every thread), so it counts what the pipeline costs
@@ -158,13 +160,64 @@ def _decoder():
         return "tf.io.decode_jpeg", lambda data: tf.io.decode_jpeg(data, channels=3).numpy()
 
 
-def decode_ceiling(blobs: list[bytes], *, seconds: float, threads: int | None = None):
-    """(images/s, CPU ms per image, decoder name, threads): ``blobs`` decoded over and over
-    on all cores."""
+_BLOBS: list[bytes] = []
+
+
+def _ceiling_process(index: int, workers: int, seconds: float, start, results) -> None:
+    """One decoding process: decode its share of ``_BLOBS`` (inherited) for ``seconds``."""
+    _, decode = _decoder()
+    blobs = _BLOBS
+    start.wait()
+    cpu, t0 = time.process_time(), time.perf_counter()
+    count, i = 0, index
+    while True:
+        decode(blobs[i % len(blobs)])
+        count += 1
+        i += workers
+        if count % 16 == 0 and time.perf_counter() - t0 >= seconds:
+            break
+    results.put((count, time.perf_counter() - t0, time.process_time() - cpu))
+
+
+def decode_ceiling(blobs: list[bytes], *, seconds: float, workers: int | None = None):
+    """(images/s, CPU ms per image, decoder, how): ``blobs`` decoded over and over on all cores.
+
+    One process per core (no interpreter lock in the way), each decoding its share in a
+    tight loop; where processes cannot be forked, threads (simplejpeg releases the GIL).
+    """
+    import multiprocessing as mp
+
     name, decode = _decoder()
-    threads = threads or os.cpu_count() or 1
+    workers = workers or os.cpu_count() or 1
     for blob in blobs[:20]:  # warm-up
         decode(blob)
+    global _BLOBS
+    if "fork" in mp.get_all_start_methods():
+        ctx = mp.get_context("fork")
+        _BLOBS = blobs
+        start, results = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_ceiling_process, args=(i, workers, seconds, start, results), daemon=True
+            )
+            for i in range(workers)
+        ]
+        try:
+            for p in procs:
+                p.start()
+            start.set()
+            stats = [results.get(timeout=seconds + 60) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+            _BLOBS = []
+        rate = sum(count / wall for count, wall, _ in stats)
+        cpu_ms = sum(cpu for *_, cpu in stats) / sum(count for count, *_ in stats) * 1e3
+        return rate, cpu_ms, name, f"{workers} processes"
+    return (*_ceiling_threads(blobs, decode, seconds, workers), name, f"{workers} threads")
+
+
+def _ceiling_threads(blobs, decode, seconds, threads):
     stop = threading.Event()
     counts = [0] * threads
 
@@ -185,7 +238,7 @@ def decode_ceiling(blobs: list[bytes], *, seconds: float, threads: int | None = 
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu
     total = sum(counts)
-    return total / elapsed, cpu / max(total, 1) * 1e3, name, threads
+    return total / elapsed, cpu / max(total, 1) * 1e3
 
 
 # --- raw records from JPEG records -----------------------------------------------------------
@@ -269,29 +322,38 @@ def run(
     wanted = set(cases or ("ceiling", "folder", "jpeg", "raw", "cached", "remote"))
     unknown = wanted - {"ceiling", "folder", "jpeg", "raw", "cached", "remote"}
     if unknown:
-        raise PetalError(f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: ceiling, "
-                         "folder, jpeg, raw, cached, remote.")
+        raise PetalError(
+            f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: ceiling, "
+            "folder, jpeg, raw, cached, remote."
+        )
     blobs = jpeg_bytes(src)
-    result = BenchResult(records=str(records), batch_size=batch_size, seconds=seconds,
-                         cpus=os.cpu_count() or 1, decoder="")
+    result = BenchResult(
+        records=str(records),
+        batch_size=batch_size,
+        seconds=seconds,
+        cpus=os.cpu_count() or 1,
+        decoder="",
+    )
     size = src.image_size
     per_epoch = src.count("train")
     if per_epoch < batch_size:
-        raise PetalError(f"{records} has {per_epoch} training images, fewer than one batch of "
-                         f"{batch_size}. Received: batch_size={batch_size}")
+        raise PetalError(
+            f"{records} has {per_epoch} training images, fewer than one batch of "
+            f"{batch_size}. Received: batch_size={batch_size}"
+        )
 
     def pipeline_case(source, aug, cache="off", warmup=10):
         def measure():
-            ds = pipeline.train_dataset(source, batch_size=batch_size, image_size=size,
-                                        augment=aug, cache=cache, seed=None)
-            return time_dataset(ds, batch_size=batch_size, seconds=seconds,
-                                warmup_batches=warmup)
+            ds = pipeline.train_dataset(
+                source, batch_size=batch_size, image_size=size, augment=aug, cache=cache, seed=None
+            )
+            return time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=warmup)
 
         return measure
 
     def ceiling_case():
-        rate, cpu_ms, name, threads = decode_ceiling(blobs, seconds=seconds)
-        result.decoder = f"{name}, {threads} threads"
+        rate, cpu_ms, name, how = decode_ceiling(blobs, seconds=seconds)
+        result.decoder = f"{name}, {how}"
         return rate, rate / batch_size, cpu_ms
 
     tmp = None
@@ -307,39 +369,75 @@ def run(
         for aug in (None, augment):
             sfx, aug_name = ("+aug", aug) if aug else ("", "none")
             if "folder" in wanted and folder:
-                plan.append((f"folder{sfx}", pipeline_case(folder, aug), folder, aug_name,
-                             "read, decode and resize every file"))
+                plan.append(
+                    (
+                        f"folder{sfx}",
+                        pipeline_case(folder, aug),
+                        folder,
+                        aug_name,
+                        "read, decode and resize every file",
+                    )
+                )
             if "jpeg" in wanted:
-                plan.append((f"jpeg{sfx}", pipeline_case(src, aug), src.path, aug_name,
-                             "TFRecord JPEG"))
+                plan.append(
+                    (f"jpeg{sfx}", pipeline_case(src, aug), src.path, aug_name, "TFRecord JPEG")
+                )
             if "raw" in wanted:
-                plan.append((f"raw{sfx}", pipeline_case(raw_records, aug), raw_records, aug_name,
-                             "TFRecord raw pixels"))
+                plan.append(
+                    (
+                        f"raw{sfx}",
+                        pipeline_case(raw_records, aug),
+                        raw_records,
+                        aug_name,
+                        "TFRecord raw pixels",
+                    )
+                )
             if "cached" in wanted:
                 # Warm-up covers a full epoch: timing starts once the cache is complete.
-                plan.append((f"cached{sfx}", pipeline_case(src, aug, cache="ram",
-                                                           warmup=per_epoch // batch_size + 5),
-                             src.path, aug_name, "decoded uint8 images in RAM"))
+                plan.append(
+                    (
+                        f"cached{sfx}",
+                        pipeline_case(src, aug, cache="ram", warmup=per_epoch // batch_size + 5),
+                        src.path,
+                        aug_name,
+                        "decoded uint8 images in RAM",
+                    )
+                )
         runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, *_ in plan}
         for round_index in range(repeats):
             for name, measure, *_ in plan:
                 ips, bps, cpu_ms = measure()
                 runs[name].append((ips, bps, cpu_ms))
-                progress(f"[{round_index + 1}/{repeats}] {name}: {ips:,.0f} images/s, "
-                         f"{bps:,.1f} batches/s, {cpu_ms:.3f} CPU ms/image")
+                progress(
+                    f"[{round_index + 1}/{repeats}] {name}: {ips:,.0f} images/s, "
+                    f"{bps:,.1f} batches/s, {cpu_ms:.3f} CPU ms/image"
+                )
         for name, _, path, aug_name, note in plan:
             values = runs[name]
-            result.cases.append(Case(
-                name, str(path), aug_name, _median([v[0] for v in values]),
-                _median([v[1] for v in values]), _median([v[2] for v in values]), len(values),
-                seconds, result.decoder if name == "ceiling" else note,
-                runs=[round(v[0], 1) for v in values],
-            ))
+            result.cases.append(
+                Case(
+                    name,
+                    str(path),
+                    aug_name,
+                    _median([v[0] for v in values]),
+                    _median([v[1] for v in values]),
+                    _median([v[2] for v in values]),
+                    len(values),
+                    seconds,
+                    result.decoder if name == "ceiling" else note,
+                    runs=[round(v[0], 1) for v in values],
+                )
+            )
         result.ratios = _ratios(runs)
         if "remote" in wanted and remote_latency_ms is not None:
-            result.remote = remote_bench(src, folder, latency_ms=remote_latency_ms,
-                                         batch_size=batch_size, seconds=seconds,
-                                         progress=progress)
+            result.remote = remote_bench(
+                src,
+                folder,
+                latency_ms=remote_latency_ms,
+                batch_size=batch_size,
+                seconds=seconds,
+                progress=progress,
+            )
             if result.remote.get("sharded_over_per_file"):
                 result.ratios["remote sharded/per-file"] = result.remote["sharded_over_per_file"]
     finally:
@@ -384,8 +482,9 @@ def _ratios(runs: dict[str, list[tuple[float, float, float]]]) -> dict[str, floa
     return out
 
 
-def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: float,
-                 progress=print) -> dict:
+def remote_bench(
+    src, folder, *, latency_ms: float, batch_size: int, seconds: float, progress=print
+) -> dict:
     """Reads/s per file and sharded through the loopback object server, plus full pipelines."""
     from petal.data import pipeline, remote
     from petal.data.reader import open_source
@@ -398,44 +497,57 @@ def remote_bench(src, folder, *, latency_ms: float, batch_size: int, seconds: fl
         rsrc = open_source(server.url("records"))
         # Reads only (no decoding), counted in batches so Python's per-element cost does
         # not cap the count.
-        shards = remote.records_dataset(rsrc.files("train"), rsrc.counts("train")).repeat()
+        shards = remote.records_dataset(rsrc.files("train"), rsrc.counts("train"), repeat=True)
         start_requests = server.requests
-        rate, _, secs = time_iterator(shards.batch(256), seconds=seconds,
-                                      count=lambda b: int(b.shape[0]))
+        rate, _, secs = time_iterator(
+            shards.batch(256), seconds=seconds, count=lambda b: int(b.shape[0])
+        )
         out["sharded_reads_per_s"] = rate
         out["sharded_requests"] = server.requests - start_requests
-        progress(f"remote sharded read: {rate:,.0f} records/s "
-                 f"({out['sharded_requests']} requests in {secs:.1f} s)")
+        progress(
+            f"remote sharded read: {rate:,.0f} records/s "
+            f"({out['sharded_requests']} requests in {secs:.1f} s)"
+        )
         if folder:
             fsrc = open_source(server.url("images"))
-            reads = remote.files_dataset(fsrc.files("train"), fsrc.labels("train"),
-                                         shuffle_seed=0).repeat()
+            reads = remote.files_dataset(
+                fsrc.files("train"), fsrc.labels("train"), shuffle_seed=0, repeat=True
+            )
             start_requests = server.requests
-            rate_file, _, secs = time_iterator(reads.batch(16), seconds=seconds,
-                                               count=lambda b: int(b[0].shape[0]))
+            rate_file, _, secs = time_iterator(
+                reads.batch(16), seconds=seconds, count=lambda b: int(b[0].shape[0])
+            )
             out["per_file_reads_per_s"] = rate_file
             out["per_file_requests"] = server.requests - start_requests
             out["sharded_over_per_file"] = rate / rate_file if rate_file else None
-            progress(f"remote per-file read: {rate_file:,.0f} images/s "
-                     f"({out['per_file_requests']} requests in {secs:.1f} s); sharded is "
-                     f"{out['sharded_over_per_file']:,.1f}x faster")
+            progress(
+                f"remote per-file read: {rate_file:,.0f} images/s "
+                f"({out['per_file_requests']} requests in {secs:.1f} s); sharded is "
+                f"{out['sharded_over_per_file']:,.1f}x faster"
+            )
         # The full training pipelines over the store (decoding included).
         ds = pipeline.train_dataset(rsrc, batch_size=batch_size, augment=None, cache="off")
         ips = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=3)[0]
         out["sharded_pipeline_images_per_s"] = ips
         progress(f"remote sharded pipeline: {ips:,.0f} images/s")
         if folder:
-            ds = pipeline.train_dataset(fsrc, batch_size=batch_size, image_size=rsrc.image_size,
-                                        augment=None, cache="off")
-            ips = time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=1,
-                               min_batches=2)[0]
+            ds = pipeline.train_dataset(
+                fsrc, batch_size=batch_size, image_size=rsrc.image_size, augment=None, cache="off"
+            )
+            ips = time_dataset(
+                ds, batch_size=batch_size, seconds=seconds, warmup_batches=1, min_batches=2
+            )[0]
             out["per_file_pipeline_images_per_s"] = ips
             progress(f"remote per-file pipeline: {ips:,.0f} images/s")
     return out
 
 
-TARGETS = {"jpeg/ceiling": 0.85, "jpeg+aug/ceiling": 0.7, "cached/jpeg": 3.0,
-           "remote sharded/per-file": 50.0}
+TARGETS = {
+    "jpeg/ceiling": 0.85,
+    "jpeg+aug/ceiling": 0.7,
+    "cached/jpeg": 3.0,
+    "remote sharded/per-file": 50.0,
+}
 
 
 def _summarise(result: BenchResult) -> None:
@@ -444,33 +556,47 @@ def _summarise(result: BenchResult) -> None:
     ceiling = result.case("ceiling")
     if "jpeg/ceiling" in r:
         if r["jpeg/ceiling"] >= 0.85:
-            f.append(f"JPEG decoding is the bottleneck: the TFRecord JPEG pipeline runs at "
-                     f"{r['jpeg/ceiling']:.2f}x the decode ceiling ({ceiling.images_per_s:,.0f} "
-                     f"images/s on {result.cpus} cores); only more cores, raw records or the "
-                     "cache go faster.")
+            f.append(
+                f"JPEG decoding is the bottleneck: the TFRecord JPEG pipeline runs at "
+                f"{r['jpeg/ceiling']:.2f}x the decode ceiling ({ceiling.images_per_s:,.0f} "
+                f"images/s on {result.cpus} cores); only more cores, raw records or the "
+                "cache go faster."
+            )
         else:
-            f.append(f"The TFRecord JPEG pipeline runs at {r['jpeg/ceiling']:.2f}x the decode "
-                     "ceiling: pipeline overhead (parsing, batching, threads) costs the rest.")
+            f.append(
+                f"The TFRecord JPEG pipeline runs at {r['jpeg/ceiling']:.2f}x the decode "
+                "ceiling: pipeline overhead (parsing, batching, threads) costs the rest."
+            )
     if "jpeg+aug/ceiling" in r and "jpeg/ceiling" in r:
         cost = 1 - r["jpeg+aug/ceiling"] / r["jpeg/ceiling"]
         aug = result.case("jpeg+aug").augment
-        f.append(f"Augmentation ({aug}) costs {max(cost, 0) * 100:.0f}% of the JPEG pipeline's "
-                 "throughput" + (" (within noise)." if abs(cost) < 0.05 else "."))
+        f.append(
+            f"Augmentation ({aug}) costs {max(cost, 0) * 100:.0f}% of the JPEG pipeline's "
+            "throughput" + (" (within noise)." if abs(cost) < 0.05 else ".")
+        )
     if "cached/jpeg" in r:
-        f.append(f"Caching decoded images is {r['cached/jpeg']:.1f}x the uncached JPEG "
-                 "pipeline: after the first epoch nothing is decoded.")
+        f.append(
+            f"Caching decoded images is {r['cached/jpeg']:.1f}x the uncached JPEG "
+            "pipeline: after the first epoch nothing is decoded."
+        )
     if "raw/jpeg" in r:
-        f.append(f"Raw-pixel records are {r['raw/jpeg']:.1f}x the JPEG records (no decoding, "
-                 "but about 5x the bytes to read).")
+        f.append(
+            f"Raw-pixel records are {r['raw/jpeg']:.1f}x the JPEG records (no decoding, "
+            "but about 5x the bytes to read)."
+        )
     if "jpeg/folder" in r:
-        f.append(f"Per-file reading (read, decode and resize every source file) is "
-                 f"{r['jpeg/folder']:.1f}x slower than the TFRecord JPEG pipeline.")
+        f.append(
+            f"Per-file reading (read, decode and resize every source file) is "
+            f"{r['jpeg/folder']:.1f}x slower than the TFRecord JPEG pipeline."
+        )
     if result.remote.get("sharded_over_per_file"):
         rem = result.remote
-        f.append(f"With {rem['latency_ms']:g} ms per request, sharded records read "
-                 f"{rem['sharded_over_per_file']:.0f}x faster than per-file requests "
-                 f"({rem['sharded_reads_per_s']:,.0f} vs {rem['per_file_reads_per_s']:,.0f} "
-                 f"reads/s, {rem['parallel_requests']} requests in flight for both).")
+        f.append(
+            f"With {rem['latency_ms']:g} ms per request, sharded records read "
+            f"{rem['sharded_over_per_file']:.0f}x faster than per-file requests "
+            f"({rem['sharded_reads_per_s']:,.0f} vs {rem['per_file_reads_per_s']:,.0f} "
+            f"reads/s, {rem['parallel_requests']} requests in flight for both)."
+        )
     for label, target in TARGETS.items():
         if label in r:
             verdict = "meets" if r[label] >= target else "MISSES"
@@ -489,18 +615,27 @@ def format_table(result: BenchResult) -> str:
     ceiling = result.case("ceiling")
     for c in result.cases:
         rel = f"{c.images_per_s / ceiling.images_per_s:.2f}" if ceiling else "-"
-        lines.append(f"{c.name:<14}{c.images_per_s:>12,.0f}{c.batches_per_s:>12,.1f}{rel:>11}"
-                     f"{c.cpu_ms_per_image:>12.3f}  {c.note}")
+        lines.append(
+            f"{c.name:<14}{c.images_per_s:>12,.0f}{c.batches_per_s:>12,.1f}{rel:>11}"
+            f"{c.cpu_ms_per_image:>12.3f}  {c.note}"
+        )
     if result.remote:
         rem = result.remote
-        lines.append(f"remote ({rem['latency_ms']:g} ms/request, {rem['parallel_requests']} in "
-                     "flight):")
-        for key in ("per_file_reads_per_s", "sharded_reads_per_s",
-                    "per_file_pipeline_images_per_s", "sharded_pipeline_images_per_s"):
+        lines.append(
+            f"remote ({rem['latency_ms']:g} ms/request, {rem['parallel_requests']} in flight):"
+        )
+        for key in (
+            "per_file_reads_per_s",
+            "sharded_reads_per_s",
+            "per_file_pipeline_images_per_s",
+            "sharded_pipeline_images_per_s",
+        ):
             if key in rem:
                 lines.append(f"  {key.replace('_', ' '):<34}{rem[key]:>12,.0f}")
-    lines.append("(images/s: median of rounds; ratios: median of within-round ratios; 'cpu:' "
-                 "ratios compare CPU time per image)")
+    lines.append(
+        "(images/s: median of rounds; ratios: median of within-round ratios; 'cpu:' "
+        "ratios compare CPU time per image)"
+    )
     if result.ratios:
         lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in result.ratios.items()))
     lines += [f"- {line}" for line in result.findings]
@@ -523,14 +658,17 @@ def write_png(result: BenchResult, path: str) -> None:
     names = [c.name for c in result.cases]
     values = [c.images_per_s for c in result.cases]
     if result.remote:
-        for key, label in (("per_file_reads_per_s", "remote per-file reads"),
-                           ("sharded_reads_per_s", "remote sharded reads")):
+        for key, label in (
+            ("per_file_reads_per_s", "remote per-file reads"),
+            ("sharded_reads_per_s", "remote sharded reads"),
+        ):
             if key in result.remote:
                 names.append(label)
                 values.append(result.remote[key])
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
-    colors = ["#555555" if n == "ceiling" else "#4c72b0" if "aug" not in n else "#dd8452"
-              for n in names]
+    colors = [
+        "#555555" if n == "ceiling" else "#4c72b0" if "aug" not in n else "#dd8452" for n in names
+    ]
     ax.barh(names[::-1], values[::-1], color=colors[::-1])
     ceiling = result.case("ceiling")
     if ceiling:

@@ -88,6 +88,25 @@ def isdir(path: str) -> bool:
     return os.path.isdir(path)
 
 
+def file_size(path: str) -> int:
+    """Size in bytes of one file.
+
+    Raises:
+        OSError: missing, or not a regular file (see ``read_bytes``).
+    """
+    if is_remote(path):
+        import tensorflow as tf
+
+        try:
+            return tf.io.gfile.stat(path).length
+        except tf.errors.OpError as err:
+            raise OSError(err.message) from err
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError("not a regular file")
+    return st.st_size
+
+
 def read_bytes(path: str) -> bytes:
     """The bytes of one file.
 

@@ -130,11 +130,13 @@ def train_dataset(
     if shuffle_buffer is None or int(shuffle_buffer) < 0:
         raise PetalError(f"shuffle_buffer must be >= 0. Received: shuffle_buffer={shuffle_buffer}")
     seed = _resolve_seed(seed, input_context)
-    deterministic = (seed.given if deterministic is None else bool(deterministic))
+    deterministic = seed.given if deterministic is None else bool(deterministic)
     aug = augment_lib.build(augment)
     if aug is not None and getattr(aug, "mixes_labels", False) and label_mode != "one_hot":
-        raise PetalError(f"mixup/cutmix mix labels and need label_mode='one_hot'. "
-                         f"Received: label_mode={label_mode!r}, augment={augment!r}")
+        raise PetalError(
+            f"mixup/cutmix mix labels and need label_mode='one_hot'. "
+            f"Received: label_mode={label_mode!r}, augment={augment!r}"
+        )
     count = _pipeline_count(src, split, input_context)
     if count < per_replica:
         raise PetalError(
@@ -145,8 +147,16 @@ def train_dataset(
     cache_to = _resolve_cache(cache, src, split, size, input_context)
 
     # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
-    ds = _read(src, split, training=True, seed=seed.value, deterministic=deterministic,
-               input_context=input_context, skip_corrupt=skip_corrupt)
+    ds = _read(
+        src,
+        split,
+        training=True,
+        seed=seed.value,
+        deterministic=deterministic,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+        endless=cache_to is None,
+    )
     decode = _decoder(src, size)
     if cache_to is not None:
         # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
@@ -162,8 +172,9 @@ def train_dataset(
         ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = _ignore_decode_errors(ds, skip_corrupt)
     # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
-    ds = ds.batch(per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE,
-                  deterministic=deterministic)
+    ds = ds.batch(
+        per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
     ds = ds.enumerate()
     ds = ds.map(
@@ -206,14 +217,22 @@ def eval_dataset(
         raise PetalError(f"Split {split!r} of {src.path} holds no images.")
     cache_to = _resolve_cache(cache, src, split, size, input_context)
     # Read in file order, decode, batch without dropping anything.
-    ds = _read(src, split, training=False, seed=0, deterministic=True,
-               input_context=input_context, skip_corrupt=skip_corrupt)
+    ds = _read(
+        src,
+        split,
+        training=False,
+        seed=0,
+        deterministic=True,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+    )
     ds = ds.map(_decoder(src, size), num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = _ignore_decode_errors(ds, skip_corrupt)
     if cache_to is not None:
         ds = ds.cache(cache_to)
-    ds = ds.batch(per_replica, drop_remainder=False, num_parallel_calls=AUTOTUNE,
-                  deterministic=True)
+    ds = ds.batch(
+        per_replica, drop_remainder=False, num_parallel_calls=AUTOTUNE, deterministic=True
+    )
     ds = ds.enumerate().map(
         _finish_fn(src.num_classes, label_mode, normalization, None, 0),
         num_parallel_calls=AUTOTUNE,
@@ -290,8 +309,14 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
 # --- stages ----------------------------------------------------------------------------------
 
 
-def _read(src: Source, split, *, training, seed, deterministic, input_context, skip_corrupt):
-    """Records (scalar string) or ``(path, label)`` for image folders, for this pipeline."""
+def _read(
+    src: Source, split, *, training, seed, deterministic, input_context, skip_corrupt, endless=False
+):
+    """Records (scalar string) or ``(bytes, label)`` for image folders, for this pipeline.
+
+    ``endless``: the caller repeats anyway and needs no epoch end (no cache); remote reads
+    then keep their requests running across epoch boundaries.
+    """
     files, counts = src.files(split), src.counts(split)
     if not files:
         raise PetalError(f"Split {split!r} of {src.path} holds no files.")
@@ -314,21 +339,31 @@ def _read(src: Source, split, *, training, seed, deterministic, input_context, s
             from petal.data import remote
 
             # One request per file, a fixed number in flight, a new order every epoch.
-            return remote.files_dataset(files, labels, shuffle_seed=seed if training else None)
+            return remote.files_dataset(
+                files, labels, shuffle_seed=seed if training else None, repeat=endless
+            )
         ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
         if training:
             # File names are cheap to shuffle: shuffle them all, then read in parallel.
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        return ds.map(lambda p, y: (tf.io.read_file(p), y), num_parallel_calls=AUTOTUNE,
-                      deterministic=deterministic)
+        return ds.map(
+            lambda p, y: (tf.io.read_file(p), y),
+            num_parallel_calls=AUTOTUNE,
+            deterministic=deterministic,
+        )
 
     if src.remote:
         from petal.data import remote
 
         shuffle = training and by_record is None
-        ds = remote.records_dataset(files, counts, shuffle_seed=seed if shuffle else None,
-                                    deterministic=deterministic or by_record is not None,
-                                    skip_corrupt=skip_corrupt)
+        ds = remote.records_dataset(
+            files,
+            counts,
+            shuffle_seed=seed if shuffle else None,
+            deterministic=deterministic or by_record is not None,
+            skip_corrupt=skip_corrupt,
+            repeat=endless,
+        )
     else:
         ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
         if training and len(files) > 1 and by_record is None:
@@ -382,8 +417,9 @@ def _decoder(src: Source, size: tuple[int, int]):
         # Images of varying size: use the stored size, then resize to the requested one.
         if raw:
             hw = tf.cast(ex[schema.SIZE], tf.int32)
-            image = tf.reshape(tf.io.decode_raw(ex[schema.IMAGE], tf.uint8),
-                               tf.concat([hw, [3]], axis=0))
+            image = tf.reshape(
+                tf.io.decode_raw(ex[schema.IMAGE], tf.uint8), tf.concat([hw, [3]], axis=0)
+            )
         else:
             image = tf.io.decode_image(ex[schema.IMAGE], channels=3, expand_animations=False)
         return resize_fill(image, size), label
@@ -443,9 +479,7 @@ def _options(deterministic: bool, input_context) -> tf.data.Options:
     options.experimental_optimization.parallel_batch = True
     if input_context is not None:
         # We shard ourselves (by file or by record); tf.distribute must not shard again.
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF
-        )
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return options
 
 
@@ -526,8 +560,10 @@ def _as_size(image_size) -> tuple[int, int]:
         except (TypeError, ValueError):
             values = []
     if len(values) != 2 or min(values) <= 0:
-        raise PetalError(f"image_size must be a positive int, (height, width) or 'HxW'. "
-                         f"Received: image_size={image_size!r}")
+        raise PetalError(
+            f"image_size must be a positive int, (height, width) or 'HxW'. "
+            f"Received: image_size={image_size!r}"
+        )
     return values[0], values[1]
 
 
@@ -537,8 +573,10 @@ def _resolve_size(src: Source, image_size) -> tuple[int, int]:
     if src.image_size is not None:
         return src.image_size
     if src.kind == "folder":
-        raise PetalError(f"Reading the image folder {src.path} needs an image_size to resize "
-                         "to (e.g. image_size=192). Received: image_size=None")
+        raise PetalError(
+            f"Reading the image folder {src.path} needs an image_size to resize "
+            "to (e.g. image_size=192). Received: image_size=None"
+        )
     raise PetalError(
         f"Records in {src.path} have mixed image sizes (converted with resize mode 'none'); "
         "pass image_size to resize them to one size (e.g. image_size=192). "
@@ -588,14 +626,18 @@ def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None
         folder = os.fspath(cache)
         key = _cache_key(src, split, size, input_context)
     else:
-        raise PetalError(f"cache must be 'auto', 'ram', 'disk', 'off' or a folder path. "
-                         f"Received: cache={cache!r}")
+        raise PetalError(
+            f"cache must be 'auto', 'ram', 'disk', 'off' or a folder path. "
+            f"Received: cache={cache!r}"
+        )
     os.makedirs(folder, exist_ok=True)
     free = _disk_free(folder)
     if free and needed > 0.9 * free:
-        raise PetalError(f"Caching {needed / 1e9:.1f} GB of decoded images needs more free space "
-                         f"than {folder} has ({free / 1e9:.1f} GB); pass cache='off' or another "
-                         f"folder. Received: cache={cache!r}")
+        raise PetalError(
+            f"Caching {needed / 1e9:.1f} GB of decoded images needs more free space "
+            f"than {folder} has ({free / 1e9:.1f} GB); pass cache='off' or another "
+            f"folder. Received: cache={cache!r}"
+        )
     return os.path.join(folder, f"{split}-{key}")
 
 

@@ -158,8 +158,10 @@ def open_source(
             raise PetalError(f"No files match the pattern {path}.")
         return _open_codelab(root, matches, classes, val_fraction)
     if not fs.exists(root):
-        raise PetalError(f"Data source not found: {root}. Pass a records folder (petal convert "
-                         "writes one), codelab shards or a folder of class sub-folders.")
+        raise PetalError(
+            f"Data source not found: {root}. Pass a records folder (petal convert "
+            "writes one), codelab shards or a folder of class sub-folders."
+        )
     if fs.exists(_join(root, schema.MANIFEST_NAME)):
         return _open_records(root, verify=verify)
     if not fs.isdir(root):
@@ -185,11 +187,15 @@ def _open_records(root: str, *, verify: bool) -> Source:
         raise PetalError(f"Manifest is not valid JSON: {manifest_path} ({err}).") from err
     for key in ("classes", "splits", "format"):
         if key not in manifest:
-            raise PetalError(f"Manifest {manifest_path} has no '{key}'; rewrite it with petal convert.")
+            raise PetalError(
+                f"Manifest {manifest_path} has no '{key}'; rewrite it with petal convert."
+            )
     fmt = manifest["format"]
     if fmt not in schema.FORMATS:
-        raise PetalError(f"Manifest {manifest_path} has unknown format {fmt!r} (known: "
-                         f"{', '.join(schema.FORMATS)}).")
+        raise PetalError(
+            f"Manifest {manifest_path} has unknown format {fmt!r} (known: "
+            f"{', '.join(schema.FORMATS)})."
+        )
     size = manifest.get("image_size")
     source = Source(
         path=root,
@@ -214,7 +220,9 @@ def _open_records(root: str, *, verify: bool) -> Source:
             )
         source._files[split], source._counts[split] = files, counts
     if not listed:
-        raise PetalError(f"Records folder {root} lists no shards in its manifest; it holds no images.")
+        raise PetalError(
+            f"Records folder {root} lists no shards in its manifest; it holds no images."
+        )
     if verify:
         _verify_shards(root, manifest, listed)
     return source
@@ -300,7 +308,10 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
     for shard in shards:
         for raw in _record_dataset([shard]).take(PEEK_RECORDS):
             ex = tf.io.parse_single_example(raw, spec)
-            index, label = int(ex[schema.CLASS]), ex[schema.LABEL].numpy().decode("utf-8", "replace")
+            index, label = (
+                int(ex[schema.CLASS]),
+                ex[schema.LABEL].numpy().decode("utf-8", "replace"),
+            )
             if index >= 0 and label:
                 names.setdefault(index, label)
             num_classes = max(num_classes, int(ex[schema.ONE_HOT].dense_shape[0]), index + 1)
@@ -311,9 +322,7 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
             break
     num_classes = max(num_classes, len(CODELAB_CLASSES) if not names else 0)
     defaults = dict(enumerate(CODELAB_CLASSES))
-    classes = tuple(
-        names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes)
-    )
+    classes = tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes))
     image_size = sizes.pop() if len(sizes) == 1 else None
     return classes, image_size
 
@@ -336,8 +345,7 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
         # Stable per-file hash: a file's side never changes when others are added or removed.
         keyed = sorted(items, key=lambda it: hashlib.sha1(it[1].encode("utf-8")).hexdigest())
         val.update(it[1] for it in keyed[: int(round(len(items) * fraction))])
-    source = Source(path=root, kind="folder", classes=tuple(names), image_size=None,
-                    format="files")
+    source = Source(path=root, kind="folder", classes=tuple(names), image_size=None, format="files")
     for split in schema.SPLITS:
         chosen = [it for it in pairs if (it[1] in val) == (split == "validation")]
         source._files[split] = [it[0] for it in chosen]
@@ -368,7 +376,9 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
 
 def _check_split(split: str) -> str:
     if split not in SPLITS:
-        raise PetalError(f"Unknown split {split!r} (known: {', '.join(SPLITS)}). Received: split={split!r}")
+        raise PetalError(
+            f"Unknown split {split!r} (known: {', '.join(SPLITS)}). Received: split={split!r}"
+        )
     return split
 
 
@@ -442,22 +452,38 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
             )
             return tf.logical_and(tf.logical_not(last), warn)
         # tf.strings.join, not format: format would quote the path.
-        message = tf.strings.join([
-            "petal: corrupt or truncated shard ", name, ": record ", tf.strings.as_string(n),
-            " (0-based) could not be read (CRC failure or short file; ", tf.strings.as_string(n),
-            " of ", tf.strings.as_string(expected), " records read). Run `petal inspect "
-            "--verify`, convert again, or pass skip_corrupt=True / --skip-corrupt.",
-        ])
+        message = tf.strings.join(
+            [
+                "petal: corrupt or truncated shard ",
+                name,
+                ": record ",
+                tf.strings.as_string(n),
+                " (0-based) could not be read (CRC failure or short file; ",
+                tf.strings.as_string(n),
+                " of ",
+                tf.strings.as_string(expected),
+                " records read). Run `petal inspect "
+                "--verify`, convert again, or pass skip_corrupt=True / --skip-corrupt.",
+            ]
+        )
         # More records than promised means the manifest (or file name) disagrees.
-        too_many = tf.strings.join([
-            "petal: shard ", name, " holds more records than the ",
-            tf.strings.as_string(expected), " its manifest or file name says.",
-        ])
-        with tf.control_dependencies([
-            tf.debugging.Assert(tf.logical_or(tf.logical_not(last), n >= expected),
-                                [message], summarize=1),
-            tf.debugging.Assert(tf.less_equal(n, expected), [too_many], summarize=1),
-        ]):
+        too_many = tf.strings.join(
+            [
+                "petal: shard ",
+                name,
+                " holds more records than the ",
+                tf.strings.as_string(expected),
+                " its manifest or file name says.",
+            ]
+        )
+        with tf.control_dependencies(
+            [
+                tf.debugging.Assert(
+                    tf.logical_or(tf.logical_not(last), n >= expected), [message], summarize=1
+                ),
+                tf.debugging.Assert(tf.less_equal(n, expected), [too_many], summarize=1),
+            ]
+        ):
             return tf.logical_not(last)
 
     return (
@@ -473,8 +499,10 @@ def _report_skip(path, n, expected) -> bool:
     path = path.numpy().decode("utf-8", "replace")
     n, expected = int(n), int(expected)
     lost = max(expected - n, 0)
-    message = (f"skipped {lost} record(s) of {path}: record {n} is corrupt (CRC failure or "
-               "truncation) and the reader cannot resume inside a shard")
+    message = (
+        f"skipped {lost} record(s) of {path}: record {n} is corrupt (CRC failure or "
+        "truncation) and the reader cannot resume inside a shard"
+    )
     log.warning("petal: %s", message)
     SKIPPED.add(lost, message)
     return False

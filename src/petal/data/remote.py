@@ -75,15 +75,26 @@ class ObjectServer:
         idle_timeout: seconds without a request after which the server stops itself.
     """
 
-    def __init__(self, root, latency_ms: float = 0.0, *, host: str = "127.0.0.1", port: int = 0,
-                 max_concurrent: int = 64, idle_timeout: float = 300.0):
+    def __init__(
+        self,
+        root,
+        latency_ms: float = 0.0,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_concurrent: int = 64,
+        idle_timeout: float = 300.0,
+    ):
         if host not in _LOOPBACK:
-            raise PetalError(f"ObjectServer only binds loopback (127.0.0.1). Received: host={host!r}")
+            raise PetalError(
+                f"ObjectServer only binds loopback (127.0.0.1). Received: host={host!r}"
+            )
         if latency_ms < 0:
             raise PetalError(f"latency_ms must be >= 0. Received: latency_ms={latency_ms}")
         mounts = root if isinstance(root, dict) else {"": root}
-        self.mounts = {name.strip("/"): os.path.abspath(os.fspath(path))
-                       for name, path in mounts.items()}
+        self.mounts = {
+            name.strip("/"): os.path.abspath(os.fspath(path)) for name, path in mounts.items()
+        }
         for path in self.mounts.values():
             if not os.path.isdir(path):
                 raise PetalError(f"ObjectServer can only serve folders. Received: root={root!r}")
@@ -108,10 +119,15 @@ class ObjectServer:
         return f"http://127.0.0.1:{self.port}/{key.lstrip('/')}".rstrip("/")
 
     def start(self) -> ObjectServer:
-        serve = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                 name="petal-object-server", daemon=True)
-        watch = threading.Thread(target=self._watchdog, name="petal-object-server-idle",
-                                 daemon=True)
+        serve = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="petal-object-server",
+            daemon=True,
+        )
+        watch = threading.Thread(
+            target=self._watchdog, name="petal-object-server-idle", daemon=True
+        )
         self._threads = [serve, watch]
         for t in self._threads:
             t.start()
@@ -259,8 +275,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 # --- client ----------------------------------------------------------------------------------
 
 
-def _request(url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None,
-             retries: int = 3) -> bytes:
+def _request(
+    url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None, retries: int = 3
+) -> bytes:
     """One HTTP request; retries 503 (server busy) a few times."""
     headers = {}
     if byte_range is not None:
@@ -374,7 +391,9 @@ _STAGING: str | None = None
 def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
     """Stream the object at ``url`` into ``path`` with one request; returns its size."""
     parts = urllib.parse.urlsplit(url)
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn_cls = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
     for attempt in range(4):
         conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
         try:
@@ -407,23 +426,30 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
     raise PetalError(f"Server stayed busy reading {url}")
 
 
-def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None):
+def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False):
     """A generator factory: ``fetch(item)`` run ``parallel`` at a time, yielded in order.
 
     Python threads, not ``tf.py_function``s in a parallel map: TensorFlow runs Python
-    functions one at a time, which would serialise the requests. Each call of the factory
-    is one pass (epoch); with ``shuffle_seed`` each pass has its own order.
+    functions one at a time, which would serialise the requests. Each pass over ``items``
+    (an epoch) has its own order when ``shuffle_seed`` is given; with ``repeat`` the passes
+    never end and the next epoch's first requests start while this one is still read.
     """
-    epoch = [0]
 
     def generate():
-        order = list(range(len(items)))
-        if shuffle_seed is not None:
-            random.Random(f"{shuffle_seed}:{epoch[0]}").shuffle(order)
-        epoch[0] += 1
+        def order():
+            epoch = 0
+            while True:
+                indices = list(range(len(items)))
+                if shuffle_seed is not None:
+                    random.Random(f"{shuffle_seed}:{epoch}").shuffle(indices)
+                yield from indices
+                epoch += 1
+                if not repeat:
+                    return
+
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
-            for i in order:
+            for i in order():
                 pending.append(pool.submit(fetch, items[i]))
                 if len(pending) >= parallel:
                     yield pending.popleft().result()
@@ -433,13 +459,23 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None):
     return generate
 
 
-def records_dataset(urls, counts=None, *, shuffle_seed=None, deterministic=True,
-                    skip_corrupt=False, parallel: int = PARALLEL_REQUESTS):
+def records_dataset(
+    urls,
+    counts=None,
+    *,
+    shuffle_seed=None,
+    deterministic=True,
+    skip_corrupt=False,
+    parallel: int = PARALLEL_REQUESTS,
+    repeat: bool = False,
+):
     """Serialized records of remote shards (a tf.data.Dataset of scalar strings).
 
     Each shard is streamed with one request into a private RAM-backed staging folder,
-    up to ``parallel`` shards at once, then read by ``TFRecordDataset`` (CRC-checked and
-    counted against ``counts`` like local shards) and deleted.
+    up to ``parallel`` shards at once (so up to ``parallel`` shards' bytes in RAM), then
+    read by ``TFRecordDataset`` (CRC-checked and counted against ``counts`` like local
+    shards) and deleted. ``repeat``: endless epochs, downloads running ahead across the
+    epoch boundary (use it when nothing downstream needs the end of an epoch).
     """
     import tensorflow as tf
 
@@ -455,9 +491,12 @@ def records_dataset(urls, counts=None, *, shuffle_seed=None, deterministic=True,
         return path, url, expected[url]
 
     paths = tf.data.Dataset.from_generator(
-        _prefetched(urls, fetch, parallel=parallel, shuffle_seed=shuffle_seed),
-        output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string),
-                          tf.TensorSpec([], tf.int64)),
+        _prefetched(urls, fetch, parallel=parallel, shuffle_seed=shuffle_seed, repeat=repeat),
+        output_signature=(
+            tf.TensorSpec([], tf.string),
+            tf.TensorSpec([], tf.string),
+            tf.TensorSpec([], tf.int64),
+        ),
     )
 
     def one_shard(path, url, count):
@@ -487,17 +526,24 @@ def _delete(path) -> bytes:
     return b""
 
 
-def files_dataset(urls, labels, *, shuffle_seed=None, parallel: int = PARALLEL_REQUESTS):
+def files_dataset(
+    urls, labels, *, shuffle_seed=None, parallel: int = PARALLEL_REQUESTS, repeat: bool = False
+):
     """``(file bytes, label)`` for each URL, one request per file: the per-file path.
 
     ``parallel`` requests are in flight at once; with ``shuffle_seed`` the order changes
-    every pass.
+    every pass; ``repeat`` as in :func:`records_dataset`.
     """
     import tensorflow as tf
 
     items = list(zip(list(urls), [int(v) for v in labels], strict=True))
     return tf.data.Dataset.from_generator(
-        _prefetched(items, lambda item: (get_bytes(item[0]), item[1]), parallel=parallel,
-                    shuffle_seed=shuffle_seed),
+        _prefetched(
+            items,
+            lambda item: (get_bytes(item[0]), item[1]),
+            parallel=parallel,
+            shuffle_seed=shuffle_seed,
+            repeat=repeat,
+        ),
         output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32)),
     )

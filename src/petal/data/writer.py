@@ -73,7 +73,7 @@ class _Options:
 @dataclass(frozen=True)
 class _Probed:
     file: folders.ImageFile
-    sha256: str
+    content: str  # equal for byte-identical files, unique otherwise
     nbytes: int
 
 
@@ -133,12 +133,20 @@ def _read(path: str) -> bytes | str:
         return f"unreadable: {err.strerror or err}"
 
 
-def _probe(path: str) -> tuple[str, int] | str:
-    """(sha256 hex, size in bytes) of a readable file, or the reason it is skipped."""
+def _size(path: str) -> int | str:
+    """Size in bytes of a readable file, or the reason it is skipped."""
+    try:
+        return folders.file_size(path)
+    except OSError as err:
+        return f"unreadable: {err.strerror or err}"
+
+
+def _hash(path: str) -> str:
+    """sha256 hex of a file's bytes, or the reason it is skipped (prefixed with '!')."""
     data = _read(path)
     if isinstance(data, str):
-        return data
-    return hashlib.sha256(data).hexdigest(), len(data)
+        return "!" + data
+    return hashlib.sha256(data).hexdigest()
 
 
 def _convert(task: tuple[str, int, str], options: _Options) -> bytes | str:
@@ -220,15 +228,27 @@ def example_bytes(
 ) -> bytes:
     """The serialised ``tf.train.Example`` of one record (keys in ``petal.data.schema``)."""
     entries = dict(_class_entries(tuple(classes), label))
-    entries[schema.IMAGE] = _entry(schema.IMAGE, _bytes_feature([encoded.data]))
     entries[schema.SIZE] = _entry(schema.SIZE, _int64_feature([encoded.height, encoded.width]))
     entries[schema.FILENAME] = _entry(schema.FILENAME, _bytes_feature([relpath.encode("utf-8")]))
     entries[schema.ORIGINAL_SIZE] = _entry(
         schema.ORIGINAL_SIZE,
         _int64_feature([encoded.original_height, encoded.original_width]),
     )
+    # The image is most of the record: write its headers around it so that its bytes are
+    # copied once, by the final join.
+    data = encoded.data
+    bytes_list = b"\x0a" + _varint(len(data))  # BytesList.value (1)
+    feature = b"\x0a" + _varint(len(bytes_list) + len(data))  # Feature.bytes_list (1)
+    value = b"\x12" + _varint(len(feature) + len(bytes_list) + len(data))  # entry value (2)
+    key = _field(1, schema.IMAGE.encode("utf-8"))  # entry key (1)
+    value_size = len(key) + len(value) + len(feature) + len(bytes_list) + len(data)
+    image_head = b"\x0a" + _varint(value_size) + key + value + feature + bytes_list
+    parts = []
+    for name in sorted([*entries, schema.IMAGE]):
+        parts += [image_head, data] if name == schema.IMAGE else [entries[name]]
+    size = sum(map(len, parts))
     # Example.features (1) -> Features.feature (map entries, sorted by key).
-    return _field(1, b"".join(entries[key] for key in sorted(entries)))
+    return b"".join([b"\x0a", _varint(size), *parts])
 
 
 def _worker_setup() -> None:
@@ -284,9 +304,10 @@ class _Mapper:
     def imap(self, fn: Callable, items: Sequence) -> Iterator:
         if self._pool is None:
             return map(fn, items)
-        # Small chunks keep the progress bar live and the workers evenly loaded; ordered
+        # Small chunks keep the progress bar live, the workers evenly loaded and the result
+        # pipe flowing (a worker waits while the main process reads its chunk); ordered
         # results keep the output independent of the number of workers.
-        chunksize = max(1, min(32, len(items) // (self.workers * 8)))
+        chunksize = max(1, min(8, len(items) // (self.workers * 8)))
         return self._pool.imap(fn, items, chunksize=chunksize)
 
     def close(self) -> None:
@@ -476,7 +497,7 @@ def split_files(
     """
     groups: dict[str, list[_Probed]] = {}
     for item in probed:
-        groups.setdefault(item.sha256, []).append(item)
+        groups.setdefault(item.content, []).append(item)
     owned: dict[int, list[list[_Probed]]] = {}
     for group in groups.values():  # a group belongs to its first member's class
         owned.setdefault(group[0].file.label, []).append(group)
@@ -553,11 +574,15 @@ def _shard_counts(
 
 def _file_digest(path: str) -> tuple[int, str]:
     """(size in bytes, sha256 hex) of a written file."""
-    import tensorflow as tf
-
     digest = hashlib.sha256()
     size = 0
-    with tf.io.gfile.GFile(path, "rb") as f:
+    if folders.is_remote(path):
+        import tensorflow as tf
+
+        opened = tf.io.gfile.GFile(path, "rb")
+    else:
+        opened = open(path, "rb")  # noqa: SIM115  (closed by the with below)
+    with opened as f:
         while chunk := f.read(8 * _MB):
             digest.update(chunk)
             size += len(chunk)
@@ -650,22 +675,33 @@ def convert(
 
     started += time.perf_counter() - before_import
 
-    # Pass 1: read and hash every file, in threads (I/O and hashing release the GIL;
-    # many threads hide the latency of object stores).
+    # Pass 1: the size of every file, then the hash of those whose size is not unique:
+    # only they can be byte-identical. Threads hide the latency of object stores (and
+    # hashing releases the GIL).
     probed: list[_Probed] = []
     skipped: list[dict] = []
     readers = ThreadPoolExecutor(32 if folders.is_remote(source) else 4)
     mapper = None
     try:
         with _progress(len(files), "scan", progress) as bar:
-            results = readers.map(_probe, [f.path for f in files])
+            sizes = readers.map(_size, [f.path for f in files])
             mapper = _Mapper(workers)  # the worker processes start while the threads read
-            for f, result in zip(files, results, strict=True):
-                if isinstance(result, str):
-                    skipped.append({"file": f.relpath, "reason": result})
+            found: list[tuple[folders.ImageFile, int]] = []
+            for f, size in zip(files, sizes, strict=True):
+                if isinstance(size, str):
+                    skipped.append({"file": f.relpath, "reason": size})
                 else:
-                    probed.append(_Probed(f, *result))
+                    found.append((f, size))
                 bar.update()
+            same_size = Counter(size for _, size in found)
+            shared = [f for f, size in found if same_size[size] > 1]
+            hashes = dict(zip(shared, readers.map(_hash, [f.path for f in shared]), strict=True))
+        for f, size in found:
+            content = hashes.get(f, f"unique size:{f.relpath}")
+            if content.startswith("!"):
+                skipped.append({"file": f.relpath, "reason": content[1:]})
+            else:
+                probed.append(_Probed(f, content, size))
     except BaseException:
         if mapper is not None:
             mapper.close()
@@ -815,7 +851,7 @@ def _manifest(
             "shards": written[split],
         }
     n_written = sum(s["count"] for s in splits.values())
-    duplicates = len(probed) - len({p.sha256 for p in probed})
+    duplicates = len(probed) - len({p.content for p in probed})
     return {
         "petal_version": __version__,
         "tensorflow_version": tf.__version__,

@@ -118,7 +118,7 @@ def plot_confusion_from_json(eval_json: str | Path, out: str | Path) -> Path:
 def plot_image_grid(
     samples_npz: str | Path, out: str | Path, title: str = "", cols: int = 6
 ) -> Path | None:
-    """A grid of images titled ``predicted (p)`` with the true class when it differs.
+    """A grid of images titled ``predicted (p)`` over ``correct`` or ``true: class``.
 
     Returns:
         The PNG path, or ``None`` when the file holds no images (nothing to draw).
@@ -131,14 +131,15 @@ def plot_image_grid(
     n = len(images)
     cols = min(cols, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.1 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.4 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for i, ax in enumerate(axes.flat[:n]):
         t, p, prob = int(data["true"][i]), int(data["pred"][i]), float(data["prob"][i])
         ax.imshow(images[i])
         ok = t == p
-        label = f"{classes[p]} ({prob:.2f})" + ("" if ok else f"\ntrue: {classes[t]}")
+        # Always two lines, so every row needs the same room and titles never overlap.
+        label = f"{classes[p]} ({prob:.2f})\n" + ("correct" if ok else f"true: {classes[t]}")
         ax.set_title(label, fontsize=8, color="darkgreen" if ok else "firebrick")
     if title:
         fig.suptitle(title)

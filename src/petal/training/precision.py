@@ -27,10 +27,12 @@ from petal.errors import PetalError
 
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 
-# Measured with `python benchmarks/bench_train_speed.py` on this project's CPU (Intel Xeon with
-# avx512_bf16, no AMX, 2 shared cores, TF 2.21 + oneDNN): squeezenet at 192x192, batch 32,
-# training images/s float32 vs mixed_bfloat16 -- see benchmarks/README.md for the table.
-# Rule derived from it: AMX (amx_bf16) -> bfloat16; avx512_bf16 alone -> see CPU_BF16_WITHOUT_AMX.
+# Measured with benchmarks/bench_train_speed.py on this project's CPU (AMD EPYC, avx512_bf16, no
+# AMX, 2 cores shared with other jobs, TF 2.21 + oneDNN, no XLA): squeezenet at 192x192, batch
+# 32, three separate runs, training images per CPU-second (float32 -> mixed_bfloat16):
+# 11.2 -> 17.1, 12.9 -> 16.3, 14.1 -> 18.4, i.e. bfloat16 1.3-1.5x faster; wall-clock images/s
+# agreed in direction (4.2 -> 13.3, 19.6 -> 20.9, 6.3 -> 10.2) but the shared cores make it
+# noisy. benchmarks/README.md has the tables. AMX CPUs are faster still in bfloat16.
 CPU_BF16_WITHOUT_AMX = True
 CPU_BF16_RULE = (
     "CPU: mixed_bfloat16 with AMX (amx_bf16); with avx512_bf16 alone only if "
