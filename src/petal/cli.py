@@ -9,7 +9,12 @@ inside the ``_run_`` functions so ``petal --help`` stays instant.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# TensorFlow's C++ INFO/WARNING lines (oneDNN, CUDA probing) drown the output users read;
+# errors still show. Set before any command imports TensorFlow.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
 from petal.errors import PetalError

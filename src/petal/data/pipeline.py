@@ -49,6 +49,9 @@ from petal.errors import PetalError
 log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
+# Functions handed to tf.data here have no Python control flow on tensors: skip AutoGraph
+# (faster tracing, and no conversion warnings for lambdas).
+_graph = tf.autograph.experimental.do_not_convert
 NORMALIZATIONS = ("unit", "symmetric", "imagenet", "raw")
 LABEL_MODES = ("one_hot", "sparse")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -347,7 +350,7 @@ def _read(
             # File names are cheap to shuffle: shuffle them all, then read in parallel.
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         return ds.map(
-            lambda p, y: (tf.io.read_file(p), y),
+            _graph(lambda p, y: (tf.io.read_file(p), y)),
             num_parallel_calls=AUTOTUNE,
             deterministic=deterministic,
         )
@@ -369,7 +372,7 @@ def _read(
         if training and len(files) > 1 and by_record is None:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         ds = ds.interleave(
-            lambda f, c: reader.guarded_records(f, c, skip_corrupt=skip_corrupt),
+            _graph(lambda f, c: reader.guarded_records(f, c, skip_corrupt=skip_corrupt)),
             cycle_length=max(1, min(len(files), MAX_PARALLEL_READS)),
             block_length=1,
             num_parallel_calls=AUTOTUNE,
@@ -391,7 +394,7 @@ def _decoder(src: Source, size: tuple[int, int]):
             image = tf.io.decode_image(data, channels=3, expand_animations=False)
             return resize_fill(image, size), label
 
-        return decode_file
+        return _graph(decode_file)
 
     spec = {
         schema.IMAGE: tf.io.FixedLenFeature([], tf.string),
@@ -424,7 +427,7 @@ def _decoder(src: Source, size: tuple[int, int]):
             image = tf.io.decode_image(ex[schema.IMAGE], channels=3, expand_animations=False)
         return resize_fill(image, size), label
 
-    return decode_record
+    return _graph(decode_record)
 
 
 def _ignore_decode_errors(ds, skip_corrupt: bool):
@@ -468,7 +471,7 @@ def _finish_fn(num_classes, label_mode, normalization, aug, seed):
         images, labels = aug(images, labels, key)  # a user function: run as given
         return normalize(images, normalization), labels
 
-    return finish
+    return _graph(finish)
 
 
 def _options(deterministic: bool, input_context) -> tf.data.Options:

@@ -434,7 +434,8 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
     name = path if name is None else name
     # Counted in blocks: a scan step per record would cost more than reading it.
     blocks = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors().batch(GUARD_BLOCK)
-    blocks = blocks.map(lambda b: (b, tf.constant(False)))
+    graph = tf.autograph.experimental.do_not_convert  # no Python control flow on tensors
+    blocks = blocks.map(graph(lambda b: (b, tf.constant(False))))
     end = tf.data.Dataset.from_tensors((tf.zeros([0], tf.string), tf.constant(True)))
 
     def count(n, item):
@@ -488,9 +489,9 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
 
     return (
         blocks.concatenate(end)
-        .scan(tf.constant(0, tf.int64), count)
-        .filter(check)
-        .map(lambda block, last, n: block)
+        .scan(tf.constant(0, tf.int64), graph(count))
+        .filter(graph(check))
+        .map(graph(lambda block, last, n: block))
         .unbatch()
     )
 

@@ -481,6 +481,7 @@ def records_dataset(
 
     from petal.data import reader
 
+    graph = tf.autograph.experimental.do_not_convert  # no Python control flow on tensors
     urls = list(urls)
     expected = dict(zip(urls, counts if counts is not None else [-1] * len(urls), strict=True))
     staging = _staging_dir()
@@ -506,13 +507,13 @@ def records_dataset(
             records = reader.guarded_records(path, count, skip_corrupt=skip_corrupt, name=url)
         cleanup = (
             tf.data.Dataset.from_tensors(path)
-            .map(lambda p: tf.py_function(_delete, [p], tf.string))
-            .filter(lambda _: False)
+            .map(graph(lambda p: tf.py_function(_delete, [p], tf.string)))
+            .filter(graph(lambda _: False))
         )
         return records.concatenate(cleanup)
 
     return paths.interleave(
-        one_shard,
+        graph(one_shard),
         cycle_length=max(1, min(len(urls), parallel)),
         block_length=1,
         num_parallel_calls=max(1, min(len(urls), parallel)),

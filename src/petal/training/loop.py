@@ -231,6 +231,7 @@ def train(
     from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
     from petal.models import count_params, create_model, model_info, set_backbone_trainable
     from petal.training.precision import resolve_precision, set_policy
+    from petal.training.schedules import codelab_max_lr
     from petal.training.strategy import check_global_batch, describe, get_strategy
 
     log = log or _log_default
@@ -305,7 +306,7 @@ def train(
         "global_batch": global_batch,
         "eval_batch": eval_batch,
         "steps_per_epoch": steps,
-        "peak_lr": peak,
+        "peak_lr": peak if peak is not None else codelab_max_lr(replicas),
         "class_weights": weights_by_class,
     }
     log(
@@ -315,7 +316,7 @@ def train(
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     log(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
-        f"{cfg.schedule} peak lr {'codelab rule' if peak is None else f'{peak:.3g}'}"
+        f"{cfg.schedule} peak lr {resolved['peak_lr']:.3g}"
         + (f", resuming after epoch {start_epoch}" if resume else "")
     )
 
