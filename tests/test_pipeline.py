@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -243,3 +244,42 @@ def test_mirrored_strategy_on_two_logical_cpus(records):
     assert lines["train"] == "[(2, 16, 16, 3), (2, 16, 16, 3)] 2"
     assert Counter(eval(lines["eval"])) == Counter(range(19, 28))
     assert "nearest valid sizes: 4 or 6" in lines["error"]
+
+
+def test_bench_input_cli(make_records, tmp_path, capsys):
+    from petal.cli import main
+
+    folder = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    out = tmp_path / "bench.json"
+    code = main(
+        [
+            "bench",
+            "input",
+            str(folder),
+            "--batch-size",
+            "4",
+            "--seconds",
+            "0.2",
+            "--cases",
+            "ceiling,jpeg,raw,cached",
+            "--json",
+            str(out),
+            "--png",
+            str(tmp_path / "b.png"),
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "ceiling" in text and "cached+aug" in text and "target cached/jpeg >= 3" in text
+    result = json.loads(out.read_text())
+    assert {c["name"] for c in result["cases"]} == {
+        "ceiling",
+        "jpeg",
+        "raw",
+        "cached",
+        "jpeg+aug",
+        "raw+aug",
+        "cached+aug",
+    }
+    assert (tmp_path / "b.png").stat().st_size > 0
+    assert main(["bench", "input", str(folder), "--cases", "nope"]) == 2

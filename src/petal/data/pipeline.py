@@ -33,6 +33,7 @@ Why this shape:
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -110,7 +111,8 @@ def train_dataset(
         augment: ``"codelab"`` (flip + saturation), ``"none"``/None, another preset or a
             ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function.
         cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
-            ``"ram"``, ``"disk"`` (a temporary file), a folder path, or ``"off"``/None.
+            ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
+            path (kept and reused by later runs on the same data), or ``"off"``/None.
         shuffle_buffer: elements in the shuffle buffer.
         seed: makes shuffling and augmentation reproducible; None draws one.
         deterministic: keep element order fixed; default True when ``seed`` is given.
@@ -621,7 +623,8 @@ def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None
         if needed <= RAM_CACHE_FRACTION * _available_memory():
             return ""
         cache = "disk"
-    if cache == "disk":
+    temporary = cache == "disk"
+    if temporary:
         folder = os.path.join(tempfile.gettempdir(), "petal-cache")
         # A fresh name per dataset: two runs never share (or half-read) one cache file.
         key = f"{_cache_key(src, split, size, input_context)}-{secrets.token_hex(4)}"
@@ -641,7 +644,21 @@ def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None
             f"than {folder} has ({free / 1e9:.1f} GB); pass cache='off' or another "
             f"folder. Received: cache={cache!r}"
         )
-    return os.path.join(folder, f"{split}-{key}")
+    prefix = os.path.join(folder, f"{split}-{key}")
+    if temporary:
+        atexit.register(_remove_cache_files, prefix)
+    return prefix
+
+
+def _remove_cache_files(prefix: str) -> None:
+    """Delete a temporary disk cache (``prefix.index``, ``prefix.data-*``) at exit."""
+    folder, name = os.path.split(prefix)
+    try:
+        for entry in os.listdir(folder):
+            if entry.startswith(name + "."):
+                os.remove(os.path.join(folder, entry))
+    except OSError:
+        pass
 
 
 def _disk_free(folder: str) -> int:
