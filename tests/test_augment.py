@@ -123,3 +123,11 @@ def test_build_specs():
         augment.build("flip+sharpen")
     with pytest.raises(PetalError, match="alpha"):
         augment.mixup(0.0)
+
+
+def test_build_with_size_crops_to_the_training_size(batch):
+    for spec in ("crop+flip+saturation", "light"):
+        images, _ = augment.build(spec, size=(6, 5))(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
+        assert images.shape == (4, 6, 5, 3)
+    with pytest.raises(PetalError, match="needs the 'crop' augmentation.*codelab"):
+        augment.build("codelab", size=(6, 5))

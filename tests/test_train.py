@@ -264,3 +264,26 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     with pytest.raises(PetalError, match="does not match"):
         train(_cfg(small_records, weights=str(weights)), tmp_path / "run", **QUIET)
     assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind
+
+
+def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
+    """train_image_size: 24px random resized crops for training, 32px images for validation."""
+    import keras
+
+    cfg = _cfg(
+        small_records,
+        epochs=1,
+        model="squeezenet",
+        model_options={"any_size": True},
+        train_image_size=24,
+        augment="crop+flip",
+    )
+    metrics = train(cfg, tmp_path / "run", **QUIET)
+    assert metrics["epochs_completed"] == 1
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["train_image_size"] == 24 and metrics["image_size"] == [32, 32]
+    model = keras.models.load_model(tmp_path / "run" / "model.keras", compile=False)
+    assert model.predict(np.zeros((1, 32, 32, 3), "float32"), verbose=0).shape == (1, 5)
+
+    with pytest.raises(PetalError, match="needs the 'crop' augmentation"):
+        train(_cfg(small_records, train_image_size=24, augment="codelab"), tmp_path / "bad", **QUIET)

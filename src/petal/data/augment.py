@@ -459,7 +459,7 @@ def names() -> list[str]:
     return sorted([*PRESETS, *IMAGE_OPS, *BATCH_OPS])
 
 
-def build(spec) -> Augment | None:
+def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
     """One batch augmentation from a spec, or None when there is nothing to do.
 
     Args:
@@ -468,7 +468,17 @@ def build(spec) -> Augment | None:
             applied in order, then mixing ops; an :class:`Augment`; or a function
             ``fn(images, seed)`` (or ``fn(images, labels, seed)`` with
             ``fn.takes_labels = True``).
+        size: output (height, width) of the random resized crop, to train at a lower
+            resolution than the records (and evaluate at theirs); needs ``crop`` in ``spec``.
     """
+    if size is not None:
+        names = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
+        names = [n for part in names for n in PRESETS.get(part.strip(), part.strip()).split("+")]
+        if "crop" not in names:
+            raise PetalError(
+                "A training size different from the records' needs the 'crop' augmentation, "
+                f"which resizes its crops to that size. Received: augment={spec!r}, size={size}"
+            )
     if spec is None or spec is False:
         return None
     if isinstance(spec, Augment):
@@ -489,7 +499,13 @@ def build(spec) -> Augment | None:
     image_ops, mix_ops = [], []
     for part in parts:
         if part in PRESETS:
-            image_ops.extend(IMAGE_OPS[p]() for p in PRESETS[part].split("+") if p)
+            image_ops.extend(
+                random_resized_crop(size=tuple(size)) if p == "crop" and size else IMAGE_OPS[p]()
+                for p in PRESETS[part].split("+")
+                if p
+            )
+        elif part == "crop" and size is not None:
+            image_ops.append(random_resized_crop(size=tuple(size)))
         elif part in IMAGE_OPS:
             image_ops.append(IMAGE_OPS[part]())
         elif part in BATCH_OPS:

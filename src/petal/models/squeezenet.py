@@ -30,6 +30,7 @@ def build_squeezenet(
     stem_filters: int = 32,
     separable: bool = False,
     dropout: float = 0.0,
+    any_size: bool = False,
     name: str = "squeezenet",
 ) -> keras.Model:
     """Stem convolution, fire modules separated by max-pools, GAP and a softmax head.
@@ -42,13 +43,15 @@ def build_squeezenet(
         stem_filters: Channels of the first 3x3 convolution.
         separable: Depthwise-separable 3x3 expand branches.
         dropout: Dropout before the head (the codelab uses none).
+        any_size: Accept any input size (fully convolutional up to the pooling), to train on
+            smaller random crops than the size it is evaluated at.
         name: Model name.
 
     Returns:
         The uncompiled model.
     """
     del weights
-    inputs = image_input(image_size)
+    inputs = image_input((None, None) if any_size else image_size)
     x = conv_bn(inputs, stem_filters, 3, name="stem")
     for i, (squeeze, expand) in enumerate(fires):
         x = fire(x, squeeze, expand, separable=separable, name=f"fire{i}")

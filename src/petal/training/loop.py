@@ -228,6 +228,7 @@ def train(
     """
     import keras
 
+    from petal.data import augment as augment_lib
     from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
     from petal.models import count_params, create_model, model_info, set_backbone_trainable
     from petal.training.precision import resolve_precision, set_policy
@@ -293,6 +294,7 @@ def train(
     resolved = {
         "classes": classes,
         "image_size": list(image_size),
+        "train_image_size": [cfg.train_image_size] * 2 if cfg.train_image_size else list(image_size),
         "records_size": list(source.image_size) if source.image_size else None,
         "resize": resize,
         "normalization": normalization,
@@ -320,15 +322,22 @@ def train(
         + (f", resuming after epoch {start_epoch}" if resume else "")
     )
 
+    augment = cfg.augment
+    if cfg.train_image_size and (cfg.train_image_size,) * 2 != tuple(image_size):
+        # Decode (and cache) at the evaluation size; the random resized crop outputs the
+        # smaller training size.
+        augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
+
     def train_fn(ctx=None):
         ds = train_dataset(
             source,
             batch_size=global_batch,
             image_size=image_size,
-            augment=cfg.augment,
+            augment=augment,
             cache=cfg.cache,
             shuffle_buffer=cfg.shuffle_buffer,
             seed=cfg.seed + start_epoch,
+            deterministic=cfg.deterministic,
             normalization=normalization,
             input_context=ctx,
         )
