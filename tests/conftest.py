@@ -76,6 +76,16 @@ def small_records(small_flowers, tmp_path_factory) -> Path:
     return out
 
 
+def corrupt_record(path: Path, record: int) -> None:
+    """Flip one byte inside record number ``record`` of a TFRecord file (breaks its data CRC)."""
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(record):
+        offset += 12 + int.from_bytes(data[offset : offset + 8], "little") + 4
+    data[offset + 12 + 40] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 # --- input pipeline (B): synthetic records with known contents ------------------------------
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import corrupt_record
+
 from petal.data import reader
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import CODELAB_CLASSES, open_source
@@ -117,22 +119,9 @@ def test_mixed_image_sizes_need_image_size(make_records):
     assert images.shape == (6, 10, 10, 3)
 
 
-def _corrupt(folder, name, record):
-    """Flip one byte inside record ``record`` of a raw 16x16 shard (breaks its data CRC)."""
-    path = folder / name
-    data = bytearray(path.read_bytes())
-    offset, index = 0, 0
-    while index < record:
-        length = int.from_bytes(data[offset : offset + 8], "little")
-        offset += 12 + length + 4
-        index += 1
-    data[offset + 12 + 40] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
 def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     folder = make_records(counts={"train": [7, 6], "validation": [5]})
-    _corrupt(folder, "validation-00000-of-00001-5.tfrec", 3)
+    corrupt_record(folder / "validation-00000-of-00001-5.tfrec", 3)
     # The manifest's byte counts still match: only reading finds the CRC failure.
     src = open_source(str(folder))
     with pytest.raises(

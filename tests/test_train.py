@@ -287,3 +287,20 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
 
     with pytest.raises(PetalError, match="needs the 'crop' augmentation"):
         train(_cfg(small_records, train_image_size=24, augment="codelab"), tmp_path / "bad", **QUIET)
+
+
+def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_records, tmp_path):
+    import shutil
+
+    from conftest import corrupt_record
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    shard = sorted(records.glob("validation-*.tfrec"))[0]
+    corrupt_record(shard, 1)
+    cfg = _cfg(records, epochs=1)
+    with pytest.raises(PetalError, match=rf"Corrupt input.*{shard.name}.*skip_corrupt"):
+        train(cfg, tmp_path / "run", **QUIET)
+    metrics = train(cfg.replace(skip_corrupt=True), tmp_path / "run2", **QUIET)
+    # A CRC failure loses the rest of its shard: record 1 and everything after it.
+    assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1

@@ -89,6 +89,8 @@ class TrainConfig:
         seed: seeds weights init, shuffling and augmentation.
         deterministic: fixed input order and augmentation draws (reproducible runs; the
             input pipeline is slower). Off by default: order-altering optimisations on.
+        skip_corrupt: skip corrupt records with a warning and a count instead of stopping
+            (a CRC failure loses the rest of that shard: TFRecord readers cannot resync).
         tensorboard: write TensorBoard logs under ``WORKDIR/tensorboard``.
     """
 
@@ -127,6 +129,7 @@ class TrainConfig:
     steps_per_execution: int = 1
     seed: int = 42
     deterministic: bool = False
+    skip_corrupt: bool = False
     tensorboard: bool = True
 
     def to_dict(self) -> dict:

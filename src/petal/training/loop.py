@@ -23,6 +23,7 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import statistics
 import time
@@ -227,6 +228,7 @@ def train(
             (the message names the epoch).
     """
     import keras
+    from tensorflow import errors as tf_errors
 
     from petal.data import augment as augment_lib
     from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
@@ -340,6 +342,7 @@ def train(
             deterministic=cfg.deterministic,
             normalization=normalization,
             input_context=ctx,
+            skip_corrupt=cfg.skip_corrupt,
         )
         if weights_by_class is not None:
             import tensorflow as tf
@@ -356,6 +359,7 @@ def train(
             normalization=normalization,
             input_context=ctx,
             cache="auto",
+            skip_corrupt=cfg.skip_corrupt,
         )
         if ctx is None:
             import tensorflow as tf
@@ -371,6 +375,9 @@ def train(
     else:
         train_ds, val_ds = train_fn(), eval_fn()
 
+    from petal.data.reader import SKIPPED
+
+    skipped_before = SKIPPED.skipped
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
     clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
@@ -437,16 +444,30 @@ def train(
                 # Distributed validation sets have unknown length; Keras warns when it first
                 # reaches their end, which is expected here.
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
-                model.fit(
-                    train_ds,
-                    epochs=phase.end,
-                    initial_epoch=max(phase.start, start_epoch),
-                    steps_per_epoch=steps,
-                    validation_data=val_ds,
-                    callbacks=callbacks,
-                    shuffle=False,  # the input pipeline shuffles
-                    verbose=0,
-                )
+                try:
+                    model.fit(
+                        train_ds,
+                        epochs=phase.end,
+                        initial_epoch=max(phase.start, start_epoch),
+                        steps_per_epoch=steps,
+                        validation_data=val_ds,
+                        callbacks=callbacks,
+                        shuffle=False,  # the input pipeline shuffles
+                        verbose=0,
+                    )
+                except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
+                    # A corrupt record (CRC or decode failure) surfaces here; the reader's
+                    # message names the shard and record.
+                    text = err.message or str(err)
+                    # The reader's own assertion names the shard and record: show just it.
+                    ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
+                    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+                    reason = ours.group(1) if ours else (lines or ["unknown error"])[-1]
+                    raise PetalError(
+                        f"Corrupt input in {cfg.data}: {reason} Run `petal inspect --verify` on "
+                        "it, reconvert, or train with --set skip_corrupt=true to skip and count "
+                        "bad records."
+                    ) from err
             if nan_guard.nan_epoch is not None:
                 break
         if resume and start_epoch and not loaded:
@@ -458,6 +479,8 @@ def train(
 
     rows = read_history(history_path)
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
+    if cfg.skip_corrupt:
+        metrics["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
     if nan_guard.nan_epoch is not None:
         where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
             f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
