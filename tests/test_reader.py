@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 from conftest import corrupt_record
-
 from petal.data import reader
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import CODELAB_CLASSES, open_source
