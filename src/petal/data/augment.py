@@ -472,9 +472,9 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
             resolution than the records (and evaluate at theirs); needs ``crop`` in ``spec``.
     """
     if size is not None:
-        names = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
-        names = [n for part in names for n in PRESETS.get(part.strip(), part.strip()).split("+")]
-        if "crop" not in names:
+        parts = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
+        ops = [op for part in parts for op in PRESETS.get(part.strip(), part.strip()).split("+")]
+        if "crop" not in ops:
             raise PetalError(
                 "A training size different from the records' needs the 'crop' augmentation, "
                 f"which resizes its crops to that size. Received: augment={spec!r}, size={size}"
