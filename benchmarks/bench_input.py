@@ -45,6 +45,11 @@ def main() -> None:
         default=20.0,
         help="latency of the loopback store; 0 skips the remote cases",
     )
+    parser.add_argument(
+        "--cases",
+        help="comma-separated cases to run (ceiling, folder, jpeg, raw, cached, remote; "
+        "'+aug' variants run with their base case); default: all",
+    )
     parser.add_argument("--out", default=str(RESULTS / "bench_input.json"))
     args = parser.parse_args()
 
@@ -69,6 +74,7 @@ def main() -> None:
             seconds=args.seconds,
             repeats=args.repeat,
             remote_latency_ms=args.remote_latency_ms or None,
+            cases=_cases(args.cases),
             progress=lambda line: print(line, flush=True),
         )
     finally:
@@ -86,6 +92,14 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=2))
     bench.write_png(result, str(Path(args.out).with_suffix(".png")))
     print(f"wrote {args.out}")
+
+
+def _cases(text: str | None) -> tuple[str, ...] | None:
+    """``"ceiling,jpeg,jpeg+aug"`` -> ``("ceiling", "jpeg")``: "+aug" runs with its base case."""
+    if not text:
+        return None
+    names = [name.strip().removesuffix("+aug") for name in text.split(",") if name.strip()]
+    return tuple(dict.fromkeys(names))
 
 
 if __name__ == "__main__":
