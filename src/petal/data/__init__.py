@@ -19,6 +19,11 @@ _EXPORTS = {
     "InspectReport": "petal.data.inspect",
     "find_images": "petal.data.folders",
     "IMAGE_EXTENSIONS": "petal.data.folders",
+    # input pipeline (issue 3)
+    "train_dataset": "petal.data.pipeline",
+    "eval_dataset": "petal.data.pipeline",
+    "distributed_dataset": "petal.data.pipeline",
+    "open_source": "petal.data.reader",
 }
 
 __all__ = sorted(_EXPORTS)
