@@ -56,9 +56,9 @@ def test_named_strategies_and_errors(monkeypatch):
 def test_check_global_batch():
     assert check_global_batch(128, 8) == 16
     assert check_global_batch(32, 1) == 32
-    with pytest.raises(PetalError, match="use 24 or 32.*batch_size=30"):
+    with pytest.raises(PetalError, match="nearest valid sizes: 24 or 32 .*batch_size=30"):
         check_global_batch(30, 8)
-    with pytest.raises(PetalError, match="use 8 .*batch_size=5"):
+    with pytest.raises(PetalError, match="nearest valid sizes: 8 .*batch_size=5"):
         check_global_batch(5, 8)
     with pytest.raises(PetalError, match="batch_size=0"):
         check_global_batch(0, 1)

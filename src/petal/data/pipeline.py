@@ -77,6 +77,7 @@ __all__ = [
     "open_source",
     "normalize",
     "load_image",
+    "per_replica_batch",
     "steps_per_epoch",
 ]
 
@@ -572,17 +573,29 @@ def _check_batch(batch_size) -> int:
 
 
 def _per_replica_batch(batch_size, input_context) -> int:
-    batch_size = _check_batch(batch_size)
     if input_context is None:
-        return batch_size
-    replicas = input_context.num_replicas_in_sync
+        return _check_batch(batch_size)
+    return per_replica_batch(batch_size, input_context.num_replicas_in_sync)
+
+
+def per_replica_batch(batch_size: int, replicas: int) -> int:
+    """The per-replica share of a global batch.
+
+    Raises:
+        PetalError: ``batch_size`` is not a positive multiple of ``replicas``; the message
+            names the nearest valid sizes.
+    """
+    batch_size = _check_batch(batch_size)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise PetalError(f"replicas must be at least 1. Received: replicas={replicas!r}")
     if batch_size % replicas:
         lower = (batch_size // replicas) * replicas
         upper = lower + replicas
         nearest = f"{lower} or {upper}" if lower else f"{upper}"
         raise PetalError(
             f"Global batch size {batch_size} does not divide across {replicas} replicas; "
-            f"nearest valid sizes: {nearest}. Received: batch_size={batch_size}"
+            f"nearest valid sizes: {nearest} (multiples of {replicas}). "
+            f"Received: batch_size={batch_size}"
         )
     return batch_size // replicas
 

@@ -147,19 +147,9 @@ def check_global_batch(batch_size: int, replicas: int) -> int:
         PetalError: ``batch_size`` is not a positive multiple of ``replicas``; the message names
             the nearest valid sizes.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
-    if replicas < 1:
-        raise PetalError(f"replicas must be at least 1. Received: replicas={replicas}")
-    if batch_size % replicas:
-        lower = (batch_size // replicas) * replicas
-        upper = lower + replicas
-        nearest = f"{lower} or {upper}" if lower else f"{upper}"
-        raise PetalError(
-            f"Global batch size {batch_size} does not divide across {replicas} replicas; use "
-            f"{nearest} (a multiple of {replicas}). Received: batch_size={batch_size}"
-        )
-    return batch_size // replicas
+    from petal.data.pipeline import per_replica_batch
+
+    return per_replica_batch(batch_size, replicas)
 
 
 def describe(
