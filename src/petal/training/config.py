@@ -402,7 +402,7 @@ def squeezenet_plus() -> TrainConfig:
         model="squeezenet",
         model_options={"any_size": True},
         train_image_size=128,
-        epochs=60,
+        epochs=55,
         optimizer="adamw",
         learning_rate=2e-3,
         weight_decay=0.05,
