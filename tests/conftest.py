@@ -76,6 +76,17 @@ def small_records(small_flowers, tmp_path_factory) -> Path:
     return out
 
 
+def image_ids(dataset) -> list[int]:
+    """Image ids (pixel (0, 0) of `write_test_records` raw records) of every dataset element."""
+    import numpy as np
+
+    out = []
+    for images, _ in dataset:
+        px = images.numpy()[:, 0, 0, :2].astype(np.int64)
+        out += list(px[:, 0] + 256 * px[:, 1])
+    return out
+
+
 def corrupt_record(path: Path, record: int) -> None:
     """Flip one byte inside record number ``record`` of a TFRecord file (breaks its data CRC)."""
     data = bytearray(path.read_bytes())

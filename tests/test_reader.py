@@ -5,24 +5,14 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import corrupt_record
+from conftest import corrupt_record, image_ids
 from petal.data import reader
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import CODELAB_CLASSES, open_source
 from petal.errors import PetalError
-
-
-def _ids(dataset) -> list[int]:
-    """Image ids (pixel (0, 0) of raw test records) of every element of a dataset."""
-    out = []
-    for images, _ in dataset:
-        px = images.numpy()[:, 0, 0, :2].astype(np.int64)
-        out += list(px[:, 0] + 256 * px[:, 1])
-    return out
 
 
 def test_records_folder(make_records):
@@ -130,7 +120,7 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
         list(eval_dataset(src, batch_size=2))
     before = reader.SKIPPED.skipped
     with caplog.at_level(logging.WARNING, logger="petal.data.reader"):
-        ids = _ids(eval_dataset(src, batch_size=2, normalization="raw", skip_corrupt=True))
+        ids = image_ids(eval_dataset(src, batch_size=2, normalization="raw", skip_corrupt=True))
     assert ids == [13, 14, 15]
     assert reader.SKIPPED.skipped - before == 2
     assert "validation-00000-of-00001-5.tfrec" in caplog.text

@@ -9,18 +9,11 @@ import urllib.request
 import numpy as np
 import pytest
 
+from conftest import image_ids
 from petal.data import remote
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import open_source
 from petal.errors import PetalError
-
-
-def _ids(dataset) -> list[int]:
-    out = []
-    for images, _ in dataset:
-        px = images.numpy()[:, 0, 0, :2].astype(np.int64)
-        out += list(px[:, 0] + 256 * px[:, 1])
-    return out
 
 
 def test_server_get_range_list_and_refusals(tmp_path):
@@ -70,11 +63,11 @@ def test_records_over_http_match_local(make_records):
     with remote.ObjectServer({"records": folder}, latency_ms=1) as server:
         src = open_source(server.url("records"))
         assert src.kind == "records" and src.remote and src.count("validation") == 9
-        ids = _ids(eval_dataset(src, batch_size=4, normalization="raw"))
-        assert ids == _ids(eval_dataset(str(folder), batch_size=4, normalization="raw"))
+        ids = image_ids(eval_dataset(src, batch_size=4, normalization="raw"))
+        assert ids == image_ids(eval_dataset(str(folder), batch_size=4, normalization="raw"))
         assert sorted(ids) == list(range(13, 22))
         train = train_dataset(src, batch_size=13, augment=None, normalization="raw", seed=0)
-        assert all(sorted(_ids([batch])) == list(range(13)) for batch in train.take(2))
+        assert all(sorted(image_ids([batch])) == list(range(13)) for batch in train.take(2))
 
 
 def test_corrupt_remote_shard_names_the_url(make_records):

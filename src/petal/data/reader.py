@@ -464,7 +464,8 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
                 " of ",
                 tf.strings.as_string(expected),
                 " records read). Run `petal inspect "
-                "--verify`, convert again, or pass skip_corrupt=True / --skip-corrupt.",
+                "--verify`, convert again, or pass skip_corrupt=True "
+                "(petal train: --set skip_corrupt=true).",
             ]
         )
         # More records than promised means the manifest (or file name) disagrees.
