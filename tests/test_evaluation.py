@@ -135,6 +135,33 @@ def test_evaluate_refuses_other_classes(trained, small_flowers, tmp_path):
         evaluate(trained, tmp_path, log=lambda line: None)
 
 
+def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
+    trained, small_records, tmp_path, capsys
+):
+    import shutil
+
+    from conftest import corrupt_record
+    from petal.cli import main
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    shard = sorted(records.glob("validation-*.tfrec"))[0]
+    corrupt_record(shard, 3)
+    out = tmp_path / "eval"
+    args = ["evaluate", str(trained), "--data", str(records), "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert f"corrupt or truncated shard {shard}: record 3" in err[0] and "--skip-corrupt" in err[0]
+
+    assert main([*args, "--skip-corrupt"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    # Records 0-2 of the shard are read; the CRC failure loses record 3 and everything after.
+    in_shard = int(shard.stem.rsplit("-", 1)[1])
+    assert report["skipped_corrupt_records"] == in_shard - 3
+    assert report["count"] == 10 - (in_shard - 3)
+
+
 def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 

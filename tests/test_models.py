@@ -193,6 +193,17 @@ def test_count_flops_of_known_architectures():
     assert count_flops(create_model("convnet", 5, 192)) == 2 * macs
 
 
+def test_squeezenet_stem_stride_keeps_the_weights_and_quarters_the_work():
+    codelab = create_model("squeezenet", 5, 192)
+    strided = create_model("squeezenet", 5, 192, stem_stride=2)
+    assert count_params(strided) == count_params(codelab) == (120_613, 119_301)
+    # Every convolution sees a quarter of the positions (the stem writes 96x96, not 192x192).
+    assert count_flops(strided) == pytest.approx(count_flops(codelab) / 4, rel=0.01)
+    any_size = create_model("squeezenet", 5, 192, stem_stride=2, any_size=True)
+    out = any_size.predict(np.zeros((2, 160, 160, 3), "float32"), verbose=0)
+    assert out.shape == (2, 5)
+
+
 def test_model_summary_row():
     row = model_summary("squeezenet", 5, 64)
     assert row["params"] == 120_613 and row["image_size"] == 64 and row["mflops"] > 0

@@ -130,6 +130,48 @@ def test_jpeg_records_and_resize(make_records):
     assert small.shape == (2, 8, 12, 3)
 
 
+def test_simplejpeg_and_tf_decoders_give_the_same_pixels(small_records):
+    pytest.importorskip("simplejpeg")
+    kw = dict(batch_size=8, augment=None, cache="off", seed=5, normalization="raw")
+    batches = {
+        decoder: [b.numpy() for b, _ in train_dataset(small_records, decoder=decoder, **kw).take(3)]
+        for decoder in ("tf", "simplejpeg")
+    }
+    for a, b in zip(batches["tf"], batches["simplejpeg"], strict=True):
+        assert a.shape == (8, 64, 64, 3)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_simplejpeg_batch_names_a_size_mismatch(small_records):
+    pytest.importorskip("simplejpeg")
+    blob = next(iter(tf.data.TFRecordDataset(sorted(map(str, small_records.glob("train-*"))))))
+    image = tf.io.parse_single_example(blob, {"image": tf.io.FixedLenFeature([], tf.string)})
+    decode = pipeline._simplejpeg_batch(32, 32, required=True)
+    with pytest.raises(ValueError, match="image 0 of the batch is 64x64, the records say 32x32"):
+        decode(np.array([image["image"].numpy()], dtype=object))
+
+
+@pytest.mark.parametrize("augment", [None, "codelab"])
+def test_uint8_batches_match_the_float_pipeline(records, augment):
+    kw = dict(batch_size=4, augment=augment, seed=3, normalization="raw", label_mode="sparse")
+    u8 = train_dataset(str(records), dtype="uint8", **kw)
+    assert u8.element_spec[0].dtype == tf.uint8 and u8.element_spec[0].shape == (4, 16, 16, 3)
+    floats = train_dataset(str(records), **kw)
+    for (a, la), (b, lb) in zip(u8.take(3), floats.take(3), strict=True):
+        np.testing.assert_array_equal(la, lb)
+        # Same draws: the uint8 batch is the float batch rounded (exact without augmentation).
+        diff = np.abs(a.numpy().astype(np.float32) - np.round(b.numpy()))
+        assert diff.max() <= (0 if augment is None else 1)
+    images, _ = next(iter(eval_dataset(str(records), batch_size=3, dtype="uint8", normalization="raw")))
+    assert images.dtype == tf.uint8
+    with pytest.raises(PetalError, match="pass normalization='raw'"):
+        train_dataset(str(records), batch_size=4, dtype="uint8")
+    with pytest.raises(PetalError, match="dtype must be one of float32, uint8"):
+        eval_dataset(str(records), batch_size=4, dtype="float16")
+    with pytest.raises(PetalError, match="decoder must be one of auto, tf, simplejpeg"):
+        train_dataset(str(records), batch_size=4, decoder="pil")
+
+
 def test_bad_arguments(records):
     src = open_source(str(records))
     with pytest.raises(PetalError, match="batch_size=0"):

@@ -299,7 +299,7 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     shard = sorted(records.glob("validation-*.tfrec"))[0]
     corrupt_record(shard, 1)
     cfg = _cfg(records, epochs=1)
-    with pytest.raises(PetalError, match=rf"Corrupt input.*{shard.name}.*skip_corrupt"):
+    with pytest.raises(PetalError, match=rf"Corrupt input.*{shard.name}.*--skip-corrupt"):
         train(cfg, tmp_path / "run", **QUIET)
     metrics = train(cfg.replace(skip_corrupt=True), tmp_path / "run2", **QUIET)
     # A CRC failure loses the rest of its shard: record 1 and everything after it.

@@ -143,7 +143,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--augment", default="codelab", help="augmentation of the +aug cases (codelab)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="rounds over all cases; medians reported (default 1)")
-    p.add_argument("--cases", help="comma-separated subset: ceiling,folder,jpeg,raw,cached,remote")
+    p.add_argument("--cases", help="comma-separated subset: ceiling,folder,jpeg,jpeg-uint8,jpeg-tf,raw,cached,remote")
     p.add_argument("--remote-latency-ms", type=float, metavar="MS",
                    help="also read through a loopback object server with MS ms per request")
     p.set_defaults(_run=_run_bench_input)
@@ -268,6 +268,11 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     parser.add_argument("--overwrite", action="store_true", help="replace the run in --workdir")
+    parser.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="skip corrupt records with a warning and count them (default: stop)",
+    )
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -290,7 +295,7 @@ def _run_train(args: argparse.Namespace) -> int:
         base = resume_config(args.workdir)
     elif args.preset:
         get_preset(args.preset)  # unknown preset: list the valid ones before anything else
-    overrides = list(args.overrides)
+    overrides = list(args.overrides) + (["skip_corrupt=true"] if args.skip_corrupt else [])
     weights = args.weights
     if weights is not None and weights.lower() == "none":
         weights, overrides = None, ["weights=null", *overrides]
@@ -331,6 +336,12 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print eval.json")
+    parser.add_argument("--out", default=None, metavar="DIR", help="default WORKDIR/eval")
+    parser.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="skip corrupt records with a warning and count them (default: stop)",
+    )
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
@@ -349,6 +360,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         split=args.split,
         batch_size=args.batch_size,
         top_k=args.top_k,
+        out_dir=args.out,
+        skip_corrupt=args.skip_corrupt,
         log=quiet,
     )
     if args.json:

@@ -307,8 +307,11 @@ def run(
             machine load, which matters on a shared machine).
         remote_latency_ms: also measure reads through a loopback object server with this
             latency per request.
-        cases: only these case names (``ceiling``, ``folder``, ``jpeg``, ``raw``, ``cached``,
-            ``remote``); default all that apply.
+        cases: only these case names (``ceiling``, ``folder``, ``jpeg``, ``jpeg-uint8``,
+            ``jpeg-tf``, ``raw``, ``cached``, ``remote``); default all that apply. ``jpeg`` is
+            the default pipeline (float32 batches); ``jpeg-uint8`` the same records as uint8
+            batches (normalised on the accelerator; no float pass on the host);
+            ``jpeg-tf`` decodes with ``tf.io.decode_jpeg`` instead of simplejpeg.
         progress: called with one line per finished case.
     """
     from petal.data import pipeline
@@ -319,12 +322,11 @@ def run(
         raise PetalError(f"bench input needs records of one image size; {records} has mixed sizes.")
     if repeats < 1:
         raise PetalError(f"repeats must be >= 1. Received: repeats={repeats}")
-    wanted = set(cases or ("ceiling", "folder", "jpeg", "raw", "cached", "remote"))
-    unknown = wanted - {"ceiling", "folder", "jpeg", "raw", "cached", "remote"}
+    wanted = set(cases or CASES)
+    unknown = wanted - set(CASES)
     if unknown:
         raise PetalError(
-            f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: ceiling, "
-            "folder, jpeg, raw, cached, remote."
+            f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: {', '.join(CASES)}."
         )
     blobs = jpeg_bytes(src)
     result = BenchResult(
@@ -342,10 +344,16 @@ def run(
             f"{batch_size}. Received: batch_size={batch_size}"
         )
 
-    def pipeline_case(source, aug, cache="off", warmup=10):
+    def pipeline_case(source, aug, cache="off", warmup=10, **options):
         def measure():
             ds = pipeline.train_dataset(
-                source, batch_size=batch_size, image_size=size, augment=aug, cache=cache, seed=None
+                source,
+                batch_size=batch_size,
+                image_size=size,
+                augment=aug,
+                cache=cache,
+                seed=None,
+                **options,
             )
             return time_dataset(ds, batch_size=batch_size, seconds=seconds, warmup_batches=warmup)
 
@@ -381,6 +389,26 @@ def run(
             if "jpeg" in wanted:
                 plan.append(
                     (f"jpeg{sfx}", pipeline_case(src, aug), src.path, aug_name, "TFRecord JPEG")
+                )
+            if "jpeg-uint8" in wanted:
+                plan.append(
+                    (
+                        f"jpeg-uint8{sfx}",
+                        pipeline_case(src, aug, dtype="uint8", normalization="raw"),
+                        src.path,
+                        aug_name,
+                        "TFRecord JPEG, uint8 batches",
+                    )
+                )
+            if "jpeg-tf" in wanted:
+                plan.append(
+                    (
+                        f"jpeg-tf{sfx}",
+                        pipeline_case(src, aug, decoder="tf"),
+                        src.path,
+                        aug_name,
+                        "TFRecord JPEG, tf.io.decode_jpeg",
+                    )
                 )
             if "raw" in wanted:
                 plan.append(
@@ -454,9 +482,14 @@ def _median(values):
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+CASES = ("ceiling", "folder", "jpeg", "jpeg-uint8", "jpeg-tf", "raw", "cached", "remote")
+
 RATIOS = {
     "jpeg/ceiling": ("jpeg", "ceiling"),
     "jpeg+aug/ceiling": ("jpeg+aug", "ceiling"),
+    "jpeg-uint8/ceiling": ("jpeg-uint8", "ceiling"),
+    "jpeg-uint8+aug/ceiling": ("jpeg-uint8+aug", "ceiling"),
+    "jpeg/jpeg-tf": ("jpeg", "jpeg-tf"),
     "cached/jpeg": ("cached", "jpeg"),
     "cached+aug/jpeg+aug": ("cached+aug", "jpeg+aug"),
     "raw/jpeg": ("raw", "jpeg"),
@@ -545,6 +578,8 @@ def remote_bench(
 TARGETS = {
     "jpeg/ceiling": 0.85,
     "jpeg+aug/ceiling": 0.7,
+    "jpeg-uint8/ceiling": 0.85,
+    "jpeg-uint8+aug/ceiling": 0.7,
     "cached/jpeg": 3.0,
     "remote sharded/per-file": 50.0,
 }
@@ -582,6 +617,17 @@ def _summarise(result: BenchResult) -> None:
         f.append(
             f"Augmentation ({aug}) costs {max(cost, 0) * 100:.0f}% of the JPEG pipeline's "
             "throughput" + (" (within noise)." if abs(cost) < 0.05 else ".")
+        )
+    if "jpeg/jpeg-tf" in r:
+        f.append(
+            f"Decoding with simplejpeg (one call per batch) is {r['jpeg/jpeg-tf']:.2f}x "
+            "tf.io.decode_jpeg (one op per image) in the same pipeline, same pixels."
+        )
+    if "jpeg-uint8/ceiling" in r and wall:
+        f.append(
+            f"uint8 batches (normalised on the accelerator) run at "
+            f"{r['jpeg-uint8/ceiling']:.2f}x the ceiling: the host's float conversion costs "
+            f"{max(1 - wall / r['jpeg-uint8/ceiling'], 0) * 100:.0f}% of the float32 pipeline."
         )
     if "cached/jpeg" in r:
         f.append(

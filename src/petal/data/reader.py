@@ -465,7 +465,7 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
                 tf.strings.as_string(expected),
                 " records read). Run `petal inspect "
                 "--verify`, convert again, or pass skip_corrupt=True "
-                "(petal train: --set skip_corrupt=true).",
+                "(petal train/evaluate: --skip-corrupt).",
             ]
         )
         # More records than promised means the manifest (or file name) disagrees.
@@ -494,6 +494,25 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
         .filter(graph(check))
         .map(graph(lambda block, last, n: block))
         .unbatch()
+    )
+
+
+def corrupt_input_error(err, data, action: str) -> PetalError:
+    """A one-line error for a corrupt record or image that stopped ``action`` on ``data``.
+
+    ``err`` is the ``DataLossError`` or ``InvalidArgumentError`` TensorFlow raised; when it
+    carries the reader's own message (see :func:`guarded_records`) the shard and record it
+    names are kept and TensorFlow's stack of op names is dropped.
+    """
+    import re
+
+    text = getattr(err, "message", None) or str(err)
+    ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    reason = ours.group(1) if ours else (lines or ["unknown error"])[-1]
+    return PetalError(
+        f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on it, reconvert, or "
+        f"{action} with --skip-corrupt to skip and count bad records."
     )
 
 

@@ -4,10 +4,13 @@ The conversion reads the files twice:
 
 1. *scan* (threads in this process): read and hash every file. Unreadable files are
    skipped here, and the hashes let the split keep byte-identical duplicates together.
-2. *convert* (worker processes): decode, orient, resize, encode and serialise each record,
-   in the final record order. Undecodable files, non-images and images over the pixel
-   limit are skipped here. The main process frames and writes the records in that order,
-   so the output does not depend on the number of workers.
+2. *convert* (worker processes): decode, orient, resize, encode, serialise and frame each
+   record (TFRecord length and CRC32C headers). Undecodable files, non-images and images
+   over the pixel limit are skipped here. For a local output folder each worker writes a
+   run of up to 32 consecutive records of a shard to a piece file of its own, and the main
+   process appends the pieces to their shard in record order, hashing as it goes: it
+   touches no record, so it no longer competes with the workers for the cores. The output
+   does not depend on the number of workers.
 
 Between the passes the files are split (seeded, stratified by class, disjoint by content),
 shuffled with the seed and cut into shards. Shards are written under temporary names and
@@ -15,9 +18,10 @@ renamed once all are complete; the manifest is written last, so a folder without
 ``manifest.json`` is never a finished conversion, and the next run removes what an
 interrupted one left behind.
 
-Workers import only PIL and NumPy (``petal.data.images``) and serialise the
-``tf.train.Example`` themselves; TensorFlow is used in the main process, for
-``tf.io.TFRecordWriter`` (CRC framing) and ``tf.io.gfile`` paths.
+Workers import only PIL, NumPy and google-crc32c (``petal.data.images``) and serialise
+the ``tf.train.Example`` themselves; TensorFlow is used in the main process for
+``tf.io.gfile`` paths (remote outputs, whose records the main process writes itself with
+``tf.io.TFRecordWriter``).
 """
 
 from __future__ import annotations
@@ -253,6 +257,49 @@ def example_bytes(
     return b"".join([b"\x0a", _varint(size), *parts])
 
 
+def _masked_crc(data: bytes) -> bytes:
+    """TFRecord's masked CRC32C of ``data``, little-endian (as TensorFlow's writer)."""
+    crc = _crc32c(data)
+    rotated = ((crc >> 15) | (crc << 17)) & 0xFFFFFFFF
+    return ((rotated + 0xA282EAD8) & 0xFFFFFFFF).to_bytes(4, "little")
+
+
+def frame_record(record: bytes) -> bytes:
+    """One TFRecord: length, CRC of the length, data, CRC of the data.
+
+    The same bytes ``tf.io.TFRecordWriter`` writes for ``record`` (a test checks).
+    """
+    length = len(record).to_bytes(8, "little")
+    return b"".join((length, _masked_crc(length), record, _masked_crc(record)))
+
+
+def _crc32c(data: bytes) -> int:
+    import google_crc32c
+
+    return google_crc32c.value(data)
+
+
+def _write_piece(job: tuple[list[tuple[str, int, str]], str], options: _Options) -> list:
+    """Converts a run of consecutive records and writes them, framed, to one piece file.
+
+    Returns per task ``None`` (written) or the reason it was skipped. No file is left when
+    every task is skipped.
+    """
+    tasks, path = job
+    results, framed = [], []
+    for task in tasks:
+        result = _convert(task, options)
+        if isinstance(result, str):
+            results.append(result)
+        else:
+            results.append(None)
+            framed.append(frame_record(result))
+    if framed:
+        with open(path, "wb") as f:
+            f.write(b"".join(framed))
+    return results
+
+
 def _worker_setup() -> None:
     """Makes glibc keep freed memory instead of returning each large block to the OS.
 
@@ -314,15 +361,15 @@ class _Mapper:
                 workers, mp_context=_context(), initializer=_worker_setup
             )
 
-    def imap(self, fn: Callable, items: Sequence) -> Iterator:
+    def imap(self, fn: Callable, items: Sequence, chunk: int | None = None) -> Iterator:
         if self._pool is None:
             return map(fn, items)
-        return self._imap(fn, items)
+        return self._imap(fn, items, chunk)
 
-    def _imap(self, fn: Callable, items: Sequence) -> Iterator:
+    def _imap(self, fn: Callable, items: Sequence, chunk: int | None) -> Iterator:
         # Chunks of up to 32 files: fewer, larger messages cost the main process about a
         # third less than chunks of 8, while 8+ chunks per worker keep the load even.
-        size = max(1, min(32, len(items) // (self.workers * 8)))
+        size = chunk or max(1, min(32, len(items) // (self.workers * 8)))
         # A bounded number of chunks in flight, so that results waiting for the writer
         # never pile up in memory; taken in order, so the output does not depend on the
         # number of workers.
@@ -801,36 +848,14 @@ def _write(
         for index, size in enumerate(_shard_sizes(len(splits[split]), shard_counts[split])):
             plan += [(split, index, next(items)) for _ in range(size)]
 
-    convert_fn = functools.partial(_convert, options=options)
-    results = mapper.imap(convert_fn, [_task(item) for _, _, item in plan])
     created = not folders.exists(output)
     _prepare_output(output)
     temp_paths: list[str] = []
     try:
-        import tensorflow as tf
-
-        shards: dict[tuple[str, int], dict] = {}
-        writer = None
-        current = None
-        with _progress(len(plan), "convert", progress) as bar:
-            for (split, index, item), result in zip(plan, results, strict=True):
-                bar.update()
-                if isinstance(result, str):
-                    skipped.append({"file": item.file.relpath, "reason": result})
-                    continue
-                if (split, index) != current:
-                    if writer is not None:
-                        writer.close()
-                    current = (split, index)
-                    path = folders.join(output, f"{_TEMP_PREFIX}{split}-{index:05d}.tfrec")
-                    temp_paths.append(path)
-                    writer = tf.io.TFRecordWriter(path)
-                    shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
-                writer.write(result)
-                shards[current]["count"] += 1
-                shards[current]["per_class"][item.file.label] += 1
-        if writer is not None:
-            writer.close()
+        if _pieces_possible(output):
+            shards = _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths)
+        else:
+            shards = _write_records(output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
 
@@ -842,7 +867,10 @@ def _write(
                 name = schema.shard_name(split, index, len(mine), shard["count"])
                 final = folders.join(output, name)
                 _rename(shard["temp"], final)
-                size, digest = _file_digest(final)
+                if "sha256" in shard:
+                    size, digest = shard["bytes"], shard["sha256"]
+                else:
+                    size, digest = _file_digest(final)
                 entries[split].append(
                     {
                         "file": name,
@@ -861,6 +889,109 @@ def _write(
         if created and not folders.is_remote(output) and not os.listdir(output):
             os.rmdir(output)
         raise
+
+
+def _pieces_possible(output: str) -> bool:
+    """Workers write pieces of a local output folder when they can frame records."""
+    if folders.is_remote(output):
+        return False
+    try:
+        import google_crc32c
+    except ImportError:
+        return False
+    return google_crc32c.implementation == "c"  # the pure-Python fallback is far too slow
+
+
+def _shard_runs(plan, size: int):
+    """Consecutive runs of at most ``size`` plan entries, never crossing a shard boundary."""
+    run: list = []
+    for entry in plan:
+        if run and (len(run) == size or run[-1][:2] != entry[:2]):
+            yield run
+            run = []
+        run.append(entry)
+    if run:
+        yield run
+
+
+def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
+    """Workers write framed pieces; this process appends them to their shards and hashes."""
+    size = 32
+    runs = list(_shard_runs(plan, size))
+    jobs = []
+    for n, run in enumerate(runs):
+        piece = folders.join(output, f"{_TEMP_PREFIX}piece-{n:06d}.tfrec")
+        jobs.append(([_task(item) for _, _, item in run], piece))
+        temp_paths.append(piece)  # removed on failure even if a worker wrote it late
+    results = mapper.imap(functools.partial(_write_piece, options=options), jobs, chunk=1)
+    shards: dict[tuple[str, int], dict] = {}
+    out = None
+    digest = None
+    current = None
+
+    def finish_shard():
+        if out is not None:
+            out.close()
+            shards[current]["sha256"] = digest.hexdigest()
+
+    with _progress(len(plan), "convert", progress) as bar:
+        for run, (_, piece), statuses in zip(runs, jobs, results, strict=True):
+            key = run[0][:2]
+            if key != current and any(status is None for status in statuses):
+                finish_shard()
+                current = key
+                path = folders.join(output, f"{_TEMP_PREFIX}{key[0]}-{key[1]:05d}.tfrec")
+                temp_paths.append(path)
+                out = open(path, "wb")  # noqa: SIM115  (closed by finish_shard)
+                digest = hashlib.sha256()
+                shards[key] = {"temp": path, "count": 0, "per_class": Counter(), "bytes": 0}
+            for (_, _, item), status in zip(run, statuses, strict=True):
+                if status is not None:
+                    skipped.append({"file": item.file.relpath, "reason": status})
+                else:
+                    shards[key]["count"] += 1
+                    shards[key]["per_class"][item.file.label] += 1
+            if any(status is None for status in statuses):
+                with open(piece, "rb") as f:
+                    data = f.read()
+                out.write(data)
+                digest.update(data)
+                shards[key]["bytes"] += len(data)
+                os.remove(piece)
+            bar.update(len(run))
+    finish_shard()
+    return shards
+
+
+def _write_records(output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
+    """Workers return serialised records; this process frames and writes them (any path)."""
+    import tensorflow as tf
+
+    convert_fn = functools.partial(_convert, options=options)
+    results = mapper.imap(convert_fn, [_task(item) for _, _, item in plan])
+    shards: dict[tuple[str, int], dict] = {}
+    writer = None
+    current = None
+    with _progress(len(plan), "convert", progress) as bar:
+        for (split, index, item), result in zip(plan, results, strict=True):
+            bar.update()
+            if isinstance(result, str):
+                skipped.append({"file": item.file.relpath, "reason": result})
+                continue
+            if (split, index) != current:
+                if writer is not None:
+                    writer.close()
+                current = (split, index)
+                path = folders.join(output, f"{_TEMP_PREFIX}{split}-{index:05d}.tfrec")
+                temp_paths.append(path)
+                writer = tf.io.TFRecordWriter(path)
+                shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
+            writer.write(result)
+            shards[current]["count"] += 1
+            shards[current]["per_class"][item.file.label] += 1
+    if writer is not None:
+        writer.close()
+    return shards
 
 
 def _manifest(

@@ -32,6 +32,7 @@ def evaluate(
     max_misclassified: int = 24,
     num_samples: int = 12,
     out_dir: str | Path | None = None,
+    skip_corrupt: bool = False,
     log=None,
 ) -> dict:
     """Evaluate the run's final model on ``data``.
@@ -46,15 +47,21 @@ def evaluate(
         max_misclassified: at most this many misclassified images in the grid.
         num_samples: images in the sample-predictions grid.
         out_dir: output folder; default ``WORKDIR/eval``.
+        skip_corrupt: skip corrupt records and undecodable images with a warning (counted
+            in ``eval.json`` as ``skipped_corrupt_records``) instead of stopping.
         log: receives one summary line (default: print).
 
     Returns:
         The contents of ``eval.json``.
 
     Raises:
-        PetalError: no finished run, unreadable data, or classes that differ from the model's.
+        PetalError: no finished run, unreadable data, a corrupt record (without
+            ``skip_corrupt``), or classes that differ from the model's.
     """
+    from tensorflow import errors as tf_errors
+
     from petal.data.pipeline import eval_dataset, open_source
+    from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
     run = open_run(workdir)
@@ -69,29 +76,25 @@ def evaluate(
         label_mode="sparse",
         normalization=run.normalization,
         split=split,
+        skip_corrupt=skip_corrupt,
     )
     model = load_model(run)
+    skipped_before = SKIPPED.skipped
 
     start = time.perf_counter()
     labels, probs = [], []
     samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
     wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
-    for images, y in ds:
-        p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
-        y = np.asarray(y, dtype=np.int64)
-        labels.append(y)
-        probs.append(p)
-        pred = p.argmax(axis=1)
-        images = np.asarray(images)
-        for i in range(len(y)):
-            keep_sample = len(samples["images"]) < num_samples
-            keep_wrong = pred[i] != y[i] and len(wrong["images"]) < max_misclassified
-            for keep, bucket in ((keep_sample, samples), (keep_wrong, wrong)):
-                if keep:
-                    bucket["images"].append(denormalize_np(images[i], run.normalization))
-                    bucket["true"].append(int(y[i]))
-                    bucket["pred"].append(int(pred[i]))
-                    bucket["prob"].append(float(p[i, pred[i]]))
+    try:
+        for images, y in ds:
+            p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
+            y = np.asarray(y, dtype=np.int64)
+            labels.append(y)
+            probs.append(p)
+            _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
+                           num_samples, max_misclassified)
+    except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
+        raise corrupt_input_error(err, data, "evaluate") from err
     seconds = time.perf_counter() - start
     if not labels:
         raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
@@ -110,6 +113,8 @@ def evaluate(
             "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
         }
     )
+    if skip_corrupt:
+        report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -124,9 +129,12 @@ def evaluate(
     if grid is None:  # nothing misclassified: drop a grid left by an earlier evaluation
         (out / "misclassified.png").unlink(missing_ok=True)
     top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
+    skipped = report.get("skipped_corrupt_records")
     log(
         f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
-        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f} -> {out}"
+        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
+        + (f", {skipped} corrupt records skipped" if skipped else "")
+        + f" -> {out}"
     )
     return report
 
@@ -142,3 +150,17 @@ def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:
         prob=np.asarray(bucket["prob"], np.float64),
         classes=np.asarray(list(classes)),
     )
+
+
+def _keep_examples(images, y, p, samples, wrong, normalization, num_samples, max_wrong):
+    """Append the batch's first images to ``samples`` and its mistakes to ``wrong``."""
+    pred = p.argmax(axis=1)
+    for i in range(len(y)):
+        keep_sample = len(samples["images"]) < num_samples
+        keep_wrong = pred[i] != y[i] and len(wrong["images"]) < max_wrong
+        for keep, bucket in ((keep_sample, samples), (keep_wrong, wrong)):
+            if keep:
+                bucket["images"].append(denormalize_np(images[i], normalization))
+                bucket["true"].append(int(y[i]))
+                bucket["pred"].append(int(pred[i]))
+                bucket["prob"].append(float(p[i, pred[i]]))

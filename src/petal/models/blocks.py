@@ -13,13 +13,22 @@ from keras import layers
 BN_MOMENTUM = 0.9
 
 
-def conv_bn(x, filters: int, kernel_size: int, *, separable: bool = False, name: str | None = None):
+def conv_bn(
+    x,
+    filters: int,
+    kernel_size: int,
+    *,
+    strides: int = 1,
+    separable: bool = False,
+    name: str | None = None,
+):
     """Conv (ReLU, padding same, bias on) followed by BatchNorm, the codelab's order.
 
     Args:
         x: Input tensor.
         filters: Output channels.
         kernel_size: Square kernel side.
+        strides: Convolution stride.
         separable: Use a depthwise-separable convolution instead of a full one.
         name: Prefix for the two layers' names.
 
@@ -30,6 +39,7 @@ def conv_bn(x, filters: int, kernel_size: int, *, separable: bool = False, name:
     x = conv(
         filters,
         kernel_size,
+        strides=strides,
         padding="same",
         activation="relu",
         name=f"{name}_conv" if name else None,

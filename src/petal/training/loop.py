@@ -23,7 +23,6 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 from __future__ import annotations
 
 import math
-import re
 import shutil
 import statistics
 import time
@@ -330,6 +329,9 @@ def train(
         # smaller training size.
         augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
 
+    # A TPU's input pipelines run on its hosts as serialised graphs: no Python decoder there.
+    decoder = "tf" if sinfo["tpu"] else "auto"
+
     def train_fn(ctx=None):
         ds = train_dataset(
             source,
@@ -343,6 +345,7 @@ def train(
             normalization=normalization,
             input_context=ctx,
             skip_corrupt=cfg.skip_corrupt,
+            decoder=decoder,
         )
         if weights_by_class is not None:
             import tensorflow as tf
@@ -375,7 +378,7 @@ def train(
     else:
         train_ds, val_ds = train_fn(), eval_fn()
 
-    from petal.data.reader import SKIPPED
+    from petal.data.reader import SKIPPED, corrupt_input_error
 
     skipped_before = SKIPPED.skipped
     t0 = time.perf_counter()
@@ -456,18 +459,8 @@ def train(
                         verbose=0,
                     )
                 except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
-                    # A corrupt record (CRC or decode failure) surfaces here; the reader's
-                    # message names the shard and record.
-                    text = err.message or str(err)
-                    # The reader's own assertion names the shard and record: show just it.
-                    ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
-                    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-                    reason = ours.group(1) if ours else (lines or ["unknown error"])[-1]
-                    raise PetalError(
-                        f"Corrupt input in {cfg.data}: {reason} Run `petal inspect --verify` on "
-                        "it, reconvert, or train with --set skip_corrupt=true to skip and count "
-                        "bad records."
-                    ) from err
+                    # A corrupt record (CRC or decode failure) surfaces here.
+                    raise corrupt_input_error(err, cfg.data, "train") from err
             if nan_guard.nan_epoch is not None:
                 break
         if resume and start_epoch and not loaded:
