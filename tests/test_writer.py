@@ -370,6 +370,11 @@ def test_shard_counts(small_flowers, tmp_path):
     )
     sizes = [s["bytes"] for s in small.manifest["splits"]["train"]["shards"]]
     assert 1 < len(sizes) < 50 and max(sizes) < 4000 * 1.5
+    # Workers estimate the record size during the scan: same shards as in-process.
+    convert(
+        small_flowers, tmp_path / "mb2", image_size=16, shard_mb=0.004, workers=2, progress=False
+    )
+    assert _shard_bytes(tmp_path / "mb2") == _shard_bytes(tmp_path / "mb")
     default = convert(small_flowers, tmp_path / "one", image_size=16, workers=1, progress=False)
     assert default.shards == {"train": 1, "validation": 1}  # far below 200 MB
 

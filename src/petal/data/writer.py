@@ -381,6 +381,14 @@ class _Mapper:
         while pending:
             yield from self._result(pending.popleft())
 
+    def submit(self, fn: Callable, items: Sequence) -> Callable[[], list]:
+        """Starts ``fn`` over ``items`` now (in the workers); returns a function that waits
+        for and returns the results. Runs in this process, when called, for one worker."""
+        if self._pool is None:
+            return lambda: [fn(item) for item in items]
+        future = self._pool.submit(_run_chunk, fn, list(items))
+        return lambda: self._result(future)
+
     @staticmethod
     def _result(future) -> list:
         try:
@@ -613,15 +621,32 @@ def _task(item: _Probed) -> tuple[str, int, str]:
     return item.file.path, item.file.label, item.file.relpath
 
 
-def _estimate_record_bytes(probed: Sequence[_Probed], options: _Options, mapper: _Mapper) -> float:
-    """Average record size on disk, from a spread-out sample of the files."""
-    step = max(1, len(probed) // _ESTIMATE_SAMPLE)
-    sample = [_task(p) for p in probed[::step][:_ESTIMATE_SAMPLE]]
-    convert_fn = functools.partial(_convert, options=options)
-    sizes = [len(r) + _FRAME for r in mapper.imap(convert_fn, sample) if not isinstance(r, str)]
-    if sizes:
-        return sum(sizes) / len(sizes)
-    return sum(p.nbytes for p in probed) / max(1, len(probed)) + _RECORD_OVERHEAD
+def _start_size_estimate(files, options: _Options, mapper: _Mapper) -> Callable[[], float | None]:
+    """Starts converting a spread-out sample of the files; returns a function giving the
+    average record size on disk (None when no sampled file converts).
+
+    Started before the scan, so the workers convert the sample while this process stats and
+    hashes the files: the shard count costs no time of its own.
+    """
+    step = max(1, len(files) // _ESTIMATE_SAMPLE)
+    sample = [(f.path, f.label, f.relpath) for f in files[::step][:_ESTIMATE_SAMPLE]]
+    results = mapper.submit(functools.partial(_convert, options=options), sample)
+
+    def average() -> float | None:
+        sizes = [len(r) + _FRAME for r in results() if not isinstance(r, str)]
+        return sum(sizes) / len(sizes) if sizes else None
+
+    return average
+
+
+def _needs_estimate(options: _Options, shards, shard_mb, count: int) -> bool:
+    """Whether the shard count depends on the records' (unknown) encoded size."""
+    if shards is not None:
+        return False
+    if options.size is None:
+        return True
+    bound = options.size[0] * options.size[1] * 3 + _RECORD_OVERHEAD
+    return options.format != schema.FORMAT_RAW and bound * count > (shard_mb or DEFAULT_SHARD_MB) * _MB
 
 
 def _shard_counts(
@@ -629,7 +654,7 @@ def _shard_counts(
     options: _Options,
     shards: int | None,
     shard_mb: float | None,
-    mapper: _Mapper,
+    estimate: Callable[[], float | None] | None,
 ) -> dict[str, int]:
     if shards is not None:
         return {s: min(shards, len(items)) for s, items in splits.items()}
@@ -642,7 +667,10 @@ def _shard_counts(
     elif options.size is not None and bound * max(map(len, splits.values())) <= target:
         per_record = bound  # a JPEG is smaller than its pixels: one shard either way
     else:
-        per_record = _estimate_record_bytes(everything, options, mapper)
+        # From the sample converted during the scan, else from the source files' sizes.
+        per_record = (estimate() if estimate is not None else None) or (
+            _RECORD_OVERHEAD + sum(p.nbytes for p in everything) / max(1, len(everything))
+        )
     return {
         s: min(len(items), max(1, math.ceil(len(items) * per_record / target)))
         for s, items in splits.items()
@@ -768,6 +796,9 @@ def convert(
         with _progress(len(files), "scan", progress) as bar:
             sizes = each(_size, [f.path for f in files])
             mapper = _Mapper(workers)  # the worker processes start while the threads read
+            estimate = None
+            if _needs_estimate(options, shards, shard_mb, len(files)):
+                estimate = _start_size_estimate(files, options, mapper)
             found: list[tuple[folders.ImageFile, int]] = []
             for f, size in zip(files, sizes, strict=True):
                 if isinstance(size, str):
@@ -795,7 +826,7 @@ def convert(
         if not probed:
             raise PetalError(_nothing_usable(source, skipped))
         splits = split_files(probed, folder.classes, val_fraction, seed)
-        shard_counts = _shard_counts(splits, options, shards, shard_mb, mapper)
+        shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
         written = _write(source, output, splits, shard_counts, options, mapper, progress, skipped)
     finally:
         mapper.close()
