@@ -47,7 +47,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--cases",
-        help="comma-separated cases to run (ceiling, folder, jpeg, jpeg-uint8, jpeg-tf, raw, cached, remote; "
+        help="comma-separated cases to run (ceiling, folder, jpeg, jpeg-uint8, jpeg-sj, raw, cached, remote; "
         "'+aug' variants run with their base case); default: all",
     )
     parser.add_argument("--out", default=str(RESULTS / "bench_input.json"))

@@ -146,7 +146,7 @@ def test_simplejpeg_batch_names_a_size_mismatch(small_records):
     pytest.importorskip("simplejpeg")
     blob = next(iter(tf.data.TFRecordDataset(sorted(map(str, small_records.glob("train-*"))))))
     image = tf.io.parse_single_example(blob, {"image": tf.io.FixedLenFeature([], tf.string)})
-    decode = pipeline._simplejpeg_batch(32, 32, required=True)
+    decode = pipeline._simplejpeg_batch(32, 32)
     with pytest.raises(ValueError, match="image 0 of the batch is 64x64, the records say 32x32"):
         decode(np.array([image["image"].numpy()], dtype=object))
 
@@ -168,7 +168,7 @@ def test_uint8_batches_match_the_float_pipeline(records, augment):
         train_dataset(str(records), batch_size=4, dtype="uint8")
     with pytest.raises(PetalError, match="dtype must be one of float32, uint8"):
         eval_dataset(str(records), batch_size=4, dtype="float16")
-    with pytest.raises(PetalError, match="decoder must be one of auto, tf, simplejpeg"):
+    with pytest.raises(PetalError, match="decoder must be one of tf, simplejpeg"):
         train_dataset(str(records), batch_size=4, decoder="pil")
 
 

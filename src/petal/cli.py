@@ -143,7 +143,7 @@ def _add_bench(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--augment", default="codelab", help="augmentation of the +aug cases (codelab)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="rounds over all cases; medians reported (default 1)")
-    p.add_argument("--cases", help="comma-separated subset: ceiling,folder,jpeg,jpeg-uint8,jpeg-tf,raw,cached,remote")
+    p.add_argument("--cases", help="comma-separated subset: ceiling,folder,jpeg,jpeg-uint8,jpeg-sj,raw,cached,remote")
     p.add_argument("--remote-latency-ms", type=float, metavar="MS",
                    help="also read through a loopback object server with MS ms per request")
     p.set_defaults(_run=_run_bench_input)

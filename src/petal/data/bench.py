@@ -308,10 +308,11 @@ def run(
         remote_latency_ms: also measure reads through a loopback object server with this
             latency per request.
         cases: only these case names (``ceiling``, ``folder``, ``jpeg``, ``jpeg-uint8``,
-            ``jpeg-tf``, ``raw``, ``cached``, ``remote``); default all that apply. ``jpeg`` is
+            ``jpeg-sj``, ``raw``, ``cached``, ``remote``); default all that apply. ``jpeg`` is
             the default pipeline (float32 batches); ``jpeg-uint8`` the same records as uint8
             batches (normalised on the accelerator; no float pass on the host);
-            ``jpeg-tf`` decodes with ``tf.io.decode_jpeg`` instead of simplejpeg.
+            ``jpeg-sj`` decodes with simplejpeg (``decoder="simplejpeg"``) instead of
+            ``tf.io.decode_jpeg``.
         progress: called with one line per finished case.
     """
     from petal.data import pipeline
@@ -400,14 +401,14 @@ def run(
                         "TFRecord JPEG, uint8 batches",
                     )
                 )
-            if "jpeg-tf" in wanted:
+            if "jpeg-sj" in wanted:
                 plan.append(
                     (
-                        f"jpeg-tf{sfx}",
-                        pipeline_case(src, aug, decoder="tf"),
+                        f"jpeg-sj{sfx}",
+                        pipeline_case(src, aug, decoder="simplejpeg"),
                         src.path,
                         aug_name,
-                        "TFRecord JPEG, tf.io.decode_jpeg",
+                        "TFRecord JPEG, simplejpeg decoder",
                     )
                 )
             if "raw" in wanted:
@@ -482,14 +483,14 @@ def _median(values):
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-CASES = ("ceiling", "folder", "jpeg", "jpeg-uint8", "jpeg-tf", "raw", "cached", "remote")
+CASES = ("ceiling", "folder", "jpeg", "jpeg-uint8", "jpeg-sj", "raw", "cached", "remote")
 
 RATIOS = {
     "jpeg/ceiling": ("jpeg", "ceiling"),
     "jpeg+aug/ceiling": ("jpeg+aug", "ceiling"),
     "jpeg-uint8/ceiling": ("jpeg-uint8", "ceiling"),
     "jpeg-uint8+aug/ceiling": ("jpeg-uint8+aug", "ceiling"),
-    "jpeg/jpeg-tf": ("jpeg", "jpeg-tf"),
+    "jpeg-sj/jpeg": ("jpeg-sj", "jpeg"),
     "cached/jpeg": ("cached", "jpeg"),
     "cached+aug/jpeg+aug": ("cached+aug", "jpeg+aug"),
     "raw/jpeg": ("raw", "jpeg"),
@@ -618,9 +619,9 @@ def _summarise(result: BenchResult) -> None:
             f"Augmentation ({aug}) costs {max(cost, 0) * 100:.0f}% of the JPEG pipeline's "
             "throughput" + (" (within noise)." if abs(cost) < 0.05 else ".")
         )
-    if "jpeg/jpeg-tf" in r:
+    if "jpeg-sj/jpeg" in r:
         f.append(
-            f"Decoding with simplejpeg (one call per batch) is {r['jpeg/jpeg-tf']:.2f}x "
+            f"Decoding with simplejpeg (one call per batch) is {r['jpeg-sj/jpeg']:.2f}x "
             "tf.io.decode_jpeg (one op per image) in the same pipeline, same pixels."
         )
     if "jpeg-uint8/ceiling" in r and wall:

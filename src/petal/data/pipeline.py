@@ -71,7 +71,7 @@ DCT_METHOD = "INTEGER_ACCURATE"
 # Compile the per-batch pixel work (augmentation + normalisation) with XLA: one fused pass
 # instead of one per op (several times faster on CPU). PETAL_XLA=0 turns it off.
 USE_XLA = os.environ.get("PETAL_XLA", "1") != "0"
-DECODERS = ("auto", "tf", "simplejpeg")
+DECODERS = ("tf", "simplejpeg")
 
 __all__ = [
     "train_dataset",
@@ -103,7 +103,7 @@ def train_dataset(
     split: str = "train",
     input_context: tf.distribute.InputContext | None = None,
     skip_corrupt: bool = False,
-    decoder: str = "auto",
+    decoder: str = "tf",
     dtype: str = "float32",
 ) -> tf.data.Dataset:
     """The training dataset: infinite, shuffled, augmented batches of static shape.
@@ -131,11 +131,12 @@ def train_dataset(
         input_context: from ``distribute_datasets_from_function`` (see
             :func:`distributed_dataset`): shards the input and sizes the per-replica batch.
         skip_corrupt: warn about and count corrupt records instead of failing.
-        decoder: JPEG decoder of the uncached batch path: ``"simplejpeg"`` (libjpeg-turbo
-            through its own API, called once per batch with the GIL released; about 1.2x
-            TensorFlow's op on this project's CPUs, same pixels), ``"tf"``
-            (``tf.io.decode_jpeg``: a pure graph, for pipelines that must serialise, e.g.
-            tf.data service or a remote TPU host) or ``"auto"`` (simplejpeg when installed).
+        decoder: JPEG decoder of the uncached batch path: ``"tf"`` (``tf.io.decode_jpeg``,
+            one op per image: a pure graph, which tf.data service and TPU hosts need) or
+            ``"simplejpeg"`` (libjpeg-turbo's own API, one ``numpy_function`` call per batch
+            with the GIL released). Same pixels; on this project's CPUs simplejpeg measured
+            0.92x TensorFlow's op inside the pipeline (benchmarks/README.md), so ``"tf"`` is
+            the default.
         dtype: ``"float32"``, or ``"uint8"``: batches of 0..255 pixels (augmented ones
             rounded back) for a model that normalises on the accelerator, e.g. behind a
             ``keras.layers.Rescaling``; a quarter of the bytes to move to the device, and no
@@ -492,8 +493,8 @@ def _batch_decoder(src: Source, size: tuple[int, int], batch: int, decoder: str 
     spec, decode_parsed = single.parse_spec, single.decode_parsed
     h, w = size
     jpeg_batch = None
-    if src.format != schema.FORMAT_RAW and decoder != "tf":
-        jpeg_batch = _simplejpeg_batch(h, w, required=decoder == "simplejpeg")
+    if src.format != schema.FORMAT_RAW and decoder == "simplejpeg":
+        jpeg_batch = _simplejpeg_batch(h, w)
 
     def decode_batch(records):
         ex = tf.io.parse_example(records, spec)
@@ -511,25 +512,24 @@ def _batch_decoder(src: Source, size: tuple[int, int], batch: int, decoder: str 
     return _graph(decode_batch)
 
 
-def _simplejpeg_batch(h: int, w: int, *, required: bool):
-    """A numpy function: JPEG bytes ``[n]`` -> uint8 ``[n, h, w, 3]``, or None.
+def _simplejpeg_batch(h: int, w: int):
+    """A numpy function: JPEG bytes ``[n]`` -> uint8 ``[n, h, w, 3]``.
 
     simplejpeg wraps libjpeg-turbo's TurboJPEG API (the decode ceiling of
     ``petal bench input`` uses it too) and releases the GIL while decoding, so tf.data's
     parallel map calls decode on every core; each image is decoded straight into its slot
     of the batch. Same pixels as ``tf.io.decode_jpeg`` with ``DCT_METHOD`` (accurate integer
-    DCT, fancy upsampling). None when simplejpeg is not installed (and not ``required``).
+    DCT, fancy upsampling).
     """
+    import numpy as np
+
     try:
-        import numpy as np
         import simplejpeg
     except ImportError:
-        if required:
-            raise PetalError(
-                "decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg "
-                "(or pass decoder='tf')."
-            ) from None
-        return None
+        raise PetalError(
+            "decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg "
+            "(or pass decoder='tf')."
+        ) from None
 
     def decode(blobs):
         out = np.empty((len(blobs), h, w, 3), np.uint8)

@@ -329,9 +329,6 @@ def train(
         # smaller training size.
         augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
 
-    # A TPU's input pipelines run on its hosts as serialised graphs: no Python decoder there.
-    decoder = "tf" if sinfo["tpu"] else "auto"
-
     def train_fn(ctx=None):
         ds = train_dataset(
             source,
@@ -345,7 +342,6 @@ def train(
             normalization=normalization,
             input_context=ctx,
             skip_corrupt=cfg.skip_corrupt,
-            decoder=decoder,
         )
         if weights_by_class is not None:
             import tensorflow as tf
