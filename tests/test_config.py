@@ -169,3 +169,20 @@ def test_saved_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "config.json", classes=["a", "b"])
     assert json.loads((tmp_path / "config.json").read_text())["resolved"]["classes"] == ["a", "b"]
     assert config_from_json(tmp_path / "config.json") == cfg
+
+
+def test_train_cli_flags_reach_the_config(monkeypatch, tmp_path):
+    from petal import cli
+    from petal.training import loop
+
+    seen = {}
+    monkeypatch.setattr(
+        loop, "train", lambda config, workdir, **kw: seen.update(config=config, workdir=workdir, **kw)
+    )
+    argv = ["train", "--preset", "squeezenet-plus", "--data", str(tmp_path), "--workdir",
+            str(tmp_path / "run"), "--epochs", "3", "--skip-corrupt", "--overwrite"]
+    assert cli.main(argv) == 0
+    cfg = seen["config"]
+    assert cfg.skip_corrupt and cfg.epochs == 3 and seen["overwrite"] and not seen["resume"]
+    assert cfg.model_options == {"any_size": True, "stem_stride": 2}
+    assert cli.main(argv[:-2]) == 0 and not seen["config"].skip_corrupt
