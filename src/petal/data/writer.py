@@ -639,14 +639,26 @@ def _start_size_estimate(files, options: _Options, mapper: _Mapper) -> Callable[
     return average
 
 
-def _needs_estimate(options: _Options, shards, shard_mb, count: int) -> bool:
-    """Whether the shard count depends on the records' (unknown) encoded size."""
-    if shards is not None:
-        return False
+def _known_record_bytes(options: _Options, largest_split: int, shard_mb) -> int | None:
+    """Bytes per record where they follow from the options alone, else None.
+
+    Raw records have exactly the pixels' size. JPEG records are smaller than their pixels,
+    so when the largest split fits one shard even at that bound, the bound decides as well
+    as the true size would (one shard). Otherwise the encoded size must be measured.
+    """
     if options.size is None:
-        return True
+        return None
     bound = options.size[0] * options.size[1] * 3 + _RECORD_OVERHEAD
-    return options.format != schema.FORMAT_RAW and bound * count > (shard_mb or DEFAULT_SHARD_MB) * _MB
+    if options.format == schema.FORMAT_RAW:
+        return bound  # exact
+    if bound * largest_split <= (shard_mb or DEFAULT_SHARD_MB) * _MB:
+        return bound  # one shard either way
+    return None
+
+
+def _needs_estimate(options: _Options, shards, shard_mb, count: int) -> bool:
+    """Whether the shard count of ``count`` files depends on their (unknown) encoded size."""
+    return shards is None and _known_record_bytes(options, count, shard_mb) is None
 
 
 def _shard_counts(
@@ -660,13 +672,8 @@ def _shard_counts(
         return {s: min(shards, len(items)) for s, items in splits.items()}
     target = (shard_mb or DEFAULT_SHARD_MB) * _MB
     everything = [p for items in splits.values() for p in items]
-    if options.size is not None:
-        bound = options.size[0] * options.size[1] * 3 + _RECORD_OVERHEAD
-    if options.size is not None and options.format == schema.FORMAT_RAW:
-        per_record = bound  # exact
-    elif options.size is not None and bound * max(map(len, splits.values())) <= target:
-        per_record = bound  # a JPEG is smaller than its pixels: one shard either way
-    else:
+    per_record = _known_record_bytes(options, max(map(len, splits.values())), shard_mb)
+    if per_record is None:
         # From the sample converted during the scan, else from the source files' sizes.
         per_record = (estimate() if estimate is not None else None) or (
             _RECORD_OVERHEAD + sum(p.nbytes for p in everything) / max(1, len(everything))
@@ -922,6 +929,13 @@ def _write(
         raise
 
 
+def _temp_shard(output: str, key: tuple[str, int], temp_paths: list[str]) -> str:
+    """The temporary path of shard ``key`` = (split, index), registered for clean-up."""
+    path = folders.join(output, f"{_TEMP_PREFIX}{key[0]}-{key[1]:05d}.tfrec")
+    temp_paths.append(path)
+    return path
+
+
 def _pieces_possible(output: str) -> bool:
     """Workers write pieces of a local output folder when they can frame records."""
     if folders.is_remote(output):
@@ -968,11 +982,11 @@ def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) 
     with _progress(len(plan), "convert", progress) as bar:
         for run, (_, piece), statuses in zip(runs, jobs, results, strict=True):
             key = run[0][:2]
-            if key != current and any(status is None for status in statuses):
+            written = any(status is None for status in statuses)
+            if key != current and written:
                 finish_shard()
                 current = key
-                path = folders.join(output, f"{_TEMP_PREFIX}{key[0]}-{key[1]:05d}.tfrec")
-                temp_paths.append(path)
+                path = _temp_shard(output, key, temp_paths)
                 out = open(path, "wb")  # noqa: SIM115  (closed by finish_shard)
                 digest = hashlib.sha256()
                 shards[key] = {"temp": path, "count": 0, "per_class": Counter(), "bytes": 0}
@@ -982,7 +996,7 @@ def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) 
                 else:
                     shards[key]["count"] += 1
                     shards[key]["per_class"][item.file.label] += 1
-            if any(status is None for status in statuses):
+            if written:
                 with open(piece, "rb") as f:
                     data = f.read()
                 out.write(data)
@@ -1013,8 +1027,7 @@ def _write_records(output, plan, options, mapper, progress, skipped, temp_paths)
                 if writer is not None:
                     writer.close()
                 current = (split, index)
-                path = folders.join(output, f"{_TEMP_PREFIX}{split}-{index:05d}.tfrec")
-                temp_paths.append(path)
+                path = _temp_shard(output, current, temp_paths)
                 writer = tf.io.TFRecordWriter(path)
                 shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
             writer.write(result)
