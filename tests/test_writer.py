@@ -8,6 +8,8 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -285,6 +287,28 @@ def test_same_seed_same_bytes_whatever_the_workers(small_records, small_flowers,
     )
     assert again.written == 60
     assert _shard_bytes(tmp_path / "w2") == _shard_bytes(small_records)
+
+
+def test_workers_do_not_run_the_callers_script_again(small_flowers, tmp_path):
+    # multiprocessing would re-run a script's top level in every worker ('forkserver' and
+    # 'spawn' import __main__): its imports cost each worker seconds, and in a script
+    # without a __main__ guard the worker would start the conversion again and die.
+    marker = tmp_path / "imports.txt"
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import os\n"
+        f"open({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "from petal.data import convert\n"
+        f"s = convert({str(small_flowers)!r}, {str(tmp_path / 'out')!r}, image_size=16,\n"
+        "            workers=2, shards=1, progress=False)\n"
+        "print('written', s.written)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "written 60" in done.stdout
+    assert len(marker.read_text().splitlines()) == 1  # the script ran once, in the parent
 
 
 def test_worker_pieces_equal_tensorflows_writer(small_records, small_flowers, tmp_path, monkeypatch):

@@ -2,8 +2,9 @@
 
 The conversion reads the files twice:
 
-1. *scan* (threads in this process): read and hash every file. Unreadable files are
-   skipped here, and the hashes let the split keep byte-identical duplicates together.
+1. *scan* (this process; threads for remote sources): the size of every file, and the
+   hash of each whose size is shared (only those can be byte-identical), so the split keeps
+   duplicates together. Unreadable files are skipped here.
 2. *convert* (worker processes): decode, orient, resize, encode, serialise and frame each
    record (TFRecord length and CRC32C headers). Undecodable files, non-images and images
    over the pixel limit are skipped here. For a local output folder each worker writes a
@@ -27,6 +28,7 @@ the ``tf.train.Example`` themselves; TensorFlow is used in the main process for
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import datetime
 import functools
@@ -38,6 +40,7 @@ import os
 import random
 import re
 import struct
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -341,6 +344,32 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
+@contextlib.contextmanager
+def _caller_script_hidden() -> Iterator[None]:
+    """Keeps multiprocessing from running the caller's script again in each new worker.
+
+    A process started by 'forkserver' or 'spawn' first imports the parent's ``__main__``
+    (its file, or its module under ``python -m``), so that functions defined there can be
+    unpickled. The workers only run this module's functions, and re-running the caller's
+    script costs each worker its top-level imports (``import tensorflow``: seconds, on
+    every conversion) or, in a script without an ``if __name__ == "__main__":`` guard,
+    starts the conversion again inside the worker, which multiprocessing refuses. The
+    parent reads ``__main__.__file__`` and ``__spec__`` when it starts a process: hide
+    them for that moment.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    try:
+        if "__file__" in saved:
+            del main.__file__
+        if "__spec__" in saved:
+            main.__spec__ = None
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(main, key, value)
+
+
 def _run_chunk(fn: Callable, chunk: Sequence) -> list:
     return [fn(item) for item in chunk]
 
@@ -375,7 +404,7 @@ class _Mapper:
         # number of workers.
         pending: collections.deque = collections.deque()
         for start in range(0, len(items), size):
-            pending.append(self._pool.submit(_run_chunk, fn, items[start : start + size]))
+            pending.append(self._submit(fn, items[start : start + size]))
             if len(pending) >= 4 * self.workers:
                 yield from self._result(pending.popleft())
         while pending:
@@ -386,8 +415,13 @@ class _Mapper:
         for and returns the results. Runs in this process, when called, for one worker."""
         if self._pool is None:
             return lambda: [fn(item) for item in items]
-        future = self._pool.submit(_run_chunk, fn, list(items))
+        future = self._submit(fn, list(items))
         return lambda: self._result(future)
+
+    def _submit(self, fn: Callable, chunk: Sequence):
+        # A submit starts a worker process when none is idle.
+        with _caller_script_hidden():
+            return self._pool.submit(_run_chunk, fn, chunk)
 
     @staticmethod
     def _result(future) -> list:
