@@ -8,6 +8,10 @@ Prints a table and writes JSON to ``benchmarks/results/train_speed.json``.
 
     python benchmarks/bench_train_speed.py                       # all models, float32 + bf16
     python benchmarks/bench_train_speed.py --models squeezenet --jit auto,off --steps 10
+    python benchmarks/bench_train_speed.py --models squeezenet --batch-norm fused,keras
+
+BatchNormalization layers train with TensorFlow's fused kernel, as ``petal train`` does
+(``fused_batch_norm``); ``--batch-norm keras`` measures Keras' own composite ops.
 
 The machine is shared: numbers are noisy (other processes compete for the cores), so repeat a
 measurement before trusting a difference under ~15%.
@@ -67,18 +71,28 @@ def cpu_description() -> dict:
 
 
 def measure(
-    name: str, precision: str, jit: str, size: int, batch: int, warmup: int, steps: int
+    name: str,
+    precision: str,
+    jit: str,
+    size: int,
+    batch: int,
+    warmup: int,
+    steps: int,
+    batch_norm: str = "fused",
 ) -> dict:
     """Time ``steps`` training steps of one model after ``warmup`` steps."""
     import keras
     import numpy as np
 
     from petal.models import count_flops, create_model
+    from petal.training.fused_bn import use_fused_batch_norm
 
     keras.backend.clear_session()
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
     model = create_model(name, num_classes=5, image_size=size)
+    if batch_norm == "fused":
+        use_fused_batch_norm(model)
     jit_compile = {"auto": "auto", "on": True, "off": False}[jit]
     model.compile(keras.optimizers.Adam(1e-4), "categorical_crossentropy", jit_compile=jit_compile)
     rng = np.random.default_rng(0)
@@ -101,6 +115,7 @@ def measure(
         "model": name,
         "precision": precision,
         "jit": jit,
+        "batch_norm": batch_norm,
         "xla": bool(model.jit_compile),
         "image_size": size,
         "batch": batch,
@@ -130,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="comma-separated: auto (Keras' choice: no XLA on CPU-only hosts), on, off",
     )
+    parser.add_argument(
+        "--batch-norm",
+        default="fused",
+        help="comma-separated: fused (TensorFlow's fused kernel, as petal train), keras",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     parser.add_argument("--image-size", type=int, default=None, help="override every model's size")
@@ -148,11 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {list_models()}")
     runs = [
-        (n, p.strip(), j.strip())
+        (n, p.strip(), j.strip(), b.strip())
         for n in names
         for p in args.precisions.split(",")
         for j in args.jit.split(",")
+        for b in args.batch_norm.split(",")
     ]
+    bad = {b for *_, b in runs} - {"fused", "keras"}
+    if bad:
+        parser.error(f"--batch-norm takes fused and/or keras. Received: {args.batch_norm}")
     host = cpu_description()
     print(
         f"{host['cpu']} ({host['cores']} cores, avx512_bf16={host['avx512_bf16']}, "
@@ -162,16 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     rows = []
-    for name, precision, jit in tqdm(runs, desc="measurements", unit="run", file=sys.stderr):
+    for name, precision, jit, bn in tqdm(runs, desc="measurements", unit="run", file=sys.stderr):
         size, batch = PRESET_SIZE_BATCH.get(name, (model_info(name).default_image_size, 32))
         size = args.image_size or size
         batch = args.batch or batch
-        rows.append(measure(name, precision, jit, size, batch, args.warmup, args.steps))
+        rows.append(measure(name, precision, jit, size, batch, args.warmup, args.steps, bn))
         r = rows[-1]
-        tqdm.write(f"  {name} {precision} jit={jit}: {r['images_per_s']} img/s", file=sys.stderr)
+        tqdm.write(
+            f"  {name} {precision} jit={jit} bn={bn}: {r['images_per_s']} img/s", file=sys.stderr
+        )
 
     header = (
-        f"{'model':<22}{'size':>5}{'batch':>6}  {'precision':<15}{'xla':<5}{'img/s':>8}"
+        f"{'model':<22}{'size':>5}{'batch':>6}  {'precision':<15}{'xla':<5}{'bn':<7}{'img/s':>8}"
         f"{'img/cpu-s':>10}{'ms/step':>9}{'warm-up s':>10}"
     )
     print(header)
@@ -179,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(
             f"{r['model']:<22}{r['image_size']:>5}{r['batch']:>6}  {r['precision']:<15}"
-            f"{'yes' if r['xla'] else 'no':<5}{r['images_per_s']:>8.2f}{r['images_per_cpu_s']:>10.2f}"
+            f"{'yes' if r['xla'] else 'no':<5}{r['batch_norm']:<7}{r['images_per_s']:>8.2f}{r['images_per_cpu_s']:>10.2f}"
             f"{r['step_ms_median']:>9.0f}{r['warmup_s']:>10.1f}"
         )
 

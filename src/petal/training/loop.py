@@ -232,6 +232,7 @@ def train(
     from petal.data import augment as augment_lib
     from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
     from petal.models import count_params, create_model, model_info, set_backbone_trainable
+    from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import resolve_precision, set_policy
     from petal.training.schedules import codelab_max_lr
     from petal.training.strategy import check_global_batch, describe, get_strategy
@@ -390,6 +391,9 @@ def train(
             model = create_model(
                 cfg.model, len(classes), image_size, weights=cfg.weights, **cfg.model_options
             )
+            fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
+        if fused:
+            log(f"petal train: {fused} BatchNormalization layers train with the fused kernel")
         total_params, _ = count_params(model)
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite)
