@@ -306,7 +306,7 @@ def freeze_batchnorm(model: keras.Model) -> int:
         How many BatchNormalization layers were frozen.
     """
     count = 0
-    for layer in _walk_layers(model):
+    for layer in walk_layers(model):
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.trainable = False
             count += 1
@@ -339,11 +339,11 @@ def set_backbone_trainable(model: keras.Model, trainable: bool, *, bn_frozen: bo
         freeze_batchnorm(backbone)
 
 
-def _walk_layers(model: keras.Layer):
+def walk_layers(model: keras.Layer):
     """Every leaf layer of ``model``, descending into nested models."""
     for layer in getattr(model, "layers", []):
         if isinstance(layer, keras.Model):
-            yield from _walk_layers(layer)
+            yield from walk_layers(layer)
         else:
             yield layer
 
@@ -400,7 +400,7 @@ def count_flops(model: keras.Model) -> int:
         FLOPs for one image (divide by 1e6 for MFLOPs).
     """
     macs = 0
-    for layer in _walk_layers(model):
+    for layer in walk_layers(model):
         for node in getattr(layer, "_inbound_nodes", []):
             ins = node.input_tensors
             outs = node.output_tensors

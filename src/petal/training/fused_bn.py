@@ -24,6 +24,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from petal.models.registry import walk_layers
+
 
 def _eligible(layer) -> bool:
     return (
@@ -77,20 +79,13 @@ def fused_batch_norm_call(layer):
     return call
 
 
-def _layers(model):
-    """Every layer inside ``model``, nested models (pretrained backbones) included."""
-    for layer in getattr(model, "layers", []):
-        yield layer
-        yield from _layers(layer)
-
-
 def use_fused_batch_norm(model: keras.Model) -> int:
     """Makes every eligible ``BatchNormalization`` layer of ``model`` train with the fused
     kernel (TensorFlow backend only). Returns how many layers were switched."""
     if keras.backend.backend() != "tensorflow":
         return 0
     count = 0
-    for layer in _layers(model):
+    for layer in walk_layers(model):  # nested backbones too
         if _eligible(layer) and not getattr(layer, "_petal_fused", False):
             layer.call = fused_batch_norm_call(layer)
             layer._petal_fused = True
