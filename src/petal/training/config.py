@@ -87,7 +87,7 @@ class TrainConfig:
         jit_compile: XLA compilation for the train step (``"auto"`` lets Keras decide).
         steps_per_execution: train steps per compiled call (higher helps TPUs).
         fused_batch_norm: train BatchNormalization layers with TensorFlow's fused kernel
-            (same statistics and weights as Keras' own; 1.6x faster steps for the codelab's
+            (same statistics and weights as Keras' own; 1.4-1.6x faster steps for the codelab's
             squeezenet on CPU). Off: Keras' composite ops.
         seed: seeds weights init, shuffling and augmentation.
         deterministic: fixed input order and augmentation draws (reproducible runs; the

@@ -7,7 +7,7 @@ kernel for exactly this (``FusedBatchNormV3`` and its gradient; oneDNN on CPUs, 
 GPUs), which tf.keras 2 -- and so the codelab -- used by default. For networks whose
 activations are large and whose convolutions are small, such as the codelab's squeezenet at
 192x192, those passes are most of the step: on this project's CPU a training step of the
-codelab's squeezenet ran 1.6x faster with the fused kernel (benchmarks/README.md).
+codelab's squeezenet ran 1.4-1.6x faster with the fused kernel (benchmarks/README.md).
 
 :func:`use_fused_batch_norm` switches the layers of a built model to it, in place. The layers
 stay Keras ``BatchNormalization`` layers (same weights, same saved file, loadable without
