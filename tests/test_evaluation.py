@@ -162,6 +162,34 @@ def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     assert report["count"] == 10 - (in_shard - 3)
 
 
+def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
+    trained, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    good = sorted((small_flowers / "roses").iterdir())[0].read_bytes()
+    (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
+    (folder / "roses" / "zz-truncated.jpg").write_bytes(good[:200])
+    out = tmp_path / "eval"
+    args = ["evaluate", str(trained), "--data", str(folder), "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"petal evaluate: error: 2 image(s) in {folder} cannot be decoded: ")
+    assert "daisy/zz-not-an-image.jpg: Unknown image file format" in err
+    assert "roses/zz-truncated.jpg: " in err and "function_node" not in err
+    assert "--skip-corrupt" in err
+
+    assert main([*args, "--skip-corrupt"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["count"] == 15 and report["skipped_corrupt_records"] == 2
+    assert "2 corrupt files skipped" in capsys.readouterr().out
+
+
 def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 
@@ -228,3 +256,28 @@ def test_report_without_a_run(tmp_path):
 
     with pytest.raises(PetalError, match="holds no training run"):
         build_report(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("top_k", 0, r"top_k \(--top-k\) must be an integer >= 1. Received: 0"),
+        ("batch_size", -2, r"batch_size \(--batch-size\) must be an integer >= 1"),
+        ("split", "bogus", r"split \(--split\) must be 'train', 'validation' or 'all'"),
+    ],
+)
+def test_evaluate_checks_its_arguments_before_the_data(tmp_path, option, value, message):
+    from petal.evaluation.evaluate import evaluate
+
+    with pytest.raises(PetalError, match=message):
+        evaluate(tmp_path / "no-run", tmp_path / "no-data", **{option: value})
+
+
+def test_export_refuses_a_file_as_its_folder(trained, tmp_path):
+    from petal.evaluation.export import export
+
+    target = tmp_path / "model.bin"
+    target.write_bytes(b"keep me")
+    with pytest.raises(PetalError, match=r"Export folder .*model.bin is a file; pass --out"):
+        export(trained, out=target)
+    assert target.read_bytes() == b"keep me"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import tempfile
 
 # TensorFlow's C++ INFO/WARNING lines (oneDNN, CUDA probing) drown the output users read;
 # errors still show. Set before any command imports TensorFlow.
@@ -18,6 +20,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
 from petal.errors import PetalError
+
+# What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
+# honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
+# drivers") and, on machines without a GPU, the failed cuInit. Warnings and other errors pass.
+_STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|^I\d{4} \S+ +\d+ [\w.]+:\d+\] "
+    r"|^E\d{4} \S+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit"
+)
 
 # (name, add-arguments function, run function, one-line help); sections below append here.
 COMMANDS: list[tuple[str, object, object, str]] = []
@@ -497,6 +508,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def start_tensorflow_quietly() -> None:
+    """Imports TensorFlow and Keras and finds the devices with TensorFlow's start-up lines
+    (:data:`_STARTUP_NOISE`) dropped from stderr; everything else written meanwhile is kept.
+
+    ``TF_CPP_MIN_LOG_LEVEL=0`` shows everything. No-op once TensorFlow is imported.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" or "tensorflow" in sys.modules:
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded, redirected to an object)
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras  # noqa: F401
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", errors="replace")
+            kept = [ln for ln in text.splitlines(True) if not _STARTUP_NOISE.search(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+def _needs_tensorflow(args: argparse.Namespace) -> bool:
+    return not (args.command == "train" and getattr(args, "list_presets", False))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -504,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if _needs_tensorflow(args):
+            start_tensorflow_quietly()
         return int(args._run(args) or 0)
     except (PetalError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
         print(f"petal {args.command}: error: {err}", file=sys.stderr)

@@ -39,6 +39,7 @@ import atexit
 import hashlib
 import logging
 import os
+import re
 import secrets
 import tempfile
 
@@ -543,6 +544,35 @@ def _simplejpeg_batch(h: int, w: int):
         return out
 
     return decode
+
+
+# Scanning more files than this for the one that failed would take minutes: name none.
+MAX_DECODE_SCAN = 50_000
+
+
+def undecodable_files(source, split: str = "all") -> list[tuple[str, str]]:
+    """``(path, reason)`` of each image-folder file the pipeline's decoder rejects, in order.
+
+    Decodes every file of ``split`` with the op the pipeline uses (one at a time, eagerly):
+    what a failed training or evaluation on a folder calls to name the culprit. Empty for
+    records and for folders of more than :data:`MAX_DECODE_SCAN` files.
+    """
+    src = open_source(source)
+    files = src.files(split) if src.kind == "folder" else []
+    if len(files) > MAX_DECODE_SCAN:
+        return []
+    bad = []
+    for path in files:
+        try:
+            tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as err:
+            text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", err.message or str(err))
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            reason = lines[0] if lines else type(err).__name__
+            bad.append((path, reason.split(" [Op:")[0].rstrip(".") or type(err).__name__))
+        except tf.errors.OpError as err:
+            bad.append((path, f"unreadable: {err.message}"))
+    return bad
 
 
 def _ignore_decode_errors(ds, skip_corrupt: bool):

@@ -64,6 +64,15 @@ def evaluate(
     from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
+    # Arguments first: a bad value is reported even when the data cannot be found.
+    for name, value in (("top_k", top_k), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            flag = name.replace("_", "-")
+            raise PetalError(f"{name} (--{flag}) must be an integer >= 1. Received: {value!r}")
+    if split is not None and split not in ("train", "validation", "all"):
+        raise PetalError(
+            f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
+        )
     run = open_run(workdir)
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
@@ -114,7 +123,11 @@ def evaluate(
         }
     )
     if skip_corrupt:
-        report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
+        if source.kind == "folder":
+            # Undecodable files are dropped one by one; every other file is counted once.
+            report["skipped_corrupt_records"] = source.count(split) - len(y_true)
+        else:
+            report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -133,7 +146,8 @@ def evaluate(
     log(
         f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
         f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
-        + (f", {skipped} corrupt records skipped" if skipped else "")
+        + (f", {skipped} corrupt {'files' if source.kind == 'folder' else 'records'} skipped"
+           if skipped else "")
         + f" -> {out}"
     )
     return report

@@ -80,6 +80,8 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
 
     run = open_run(workdir)
     out = Path(out) if out is not None else run.workdir / EXPORT_DIR
+    if out.exists() and not out.is_dir():
+        raise PetalError(f"Export folder {out} is a file; pass --out a folder path (new or not).")
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(run, float32=True)
     preprocess = make_preprocess(run)

@@ -222,7 +222,8 @@ def create_model(
         if not weights_file.is_file():
             raise PetalError(
                 f"Weights file not found: {weights_file} (pass an existing .weights.h5 file, "
-                f"'imagenet' or None). Received: weights={str(weights)!r}"
+                f"'imagenet', or None: `--weights none` on the command line). "
+                f"Received: weights={str(weights)!r}"
             )
 
     try:

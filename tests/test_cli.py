@@ -1,0 +1,58 @@
+"""The command line's own behaviour (commands themselves are tested with their modules)."""
+
+import os
+import subprocess
+import sys
+
+from petal import cli
+
+NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+    "I0000 00:00:1796281994.837965   21286 port.cc:153] oneDNN custom operations are on. "
+    "You may see slightly different numerical results.\n",
+    "I0000 00:00:1796281994.838543   21286 cudart_stub.cc:31] Could not find cuda drivers on "
+    "your machine, GPU will not be used.\n",
+    "E0000 00:00:1796282006.040266   21286 cuda_platform.cc:52] failed call to cuInit: "
+    "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n",
+]
+KEPT = [
+    "W0000 00:00:1796282006.040266   21286 some_op.cc:12] a real warning\n",
+    "E0000 00:00:1796282006.040266   21286 some_op.cc:12] a real error\n",
+    "/path/module.py:3: DeprecationWarning: something\n",
+    "petal convert: error: Source folder not found: x\n",
+]
+
+
+def test_startup_noise_pattern_drops_only_tensorflows_start_up_lines():
+    assert all(cli._STARTUP_NOISE.search(line) for line in NOISE)
+    assert not any(cli._STARTUP_NOISE.search(line) for line in KEPT)
+
+
+def test_commands_start_tensorflow_without_its_start_up_lines():
+    code = (
+        "import sys\n"
+        "from petal.cli import start_tensorflow_quietly\n"
+        "start_tensorflow_quietly()\n"
+        "import tensorflow as tf\n"
+        "tf.constant(1.0) + 1\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines(True)
+    assert not [ln for ln in lines if cli._STARTUP_NOISE.search(ln)], out.stderr
+    assert lines[-1] == "after\n"  # stderr works again afterwards
+
+
+def test_listing_presets_does_not_start_tensorflow():
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; from petal.cli import main; main(['train', "
+         "'--list-presets']); print('tensorflow' in sys.modules)"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "codelab-squeezenet" in out.stdout
+    assert out.stdout.strip().endswith("False")
