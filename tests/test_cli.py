@@ -56,3 +56,4 @@ def test_listing_presets_does_not_start_tensorflow():
     assert out.returncode == 0, out.stderr
     assert "codelab-squeezenet" in out.stdout
     assert out.stdout.strip().endswith("False")
+

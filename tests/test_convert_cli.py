@@ -100,3 +100,64 @@ def test_bad_trees(tmp_path, capsys):
 def test_inspect_without_manifest(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     assert "No readable manifest.json" in _error_line(capsys)
+
+
+# --- paths, sizes and outputs that used to end in a traceback -----------------------------------
+
+
+@pytest.mark.parametrize("which", ["source", "output"])
+def test_unsupported_remote_scheme(small_flowers, tmp_path, capsys, which):
+    paths = {"source": str(small_flowers), "output": str(tmp_path / "out")}
+    paths[which] = f"s3://bucket/{which}"
+    assert main(["convert", paths["source"], paths["output"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"petal convert: error: Cannot open s3://bucket/{which}: ")
+    assert "s3:// are not supported (supported: local paths" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_remote_output(small_flowers, tmp_path, capsys, monkeypatch):
+    import tensorflow as tf
+
+    def unreachable(path):
+        raise tf.errors.FailedPreconditionError(
+            None, None, f"Could not resolve host: www.googleapis.com\n\t when reading {path}"
+        )
+
+    monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
+    assert main(["convert", str(small_flowers), "gs://petal-no-bucket/out"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("petal convert: error: Cannot reach gs://petal-no-bucket/out (Could")
+    assert "\n" not in err
+
+
+def test_image_size_over_jpeg_limit(small_flowers, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["convert", str(small_flowers), str(out), "--image-size", "70000x1"]) == 2
+    assert "at most 65500 pixels per side" in _error_line(capsys)
+    assert not out.exists()
+
+
+def test_inspect_grid_paths(small_records, tmp_path, capsys):
+    assert main(["inspect", str(small_records), "--grid", str(tmp_path / "g.txt")]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("petal inspect: error: --grid must name an image file (.png, .jpg")
+    assert main(["inspect", str(small_records), "--grid", str(tmp_path / "gnoext")]) == 0
+    assert f"grid: {tmp_path / 'gnoext.png'}\n" in capsys.readouterr().out
+    assert (tmp_path / "gnoext.png").is_file()
+
+
+def test_inspect_missing_shard_without_verify(small_records, tmp_path, capsys):
+    copy = shutil.copytree(small_records, tmp_path / "copy")
+    (copy / "train-00001-of-00002-25.tfrec").unlink()
+    assert main(["inspect", str(copy)]) == 1
+    assert "  train-00001-of-00002-25.tfrec: missing" in capsys.readouterr().out.splitlines()
+
+
+def test_convert_warns_about_no_validation_split(small_flowers, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["convert", str(small_flowers), str(out), "--image-size", "16", "--workers", "1"]
+    assert main([*args, "--val-fraction", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "written 60 (train 60 in 1 shard, validation 0 in 0 shards)" in printed
+    assert "warning: no validation split (--val-fraction 0); petal train" in printed

@@ -281,3 +281,21 @@ def test_export_refuses_a_file_as_its_folder(trained, tmp_path):
     with pytest.raises(PetalError, match=r"Export folder .*model.bin is a file; pass --out"):
         export(trained, out=target)
     assert target.read_bytes() == b"keep me"
+
+
+def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tmp_path, capsys):
+    import shutil
+
+    from petal.cli import main
+
+    run = tmp_path / "old-run"
+    shutil.copytree(trained, run)
+    config = json.loads((run / "config.json").read_text())
+    config["data"] = "records/flowers-192"  # as runs before absolute paths stored it
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"petal evaluate: error: The training data of {run}, records/flowers-192 (relative to "
+        "the folder the run was started in), is not found; pass --data PATH to evaluate on."
+    )

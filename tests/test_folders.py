@@ -133,3 +133,36 @@ def test_symlinked_folders_are_followed_without_cycles(tmp_path, small_flowers):
     (root / "roses" / "again").symlink_to(root / "roses", target_is_directory=True)
     folder = find_images(root)
     assert folder.per_class() == {"daisy": 12, "roses": 1}
+
+
+# --- remote paths that cannot be read --------------------------------------------------------------
+
+
+def _unreachable(path):
+    import tensorflow as tf
+
+    raise tf.errors.FailedPreconditionError(
+        None,
+        None,
+        "Error executing an HTTP request: libcurl code 6 meaning 'Could not resolve hostname'"
+        f"\n\t when reading metadata of {path}",
+    )
+
+
+def test_unsupported_scheme_is_one_line_listing_the_supported():
+    with pytest.raises(PetalError) as info:
+        find_images("s3://bucket/flowers")
+    message = str(info.value)
+    assert "s3://bucket/flowers" in message and "s3:// are not supported" in message
+    assert "local paths" in message and "gs://" in message and "\n" not in message
+
+
+def test_unreachable_store_is_one_line(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf.io.gfile, "exists", _unreachable)
+    with pytest.raises(PetalError) as info:
+        find_images("gs://petal-no-bucket/flowers")
+    message = str(info.value)
+    assert message.startswith("Cannot reach gs://petal-no-bucket/flowers (")
+    assert "Could not resolve hostname" in message and "\n" not in message

@@ -113,3 +113,42 @@ def test_skipped_files_are_listed(small_records, tmp_path):
 def test_no_manifest(tmp_path):
     with pytest.raises(PetalError, match="No readable manifest.json"):
         inspect_records(tmp_path)
+
+
+def test_missing_resized_and_unlisted_shards_without_verify(damaged):
+    """A stat per shard, no read: what petal train would refuse is reported, not listed as fine."""
+    (damaged / "train-00000-of-00002-25.tfrec").unlink()
+    grown = damaged / "validation-00001-of-00002-5.tfrec"
+    size = grown.stat().st_size
+    grown.write_bytes(grown.read_bytes() + b"x")
+    (damaged / "train-00000-of-00001-3.tfrec").write_bytes(b"")
+    report = inspect_records(damaged, progress=False)
+    assert report.verified is None and not report.ok
+    assert report.problems == [
+        "train-00000-of-00002-25.tfrec: missing",
+        f"validation-00001-of-00002-5.tfrec: {size + 1} bytes, the manifest says {size}",
+        "train-00000-of-00001-3.tfrec: not listed in the manifest (another conversion's shard?)",
+    ]
+    assert "check: 3 problems" in str(report)
+
+
+def test_grid_extension_is_checked_first(small_records, tmp_path, monkeypatch):
+    from petal.data import inspect as inspect_module
+
+    def no_read(*args):
+        raise AssertionError("the manifest was read before the grid path was checked")
+
+    monkeypatch.setattr(inspect_module, "read_manifest", no_read)
+    with pytest.raises(PetalError, match=r"--grid must name an image file \(\.png, \.jpg"):
+        inspect_records(small_records, grid=tmp_path / "g.txt", progress=False)
+    assert not (tmp_path / "g.txt").exists()
+
+
+def test_grid_without_extension_reports_the_png_written(small_records, tmp_path):
+    report = inspect_records(
+        small_records, grid=tmp_path / "grid", grid_per_class=1, progress=False
+    )
+    assert report.grid == str(tmp_path / "grid.png")
+    assert f"grid: {tmp_path / 'grid.png'}" in str(report)
+    with Image.open(tmp_path / "grid.png") as image:
+        assert image.format == "PNG"

@@ -124,3 +124,19 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     assert ids == [13, 14, 15]
     assert reader.SKIPPED.skipped - before == 2
     assert "validation-00000-of-00001-5.tfrec" in caplog.text
+
+
+def test_unreachable_or_unsupported_remote_sources(monkeypatch):
+    with pytest.raises(PetalError, match=r"s3:// are not supported \(supported: .*https://\)"):
+        open_source("s3://bucket/records")
+
+    def unreachable(path):
+        raise tf.errors.FailedPreconditionError(
+            None, None, f"Could not resolve host: www.googleapis.com\n\t when reading {path}"
+        )
+
+    monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
+    with pytest.raises(PetalError) as info:
+        open_source("gs://petal-no-bucket/records")
+    assert str(info.value).startswith("Cannot reach gs://petal-no-bucket/records (Could not")
+    assert "\n" not in str(info.value)

@@ -126,7 +126,7 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
 
 def test_workdir_rules(tmp_path):
     run = tmp_path / "run"
-    with pytest.raises(PetalError, match="Nothing to resume"):
+    with pytest.raises(PetalError, match="is not a petal training run.*drop --resume"):
         prepare_workdir(run, resume=True, overwrite=False)
     with pytest.raises(PetalError, match="either --resume or --overwrite"):
         prepare_workdir(run, resume=True, overwrite=True)
@@ -301,6 +301,11 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     cfg = _cfg(records, epochs=1)
     with pytest.raises(PetalError, match=rf"Corrupt input.*{shard.name}.*--skip-corrupt"):
         train(cfg, tmp_path / "run", **QUIET)
-    metrics = train(cfg.replace(skip_corrupt=True), tmp_path / "run2", **QUIET)
+    # The failed start left config.json and history.csv but no checkpoint: the same command
+    # with skip_corrupt starts again in the same work directory (no --overwrite needed).
+    assert (tmp_path / "run" / "config.json").is_file()
+    assert not (tmp_path / "run" / "last.keras").exists()
+    metrics = train(cfg.replace(skip_corrupt=True), tmp_path / "run", **QUIET)
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["skip_corrupt"] is True
     # A CRC failure loses the rest of its shard: record 1 and everything after it.
     assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1

@@ -453,6 +453,44 @@ def test_split_is_stratified_per_class(tmp_path):
     assert m.counts == {"train": 60, "validation": 20}
 
 
+def test_empty_splits_and_classes_are_warned_about(tmp_path):
+    src = tmp_path / "src"
+    _write_class_tree(src, 6)
+    for i in range(2, 6):  # class b keeps 2 images
+        (src / "b" / f"{i:02d}.jpg").unlink()
+
+    summary = convert(src, tmp_path / "o1", image_size=8, workers=1, progress=False)
+    assert summary.manifest["splits"]["validation"]["per_class"] == {"a": 1, "b": 0}
+    assert summary.warnings == [
+        "no validation images for class b (too few images for val_fraction 0.19): its "
+        "accuracy is not measured; raise --val-fraction or add images"
+    ]
+    assert str(summary).splitlines()[1] == f"warning: {summary.warnings[0]}"
+
+    summary = convert(src, tmp_path / "o2", image_size=8, val_fraction=0.0, workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.counts == {"train": 8, "validation": 0} and summary.manifest["written"] == 8
+    assert len(summary.warnings) == 1
+    assert summary.warnings[0].startswith("no validation split (--val-fraction 0)")
+
+    summary = convert(src, tmp_path / "o3", image_size=8, val_fraction=0.9, workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.manifest["splits"]["train"]["per_class"] == {"a": 1, "b": 0}
+    assert summary.counts == {"train": 1, "validation": 7} and summary.written == 8
+    assert summary.warnings == [
+        "no training images for class b (all went to validation): the model never sees it; "
+        "lower --val-fraction or add images"
+    ]
+
+
+def test_empty_train_split_is_refused(tmp_path):
+    src = tmp_path / "src"
+    _write_class_tree(src, 2)
+    with pytest.raises(PetalError, match="The train split would be empty: val_fraction=0.9"):
+        convert(src, tmp_path / "out", image_size=8, val_fraction=0.9, workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 # --- bad input -------------------------------------------------------------------------------------
 
 
@@ -553,12 +591,34 @@ def test_nothing_readable(tmp_path):
         ({"image_size": "12x"}, "image_size"),
         ({"workers": 0}, "workers must be"),
         ({"classes": "daisy,lilies"}, "Unknown class 'lilies'"),
+        ({"image_size": "70000x1"}, "at most 65500 pixels per side"),
+        ({"image_size": 2000, "max_pixels": 1_000_000}, "more than max_pixels 1,000,000"),
+        ({"image_size": 30000, "format": "raw", "max_pixels": 10**9}, "per raw record"),
     ],
 )
 def test_refused_options(small_flowers, tmp_path, kwargs, match):
     with pytest.raises(PetalError, match=match):
         convert(small_flowers, tmp_path / "out", progress=False, **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_refused_options_leave_a_complete_output_alone(small_flowers, tmp_path):
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)
+    before = _shard_bytes(out)
+    with pytest.raises(PetalError, match="65500"):
+        convert(small_flowers, out, image_size="70000x1", overwrite=True, progress=False)
+    assert _shard_bytes(out) == before and read_manifest(out)["written"] == 60
+
+
+def test_too_wide_for_jpeg_is_skipped_not_a_crash(tmp_path):
+    """With resize none the stored size is the source's: checked per image."""
+    wide = io.BytesIO()
+    Image.new("RGB", (images.JPEG_MAX_SIDE + 1, 1)).save(wide, "PNG")
+    with pytest.raises(images.ImageError, match="too large for JPEG"):
+        images.convert_image(wide.getvalue(), size=None, mode="none")
+    raw = images.convert_image(wide.getvalue(), size=None, mode="none", format="raw")
+    assert (raw.height, raw.width) == (1, images.JPEG_MAX_SIDE + 1)
 
 
 def test_output_inside_source(tmp_path):
@@ -624,6 +684,37 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(small_flowers, tmp_p
     monkeypatch.setattr(writer, "_convert", real)
     summary = convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
     assert summary.written == 60
+
+
+def test_failed_overwrite_keeps_the_complete_conversion(small_flowers, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
+    before = _shard_bytes(out)
+    manifest = (out / "manifest.json").read_text()
+    calls = {"n": 0}
+    real = writer._convert
+
+    def flaky(path, options):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise KeyboardInterrupt
+        return real(path, options)
+
+    monkeypatch.setattr(writer, "_convert", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=8, shards=1, workers=1, overwrite=True,
+                progress=False)  # fmt: skip
+    assert calls["n"] == 30
+    assert _shard_bytes(out) == before and (out / "manifest.json").read_text() == manifest
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before, "manifest.json"])
+
+    monkeypatch.setattr(writer, "_convert", real)
+    convert(small_flowers, out, image_size=8, shards=1, workers=1, overwrite=True, progress=False)
+    assert sorted(_shard_bytes(out)) == [
+        "train-00000-of-00001-50.tfrec",
+        "validation-00000-of-00001-10.tfrec",
+    ]
+    assert read_manifest(out)["image_size"] == [8, 8]
 
 
 def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path):

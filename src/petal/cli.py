@@ -364,6 +364,13 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     data = args.data or open_run(args.workdir).config.get("data")
     if not data:
         raise PetalError("Pass --data PATH (records or an image folder) to evaluate on.")
+    if not args.data and "://" not in str(data) and not os.path.exists(data):
+        # Runs written before data paths were stored absolute hold the path as typed.
+        where = "" if os.path.isabs(data) else " (relative to the folder the run was started in)"
+        raise PetalError(
+            f"The training data of {args.workdir}, {data}{where}, is not found; "
+            "pass --data PATH to evaluate on."
+        )
     quiet = (lambda line: None) if args.json else None
     report = evaluate(
         args.workdir,

@@ -72,19 +72,65 @@ def join(root: str, *parts: str) -> str:
     return os.path.join(root, *parts)
 
 
+def _first_line(err) -> str:
+    """A TensorFlow error's message, first line only (the rest repeats the path)."""
+    lines = str(getattr(err, "message", err)).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
+
+
+def gfile_error(path: str, err, also: Sequence[str] = ()) -> PetalError:
+    """A one-line error for a ``tf.io.gfile`` call on ``path`` that failed.
+
+    Args:
+        path: the path the call was given.
+        err: the ``tf.errors.OpError`` it raised.
+        also: schemes the caller reads without ``tf.io.gfile`` (``http://``), to list as
+            supported.
+    """
+    import tensorflow as tf
+
+    if isinstance(err, tf.errors.UnimplementedError) and "scheme" in str(err.message):
+        schemes = [f"{s}://" for s in tf.io.gfile.get_registered_schemes() if s]
+        supported = ", ".join(["local paths", *sorted(schemes), *also])
+        scheme = str(path).split("://", 1)[0]
+        return PetalError(
+            f"Cannot open {path}: paths starting with {scheme}:// are not supported "
+            f"(supported: {supported})."
+        )
+    if not is_remote(path):
+        return PetalError(f"Cannot read {path} ({_first_line(err)}).")
+    return PetalError(
+        f"Cannot reach {path} ({_first_line(err)}); check the path, the network and the "
+        "credentials."
+    )
+
+
 def exists(path: str) -> bool:
+    """Whether ``path`` exists.
+
+    Raises:
+        PetalError: a remote path whose store cannot be reached or whose scheme is not
+            supported (``tf.io.gfile`` raises instead of answering).
+    """
     if is_remote(path):
         import tensorflow as tf
 
-        return tf.io.gfile.exists(path)
+        try:
+            return tf.io.gfile.exists(path)
+        except tf.errors.OpError as err:
+            raise gfile_error(path, err) from None
     return os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
+    """Whether ``path`` is a folder. Raises as ``exists``."""
     if is_remote(path):
         import tensorflow as tf
 
-        return tf.io.gfile.isdir(path)
+        try:
+            return tf.io.gfile.isdir(path)
+        except tf.errors.OpError as err:
+            raise gfile_error(path, err) from None
     return os.path.isdir(path)
 
 
@@ -92,15 +138,17 @@ def file_size(path: str) -> int:
     """Size in bytes of one file.
 
     Raises:
-        OSError: missing, or not a regular file (see ``read_bytes``).
+        OSError: missing (FileNotFoundError), or not a regular file (see ``read_bytes``).
     """
     if is_remote(path):
         import tensorflow as tf
 
         try:
             return tf.io.gfile.stat(path).length
+        except tf.errors.NotFoundError as err:
+            raise FileNotFoundError(_first_line(err)) from err
         except tf.errors.OpError as err:
-            raise OSError(err.message) from err
+            raise OSError(_first_line(err)) from err
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise OSError("not a regular file")
@@ -120,8 +168,10 @@ def read_bytes(path: str) -> bytes:
         try:
             with tf.io.gfile.GFile(path, "rb") as f:
                 return f.read()
+        except tf.errors.NotFoundError as err:
+            raise FileNotFoundError(_first_line(err)) from err
         except tf.errors.OpError as err:
-            raise OSError(err.message) from err
+            raise OSError(_first_line(err)) from err
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise OSError("not a regular file")
@@ -144,10 +194,13 @@ def _list_remote(path: str) -> list[tuple[str, bool]]:
     import tensorflow as tf
 
     entries = []
-    for name in tf.io.gfile.listdir(path):
-        # Object stores report folders with a trailing slash.
-        clean = name.rstrip("/")
-        entries.append((clean, name.endswith("/") or tf.io.gfile.isdir(join(path, clean))))
+    try:
+        for name in tf.io.gfile.listdir(path):
+            # Object stores report folders with a trailing slash.
+            clean = name.rstrip("/")
+            entries.append((clean, name.endswith("/") or tf.io.gfile.isdir(join(path, clean))))
+    except tf.errors.OpError as err:
+        raise OSError(_first_line(err)) from err
     return sorted(set(entries))
 
 
@@ -187,8 +240,8 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             candidate image, sorted by name. Folders starting with ``.`` are never classes.
 
     Raises:
-        PetalError: missing root, no candidate images, fewer than two classes, or an
-            explicit class that does not exist or holds no images.
+        PetalError: missing, unreachable or unlistable root, no candidate images, fewer
+            than two classes, or an explicit class that does not exist or holds no images.
     """
     root = str(root)
     if not exists(root):
@@ -198,21 +251,19 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             f"Source must be a folder of class sub-folders, not a file. Received: source={root}"
         )
     listdir = _list_remote if is_remote(root) else _list_local
-    try:
-        top = listdir(root)
-    except OSError as err:
-        raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
-
     by_class: dict[str, list[str]] = {}
     ignored: list[str] = []
     seen: set[str] = set()
-    for name, is_dir in top:
-        if not is_dir:
-            ignored.append(name)
-        elif not name.startswith("."):
-            found, skipped = _walk(root, name, listdir, seen)
-            by_class[name] = found
-            ignored += skipped
+    try:
+        for name, is_dir in listdir(root):
+            if not is_dir:
+                ignored.append(name)
+            elif not name.startswith("."):
+                found, skipped = _walk(root, name, listdir, seen)
+                by_class[name] = found
+                ignored += skipped
+    except OSError as err:
+        raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
 
     accepted = ", ".join(IMAGE_EXTENSIONS)
     if classes is None:

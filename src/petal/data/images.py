@@ -27,6 +27,11 @@ DEFAULT_MAX_PIXELS = 89_478_485
 DEFAULT_IMAGE_SIZE = 192
 DEFAULT_QUALITY = 95
 RESIZE_MODES = ("fill", "pad", "stretch", "none")
+# libjpeg's JPEG_MAX_DIMENSION: larger images fail to encode ("broken data stream").
+JPEG_MAX_SIDE = 65500
+# A tf.train.Example is a protocol buffer, which cannot be 2 GiB or larger; the other
+# fields of a record take far less than the margin left here.
+RAW_MAX_BYTES = 2**31 - 2**20
 
 # What PIL raises on bad data, across its format plugins: OSError (including
 # UnidentifiedImageError and "image file is truncated"), SyntaxError (broken headers),
@@ -328,6 +333,14 @@ def convert_image(
     oh, ow = pixels.shape[:2]
     out = resize(pixels, size, mode)
     h, w = out.shape[:2]
+    # Only reachable with mode "none" (petal convert checks a target size up front).
+    if format == "raw" and h * w * 3 > RAW_MAX_BYTES:
+        raise ImageError(f"too large for a raw record ({w}x{h}); use --format jpeg")
+    if format != "raw" and max(h, w) > JPEG_MAX_SIDE:
+        raise ImageError(
+            f"too large for JPEG ({w}x{h}; at most {JPEG_MAX_SIDE} pixels per side); "
+            "use --format raw"
+        )
     if format == "raw":
         stored = np.ascontiguousarray(out).tobytes()
     elif mode == "none" and plain_jpeg:

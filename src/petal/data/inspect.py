@@ -20,6 +20,7 @@ from petal.errors import PetalError
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
 _LIST_SKIPPED = 10
+_GRID_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
 
 
 @dataclass
@@ -30,7 +31,8 @@ class InspectReport:
         path: the records folder.
         manifest: its manifest.
         verified: records read and checked by ``verify``, or None when not verifying.
-        problems: one line per problem found by ``verify`` (shard, record index, what).
+        problems: one line per problem found (shard, record index, what): by ``verify``, or
+            else by comparing the shard files with the manifest (present, size, listed).
         grid: path of the sample grid written, if any.
     """
 
@@ -66,15 +68,20 @@ def inspect_records(
         progress: show a progress bar while verifying.
 
     Raises:
-        PetalError: no manifest (not a records folder or an unfinished conversion).
+        PetalError: no manifest (not a records folder or an unfinished conversion), or a
+            grid path whose extension is not an image format.
     """
     path = str(path)
+    grid = _grid_path(str(grid)) if grid is not None else None
     manifest = read_manifest(path)
     report = InspectReport(path=path, manifest=manifest)
     if verify:
         report.verified, report.problems = _verify(path, manifest, progress)
+    else:
+        report.problems = _check_files(path, manifest)
+    report.problems += _unlisted(path, manifest)
     if grid is not None:
-        report.grid = _draw_grid(path, manifest, str(grid), grid_per_class)
+        report.grid = _draw_grid(path, manifest, grid, grid_per_class)
     return report
 
 
@@ -143,6 +150,13 @@ def _format(report: InspectReport) -> list[str]:
         lines += [f"  {s['file']}: {s['reason']}" for s in m["skipped"][:_LIST_SKIPPED]]
         if len(m["skipped"]) > _LIST_SKIPPED:
             lines.append(f"  ... and {len(m['skipped']) - _LIST_SKIPPED} more (see manifest.json)")
+    if report.verified is None and not report.ok:
+        lines += [
+            "",
+            f"check: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
+            " (shard files against the manifest; --verify reads every record):",
+        ]
+        lines += [f"  {p}" for p in report.problems]
     if report.verified is not None:
         n_shards = sum(len(splits[s]["shards"]) for s in schema.SPLITS)
         lines.append("")
@@ -160,6 +174,44 @@ def _format(report: InspectReport) -> list[str]:
     if report.grid:
         lines.append(f"grid: {report.grid}")
     return lines
+
+
+# --- shard files -------------------------------------------------------------------------------
+
+
+def _check_files(path: str, manifest: dict) -> list[str]:
+    """Every shard of the manifest is there with its size (a stat each, no read)."""
+    problems = []
+    for split in schema.SPLITS:
+        for shard in manifest["splits"][split]["shards"]:
+            name = shard["file"]
+            try:
+                size = folders.file_size(folders.join(path, name))
+            except FileNotFoundError:
+                problems.append(f"{name}: missing")
+                continue
+            except OSError as err:
+                problems.append(f"{name}: unreadable ({err.strerror or err})")
+                continue
+            if "bytes" in shard and size != shard["bytes"]:
+                problems.append(f"{name}: {size} bytes, the manifest says {shard['bytes']}")
+    return problems
+
+
+def _unlisted(path: str, manifest: dict) -> list[str]:
+    """Shards in the folder that the manifest does not list (two conversions mixed)."""
+    listed = {shard["file"] for s in schema.SPLITS for shard in manifest["splits"][s]["shards"]}
+    if folders.is_remote(path):
+        import tensorflow as tf
+
+        names = [n.rstrip("/") for n in tf.io.gfile.listdir(path)]
+    else:
+        names = os.listdir(path)
+    return [
+        f"{name}: not listed in the manifest (another conversion's shard?)"
+        for name in sorted(names)
+        if name.endswith(schema.SHARD_SUFFIX) and name not in listed
+    ]
 
 
 # --- verify --------------------------------------------------------------------------------------
@@ -338,6 +390,27 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
                 if count == wanted:
                     return found
     return found
+
+
+def _grid_path(out: str) -> str:
+    """The grid's path, ``.png`` added when it has no extension (what matplotlib writes).
+
+    Raises:
+        PetalError: an extension matplotlib cannot write.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    ext = os.path.splitext(out)[1].lower()
+    if not ext:
+        return out + ".png"
+    # Image formats only: matplotlib also writes raw buffers and LaTeX (.raw, .rgba, .pgf).
+    written = FigureCanvasAgg.get_supported_filetypes()
+    supported = [f".{e}" for e in _GRID_FORMATS if e in written]
+    if ext not in supported:
+        raise PetalError(
+            f"--grid must name an image file ({', '.join(supported)}). Received: grid={out}"
+        )
+    return out
 
 
 def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:

@@ -140,7 +140,8 @@ def open_source(
         verify: check a records folder's shards against its manifest (exist, count, bytes).
 
     Raises:
-        PetalError: missing or empty source, or a manifest that disagrees with the shards.
+        PetalError: missing, unreachable or empty source (or a scheme that cannot be read),
+            or a manifest that disagrees with the shards.
     """
     if isinstance(path, Source):
         return path
@@ -181,8 +182,9 @@ def open_source(
 def _open_records(root: str, *, verify: bool) -> Source:
     fs = _fs_for(root)
     manifest_path = _join(root, schema.MANIFEST_NAME)
+    data = fs.read_bytes(manifest_path)  # outside the try: its PetalError is a ValueError
     try:
-        manifest = json.loads(fs.read_bytes(manifest_path).decode("utf-8"))
+        manifest = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise PetalError(f"Manifest is not valid JSON: {manifest_path} ({err}).") from err
     for key in ("classes", "splits", "format"):
@@ -506,6 +508,9 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     """
     import re
 
+    folder = _as_folder(data)
+    if folder is not None:
+        return _folder_decode_error(folder, data, action)
     text = getattr(err, "message", None) or str(err)
     ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -514,6 +519,31 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
         f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on it, reconvert, or "
         f"{action} with --skip-corrupt to skip and count bad records."
     )
+
+
+def _as_folder(data) -> Source | None:
+    """``data`` opened, if it is an image folder (None for records or what does not open)."""
+    try:
+        src = data if isinstance(data, Source) else open_source(str(data))
+    except PetalError:
+        return None
+    return src if src.kind == "folder" else None
+
+
+def _folder_decode_error(src: Source, data, action: str) -> PetalError:
+    """Names the files of an image folder that TensorFlow's decoder rejects."""
+    from petal.data.pipeline import undecodable_files
+
+    fix = (
+        f"Remove or replace them, convert the folder with `petal convert` (it skips and "
+        f"lists unreadable files in manifest.json), or {action} with --skip-corrupt."
+    )
+    bad = undecodable_files(src)
+    if not bad:
+        return PetalError(f"An image in {data} could not be decoded. {fix}")
+    shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    return PetalError(f"{len(bad)} image(s) in {data} cannot be decoded: {shown}{more}. {fix}")
 
 
 def _report_skip(path, n, expected) -> bool:
@@ -549,39 +579,53 @@ def _gfile_join(*parts: str) -> str:
 
 
 class _GFileFS:
-    """The few file-system calls the reader needs, through tf.io.gfile (local, gs://, ...)."""
+    """The few file-system calls the reader needs, through tf.io.gfile (local, gs://, ...).
+
+    A store that cannot be reached, or a scheme tf.io.gfile does not know (``s3://``),
+    raises a one-line PetalError naming the path instead of TensorFlow's error.
+    """
 
     @staticmethod
-    def _gfile():
+    def _call(path, fn):
         import tensorflow as tf
 
-        return tf.io.gfile
+        from petal.data import folders
+
+        try:
+            return fn(tf.io.gfile)
+        except tf.errors.OpError as err:
+            raise folders.gfile_error(path, err, also=("http://", "https://")) from None
 
     def exists(self, path):
-        return self._gfile().exists(path)
+        return self._call(path, lambda g: g.exists(path))
 
     def isdir(self, path):
-        return self._gfile().isdir(path)
+        return self._call(path, lambda g: g.isdir(path))
 
     def listdir(self, path):
-        return [n.rstrip("/") for n in self._gfile().listdir(path)]
+        return [n.rstrip("/") for n in self._call(path, lambda g: g.listdir(path))]
 
     def glob(self, pattern):
-        return self._gfile().glob(pattern)
+        return self._call(pattern, lambda g: g.glob(pattern))
 
     def read_bytes(self, path):
-        with self._gfile().GFile(path, "rb") as f:
-            return f.read()
+        def read(gfile):
+            with gfile.GFile(path, "rb") as f:
+                return f.read()
+
+        return self._call(path, read)
 
     def sizes(self, folder):
-        gfile = self._gfile()
-        out = {}
-        for name in gfile.listdir(folder):
-            name = name.rstrip("/")
-            full = _gfile_join(folder, name)
-            if not gfile.isdir(full):
-                out[name] = gfile.stat(full).length
-        return out
+        def sizes(gfile):
+            out = {}
+            for name in gfile.listdir(folder):
+                name = name.rstrip("/")
+                full = _gfile_join(folder, name)
+                if not gfile.isdir(full):
+                    out[name] = gfile.stat(full).length
+            return out
+
+        return self._call(folder, sizes)
 
 
 def _fs_for(path: str):

@@ -17,7 +17,9 @@ Between the passes the files are split (seeded, stratified by class, disjoint by
 shuffled with the seed and cut into shards. Shards are written under temporary names and
 renamed once all are complete; the manifest is written last, so a folder without
 ``manifest.json`` is never a finished conversion, and the next run removes what an
-interrupted one left behind.
+interrupted one left behind. A complete conversion being replaced (``overwrite``) is
+removed only once the new shards are complete, so a run that fails keeps it (at the cost
+of room for both on disk meanwhile).
 
 Workers import only PIL, NumPy and google-crc32c (``petal.data.images``) and serialise
 the ``tf.train.Example`` themselves; TensorFlow is used in the main process for
@@ -101,6 +103,7 @@ class ConvertSummary:
         bytes: total bytes of the shard files.
         seconds: wall time of the whole conversion.
         manifest: the manifest as written.
+        warnings: one line per empty split or class (``str()`` prints them).
     """
 
     output: str
@@ -113,6 +116,7 @@ class ConvertSummary:
     bytes: int
     seconds: float
     manifest: dict = field(repr=False, default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
@@ -124,11 +128,12 @@ class ConvertSummary:
             f"{'' if self.shards.get(s, 0) == 1 else 's'}"
             for s in schema.SPLITS
         )
-        return (
+        line = (
             f"written {self.written} ({splits}), skipped {self.skipped} of "
             f"{self.images_found} found, {self.images_per_second:.0f} images/s, "
             f"{self.bytes / _MB:.1f} MB in {self.seconds:.1f} s -> {self.output}"
         )
+        return "\n".join([line, *(f"warning: {w}" for w in self.warnings)])
 
 
 # --- worker side: plain functions of a path (no TensorFlow) ----------------------------------
@@ -499,6 +504,8 @@ def _resolve_options(
         raise PetalError(
             f"max_pixels must be a positive integer. Received: max_pixels={max_pixels!r}"
         )
+    if size is not None:
+        _check_stored_size(size, format, max_pixels, image_size)
     options = _Options(size, resize, format, quality, max_pixels)
     recorded = {
         "image_size": list(size) if size else None,
@@ -515,6 +522,30 @@ def _resolve_options(
     if shards is not None:
         recorded["shard_mb"] = None
     return options, recorded
+
+
+def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, received) -> None:
+    """Refuses a stored size that no image could be written at, before any work is done."""
+    h, w = size
+    if format == schema.FORMAT_JPEG and max(size) > images.JPEG_MAX_SIDE:
+        raise PetalError(
+            f"image_size {h}x{w} is too large for JPEG, which allows at most "
+            f"{images.JPEG_MAX_SIDE} pixels per side; choose a smaller --image-size or "
+            f"--format raw. Received: image_size={received!r}"
+        )
+    # Each worker holds several float32 copies of the stored image, so the limit on the
+    # images it decodes applies to the images it writes too.
+    if h * w > max_pixels:
+        raise PetalError(
+            f"image_size {h}x{w} is {h * w:,} pixels, more than max_pixels {max_pixels:,}; "
+            f"choose a smaller --image-size or raise --max-pixels. Received: image_size={received!r}"
+        )
+    if format == schema.FORMAT_RAW and h * w * 3 > images.RAW_MAX_BYTES:
+        raise PetalError(
+            f"image_size {h}x{w} needs {h * w * 3:,} bytes per raw record, more than a "
+            f"record can hold ({images.RAW_MAX_BYTES:,}); choose a smaller --image-size or "
+            f"--format jpeg. Received: image_size={received!r}"
+        )
 
 
 def _norm(path: str) -> str:
@@ -543,7 +574,10 @@ def _listdir(path: str) -> list[str]:
     if folders.is_remote(path):
         import tensorflow as tf
 
-        return sorted(n.rstrip("/") for n in tf.io.gfile.listdir(path))
+        try:
+            return sorted(n.rstrip("/") for n in tf.io.gfile.listdir(path))
+        except tf.errors.OpError as err:
+            raise folders.gfile_error(path, err) from None
     return sorted(os.listdir(path))
 
 
@@ -587,21 +621,35 @@ def _rename(src: str, dst: str) -> None:
         os.replace(src, dst)
 
 
-def _prepare_output(output: str) -> None:
-    """Creates the folder and removes petal's files from an earlier or interrupted run."""
+def _prepare_output(output: str) -> list[str]:
+    """Creates the folder and removes what an interrupted run left behind.
+
+    Returns:
+        The files of a complete conversion already there (``--overwrite``), manifest first:
+        they stay until the new shards are complete, so a conversion that fails keeps them.
+    """
     if folders.is_remote(output):
         import tensorflow as tf
 
-        tf.io.gfile.makedirs(output)
+        try:
+            tf.io.gfile.makedirs(output)
+        except tf.errors.OpError as err:
+            raise folders.gfile_error(output, err) from None
     else:
-        os.makedirs(output, exist_ok=True)
+        try:
+            os.makedirs(output, exist_ok=True)
+        except OSError as err:
+            raise PetalError(
+                f"Cannot create the output folder ({err.strerror or err}). Received: output={output}"
+            ) from None
     names = _listdir(output)
-    # The manifest goes first: from then on the folder no longer looks complete.
-    if schema.MANIFEST_NAME in names:
-        _remove(folders.join(output, schema.MANIFEST_NAME))
+    # Without a manifest, shards are leftovers of an interrupted run; temporary files always are.
+    complete = schema.MANIFEST_NAME in names
+    kept = [n for n in names if complete and (n == schema.MANIFEST_NAME or _SHARD_RE.match(n))]
     for name in names:
-        if name != schema.MANIFEST_NAME and _is_ours(name):
+        if _is_ours(name) and name not in kept:
             _remove(folders.join(output, name))
+    return sorted(kept, key=lambda n: n != schema.MANIFEST_NAME)
 
 
 # --- split, order, shards ----------------------------------------------------------------------
@@ -785,15 +833,17 @@ def convert(
             sub-folders with images, sorted.
         workers: processes decoding and encoding; default ``os.cpu_count()``.
         max_pixels: images with more pixels are skipped unread (decompression bombs).
-        overwrite: replace a complete conversion already in ``output``.
+        overwrite: replace a complete conversion already in ``output`` (removed only once
+            the new shards are complete).
         progress: show progress bars.
 
     Returns:
         A summary; the full account is in ``output/manifest.json``.
 
     Raises:
-        PetalError: bad options, a missing or unusable source, an output that would be
-            clobbered, or no image that could be converted. Nothing is left half-written.
+        PetalError: bad options, a missing, unreachable or unusable source, an output that
+            would be clobbered or cannot be reached, no image that could be converted, or an
+            empty train split. Nothing is left half-written.
     """
     started = time.perf_counter()
     source, output = str(source), str(output)
@@ -867,6 +917,12 @@ def convert(
         if not probed:
             raise PetalError(_nothing_usable(source, skipped))
         splits = split_files(probed, folder.classes, val_fraction, seed)
+        if not splits["train"]:
+            raise PetalError(
+                f"The train split would be empty: val_fraction={val_fraction} sends all "
+                f"{len(probed)} readable images under {source} to validation (each class's "
+                "share is rounded); lower --val-fraction or add images."
+            )
         shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
         written = _write(source, output, splits, shard_counts, options, mapper, progress, skipped)
     finally:
@@ -886,7 +942,54 @@ def convert(
         bytes=sum(sh["bytes"] for s in schema.SPLITS for sh in manifest["splits"][s]["shards"]),
         seconds=seconds,
         manifest=manifest,
+        warnings=_warnings(manifest),
     )
+
+
+def _some(names: list[str]) -> str:
+    """Up to five names, comma-separated, and how many more."""
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return ", ".join(names[:5]) + more
+
+
+def _warnings(manifest: dict) -> list[str]:
+    """What makes the records less useful than asked for: an empty split or class."""
+    splits, fraction = manifest["splits"], manifest["val_fraction"]
+    train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
+    out = []
+    if splits["validation"]["count"] == 0:
+        if fraction == 0:
+            out.append(
+                "no validation split (--val-fraction 0); petal train evaluates on the "
+                "validation split and needs one: convert with --val-fraction above 0 "
+                f"(default {DEFAULT_VAL_FRACTION}) to train on these records"
+            )
+        else:
+            out.append(
+                f"the validation split is empty: val_fraction {fraction} of each class rounds "
+                "to 0 images; raise --val-fraction or add images"
+            )
+    empty = [c for c in manifest["classes"] if train[c] + val[c] == 0]
+    if empty:
+        out.append(
+            f"no records for class {_some(empty)}: every one of its files was skipped "
+            "(see the skipped files in manifest.json)"
+        )
+    no_train = [c for c in manifest["classes"] if train[c] == 0 and val[c] > 0]
+    if no_train:
+        out.append(
+            f"no training images for class {_some(no_train)} (all went to validation): "
+            "the model never sees it; lower --val-fraction or add images"
+        )
+    if splits["validation"]["count"] > 0:
+        no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
+        if no_val:
+            out.append(
+                f"no validation images for class {_some(no_val)} (too few images for "
+                f"val_fraction {fraction}): its accuracy is not measured; raise "
+                "--val-fraction or add images"
+            )
+    return out
 
 
 def _nothing_usable(source: str, skipped: list[dict]) -> str:
@@ -921,7 +1024,7 @@ def _write(
             plan += [(split, index, next(items)) for _ in range(size)]
 
     created = not folders.exists(output)
-    _prepare_output(output)
+    previous = _prepare_output(output)
     temp_paths: list[str] = []
     try:
         if _pieces_possible(output):
@@ -930,8 +1033,20 @@ def _write(
             shards = _write_records(output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
+        if not any(split == "train" for split, _ in shards):
+            train_files = {item.file.relpath for item in splits["train"]}
+            example = next(s for s in skipped if s["file"] in train_files)
+            raise PetalError(
+                f"None of the {len(train_files)} images of the train split under {source} "
+                f"could be converted (e.g. {example['file']}: {example['reason']}); "
+                "records without a train split cannot train a model."
+            )
 
-        # All shards are complete: give them their final names (count and total included).
+        # All shards are complete: only now remove the conversion they replace (manifest
+        # first, so the folder never looks complete with a mix), then give the new shards
+        # their final names (count and total included).
+        for name in previous:
+            _remove(folders.join(output, name))
         entries: dict[str, list[dict]] = {s: [] for s in schema.SPLITS}
         for split in schema.SPLITS:
             mine = [shards[key] for key in sorted(shards) if key[0] == split]
@@ -954,7 +1069,9 @@ def _write(
                 )
         return entries
     except BaseException:
-        # Interrupted or failed: leave nothing that a reader could mistake for output.
+        # Interrupted or failed: leave nothing that a reader could mistake for output (a
+        # complete earlier conversion is still whole unless the failure came after its
+        # removal above).
         for path in temp_paths:
             if folders.exists(path):
                 _remove(path)
@@ -1138,11 +1255,15 @@ def read_manifest(path: str | os.PathLike) -> dict:
     """The manifest of a records folder (or of the ``manifest.json`` path itself).
 
     Raises:
-        PetalError: no manifest (not a records folder, or an interrupted conversion).
+        PetalError: no manifest (not a records folder, or an interrupted conversion), or a
+            remote path that cannot be reached.
     """
     path = str(path)
     if not path.endswith(".json"):
         path = folders.join(path, schema.MANIFEST_NAME)
+    if folders.is_remote(path):
+        # An unreachable store or an unsupported scheme says so, instead of "no manifest".
+        folders.exists(path)
     try:
         text = folders.read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -22,7 +22,9 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -72,14 +74,63 @@ def _log_default(line: str) -> None:
     print(line, flush=True)
 
 
-def prepare_workdir(workdir: Path, resume: bool, overwrite: bool, clear: bool = True) -> None:
+# Files a run holds before its first checkpoint: a work directory with only these (and no
+# completed epoch) is a failed start, which a new run may replace.
+_START_FILES = {"config.json", "history.csv", "state.json", "metrics.json"}
+
+
+def _not_a_run(workdir: Path) -> PetalError:
+    return PetalError(
+        f"{workdir} is not a petal training run (no config.json); drop --resume to start one."
+    )
+
+
+def _failed_start(workdir: Path, found: list[str]) -> bool:
+    """Whether the run in ``workdir`` stopped before checkpointing any epoch.
+
+    Such a run holds nothing to resume (no ``last.keras``, no ``best.weights.h5``, no
+    model), so starting again loses nothing.
+    """
+    if not found or not set(found) <= _START_FILES:
+        return False
+    if any((workdir / name).exists() for name in RUN_DIRS if name != "tensorboard"):
+        return False
+    try:
+        state = json.loads((workdir / "state.json").read_text())
+    except FileNotFoundError:
+        return True
+    except (ValueError, OSError):
+        return False
+    return isinstance(state, dict) and not state.get("epoch")
+
+
+def _remove_run(workdir: Path) -> None:
+    """Delete the files and folders a run writes (and their temporary files), nothing else."""
+    for name in RUN_FILES:
+        (workdir / name).unlink(missing_ok=True)
+        (workdir / f".tmp-{name}").unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(workdir / name, ignore_errors=True)
+
+
+def prepare_workdir(
+    workdir: Path,
+    resume: bool,
+    overwrite: bool,
+    clear: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> None:
     """Refuse to mix runs: a work directory holding a run needs ``resume`` or ``overwrite``.
+
+    A run that stopped before its first checkpoint (a corrupt record, a NaN loss in epoch 1)
+    does not count: a fresh start deletes its files and begins again.
 
     Args:
         workdir: the work directory (created when missing).
         resume: continue the run it holds.
         overwrite: delete the files of the run it holds (other files are kept).
         clear: ``False`` only checks, changing nothing (so later errors leave it intact).
+        log: told when the files of a failed start are deleted.
     """
     if resume and overwrite:
         raise PetalError("Pass either --resume or --overwrite, not both.")
@@ -88,28 +139,87 @@ def prepare_workdir(workdir: Path, resume: bool, overwrite: bool, clear: bool = 
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if resume:
         if not (workdir / "config.json").is_file():
-            raise PetalError(
-                f"Nothing to resume in {workdir} (no config.json); start a run without --resume."
-            )
+            raise _not_a_run(workdir)
         return
-    if found and not overwrite:
+    failed_start = bool(found) and not overwrite and _failed_start(workdir, found)
+    if found and not overwrite and not failed_start:
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
             "continue it or --overwrite to start again (deletes its checkpoints and results)."
         )
     if not clear:
         return
-    if overwrite:
-        for name in RUN_FILES + ("state.json",):
-            (workdir / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(workdir / name, ignore_errors=True)
+    if overwrite or failed_start:
+        if failed_start and log is not None:
+            log(f"petal train: {workdir} held a run that completed no epoch; starting it again")
+        _remove_run(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
 
 def resume_config(workdir: str | Path) -> TrainConfig:
-    """The config saved in a work directory (what ``--resume`` continues with)."""
-    return config_from_json(Path(workdir) / "config.json")
+    """The config saved in a work directory (what ``--resume`` continues with).
+
+    Raises:
+        PetalError: ``workdir`` holds no run (no ``config.json``).
+    """
+    workdir = Path(workdir)
+    if not (workdir / "config.json").is_file():
+        raise _not_a_run(workdir)
+    return config_from_json(workdir / "config.json")
+
+
+def absolute_data(data: str | None) -> str | None:
+    """A local data path made absolute, so a run folder works from any directory.
+
+    URLs (``gs://``, ``http(s)://``, anything with a scheme) are returned unchanged.
+    """
+    if not data or "://" in data:
+        return data
+    return os.path.abspath(data)
+
+
+def _check_resumed_data(cfg: TrainConfig, workdir: Path) -> None:
+    """A resumed run whose saved local data path is gone: say to pass ``--data``.
+
+    Runs written before data paths were stored absolute hold paths relative to the folder
+    they were started from.
+    """
+    data = cfg.data
+    if not data or "://" in data or any(ch in data for ch in "*?[") or os.path.exists(data):
+        return
+    if data != resume_config(workdir).data:
+        return  # given with --data: the input pipeline's own message applies
+    where = "" if os.path.isabs(data) else " (relative to the folder the run was started from)"
+    raise PetalError(
+        f"The training data of {workdir}, {data}{where}, is not found; pass --data PATH "
+        "to the records it was trained on."
+    )
+
+
+def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
+    """An empty split can neither train nor validate: name the split and how to fill it."""
+    if source.kind == "records":
+        fraction = (source.manifest or {}).get("val_fraction")
+        made = f" (converted with --val-fraction {fraction})" if fraction is not None else ""
+        fix_val = (
+            "reconvert the images with `petal convert SRC DST --val-fraction 0.19` (the default)"
+        )
+        fix_train = (
+            "reconvert the images with a smaller --val-fraction (default 0.19) or add images"
+        )
+    else:
+        made = ""
+        fix_val = fix_train = (
+            "convert the images with `petal convert SRC DST --val-fraction 0.19` and train on "
+            "those records"
+        )
+    if train_count == 0:
+        raise PetalError(f"The training split of {data} holds no images{made}; {fix_train}.")
+    if val_count == 0:
+        raise PetalError(
+            f"The validation split of {data} holds no images{made}; training validates every "
+            f"epoch: {fix_val}."
+        )
 
 
 def class_weights(source, classes) -> dict[int, float]:
@@ -211,11 +321,15 @@ def train(
     """Train ``config`` into ``workdir``.
 
     Args:
-        config: the run's configuration (``config.data`` must name the training data).
+        config: the run's configuration (``config.data`` must name the training data; a
+            local path is saved absolute in ``config.json``).
         workdir: output folder; refused when it holds another run, unless ``resume``
             (continue from the last completed epoch, optimizer state included) or
-            ``overwrite`` (delete the old run's files first).
-        resume: continue the run saved in ``workdir``.
+            ``overwrite`` (delete the old run's files first). A run that stopped before
+            its first checkpoint does not count: its files are replaced.
+        resume: continue the run saved in ``workdir``; one that already completed
+            ``config.epochs`` is left as it is (its ``metrics.json`` is returned), and fewer
+            epochs than it completed are refused.
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
 
@@ -240,10 +354,10 @@ def train(
     log = log or _log_default
     cfg = config.validate()
     workdir = Path(workdir)
+    prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
-    prepare_workdir(workdir, resume, overwrite, clear=False)
 
     state: dict = {
         "epoch": 0,
@@ -254,8 +368,6 @@ def train(
         "compile_epochs": [],
     }
     if resume and (workdir / "state.json").is_file():
-        import json
-
         state.update(json.loads((workdir / "state.json").read_text()))
     start_epoch = int(state["epoch"])
     if resume and start_epoch and not (workdir / "last.keras").is_file():
@@ -263,6 +375,22 @@ def train(
             f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
             "start again with --overwrite."
         )
+    # A finished run is never retrained or re-described: its config.json keeps the epochs
+    # its history.csv and checkpoints hold.
+    finished = resume and start_epoch >= cfg.epochs
+    if resume and start_epoch > cfg.epochs:
+        raise PetalError(
+            f"{workdir} already completed {start_epoch} epochs, more than the {cfg.epochs} "
+            f"asked for; pass --epochs {start_epoch + 1} or more to train it further, or leave "
+            f"--epochs out. Received: epochs={cfg.epochs}"
+        )
+    if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
+        log(f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do")
+        return json.loads((workdir / "metrics.json").read_text())
+    if resume:
+        _check_resumed_data(cfg, workdir)
+    # Stored absolute in config.json, so evaluate and --resume work from any directory.
+    cfg = cfg.replace(data=absolute_data(cfg.data))
 
     strategy, sinfo = get_strategy(cfg.strategy)
     replicas = int(sinfo["replicas"])
@@ -283,6 +411,7 @@ def train(
         image_size = (info_model.default_image_size,) * 2
     normalization = cfg.normalization or info_model.normalization
     train_count, val_count = source.count("train"), source.count("validation")
+    _check_splits(source, cfg.data, train_count, val_count)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         raise PetalError(
@@ -396,8 +525,9 @@ def train(
             log(f"petal train: {fused} BatchNormalization layers train with the fused kernel")
         total_params, _ = count_params(model)
         # Everything checked and built: only now touch the work directory.
-        prepare_workdir(workdir, resume, overwrite)
-        save_config(cfg, workdir / "config.json", **resolved)
+        prepare_workdir(workdir, resume, overwrite, log=log)
+        if not finished:
+            save_config(cfg, workdir / "config.json", **resolved)
         if resume:
             truncate_history(history_path, start_epoch)
         loaded = False

@@ -1,0 +1,131 @@
+"""What a run folder promises: it works from any directory, a finished run is never rewritten,
+a failed start does not block the next, and empty splits or missing runs say how to fix them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from petal.cli import main
+from petal.errors import PetalError
+from petal.training.callbacks import read_history
+from petal.training.loop import absolute_data, prepare_workdir, resume_config, train
+from test_train import QUIET, _cfg
+
+
+def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
+    small_records, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    monkeypatch.chdir(small_records.parent)
+    train(_cfg("records", epochs=2), run, **QUIET)  # data given relative to the cwd
+    config_path = run / "config.json"
+    saved = json.loads(config_path.read_text())["data"]
+    assert os.path.isabs(saved) and os.path.samefile(saved, small_records)
+
+    monkeypatch.chdir(tmp_path)  # elsewhere: "records" does not exist here
+    before = config_path.read_bytes()
+    lines: list[str] = []
+    metrics = train(resume_config(run), run, resume=True, log=lines.append)
+    assert metrics == json.loads((run / "metrics.json").read_text())
+    assert any("already completed 2 epochs; nothing to do" in line for line in lines)
+    # Fewer epochs than completed: refused, and config.json still matches history.csv.
+    with pytest.raises(PetalError, match=r"already completed 2 epochs.*--epochs 3 or more"):
+        train(resume_config(run).replace(epochs=1), run, resume=True, **QUIET)
+    assert config_path.read_bytes() == before
+    assert len(read_history(run / "history.csv")) == 2
+
+    # A run written before paths were stored absolute: its relative path is not found here.
+    old = json.loads(before)
+    old["data"] = "records"
+    config_path.write_text(json.dumps(old))
+    with pytest.raises(PetalError, match=r"records \(relative to .*not found; pass --data PATH"):
+        train(resume_config(run).replace(epochs=3), run, resume=True, **QUIET)
+    assert json.loads(config_path.read_text())["data"] == "records"  # refused: nothing written
+    # Passing the data continues the run and stores the path absolute.
+    metrics = train(
+        resume_config(run).replace(epochs=3, data=str(small_records)), run, resume=True, **QUIET
+    )
+    assert metrics["epochs_completed"] == 3
+    config = json.loads(config_path.read_text())
+    assert config["epochs"] == 3 and config["data"] == str(small_records)
+
+
+def test_absolute_data_keeps_urls(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert absolute_data("records/flowers-192") == str(tmp_path / "records" / "flowers-192")
+    assert absolute_data("shards/*.tfrec") == str(tmp_path / "shards" / "*.tfrec")
+    for url in ("gs://bucket/records", "http://host/records", "https://host/records"):
+        assert absolute_data(url) == url
+    assert absolute_data(None) is None
+
+
+def test_resume_of_a_folder_without_a_run_says_it_is_not_a_run(small_records, tmp_path, capsys):
+    missing = tmp_path / "does" / "not" / "exist"
+    assert main(["train", "--workdir", str(missing), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"petal train: error: {missing} is not a petal training run (no config.json); "
+        "drop --resume to start one."
+    )
+    # The same when the config comes from elsewhere (a preset, --config).
+    with pytest.raises(PetalError, match="is not a petal training run.*drop --resume"):
+        train(_cfg(small_records), missing, resume=True, **QUIET)
+    assert not missing.exists()
+
+
+def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path):
+    run = tmp_path / "run"
+    (run / "tensorboard" / "train").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "history.csv").write_text("epoch,loss\n")
+    (run / "notes.txt").write_text("mine")
+    prepare_workdir(run, resume=False, overwrite=False, clear=False)  # checks only
+    assert (run / "config.json").exists()
+    lines: list[str] = []
+    prepare_workdir(run, resume=False, overwrite=False, log=lines.append)
+    assert not (run / "config.json").exists() and not (run / "history.csv").exists()
+    assert not (run / "tensorboard").exists()
+    assert (run / "notes.txt").read_text() == "mine"  # not petal's: kept
+    assert lines and "completed no epoch" in lines[0]
+
+    (run / "config.json").write_text("{}")
+    (run / "state.json").write_text('{"epoch": 0}')
+    prepare_workdir(run, resume=False, overwrite=False)  # no epoch completed either
+    assert not (run / "state.json").exists()
+
+    # Anything that holds training (or came after it) still needs --resume or --overwrite.
+    for extra in ("last.keras", "best.weights.h5", "model.keras", "state.json", "eval"):
+        (run / "config.json").write_text("{}")
+        if extra == "eval":
+            (run / "eval").mkdir()
+        elif extra == "state.json":
+            (run / "state.json").write_text('{"epoch": 1}')
+        else:
+            (run / extra).write_text("x")
+        with pytest.raises(PetalError, match="already holds a training run"):
+            prepare_workdir(run, resume=False, overwrite=False)
+        prepare_workdir(run, resume=False, overwrite=True)
+
+
+def test_empty_splits_name_the_fix(make_records, tmp_path):
+    no_val = make_records("no-val", counts={"train": [7, 6], "validation": []})
+    manifest = json.loads((no_val / "manifest.json").read_text())
+    manifest["val_fraction"] = 0.0
+    (no_val / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        PetalError,
+        match=r"validation split of .*no-val holds no images \(converted with --val-fraction "
+        r"0\.0\); .*`petal convert SRC DST --val-fraction 0\.19` \(the default\)",
+    ):
+        train(_cfg(no_val), tmp_path / "run", **QUIET)
+
+    no_train = make_records("no-train", counts={"train": [], "validation": [5]})
+    with pytest.raises(PetalError) as err:
+        train(_cfg(no_train, steps_per_epoch=None), tmp_path / "run", **QUIET)
+    message = str(err.value)
+    assert "training split of" in message and "holds no images" in message
+    assert "smaller --val-fraction" in message and "batch_size" not in message
+    assert not (tmp_path / "run").exists()
