@@ -11,7 +11,13 @@ import pytest
 from petal.cli import main
 from petal.errors import PetalError
 from petal.training.callbacks import read_history
-from petal.training.loop import absolute_data, prepare_workdir, resume_config, train
+from petal.training.loop import (
+    RUNNING_FILE,
+    absolute_data,
+    prepare_workdir,
+    resume_config,
+    train,
+)
 from test_train import QUIET, _cfg
 
 
@@ -21,6 +27,7 @@ def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     run = tmp_path / "run"
     monkeypatch.chdir(small_records.parent)
     train(_cfg("records", epochs=2), run, **QUIET)  # data given relative to the cwd
+    assert not (run / RUNNING_FILE).exists()  # the marker of a live run is gone at the end
     config_path = run / "config.json"
     saved = json.loads(config_path.read_text())["data"]
     assert os.path.isabs(saved) and os.path.samefile(saved, small_records)
@@ -108,6 +115,34 @@ def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path)
         with pytest.raises(PetalError, match="already holds a training run"):
             prepare_workdir(run, resume=False, overwrite=False)
         prepare_workdir(run, resume=False, overwrite=True)
+
+
+def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "history.csv").write_text("epoch,loss\n")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / RUNNING_FILE).write_text(json.dumps({"pid": live.pid, "host": socket.gethostname()}))
+        with pytest.raises(PetalError, match="already holds a training run"):
+            prepare_workdir(run, resume=False, overwrite=False)
+        assert (run / "config.json").exists()
+    finally:
+        live.kill()
+        live.wait()
+    # The same marker left by a process that has died no longer protects the files.
+    prepare_workdir(run, resume=False, overwrite=False)
+    assert not (run / "config.json").exists()
+    # A marker of this very process (a second train() call) does not block either.
+    (run / "config.json").write_text("{}")
+    (run / RUNNING_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    prepare_workdir(run, resume=False, overwrite=False)
+    assert not (run / "config.json").exists()
 
 
 def test_empty_splits_name_the_fix(make_records, tmp_path):

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import time
 import warnings
@@ -85,13 +86,49 @@ def _not_a_run(workdir: Path) -> PetalError:
     )
 
 
+# Written while ``train`` runs in a work directory: {"pid": ..., "host": ...}.
+RUNNING_FILE = ".petal-running"
+
+
+def _running_elsewhere(workdir: Path) -> bool:
+    """Whether another live process (or one on another host) is training in ``workdir``."""
+    try:
+        holder = json.loads((workdir / RUNNING_FILE).read_text())
+        pid, host = int(holder["pid"]), str(holder["host"])
+    except FileNotFoundError:
+        return False
+    except (ValueError, KeyError, TypeError, OSError):
+        return True  # unreadable: assume someone holds it
+    if host != socket.gethostname():
+        return True
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False  # left by a process that died
+    except PermissionError:
+        return True
+    return True
+
+
+def _mark_running(workdir: Path) -> Callable[[], None]:
+    """Writes :data:`RUNNING_FILE`; returns the function that removes it."""
+    path = workdir / RUNNING_FILE
+    path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    return lambda: path.unlink(missing_ok=True)
+
+
 def _failed_start(workdir: Path, found: list[str]) -> bool:
     """Whether the run in ``workdir`` stopped before checkpointing any epoch.
 
     Such a run holds nothing to resume (no ``last.keras``, no ``best.weights.h5``, no
-    model), so starting again loses nothing.
+    model), so starting again loses nothing. A run still in its first epoch in another
+    process is not one.
     """
     if not found or not set(found) <= _START_FILES:
+        return False
+    if _running_elsewhere(workdir):
         return False
     if any((workdir / name).exists() for name in RUN_DIRS if name != "tensorboard"):
         return False
@@ -514,6 +551,7 @@ def train(
     history_path = workdir / "history.csv"
     phases = _phases(cfg, peak)
     set_policy(policy)
+    unmark = None
     try:
         keras.utils.set_random_seed(cfg.seed)
         with strategy.scope():
@@ -526,6 +564,7 @@ def train(
         total_params, _ = count_params(model)
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite, log=log)
+        unmark = _mark_running(workdir)
         if not finished:
             save_config(cfg, workdir / "config.json", **resolved)
         if resume:
@@ -599,6 +638,8 @@ def train(
             model.load_weights(str(workdir / "last.keras"))
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+        if unmark is not None:
+            unmark()
 
     rows = read_history(history_path)
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
