@@ -164,3 +164,16 @@ def test_empty_splits_name_the_fix(make_records, tmp_path):
     assert "training split of" in message and "holds no images" in message
     assert "smaller --val-fraction" in message and "batch_size" not in message
     assert not (tmp_path / "run").exists()
+
+
+def test_training_above_the_records_size_warns_about_upscaling(small_records, tmp_path):
+    lines: list[str] = []
+    train(_cfg(small_records, image_size=80, epochs=1), tmp_path / "up", log=lines.append)
+    warned = [ln for ln in lines if "upscaled" in ln]
+    assert warned == [
+        "petal train: warning: the records are 64x64 and are upscaled to 80x80; for full "
+        "detail convert at that size (petal convert SRC DST --image-size 80x80)"
+    ]
+    lines.clear()
+    train(_cfg(small_records, image_size=32, epochs=1), tmp_path / "down", log=lines.append)
+    assert not [ln for ln in lines if "upscaled" in ln]

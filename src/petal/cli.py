@@ -561,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
         return int(args._run(args) or 0)
-    except (PetalError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
+    except (PetalError, OSError) as err:
+        # OSError: a file the command could not read or write (missing, a folder, no
+        # permission, disk full); its message names the file.
         print(f"petal {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
