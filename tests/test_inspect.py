@@ -132,6 +132,21 @@ def test_missing_resized_and_unlisted_shards_without_verify(damaged):
     assert "check: 3 problems" in str(report)
 
 
+def test_shards_of_a_conversion_in_progress_are_not_unlisted_shards(small_records, tmp_path):
+    """convert --overwrite writes its new shards beside the old complete output."""
+    from petal.data import open_source
+
+    copy = shutil.copytree(small_records, tmp_path / "copy")
+    (copy / f"{schema.TEMP_PREFIX}train-00000.tfrec").write_bytes(b"partial")
+    (copy / f"{schema.TEMP_PREFIX}piece-000003.tfrec").write_bytes(b"partial")
+    assert inspect_records(copy, progress=False).ok
+    assert open_source(copy).count("train") == open_source(small_records).count("train")
+    (copy / "train-00000-of-00001-3.tfrec").write_bytes(b"")  # a real stray shard still counts
+    assert not inspect_records(copy, progress=False).ok
+    with pytest.raises(PetalError, match="manifest does not list: train-00000-of-00001-3"):
+        open_source(copy)
+
+
 def test_grid_extension_is_checked_first(small_records, tmp_path, monkeypatch):
     from petal.data import inspect as inspect_module
 

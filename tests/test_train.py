@@ -309,3 +309,20 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     assert json.loads((tmp_path / "run" / "config.json").read_text())["skip_corrupt"] is True
     # A CRC failure loses the rest of its shard: record 1 and everything after it.
     assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1
+
+
+def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, tmp_path):
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:6]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
+    lines = []
+    cfg = _cfg(folder, epochs=1, skip_corrupt=True, cache=False)
+    metrics = train(cfg, tmp_path / "run", log=lines.append)
+    assert metrics["epochs_completed"] == 1
+    assert metrics["skipped_corrupt_records"] == 1
+    [entry] = metrics["skipped_corrupt_files"]
+    assert entry.startswith(str(folder / "daisy" / "zz-not-an-image.jpg") + ": Unknown image")
+    assert any("1 of 31 files cannot be decoded" in line for line in lines)

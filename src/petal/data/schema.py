@@ -32,6 +32,9 @@ ORIGINAL_SIZE = "original_size"
 
 MANIFEST_NAME = "manifest.json"
 SHARD_SUFFIX = ".tfrec"
+# Files of a conversion still being written (hidden, renamed when complete): never shards of
+# the folder's manifest, and removed by the next conversion.
+TEMP_PREFIX = ".petal-tmp-"
 FORMAT_JPEG = "jpeg"
 FORMAT_RAW = "raw"
 FORMATS = (FORMAT_JPEG, FORMAT_RAW)

@@ -65,7 +65,7 @@ _RECORD_OVERHEAD = 256
 _FRAME = 16
 _ESTIMATE_SAMPLE = 16
 
-_TEMP_PREFIX = ".petal-tmp-"
+_TEMP_PREFIX = schema.TEMP_PREFIX
 _SHARD_RE = re.compile(r"^(train|validation)-\d{5}-of-\d{5}-\d+\.tfrec$")
 
 

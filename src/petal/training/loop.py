@@ -455,6 +455,7 @@ def train(
             f"The training split of {cfg.data} has {train_count} images, fewer than one global "
             f"batch of {global_batch}; lower batch_size. Received: batch_size={cfg.batch_size}"
         )
+    undecodable = _undecodable_folder_files(source, cfg, log)
     weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
     peak = _peak_lr(cfg, global_batch)
     resize = (source.manifest or {}).get("resize") or "fill"
@@ -651,7 +652,11 @@ def train(
 
     rows = read_history(history_path)
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
-    if cfg.skip_corrupt:
+    if cfg.skip_corrupt and undecodable is not None:
+        # An image folder: the files dropped (each epoch), as evaluate counts them.
+        metrics["skipped_corrupt_records"] = len(undecodable)
+        metrics["skipped_corrupt_files"] = [f"{path}: {reason}" for path, reason in undecodable]
+    elif cfg.skip_corrupt:
         metrics["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
     if nan_guard.nan_epoch is not None:
         where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
@@ -673,6 +678,31 @@ def train(
         f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s -> {workdir}"
     )
     return metrics
+
+
+def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, str]] | None:
+    """With ``skip_corrupt`` on an image folder: the files the pipeline will drop, named now.
+
+    The folder pipeline drops an undecodable image silently inside tf.data (every epoch);
+    one decode pass over the folder up front says which and why. None for records (their
+    skips are counted as they happen) and without ``skip_corrupt``.
+    """
+    if not cfg.skip_corrupt or source.kind != "folder":
+        return None
+    from petal.data.pipeline import MAX_DECODE_SCAN, undecodable_files
+
+    total = source.count("all")
+    if total > MAX_DECODE_SCAN:
+        log(f"petal train: --skip-corrupt: {total} files are too many to check up front; "
+            "undecodable ones are dropped without a count")
+        return None
+    bad = undecodable_files(source, "all")
+    if bad:
+        names = ", ".join(f"{path} ({reason})" for path, reason in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        log(f"petal train: --skip-corrupt: {len(bad)} of {total} files cannot be decoded and "
+            f"are skipped: {names}{more}")
+    return bad
 
 
 def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
