@@ -131,6 +131,35 @@ def test_unreachable_remote_output(small_flowers, tmp_path, capsys, monkeypatch)
     assert "\n" not in err
 
 
+def test_remote_output_failing_part_way(small_flowers, capsys, monkeypatch):
+    """ram:// is TensorFlow's in-memory filesystem: the remote write path, no network."""
+    import tensorflow as tf
+
+    real = tf.io.TFRecordWriter
+
+    class Failing(real):
+        writes = 0
+
+        def write(self, record):
+            Failing.writes += 1
+            if Failing.writes == 5:
+                raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+            return super().write(record)
+
+    monkeypatch.setattr(tf.io, "TFRecordWriter", Failing)
+    out = "ram://petal-failing/out"
+    assert main(["convert", str(small_flowers), out, "--workers", "1"]) == 2
+    assert _error_line(capsys) == (
+        f"petal convert: error: Cannot reach {out} (Connection reset by peer); check the "
+        "path, the network and the credentials."
+    )
+    assert not tf.io.gfile.glob(out + "/*")  # no temporaries, no manifest
+
+    monkeypatch.setattr(tf.io, "TFRecordWriter", real)
+    assert main(["convert", str(small_flowers), out, "--workers", "1"]) == 0
+    assert tf.io.gfile.exists(out + "/manifest.json")
+
+
 def test_image_size_over_jpeg_limit(small_flowers, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["convert", str(small_flowers), str(out), "--image-size", "70000x1"]) == 2

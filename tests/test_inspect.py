@@ -147,6 +147,15 @@ def test_shards_of_a_conversion_in_progress_are_not_unlisted_shards(small_record
         open_source(copy)
 
 
+def test_grid_is_written_through_gfile_to_a_remote_path(small_records):
+    """matplotlib writes local files only; ram:// is TensorFlow's in-memory filesystem."""
+    out = "ram://petal-test/grids/sample.png"
+    report = inspect_records(small_records, grid=out, grid_per_class=1, progress=False)
+    assert report.grid == out
+    with tf.io.gfile.GFile(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
 def test_grid_extension_is_checked_first(small_records, tmp_path, monkeypatch):
     from petal.data import inspect as inspect_module
 

@@ -442,8 +442,22 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
     size = "x".join(map(str, manifest["image_size"])) if manifest.get("image_size") else "orig."
     fig.suptitle(f"{path} ({manifest['format']} {size})", fontsize=9)
     fig.tight_layout()
+    if folders.is_remote(out):
+        # matplotlib writes local files only: draw into memory, write through tf.io.gfile.
+        import io
+
+        import tensorflow as tf
+
+        buffer = io.BytesIO()
+        fig.savefig(buffer, dpi=100, format=os.path.splitext(out)[1][1:].lower())
+        try:
+            with tf.io.gfile.GFile(out, "wb") as f:
+                f.write(buffer.getvalue())
+        except tf.errors.OpError as err:
+            raise folders.gfile_error(out, err) from None
+        return out
     parent = os.path.dirname(out)
-    if parent and not folders.is_remote(out):
+    if parent:
         os.makedirs(parent, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out

@@ -36,6 +36,7 @@ import datetime
 import functools
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -52,6 +53,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from petal.data import folders, images, schema
 from petal.errors import PetalError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SEED = 42
 DEFAULT_VAL_FRACTION = 0.19
@@ -924,12 +927,18 @@ def convert(
                 "share is rounded); lower --val-fraction or add images."
             )
         shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
-        written = _write(source, output, splits, shard_counts, options, mapper, progress, skipped)
+        try:
+            written = _write(
+                source, output, splits, shard_counts, options, mapper, progress, skipped
+            )
+            manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
+            _write_manifest(output, manifest)
+        except tensorflow.errors.OpError as err:
+            # Writing to an object store failed part-way (network, credentials, quota).
+            raise folders.gfile_error(output, err) from None
     finally:
         mapper.close()
 
-    manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
-    _write_manifest(output, manifest)
     seconds = time.perf_counter() - started
     return ConvertSummary(
         output=output,
@@ -1072,11 +1081,14 @@ def _write(
         # Interrupted or failed: leave nothing that a reader could mistake for output (a
         # complete earlier conversion is still whole unless the failure came after its
         # removal above).
-        for path in temp_paths:
-            if folders.exists(path):
-                _remove(path)
-        if created and not folders.is_remote(output) and not os.listdir(output):
-            os.rmdir(output)
+        try:
+            for path in temp_paths:
+                if folders.exists(path):
+                    _remove(path)
+            if created and not folders.is_remote(output) and not os.listdir(output):
+                os.rmdir(output)
+        except Exception as cleanup:  # e.g. the store became unreachable: report the cause
+            log.warning("Could not remove the temporary files in %s: %s", output, cleanup)
         raise
 
 
