@@ -81,6 +81,11 @@ def test_resolve_precision_per_platform(monkeypatch):
     # CPU: follows the flags (and the measured rule for avx512_bf16 without AMX).
     monkeypatch.setattr("petal.training.precision.cpu_flags", lambda: {"avx2", "amx_bf16"})
     assert resolve_precision("auto", {"tpu": False, "gpu": False}) == "mixed_bfloat16"
+    assert resolve_precision("auto", None, "squeezenet") == "mixed_bfloat16"
+    # ...except models measured slower in bfloat16 on a CPU; accelerators keep bfloat16.
+    assert resolve_precision("auto", None, "mobilenet_v2") == "float32"
+    assert resolve_precision("auto", {"tpu": True}, "mobilenet_v2") == "mixed_bfloat16"
+    assert resolve_precision("mixed_bfloat16", None, "mobilenet_v2") == "mixed_bfloat16"
     monkeypatch.setattr("petal.training.precision.cpu_flags", lambda: {"avx2", "fma"})
     assert resolve_precision("auto", None) == "float32"
 

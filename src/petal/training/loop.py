@@ -435,7 +435,7 @@ def train(
     check_global_batch(global_batch, replicas)
     eval_batch = cfg.eval_batch_size or global_batch
     check_global_batch(eval_batch, replicas)
-    policy = resolve_precision(cfg.precision, sinfo)
+    policy = resolve_precision(cfg.precision, sinfo, cfg.model)
     previous_policy = keras.mixed_precision.global_policy().name
 
     source = open_source(cfg.data)

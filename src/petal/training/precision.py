@@ -10,7 +10,8 @@
   automatically when the model's dtype policy is ``mixed_float16`` (keras/src/trainers/
   trainer.py), so nothing else is needed.
 - Older GPUs: ``float32``.
-- CPU: ``mixed_bfloat16`` only where it was measured faster; see :data:`CPU_BF16_RULE`.
+- CPU: ``mixed_bfloat16`` only where it was measured faster; see :data:`CPU_BF16_RULE`,
+  and float32 for the models in :data:`CPU_FLOAT32_MODELS` on any CPU.
 
 Build the model after :func:`set_policy`: layers take the global policy when created. The
 classifier head stays float32 in every petal model.
@@ -39,6 +40,14 @@ CPU_BF16_RULE = (
     "CPU_BF16_WITHOUT_AMX (set from benchmarks/bench_train_speed.py); float32 otherwise"
 )
 
+# Models that train slower in mixed_bfloat16 than in float32 on a CPU even where the rule
+# above picks bfloat16. Measured with benchmarks/bench_train_speed.py (fused BatchNormalization,
+# Intel Xeon with AVX512-BF16 and AMX, 2026-12-03; benchmarks/README.md, "Training speed"):
+# mobilenet_v2 at 224x224, batch 32: float32 22.9 and 21.5 img/s, mixed_bfloat16 13.9 and
+# 12.1 img/s in one interleaved run (14.3 vs 6.1 in the full table): oneDNN's bfloat16
+# depthwise convolutions are slow on CPU.
+CPU_FLOAT32_MODELS = frozenset({"mobilenet_v2"})
+
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
     """The CPU feature flags from ``/proc/cpuinfo`` (empty where that file does not exist)."""
@@ -60,13 +69,17 @@ def cpu_prefers_bfloat16(flags: set[str] | None = None) -> bool:
     return "avx512_bf16" in flags and CPU_BF16_WITHOUT_AMX
 
 
-def resolve_precision(name: str = "auto", strategy_info: dict[str, Any] | None = None) -> str:
+def resolve_precision(
+    name: str = "auto", strategy_info: dict[str, Any] | None = None, model: str | None = None
+) -> str:
     """Turn a precision name into a Keras dtype policy name.
 
     Args:
         name: ``"auto"``, ``"float32"``, ``"mixed_bfloat16"`` or ``"mixed_float16"``.
         strategy_info: The info dict from :func:`petal.training.strategy.get_strategy`
             (keys ``tpu``, ``gpu``, ``gpu_compute_capability``); ``None`` means CPU.
+        model: the registry name of the model to train, if known: on a CPU the models in
+            :data:`CPU_FLOAT32_MODELS` get float32.
 
     Returns:
         The policy name.
@@ -89,6 +102,8 @@ def resolve_precision(name: str = "auto", strategy_info: dict[str, Any] | None =
             return "mixed_bfloat16"
         if cc is not None and tuple(cc) >= (7, 0):
             return "mixed_float16"
+        return "float32"
+    if model in CPU_FLOAT32_MODELS:
         return "float32"
     return "mixed_bfloat16" if cpu_prefers_bfloat16() else "float32"
 
