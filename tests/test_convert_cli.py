@@ -160,6 +160,38 @@ def test_remote_output_failing_part_way(small_flowers, capsys, monkeypatch):
     assert tf.io.gfile.exists(out + "/manifest.json")
 
 
+def test_remote_source_failing_part_way_stops_instead_of_skipping(
+    small_flowers, tmp_path, capsys, monkeypatch
+):
+    """A store that stops answering is not a folder of bad images: no mostly-skipped output."""
+    import tensorflow as tf
+
+    src = "ram://petal-flaky/photos"
+    for path in sorted(small_flowers.rglob("*.jpg"))[:20]:
+        tf.io.gfile.makedirs(f"{src}/{path.parent.name}")
+        tf.io.gfile.copy(str(path), f"{src}/{path.parent.name}/{path.name}", overwrite=True)
+    real = tf.io.gfile.GFile
+    reads = []
+
+    def flaky(path, mode="r"):
+        if "rb" in mode and str(path).startswith(src):
+            reads.append(path)
+            if len(reads) >= 6:
+                raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+        return real(path, mode)
+
+    monkeypatch.setattr(tf.io.gfile, "GFile", flaky)
+    out = tmp_path / "out"
+    assert main(["convert", src, str(out), "--workers", "1", "--val-fraction", "0.2"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"petal convert: error: Cannot reach {src} (reading ")
+    assert line.endswith(
+        ": Connection reset by peer); nothing was written: check the network and the "
+        "credentials, then run again."
+    )
+    assert not out.exists()
+
+
 def test_image_size_over_jpeg_limit(small_flowers, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["convert", str(small_flowers), str(out), "--image-size", "70000x1"]) == 2

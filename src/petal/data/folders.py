@@ -105,6 +105,26 @@ def gfile_error(path: str, err, also: Sequence[str] = ()) -> PetalError:
     )
 
 
+class StoreError(OSError):
+    """An object store failed to serve a file (network, credentials, quota, server error):
+    a failure of the store, not of the file, so the file must not be skipped as bad input."""
+
+
+def _store_errors():
+    import tensorflow as tf
+
+    e = tf.errors
+    return (
+        e.UnavailableError,
+        e.DeadlineExceededError,
+        e.AbortedError,
+        e.InternalError,
+        e.UnknownError,
+        e.ResourceExhaustedError,
+        e.UnauthenticatedError,
+    )
+
+
 def exists(path: str) -> bool:
     """Whether ``path`` exists.
 
@@ -138,7 +158,8 @@ def file_size(path: str) -> int:
     """Size in bytes of one file.
 
     Raises:
-        OSError: missing (FileNotFoundError), or not a regular file (see ``read_bytes``).
+        OSError: missing (FileNotFoundError), or not a regular file (see ``read_bytes``);
+            :class:`StoreError` when an object store fails.
     """
     if is_remote(path):
         import tensorflow as tf
@@ -147,6 +168,8 @@ def file_size(path: str) -> int:
             return tf.io.gfile.stat(path).length
         except tf.errors.NotFoundError as err:
             raise FileNotFoundError(_first_line(err)) from err
+        except _store_errors() as err:
+            raise StoreError(_first_line(err)) from err
         except tf.errors.OpError as err:
             raise OSError(_first_line(err)) from err
     st = os.stat(path)
@@ -160,7 +183,8 @@ def read_bytes(path: str) -> bytes:
 
     Raises:
         OSError: unreadable, missing, or not a regular file (a local FIFO or device would
-            block or never end, so it is refused before opening).
+            block or never end, so it is refused before opening); :class:`StoreError` when
+            an object store fails.
     """
     if is_remote(path):
         import tensorflow as tf
@@ -170,6 +194,8 @@ def read_bytes(path: str) -> bytes:
                 return f.read()
         except tf.errors.NotFoundError as err:
             raise FileNotFoundError(_first_line(err)) from err
+        except _store_errors() as err:
+            raise StoreError(_first_line(err)) from err
         except tf.errors.OpError as err:
             raise OSError(_first_line(err)) from err
     mode = os.stat(path).st_mode

@@ -142,10 +142,17 @@ class ConvertSummary:
 # --- worker side: plain functions of a path (no TensorFlow) ----------------------------------
 
 
+# Prefixes a reason that is not the file's fault: the object store failed (see
+# folders.StoreError). The conversion stops on it instead of skipping the file.
+_STORE_FAILURE = "store failure: "
+
+
 def _read(path: str) -> bytes | str:
     """The file's bytes, or the reason it cannot be read."""
     try:
         return folders.read_bytes(path)
+    except folders.StoreError as err:
+        return f"{_STORE_FAILURE}{err}"
     except OSError as err:
         return f"unreadable: {err.strerror or err}"
 
@@ -154,8 +161,19 @@ def _size(path: str) -> int | str:
     """Size in bytes of a readable file, or the reason it is skipped."""
     try:
         return folders.file_size(path)
+    except folders.StoreError as err:
+        return f"{_STORE_FAILURE}{err}"
     except OSError as err:
         return f"unreadable: {err.strerror or err}"
+
+
+def _check_store(reason: str, source: str, relpath: str) -> None:
+    """Stops the conversion when a file's reason is the store's failure, not the file's."""
+    if reason.startswith(_STORE_FAILURE):
+        raise PetalError(
+            f"Cannot reach {source} (reading {relpath}: {reason[len(_STORE_FAILURE):]}); "
+            "nothing was written: check the network and the credentials, then run again."
+        )
 
 
 def _hash(path: str) -> str:
@@ -896,6 +914,7 @@ def convert(
             found: list[tuple[folders.ImageFile, int]] = []
             for f, size in zip(files, sizes, strict=True):
                 if isinstance(size, str):
+                    _check_store(size, source, f.relpath)
                     skipped.append({"file": f.relpath, "reason": size})
                 else:
                     found.append((f, size))
@@ -906,6 +925,7 @@ def convert(
         for f, size in found:
             content = hashes.get(f, f"unique size:{f.relpath}")
             if content.startswith("!"):
+                _check_store(content[1:], source, f.relpath)
                 skipped.append({"file": f.relpath, "reason": content[1:]})
             else:
                 probed.append(_Probed(f, content, size))
@@ -1037,9 +1057,13 @@ def _write(
     temp_paths: list[str] = []
     try:
         if _pieces_possible(output):
-            shards = _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths)
+            shards = _write_pieces(
+                source, output, plan, options, mapper, progress, skipped, temp_paths
+            )
         else:
-            shards = _write_records(output, plan, options, mapper, progress, skipped, temp_paths)
+            shards = _write_records(
+                source, output, plan, options, mapper, progress, skipped, temp_paths
+            )
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
         if not any(split == "train" for split, _ in shards):
@@ -1122,7 +1146,7 @@ def _shard_runs(plan, size: int):
         yield run
 
 
-def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
+def _write_pieces(source, output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
     """Workers write framed pieces; this process appends them to their shards and hashes."""
     size = 32
     runs = list(_shard_runs(plan, size))
@@ -1155,6 +1179,7 @@ def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) 
                 shards[key] = {"temp": path, "count": 0, "per_class": Counter(), "bytes": 0}
             for (_, _, item), status in zip(run, statuses, strict=True):
                 if status is not None:
+                    _check_store(status, source, item.file.relpath)
                     skipped.append({"file": item.file.relpath, "reason": status})
                 else:
                     shards[key]["count"] += 1
@@ -1171,7 +1196,7 @@ def _write_pieces(output, plan, options, mapper, progress, skipped, temp_paths) 
     return shards
 
 
-def _write_records(output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
+def _write_records(source, output, plan, options, mapper, progress, skipped, temp_paths) -> dict:
     """Workers return serialised records; this process frames and writes them (any path)."""
     import tensorflow as tf
 
@@ -1184,6 +1209,7 @@ def _write_records(output, plan, options, mapper, progress, skipped, temp_paths)
         for (split, index, item), result in zip(plan, results, strict=True):
             bar.update()
             if isinstance(result, str):
+                _check_store(result, source, item.file.relpath)
                 skipped.append({"file": item.file.relpath, "reason": result})
                 continue
             if (split, index) != current:
