@@ -57,3 +57,26 @@ def test_listing_presets_does_not_start_tensorflow():
     assert "codelab-squeezenet" in out.stdout
     assert out.stdout.strip().endswith("False")
 
+
+
+def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monkeypatch, capsys):
+    import tensorflow as tf
+
+    from petal.models import registry
+
+    assert cli.main(["models", "--num-classes", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "petal models: error: --num-classes must be an int >= 2. Received: num_classes=1"
+    )
+
+    def summary(name, num_classes, image_size):
+        if name == "dense":  # its first Dense layer at 4000 px: 48M x 500 floats
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+        return {"name": name, "params": 1, "mflops": 1.0, "image_size": image_size,
+                "default_image_size": 192, "normalization": "unit", "pretrained": False}
+
+    monkeypatch.setattr(registry, "model_summary", summary)
+    assert cli.main(["models", "--image-size", "4000"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].split()[:4] == ["dense", "out", "of", "memory"]
+    assert rows[2].split()[0] == "convnet"

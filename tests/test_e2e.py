@@ -88,3 +88,25 @@ def test_demo_offline_says_how_to_pass_data(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").glob("*.part"))
     monkeypatch.setenv("PETAL_DATA", str(tmp_path))
     assert demo.resolve_data(None, log=lambda line: None) == tmp_path
+
+
+def test_demo_refuses_to_replace_a_run_it_did_not_write(small_flowers, tmp_path, monkeypatch):
+    from petal import demo
+    from petal.errors import PetalError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": str(tmp_path / "records")}))
+    (run / "model.keras").write_bytes(b"weeks of training")
+
+    def replace(*args, **kwargs):
+        raise AssertionError("the demo went on to replace the run")
+
+    monkeypatch.setattr("petal.data.convert", replace)
+    monkeypatch.setattr("petal.training.loop.train", replace)
+    with pytest.raises(PetalError, match=r"run holds a petal train run that petal demo did not"):
+        demo.run_demo(small_flowers, run, log=lambda line: None)
+    assert (run / "model.keras").read_bytes() == b"weeks of training"
+    with pytest.raises(PetalError, match=r"Demo data .*photo.jpg is a file; pass --data a folder"):
+        (tmp_path / "photo.jpg").write_bytes(b"")
+        demo.resolve_data(tmp_path / "photo.jpg")

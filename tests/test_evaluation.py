@@ -299,3 +299,63 @@ def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tm
         f"petal evaluate: error: The training data of {run}, records/flowers-192 (relative to "
         "the folder the run was started in), is not found; pass --data PATH to evaluate on."
     )
+
+
+def test_a_damaged_run_is_named_in_one_line(trained, tmp_path, capsys):
+    import shutil
+
+    from petal.cli import main
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import predict
+
+    image = tmp_path / "photo.jpg"  # never read: the run fails first
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    model = (run / "model.keras").read_bytes()
+    (run / "model.keras").write_bytes(model[:4000])  # an interrupted copy
+    with pytest.raises(PetalError, match=r"Cannot load .*model.keras \(not a .keras zip archive"):
+        export(run)
+    (run / "model.keras").write_bytes(model)
+    (run / "config.json").write_text('{"data": ')
+    with pytest.raises(PetalError, match=r"config.json is not valid JSON .*retrain it"):
+        predict(run, [image])
+    assert main(["predict", str(run), str(image)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("petal predict: error: ") and "config.json" in err[0]
+    (run / "config.json").write_text("[1, 2]")
+    with pytest.raises(PetalError, match=r"config.json holds no JSON object"):
+        export(run)
+
+
+def test_predict_names_the_top_k_option(trained, tmp_path):
+    from petal.evaluation.predict import predict
+
+    with pytest.raises(PetalError, match=r"top_k \(--top-k\) must be an integer >= 1. Received: 0"):
+        predict(trained, [tmp_path / "photo.jpg"], top_k_count=0)
+
+
+def test_report_names_a_damaged_saved_file(trained, small_records, tmp_path):
+    import shutil
+
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+
+    evaluate(trained, small_records, log=lambda line: None)
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export"))
+    samples = (run / "eval" / "samples.npz").read_bytes()
+    (run / "eval" / "samples.npz").write_bytes(b"xx\n")
+    with pytest.raises(PetalError, match=r"samples.npz is damaged \(not an .npz archive.*petal evaluate"):
+        build_report(run)
+    (run / "eval" / "samples.npz").write_bytes(samples[: len(samples) // 2])
+    with pytest.raises(PetalError, match=r"samples.npz is damaged"):
+        build_report(run)
+    (run / "eval" / "eval.json").write_text("{}")
+    with pytest.raises(PetalError, match=r"eval.json has no count, .*run `petal evaluate"):
+        build_report(run)
+    (run / "eval" / "eval.json").write_text("{")
+    with pytest.raises(PetalError, match=r"eval.json is not valid JSON"):
+        build_report(run)
+    (run / "metrics.json").write_text('{"acc')
+    with pytest.raises(PetalError, match=r"metrics.json is not valid JSON .*retrain it"):
+        build_report(run)

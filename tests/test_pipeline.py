@@ -325,3 +325,53 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
     }
     assert (tmp_path / "b.png").stat().st_size > 0
     assert main(["bench", "input", str(folder), "--cases", "nope"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("which", "options", "message"),
+    [
+        ("images", [], r"is a folder of images; bench input measures records: convert it first"),
+        ("raw", [], r"holds raw records: pass them as --raw-records"),
+        ("jpeg", ["--cases", "folder"], r"Case 'folder' needs --folder SRC"),
+        ("jpeg", ["--cases", "remote"], r"Case 'remote' needs --remote-latency-ms MS"),
+        ("jpeg", ["--cases", ","], r"--cases needs one or more of ceiling"),
+        ("jpeg", ["--remote-latency-ms", "-5"], r"--remote-latency-ms must be >= 0"),
+        ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
+        ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
+        ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),
+        ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
+        ("jpeg", ["--png", "{tmp}/b.json/x.png"], r"--png .*b.json is a file, not a folder"),
+        ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png .*bench.xyz: cannot write .xyz images"),
+    ],
+)
+def test_bench_input_checks_its_arguments_before_measuring(
+    which, options, message, make_records, small_flowers, tmp_path, capsys
+):
+    import re
+
+    from petal.cli import main
+
+    folders = {
+        "jpeg": make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg"),
+        "raw": make_records("raw", counts={"train": [12, 12], "validation": [4]}, fmt="raw"),
+        "images": small_flowers,
+    }
+    (tmp_path / "b.json").write_text("{}")
+    options = [o.format(jpeg=folders["jpeg"], tmp=tmp_path) for o in options]
+    argv = ["bench", "input", str(folders[which]), "--batch-size", "4", "--seconds", "0.2"]
+    assert main([*argv, *options]) == 2
+    out, err = capsys.readouterr()
+    assert "images/s" not in out  # nothing measured
+    err = err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("petal bench: error: "), err
+    assert re.search(message, err[0]), err[0]
+
+
+def test_bench_png_without_an_extension_is_written_where_asked(tmp_path):
+    from petal.data import bench
+
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=1, decoder="")
+    result.cases.append(bench.Case("jpeg", "r", "none", 100.0, 25.0, 1.0, 1, 1.0))
+    bench.write_png(result, str(tmp_path / "chart"))
+    assert (tmp_path / "chart").stat().st_size > 0
+    assert not (tmp_path / "chart.png").exists()

@@ -174,6 +174,18 @@ def _run_bench_input(args: argparse.Namespace) -> int:
     if args.batch_size <= 0 or args.seconds <= 0:
         raise PetalError(f"--batch-size and --seconds must be positive. Received: "
                          f"batch_size={args.batch_size}, seconds={args.seconds}")
+    # Output paths fail now, not after minutes of measuring.
+    if args.json:
+        _check_output_file(args.json, "--json")
+    if args.png:
+        _check_output_file(args.png, "--png")
+        _check_plot_format(args.png)
+    cases = None
+    if args.cases is not None:
+        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+        if not cases:
+            raise PetalError(f"--cases needs one or more of {', '.join(bench.CASES)}. "
+                             f"Received: --cases {args.cases!r}")
     try:
         result = bench.run(
             args.records,
@@ -184,7 +196,7 @@ def _run_bench_input(args: argparse.Namespace) -> int:
             augment=args.augment,
             repeats=args.repeat,
             remote_latency_ms=args.remote_latency_ms,
-            cases=tuple(args.cases.split(",")) if args.cases else None,
+            cases=cases,
             progress=lambda line: print(line, flush=True),
         )
     except tf.errors.OpError as err:
@@ -197,6 +209,35 @@ def _run_bench_input(args: argparse.Namespace) -> int:
         bench.write_png(result, args.png)
         print(f"wrote {args.png}")
     return 0
+
+
+def _check_output_file(path: str, option: str) -> None:
+    """Raise unless ``path`` can be created or replaced as a file (its folder may be new)."""
+    if os.path.isdir(path):
+        raise PetalError(f"{option} {path} is a folder; pass a file path.")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise PetalError(f"{option} {path}: {parent} is a file, not a folder; pass another path.")
+    if not os.access(parent, os.W_OK):
+        raise PetalError(f"{option} {path}: no permission to write in {parent}.")
+
+
+def _check_plot_format(path: str) -> None:
+    """Raise when matplotlib cannot write ``path``'s extension (no extension: PNG)."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    known = Figure().canvas.get_supported_filetypes()
+    if ext not in known:
+        raise PetalError(f"--png {path}: cannot write .{ext} images; end the name with .png "
+                         f"(or {', '.join(sorted(set(known) - {'png'}))}).")
 
 
 COMMANDS.append(("bench", _add_bench, _run_bench, "benchmarks: `petal bench input RECORDS`"))
@@ -213,21 +254,33 @@ def _add_models(parser: argparse.ArgumentParser) -> None:
 def _run_models(args: argparse.Namespace) -> int:
     import json
 
+    import keras
+    import tensorflow as tf
+
     from petal.models import list_models, model_info
     from petal.models.registry import model_summary
 
     if args.image_size is not None and args.image_size < 1:
         raise PetalError(f"--image-size must be a positive int. Received: image_size={args.image_size}")
+    if args.num_classes < 2:
+        raise PetalError(f"--num-classes must be an int >= 2. Received: num_classes={args.num_classes}")
     rows = []
     for name in list_models():
         info = model_info(name)
+        note = None
         if args.image_size is not None and args.image_size < info.min_image_size:
-            rows.append({"name": name, "params": None, "mflops": None, "image_size": args.image_size,
-                         "default_image_size": info.default_image_size, "min_image_size": info.min_image_size,
-                         "normalization": info.normalization, "pretrained": info.pretrained,
-                         "note": f"needs >= {info.min_image_size} px"})
-            continue
-        rows.append(model_summary(name, args.num_classes, args.image_size))
+            note = f"needs >= {info.min_image_size} px"
+        else:
+            try:
+                rows.append(model_summary(name, args.num_classes, args.image_size))
+                continue
+            except tf.errors.ResourceExhaustedError:  # e.g. dense's weights at 4000 px
+                keras.backend.clear_session()
+                note = "out of memory"
+        rows.append({"name": name, "params": None, "mflops": None,
+                     "image_size": args.image_size or info.default_image_size,
+                     "default_image_size": info.default_image_size, "min_image_size": info.min_image_size,
+                     "normalization": info.normalization, "pretrained": info.pretrained, "note": note})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

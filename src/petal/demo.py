@@ -7,6 +7,7 @@ else ``$PETAL_DATA``, else the tf_flowers archive (218 MB) downloaded once into
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tarfile
@@ -86,6 +87,8 @@ def resolve_data(data: str | Path | None, log: Callable[[str], None] = print) ->
     if data is None:
         return download_flowers(log)
     data = Path(data)
+    if data.exists() and not data.is_dir():
+        raise PetalError(f"Demo data {data} is a file; pass --data a folder of class sub-folders.")
     if not data.is_dir():
         raise PetalError(f"Demo data folder not found: {data}. Pass a folder of class sub-folders.")
     return data
@@ -117,6 +120,7 @@ def run_demo(
     source = resolve_data(data, log)
     workdir = Path(workdir)
     records = workdir / "records"
+    _refuse_other_runs(workdir, records)
     config = load_config(preset, overrides=overrides, data=str(records))
     size = config.image_size or 192
     manifest_path = records / "manifest.json"
@@ -137,3 +141,20 @@ def run_demo(
     report = build_report(workdir)
     log(f"petal demo: report written to {report}")
     return {"metrics": metrics, "evaluation": evaluation, "report": str(report)}
+
+
+def _refuse_other_runs(workdir: Path, records: Path) -> None:
+    """Raise when ``workdir`` holds a training run that no demo wrote: the demo replaces the
+    run in its work directory, and must not delete someone's checkpoints and results."""
+    config = workdir / "config.json"
+    if not config.is_file():
+        return
+    try:
+        data = json.loads(config.read_text()).get("data")
+    except (ValueError, AttributeError):  # damaged or not an object: not a demo's
+        data = None
+    if not data or Path(data).resolve() != records.resolve():
+        raise PetalError(
+            f"{workdir} holds a petal train run that petal demo did not write (its data is "
+            f"{data}); the demo would replace it. Pass another --workdir."
+        )

@@ -315,10 +315,21 @@ def run(
             ``tf.io.decode_jpeg``.
         progress: called with one line per finished case.
     """
-    from petal.data import pipeline
+    from petal.data import augment as augment_lib
+    from petal.data import pipeline, schema
     from petal.data.reader import open_source
 
     src = open_source(records)
+    if src.kind == "folder":
+        raise PetalError(
+            f"{records} is a folder of images; bench input measures records: convert it first "
+            f"(`petal convert {records} RECORDS`), then pass RECORDS and --folder {records}."
+        )
+    if src.format != schema.FORMAT_JPEG:
+        raise PetalError(
+            f"bench input needs JPEG records (petal convert's default); {records} holds "
+            f"{src.format} records: pass them as --raw-records and the JPEG records as RECORDS."
+        )
     if src.image_size is None:
         raise PetalError(f"bench input needs records of one image size; {records} has mixed sizes.")
     if repeats < 1:
@@ -329,6 +340,29 @@ def run(
         raise PetalError(
             f"Unknown bench case(s) {', '.join(sorted(unknown))}; known: {', '.join(CASES)}."
         )
+    # Everything a case needs is checked here, not minutes later when the case comes up.
+    if cases and "folder" in wanted and not folder:
+        raise PetalError("Case 'folder' needs --folder SRC, the image folder RECORDS came from.")
+    if cases and "remote" in wanted and remote_latency_ms is None:
+        raise PetalError("Case 'remote' needs --remote-latency-ms MS (latency per request).")
+    if remote_latency_ms is not None and "remote" in wanted and remote_latency_ms < 0:
+        raise PetalError(
+            f"--remote-latency-ms must be >= 0. Received: remote_latency_ms={remote_latency_ms}"
+        )
+    uses_folder = "folder" in wanted or "remote" in wanted
+    if folder and uses_folder and open_source(folder).kind != "folder":
+        raise PetalError(
+            f"--folder {folder} is not a folder of images; pass the image folder "
+            "RECORDS came from (class sub-folders of photos)."
+        )
+    if raw_records is not None and "raw" in wanted:
+        raw_format = open_source(raw_records).format
+        if raw_format != schema.FORMAT_RAW:
+            raise PetalError(
+                f"--raw-records {raw_records} holds {raw_format} records, not raw ones; write "
+                f"them with `petal convert SRC DIR --format raw` or leave the option out."
+            )
+    augment_lib.build(augment)  # an unknown name fails before the first case
     blobs = jpeg_bytes(src)
     result = BenchResult(
         records=str(records),
@@ -740,5 +774,6 @@ def write_png(result: BenchResult, path: str) -> None:
         ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    # Without an extension matplotlib would write PATH.png instead of PATH.
+    fig.savefig(path, dpi=120, format=None if os.path.splitext(path)[1] else "png")
     plt.close(fig)

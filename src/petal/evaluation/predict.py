@@ -69,7 +69,7 @@ def predict(
     if not images:
         raise PetalError("No images given; pass one or more image files.")
     if top_k_count < 1:
-        raise PetalError(f"top_k must be >= 1. Received: top_k={top_k_count}")
+        raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k_count!r}")
     from petal.data.pipeline import normalize
 
     run = open_run(workdir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import zipfile
 from pathlib import Path
 
 from petal.errors import PetalError
@@ -31,10 +32,25 @@ details { margin: 1rem 0; } code { background: #f4f4f4; padding: 0 0.2rem; }
 """
 
 
-def _read_json(path: Path) -> dict | None:
+# Keys of eval.json the report reads (written by petal evaluate).
+_EVAL_KEYS = ("count", "accuracy", "classes", "confusion_matrix", "per_class", "macro")
+
+
+def _read_json(path: Path, fix: str) -> dict | None:
+    """The JSON object in ``path``, None when there is no such file.
+
+    Raises:
+        PetalError: the file is not a JSON object (the message names it and ``fix``).
+    """
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PetalError(f"{path} is not valid JSON ({err}); {fix}") from None
+    if not isinstance(data, dict):
+        raise PetalError(f"{path} holds no JSON object; {fix}")
+    return data
 
 
 def _fmt(value) -> str:
@@ -93,11 +109,13 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         The path of ``report.html``.
 
     Raises:
-        PetalError: when ``workdir`` holds no training run.
+        PetalError: when ``workdir`` holds no training run, or one of its saved files is
+            damaged (the message names it and what to run again).
     """
     workdir = Path(workdir)
-    config = _read_json(workdir / "config.json")
-    metrics = _read_json(workdir / "metrics.json")
+    retrain = f"the run is damaged: retrain it (`petal train --workdir {workdir} --overwrite`)."
+    config = _read_json(workdir / "config.json", retrain)
+    metrics = _read_json(workdir / "metrics.json", retrain)
     history = workdir / "history.csv"
     if config is None or not history.is_file():
         raise PetalError(
@@ -109,20 +127,31 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         ("Accuracy and loss", plots.plot_history(history, plot_dir / "curves.png")),
         ("Learning rate", plots.plot_lr(history, plot_dir / "lr.png")),
     ]
-    evaluation = _read_json(workdir / EVAL_DIR / "eval.json")
+    evaluate_again = f"run `petal evaluate {workdir}` again."
+    eval_json = workdir / EVAL_DIR / "eval.json"
+    evaluation = _read_json(eval_json, evaluate_again)
     if evaluation is not None:
+        missing = [key for key in _EVAL_KEYS if key not in evaluation]
+        if missing:
+            raise PetalError(f"{eval_json} has no {', '.join(missing)}; {evaluate_again}")
         figures.append(
             (
                 "Confusion matrix",
-                plots.plot_confusion_from_json(
-                    workdir / EVAL_DIR / "eval.json", plot_dir / "confusion_matrix.png"
-                ),
+                plots.plot_confusion_from_json(eval_json, plot_dir / "confusion_matrix.png"),
             )
         )
         for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
             npz = workdir / EVAL_DIR / f"{name}.npz"
             if npz.is_file():
-                png = plots.plot_image_grid(npz, plot_dir / f"{name}.png")
+                try:
+                    png = plots.plot_image_grid(npz, plot_dir / f"{name}.png")
+                except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+                    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    if not zipfile.is_zipfile(npz):  # numpy's guess: "pickled data"
+                        reason = "not an .npz archive: truncated or overwritten"
+                    raise PetalError(
+                        f"{npz} is damaged ({reason}); {evaluate_again}"
+                    ) from None
                 if png is not None:
                     figures.append((title, png))
 

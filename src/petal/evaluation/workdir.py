@@ -8,6 +8,7 @@ so evaluate, predict, export and report never need the training data or its conf
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,14 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
             f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "
             "pass the --workdir of a `petal train` run."
         )
-    config = json.loads(cfg_path.read_text())
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PetalError(
+            f"{cfg_path} is not valid JSON ({err}); the work directory is damaged, retrain it."
+        ) from None
+    if not isinstance(config, dict):
+        raise PetalError(f"{cfg_path} holds no JSON object; it was not written by petal train.")
     resolved = config.get("resolved") or {}
     if "classes" not in resolved:
         raise PetalError(f"{cfg_path} has no resolved classes; it was not written by petal train.")
@@ -101,7 +109,16 @@ def load_model(run: RunInfo, float32: bool = False):
 
     import petal.models  # noqa: F401 (registers any custom objects the models use)
 
-    model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
+    try:
+        if not zipfile.is_zipfile(run.model_path):  # Keras would call it "File not found"
+            raise ValueError("not a .keras zip archive: truncated or overwritten")
+        model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
+    except Exception as err:  # Keras raises ValueError, TypeError, KeyError, zip errors...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise PetalError(
+            f"Cannot load {run.model_path} ({reason}); the model file is damaged: retrain "
+            f"with `petal train --workdir {run.workdir} --overwrite`."
+        ) from None
     outputs = model.outputs[0].shape[-1]
     if outputs != len(run.classes):
         raise PetalError(
