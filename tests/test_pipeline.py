@@ -342,6 +342,7 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
         ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
         ("jpeg", ["--png", "{tmp}/b.json/x.png"], r"--png .*b.json is a file, not a folder"),
         ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png .*bench.xyz: cannot write .xyz images"),
+        ("jpeg", ["--repeat", "0"], r"repeats \(--repeat\) must be >= 1"),
     ],
 )
 def test_bench_input_checks_its_arguments_before_measuring(

@@ -333,7 +333,7 @@ def run(
     if src.image_size is None:
         raise PetalError(f"bench input needs records of one image size; {records} has mixed sizes.")
     if repeats < 1:
-        raise PetalError(f"repeats must be >= 1. Received: repeats={repeats}")
+        raise PetalError(f"repeats (--repeat) must be >= 1. Received: repeats={repeats}")
     wanted = set(cases or CASES)
     unknown = wanted - set(CASES)
     if unknown:
