@@ -203,6 +203,28 @@ def test_predict_top_k(trained, originals_dir):
     assert str(files[0]) in format_predictions(results)
 
 
+def test_predict_takes_folders_of_images(trained, small_flowers, tmp_path, capsys):
+    from petal.cli import main
+    from petal.evaluation.predict import predict
+
+    folder = tmp_path / "photos"
+    (folder / "b" / "deeper").mkdir(parents=True)
+    sources = sorted(small_flowers.rglob("*.jpg"))[:3]
+    for name, src in zip(["b/deeper/x.JPG", "a.jpg", "b/c.jpeg"], sources, strict=True):
+        (folder / name).write_bytes(src.read_bytes())
+    (folder / "notes.txt").write_text("not an image")
+    single = sources[0]
+    results = predict(trained, [single, folder], top_k_count=1)
+    assert [r["file"] for r in results] == [
+        str(single), str(folder / "a.jpg"), str(folder / "b" / "c.jpeg"),
+        str(folder / "b" / "deeper" / "x.JPG"),
+    ]
+    (tmp_path / "empty").mkdir()
+    assert main(["predict", str(trained), str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"petal predict: error: Folder {tmp_path / 'empty'} holds no image")
+
+
 def test_predict_names_an_unreadable_image(trained, tmp_path):
     from petal.evaluation.predict import predict
 

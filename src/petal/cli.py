@@ -450,7 +450,9 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
 def _add_predict(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
-    parser.add_argument("images", metavar="IMAGE", nargs="+", help="image files")
+    parser.add_argument(
+        "images", metavar="IMAGE", nargs="+", help="image files, or folders of them (recursive)"
+    )
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -538,7 +540,7 @@ COMMANDS.append(
     )
 )
 COMMANDS.append(
-    ("predict", _add_predict, _run_predict, "top-k labels with probabilities for image files")
+    ("predict", _add_predict, _run_predict, "top-k labels with probabilities for image files or folders")
 )
 COMMANDS.append(
     ("export", _add_export, _run_export, "SavedModel taking encoded image bytes (and TFLite)")

@@ -45,6 +45,35 @@ def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
     return pixels
 
 
+def expand_images(paths: Sequence[str | Path]) -> list[Path]:
+    """Image files, with each folder among ``paths`` replaced by the images under it.
+
+    A folder contributes every file below it (sub-folders included) whose extension is an
+    image's (case-insensitive), sorted by path; files named directly are kept whatever their
+    extension, in the order given.
+
+    Raises:
+        PetalError: a folder holds no image files.
+    """
+    from petal.data.reader import IMAGE_EXTENSIONS
+
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+        )
+        if not found:
+            raise PetalError(
+                f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
+                "image files or a folder of them."
+            )
+        files += found
+    return files
+
+
 def predict(
     workdir: str | Path,
     images: Sequence[str | Path],
@@ -55,7 +84,8 @@ def predict(
 
     Args:
         workdir: a finished ``petal train`` work directory.
-        images: image file paths (JPEG, PNG, GIF, BMP, WebP).
+        images: image file paths (JPEG, PNG, GIF, BMP, WebP), or folders of them (every
+            image below a folder, sorted; see :func:`expand_images`).
         top_k_count: how many labels to return per image, best first.
         batch_size: images per forward pass.
 
@@ -73,6 +103,7 @@ def predict(
     from petal.data.pipeline import normalize
 
     run = open_run(workdir)
+    images = expand_images(images)
     # Decode everything first, so an unreadable file fails before any model work.
     pixels = [load_pixels(p, run) for p in images]
     model = load_model(run)
