@@ -356,6 +356,26 @@ def test_predict_names_the_top_k_option(trained, tmp_path):
         predict(trained, [tmp_path / "photo.jpg"], top_k_count=0)
 
 
+def test_report_on_a_history_without_epochs_or_damaged(trained, tmp_path):
+    import shutil
+
+    from petal.evaluation.report import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "plots"))
+    history = run / "history.csv"
+    header = history.read_text().splitlines()[0]
+    history.write_text(header + "\n")  # a run stopped before its first epoch
+    html = build_report(run).read_text()
+    assert "No epoch has finished yet" in html and not (run / "plots" / "curves.png").exists()
+    history.write_text(header + "\nnot,numbers,at,all\n")
+    with pytest.raises(PetalError, match=r"history.csv is not petal's history .*retrain it"):
+        build_report(run)
+    history.write_text("something else\n1\n")
+    with pytest.raises(PetalError, match=r"history.csv is not petal's history"):
+        build_report(run)
+
+
 def test_report_names_a_damaged_saved_file(trained, small_records, tmp_path):
     import shutil
 

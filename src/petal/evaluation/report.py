@@ -16,6 +16,7 @@ from pathlib import Path
 
 from petal.errors import PetalError
 from petal.evaluation import plots
+from petal.training.callbacks import read_history
 
 EVAL_DIR = "eval"
 PLOTS_DIR = "plots"
@@ -123,10 +124,19 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             "run `petal train --workdir` first."
         )
     plot_dir = workdir / PLOTS_DIR
-    figures: list[tuple[str, Path]] = [
-        ("Accuracy and loss", plots.plot_history(history, plot_dir / "curves.png")),
-        ("Learning rate", plots.plot_lr(history, plot_dir / "lr.png")),
-    ]
+    try:
+        epochs_done = read_history(history)
+        if epochs_done and not all("epoch" in row for row in epochs_done):
+            raise KeyError("epoch")
+    except (ValueError, KeyError, UnicodeDecodeError) as err:
+        raise PetalError(f"{history} is not petal's history ({type(err).__name__}: {err}); "
+                         f"{retrain}") from None
+    figures: list[tuple[str, Path]] = []
+    if epochs_done:  # no epoch finished yet: no curves to draw
+        figures += [
+            ("Accuracy and loss", plots.plot_history(history, plot_dir / "curves.png")),
+            ("Learning rate", plots.plot_lr(history, plot_dir / "lr.png")),
+        ]
     evaluate_again = f"run `petal evaluate {workdir}` again."
     eval_json = workdir / EVAL_DIR / "eval.json"
     evaluation = _read_json(eval_json, evaluate_again)
@@ -182,6 +192,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             ),
             _per_class_table(evaluation),
         ]
+    if not epochs_done:
+        parts.append("<p>No epoch has finished yet: no training curves.</p>")
     for caption, png in figures:
         parts += [f"<h3>{html.escape(caption)}</h3>", _image(png, workdir, caption, embed)]
     parts += [
