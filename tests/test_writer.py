@@ -655,18 +655,27 @@ def test_foreign_files_in_output(small_flowers, tmp_path):
 # --- crash safety ----------------------------------------------------------------------------------
 
 
-def test_interrupted_run_leaves_nothing_that_looks_complete(small_flowers, tmp_path, monkeypatch):
-    out = tmp_path / "out"
+def _interrupt_convert_at(monkeypatch, n: int):
+    """Makes the ``n``-th file conversion raise KeyboardInterrupt (as Ctrl-C would).
+
+    Returns the call counter (reset ``calls["n"]`` to interrupt again) and the real function.
+    """
     calls = {"n": 0}
     real = writer._convert
 
     def flaky(path, options):
         calls["n"] += 1
-        if calls["n"] == 30:
+        if calls["n"] == n:
             raise KeyboardInterrupt
         return real(path, options)
 
     monkeypatch.setattr(writer, "_convert", flaky)
+    return calls, real
+
+
+def test_interrupted_run_leaves_nothing_that_looks_complete(small_flowers, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    calls, real = _interrupt_convert_at(monkeypatch, 30)
     with pytest.raises(KeyboardInterrupt):
         convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
     assert calls["n"] == 30
@@ -691,16 +700,7 @@ def test_failed_overwrite_keeps_the_complete_conversion(small_flowers, tmp_path,
     convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
     before = _shard_bytes(out)
     manifest = (out / "manifest.json").read_text()
-    calls = {"n": 0}
-    real = writer._convert
-
-    def flaky(path, options):
-        calls["n"] += 1
-        if calls["n"] == 30:
-            raise KeyboardInterrupt
-        return real(path, options)
-
-    monkeypatch.setattr(writer, "_convert", flaky)
+    calls, real = _interrupt_convert_at(monkeypatch, 30)
     with pytest.raises(KeyboardInterrupt):
         convert(small_flowers, out, image_size=8, shards=1, workers=1, overwrite=True,
                 progress=False)  # fmt: skip

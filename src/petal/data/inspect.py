@@ -210,9 +210,7 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
     return [
         f"{name}: not listed in the manifest (another conversion's shard?)"
         for name in sorted(names)
-        if name.endswith(schema.SHARD_SUFFIX)
-        and not name.startswith(schema.TEMP_PREFIX)  # a conversion in progress (--overwrite)
-        and name not in listed
+        if schema.is_shard_file(name) and name not in listed
     ]
 
 

@@ -230,11 +230,6 @@ def _open_records(root: str, *, verify: bool) -> Source:
     return source
 
 
-def _is_shard_file(name: str) -> bool:
-    """A record shard's name; not the temporaries of a conversion still being written."""
-    return name.endswith(schema.SHARD_SUFFIX) and not name.startswith(schema.TEMP_PREFIX)
-
-
 def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
     """The manifest is the index; refuse shards that disagree with it before reading."""
     fs = _fs_for(root)
@@ -262,7 +257,7 @@ def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
                     f"{shard['bytes']} bytes, the file has {sizes[name]}; it was changed or "
                     "truncated after conversion (petal inspect --verify names the record)."
                 )
-    extra = sorted(n for n in sizes if _is_shard_file(n) and n not in listed)
+    extra = sorted(n for n in sizes if schema.is_shard_file(n) and n not in listed)
     if extra:
         raise PetalError(
             f"Records folder {root} holds shards its manifest does not list: {', '.join(extra[:3])}"

@@ -45,6 +45,11 @@ SPLITS = ("train", "validation")
 _COUNT_RE = re.compile(r"-(\d+)\.tfrec$")
 
 
+def is_shard_file(name: str) -> bool:
+    """A record shard's file name; not a temporary of a conversion still being written."""
+    return name.endswith(SHARD_SUFFIX) and not name.startswith(TEMP_PREFIX)
+
+
 def shard_name(split: str, index: int, total: int, count: int) -> str:
     """File name of one shard, e.g. ``train-00003-of-00013-230.tfrec``."""
     return f"{split}-{index:05d}-of-{total:05d}-{count}{SHARD_SUFFIX}"
