@@ -341,7 +341,8 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
         ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),
         ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
         ("jpeg", ["--png", "{tmp}/b.json/x.png"], r"--png .*b.json is a file, not a folder"),
-        ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png .*bench.xyz: cannot write .xyz images"),
+        ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png must name an image file \(\.png, .*bench.xyz"),
+        ("jpeg", ["--png", "{tmp}/bench.rgba"], r"--png must name an image file"),
         ("jpeg", ["--repeat", "0"], r"repeats \(--repeat\) must be >= 1"),
     ],
 )
@@ -368,11 +369,18 @@ def test_bench_input_checks_its_arguments_before_measuring(
     assert re.search(message, err[0]), err[0]
 
 
-def test_bench_png_without_an_extension_is_written_where_asked(tmp_path):
+def test_bench_png_follows_the_grid_rule_for_names_without_an_extension(tmp_path):
+    from PIL import Image
+
     from petal.data import bench
 
     result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=1, decoder="")
     result.cases.append(bench.Case("jpeg", "r", "none", 100.0, 25.0, 1.0, 1, 1.0))
-    bench.write_png(result, str(tmp_path / "chart"))
-    assert (tmp_path / "chart").stat().st_size > 0
-    assert not (tmp_path / "chart.png").exists()
+    # One rule with inspect --grid: no extension -> .png added, and the path is returned.
+    assert bench.write_png(result, str(tmp_path / "chart")) == str(tmp_path / "chart.png")
+    assert not (tmp_path / "chart").exists()
+    with Image.open(tmp_path / "chart.png") as image:
+        assert image.format == "PNG"
+    assert bench.write_png(result, str(tmp_path / "chart.jpg")) == str(tmp_path / "chart.jpg")
+    with Image.open(tmp_path / "chart.jpg") as image:
+        assert image.format == "JPEG"

@@ -742,9 +742,17 @@ def write_json(result: BenchResult, path: str) -> None:
         json.dump(result.to_dict(), f, indent=2)
 
 
-def write_png(result: BenchResult, path: str) -> None:
-    """A horizontal bar chart of images/s per case, the decode ceiling marked."""
+def write_png(result: BenchResult, path: str) -> str:
+    """A horizontal bar chart of images/s per case, the decode ceiling marked.
+
+    Returns the path written: ``.png`` is added to a name without an extension
+    (:func:`petal.data.inspect.image_path`).
+    """
     import matplotlib
+
+    from petal.data.inspect import image_path
+
+    path = image_path(path, "--png")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -774,6 +782,6 @@ def write_png(result: BenchResult, path: str) -> None:
         ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    # Without an extension matplotlib would write PATH.png instead of PATH.
-    fig.savefig(path, dpi=120, format=None if os.path.splitext(path)[1] else "png")
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path

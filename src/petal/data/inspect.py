@@ -20,7 +20,7 @@ from petal.errors import PetalError
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
 _LIST_SKIPPED = 10
-_GRID_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
+_IMAGE_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
 
 
 @dataclass
@@ -72,7 +72,7 @@ def inspect_records(
             grid path whose extension is not an image format.
     """
     path = str(path)
-    grid = _grid_path(str(grid)) if grid is not None else None
+    grid = image_path(str(grid)) if grid is not None else None
     manifest = read_manifest(path)
     report = InspectReport(path=path, manifest=manifest)
     if verify:
@@ -392,11 +392,14 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
     return found
 
 
-def _grid_path(out: str) -> str:
-    """The grid's path, ``.png`` added when it has no extension (what matplotlib writes).
+def image_path(out: str, option: str = "--grid") -> str:
+    """Where a plot named ``out`` is written: ``.png`` added when it has no extension.
+
+    One rule for every plot a user names (``inspect --grid``, ``bench input --png``).
 
     Raises:
-        PetalError: an extension matplotlib cannot write.
+        PetalError: an extension that is not an image format matplotlib writes, naming
+            ``option``.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -405,10 +408,11 @@ def _grid_path(out: str) -> str:
         return out + ".png"
     # Image formats only: matplotlib also writes raw buffers and LaTeX (.raw, .rgba, .pgf).
     written = FigureCanvasAgg.get_supported_filetypes()
-    supported = [f".{e}" for e in _GRID_FORMATS if e in written]
+    supported = [f".{e}" for e in _IMAGE_FORMATS if e in written]
     if ext not in supported:
         raise PetalError(
-            f"--grid must name an image file ({', '.join(supported)}). Received: grid={out}"
+            f"{option} must name an image file ({', '.join(supported)}). "
+            f"Received: {option} {out}"
         )
     return out
 
