@@ -303,6 +303,11 @@ def test_export_refuses_a_file_as_its_folder(trained, tmp_path):
     with pytest.raises(PetalError, match=r"Export folder .*model.bin is a file; pass --out"):
         export(trained, out=target)
     assert target.read_bytes() == b"keep me"
+    # A file where a parent folder should be: one line naming the folder and the fix.
+    with pytest.raises(PetalError, match=r"Cannot create export folder .*model.bin/export: "
+                       r"Not a directory; pass --out a folder path whose parents"):
+        export(trained, out=target / "export")
+    assert target.read_bytes() == b"keep me"
 
 
 def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tmp_path, capsys):

@@ -82,7 +82,14 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
     out = Path(out) if out is not None else run.workdir / EXPORT_DIR
     if out.exists() and not out.is_dir():
         raise PetalError(f"Export folder {out} is a file; pass --out a folder path (new or not).")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        # e.g. a file where a parent folder should be, or no permission to write there.
+        raise PetalError(
+            f"Cannot create export folder {out}: {err.strerror or err}; pass --out a folder "
+            f"path whose parents are folders you can write."
+        ) from None
     model = load_model(run, float32=True)
     preprocess = make_preprocess(run)
     classes = list(run.classes)
