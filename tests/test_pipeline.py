@@ -146,9 +146,18 @@ def test_simplejpeg_batch_names_a_size_mismatch(small_records):
     pytest.importorskip("simplejpeg")
     blob = next(iter(tf.data.TFRecordDataset(sorted(map(str, small_records.glob("train-*"))))))
     image = tf.io.parse_single_example(blob, {"image": tf.io.FixedLenFeature([], tf.string)})
-    decode = pipeline._simplejpeg_batch(32, 32)
+    blobs = np.array([image["image"].numpy()], dtype=object)
+    # Larger than its slot, and smaller than its slot.
     with pytest.raises(ValueError, match="image 0 of the batch is 64x64, the records say 32x32"):
-        decode(np.array([image["image"].numpy()], dtype=object))
+        pipeline._simplejpeg_batch(32, 32)(blobs)
+    with pytest.raises(ValueError, match="image 0 of the batch is 64x64, the records say 96x96"):
+        pipeline._simplejpeg_batch(96, 96)(blobs)
+    with pytest.raises(ValueError):  # not a JPEG: simplejpeg's own error
+        pipeline._simplejpeg_batch(64, 64)(np.array([blobs[0], b"not a jpeg"], dtype=object))
+    batch = pipeline._simplejpeg_batch(64, 64)(blobs.repeat(3))
+    assert batch.shape == (3, 64, 64, 3)
+    # Aligned as TensorFlow needs to take the batch without copying it.
+    assert batch.ctypes.data % pipeline._TF_ALIGN == 0
 
 
 @pytest.mark.parametrize("augment", [None, "codelab"])

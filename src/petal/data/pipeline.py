@@ -38,11 +38,13 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import math
 import os
 import re
 import secrets
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 from petal.data import augment as augment_lib
@@ -522,8 +524,6 @@ def _simplejpeg_batch(h: int, w: int):
     of the batch. Same pixels as ``tf.io.decode_jpeg`` with ``DCT_METHOD`` (accurate integer
     DCT, fancy upsampling).
     """
-    import numpy as np
-
     try:
         import simplejpeg
     except ImportError:
@@ -533,17 +533,36 @@ def _simplejpeg_batch(h: int, w: int):
         ) from None
 
     def decode(blobs):
-        out = np.empty((len(blobs), h, w, 3), np.uint8)
+        n = len(blobs)
+        out = _aligned_empty((n, h, w, 3))
         for i, blob in enumerate(blobs):
-            got = simplejpeg.decode_jpeg_header(blob)[:2]
+            try:
+                got = simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out[i]).shape[:2]
+            except ValueError:
+                # A larger image does not fit its slot; a corrupt one fails the header too.
+                got = simplejpeg.decode_jpeg_header(blob)[:2]
+                if got == (h, w):
+                    raise
             if got != (h, w):
                 raise ValueError(
                     f"image {i} of the batch is {got[0]}x{got[1]}, the records say {h}x{w}"
                 )
-            simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out[i])
         return out
 
     return decode
+
+
+# TensorFlow takes a numpy result without copying it only when its data is aligned to this
+# (Eigen's alignment with AVX-512); numpy's own large arrays start 16 bytes past a page.
+_TF_ALIGN = 64
+
+
+def _aligned_empty(shape) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts on a ``_TF_ALIGN`` boundary."""
+    size = math.prod(shape)
+    raw = np.empty(size + _TF_ALIGN, np.uint8)
+    start = -raw.ctypes.data % _TF_ALIGN
+    return raw[start : start + size].reshape(shape)
 
 
 # Scanning more files than this for the one that failed would take minutes: name none.
