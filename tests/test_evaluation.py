@@ -273,6 +273,23 @@ def test_report_from_saved_files(trained, small_records):
     assert "data:image/png;base64," in build_report(trained, embed=True).read_text()
 
 
+def test_history_plots_take_the_file_or_its_rows(trained, tmp_path):
+    from PIL import Image
+
+    from petal.evaluation import plots
+    from petal.training.callbacks import read_history
+
+    history = trained / "history.csv"
+    rows = read_history(history)
+    for plot in (plots.plot_history, plots.plot_lr):
+        from_file = plot(history, tmp_path / f"{plot.__name__}-file.png")
+        from_rows = plot(rows, tmp_path / f"{plot.__name__}-rows.png")
+        for out in (from_file, from_rows):
+            with Image.open(out) as image:
+                assert image.format == "PNG" and image.width > 100
+        assert from_file.read_bytes() == from_rows.read_bytes()
+
+
 def test_report_without_a_run(tmp_path):
     from petal.evaluation.report import build_report
 

@@ -37,9 +37,17 @@ def _column(rows: list[dict], key: str) -> np.ndarray:
     return np.array([r.get(key, math.nan) for r in rows], dtype=np.float64)
 
 
-def plot_history(history_csv: str | Path, out: str | Path) -> Path:
-    """Accuracy and loss per epoch, training and validation, side by side."""
-    rows = read_history(history_csv)
+def _rows(history) -> list[dict]:
+    """Rows of ``history.csv``: read from a path, or rows already read (a list)."""
+    return history if isinstance(history, list) else read_history(history)
+
+
+def plot_history(history_csv: str | Path | list[dict], out: str | Path) -> Path:
+    """Accuracy and loss per epoch, training and validation, side by side.
+
+    ``history_csv``: the file, or its rows from :func:`petal.training.callbacks.read_history`.
+    """
+    rows = _rows(history_csv)
     epochs = _column(rows, "epoch")
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in ((ax_acc, "accuracy", "Accuracy"), (ax_loss, "loss", "Loss")):
@@ -66,9 +74,12 @@ def plot_history(history_csv: str | Path, out: str | Path) -> Path:
     return _save(fig, out)
 
 
-def plot_lr(history_csv: str | Path, out: str | Path) -> Path:
-    """Learning rate at the start of each epoch (the schedule itself is applied per step)."""
-    rows = read_history(history_csv)
+def plot_lr(history_csv: str | Path | list[dict], out: str | Path) -> Path:
+    """Learning rate at the start of each epoch (the schedule itself is applied per step).
+
+    ``history_csv``: the file, or its rows (as :func:`plot_history`).
+    """
+    rows = _rows(history_csv)
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(_column(rows, "epoch"), _column(rows, "lr"), marker=".")
     ax.set_title("Learning rate")

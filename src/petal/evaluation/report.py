@@ -134,8 +134,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     figures: list[tuple[str, Path]] = []
     if epochs_done:  # no epoch finished yet: no curves to draw
         figures += [
-            ("Accuracy and loss", plots.plot_history(history, plot_dir / "curves.png")),
-            ("Learning rate", plots.plot_lr(history, plot_dir / "lr.png")),
+            ("Accuracy and loss", plots.plot_history(epochs_done, plot_dir / "curves.png")),
+            ("Learning rate", plots.plot_lr(epochs_done, plot_dir / "lr.png")),
         ]
     evaluate_again = f"run `petal evaluate {workdir}` again."
     eval_json = workdir / EVAL_DIR / "eval.json"
