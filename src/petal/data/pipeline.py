@@ -138,8 +138,8 @@ def train_dataset(
             one op per image: a pure graph, which tf.data service and TPU hosts need) or
             ``"simplejpeg"`` (libjpeg-turbo's own API, one ``numpy_function`` call per batch
             with the GIL released). Same pixels; on this project's CPUs simplejpeg measured
-            0.92x TensorFlow's op inside the pipeline (benchmarks/README.md), so ``"tf"`` is
-            the default.
+            0.92-1.10x TensorFlow's op inside the pipeline (benchmarks/README.md): no
+            consistent gain, so ``"tf"`` is the default.
         dtype: ``"float32"``, or ``"uint8"``: batches of 0..255 pixels (augmented ones
             rounded back) for a model that normalises on the accelerator, e.g. behind a
             ``keras.layers.Rescaling``; a quarter of the bytes to move to the device, and no
