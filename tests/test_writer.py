@@ -590,6 +590,8 @@ def test_nothing_readable(tmp_path):
         ({"quality": 0}, "quality must be"),
         ({"image_size": "12x"}, "image_size"),
         ({"workers": 0}, "workers must be"),
+        ({"shard_mb": float("nan")}, "shard_mb must be a positive finite number"),
+        ({"shard_mb": float("inf")}, "shard_mb must be a positive finite number"),
         ({"classes": "daisy,lilies"}, "Unknown class 'lilies'"),
         ({"image_size": "70000x1"}, "at most 65500 pixels per side"),
         ({"image_size": 2000, "max_pixels": 1_000_000}, "more than max_pixels 1,000,000"),

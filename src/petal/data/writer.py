@@ -517,8 +517,12 @@ def _resolve_options(
         )
     if shards is not None and (not isinstance(shards, int) or shards < 1):
         raise PetalError(f"shards must be a positive integer. Received: shards={shards!r}")
-    if shard_mb is not None and (not isinstance(shard_mb, int | float) or shard_mb <= 0):
-        raise PetalError(f"shard_mb must be a positive number. Received: shard_mb={shard_mb!r}")
+    if shard_mb is not None and (
+        not isinstance(shard_mb, int | float) or not math.isfinite(shard_mb) or shard_mb <= 0
+    ):
+        raise PetalError(
+            f"shard_mb must be a positive finite number. Received: shard_mb={shard_mb!r}"
+        )
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise PetalError(f"workers must be a positive integer. Received: workers={workers!r}")
     if not isinstance(max_pixels, int) or max_pixels < 1:
