@@ -111,3 +111,37 @@ def test_unknown_schedule():
         build_schedule("step")
     with pytest.raises(PetalError, match="Bad arguments for schedule 'constant'"):
         build_schedule("constant", lr=1e-3, gamma=0.1)
+
+
+def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_path):
+    from petal.training.callbacks import MetricsWriter, format_epoch_line, read_history
+
+    # A one-epoch warm-up: its first step runs at 0, which alone would read "lr 0.00e+00".
+    schedule = build_schedule(
+        "warmup_cosine", steps_per_epoch=2, peak_lr=1e-2, total_epochs=2, warmup_epochs=1
+    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(learning_rate=schedule), "categorical_crossentropy")
+    x, y = np.ones((8, 3), np.float32), np.eye(2, dtype=np.float32)[[0, 1] * 4]
+    lines = []
+    writer = MetricsWriter(tmp_path / "history.csv", 4, 2, 2, log=lines.append)
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[writer], verbose=0)
+    # Epoch 1's two steps ran at 0 and 5e-3; epoch 2's at the peak, then halfway down.
+    assert "lr 0.00e+00 -> 5.00e-03" in lines[0], lines[0]
+    assert "lr 1.00e-02 -> 5.00e-03" in lines[1], lines[1]
+    # history.csv keeps the rate at each epoch's first step.
+    assert [r["lr"] for r in read_history(tmp_path / "history.csv")] == pytest.approx([0, 1e-2])
+    # The codelab's schedule holds each epoch's rate for all its steps: shown once.
+    model.compile(
+        keras.optimizers.SGD(learning_rate=build_schedule("codelab_ramp", steps_per_epoch=2)),
+        "categorical_crossentropy",
+    )
+    lines.clear()
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=[writer], verbose=0)
+    assert "lr 1.00e-05  " in lines[0] and "->" not in lines[0], lines[0]
+    assert "->" not in lines[1], lines[1]
+    # A rate that did not move is shown once.
+    row = {"epoch": 1, "lr": 1e-3, "lr_end": 1e-3, "images_per_sec": 10.0, "epoch_seconds": 1.0}
+    assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
+    del row["lr_end"]
+    assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)

@@ -44,6 +44,21 @@ def current_lr(optimizer) -> float:
         return float("nan")
 
 
+def last_step_lr(optimizer) -> float:
+    """The rate the optimizer's last step used (:func:`current_lr` gives the next step's).
+
+    They differ for a schedule: after an epoch, the schedule at ``iterations`` is already
+    the next epoch's first rate.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's
+    schedule = getattr(inner, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        step = int(keras.ops.convert_to_numpy(inner.iterations)) - 1
+        if step >= 0:
+            return float(keras.ops.convert_to_numpy(schedule(step)))
+    return current_lr(optimizer)
+
+
 def read_history(path: str | Path) -> list[dict]:
     """Rows of ``history.csv`` with numeric values (empty cells become NaN)."""
     path = Path(path)
@@ -86,8 +101,11 @@ def _fmt(value) -> str:
 class MetricsWriter(keras.callbacks.Callback):
     """One row per epoch in ``history.csv`` and one line per epoch on the console.
 
-    ``lr`` is the rate at the epoch's first step. Images/s counts training images only: the clock runs from the start of the epoch to
-    the start of validation, so the first epoch includes tracing and compilation.
+    ``lr`` is the rate at the epoch's first step; the console line adds the rate of its
+    last step when a per-step schedule changed it within the epoch (``lr 0.00e+00 ->
+    2.87e-03`` in a warm-up epoch). Images/s counts training images only: the clock runs from the start of
+    the epoch to the start of validation, so the first epoch includes tracing and
+    compilation.
 
     Args:
         path: the ``history.csv`` file (appended to; created with a header).
@@ -133,10 +151,12 @@ class MetricsWriter(keras.callbacks.Callback):
         train_seconds = (self._train_end or now) - self._epoch_start
         self.train_seconds += train_seconds
         logs["lr"] = self._lr
+        lr_end = last_step_lr(self.model.optimizer)
         logs["images_per_sec"] = self.images_per_epoch / max(train_seconds, 1e-9)
         logs["epoch_seconds"] = now - self._epoch_start
         row = {k: _as_float(logs.get(k)) for k in HISTORY_FIELDS}
         row["epoch"] = epoch + 1
+        row["lr_end"] = lr_end  # shown, not stored: history.csv keeps each epoch's first rate
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
                 {k: _fmt(row[k]) for k in HISTORY_FIELDS}
@@ -154,7 +174,11 @@ def _as_float(value) -> float:
 
 
 def format_epoch_line(row: dict, epochs: int) -> str:
-    """``epoch  3/35  loss 1.234  acc 0.456  val_loss 1.101  val_acc 0.552  lr 1.0e-03  ...``."""
+    """``epoch  3/35  loss 1.234  acc 0.456  val_loss 1.101  val_acc 0.552  lr 1.0e-03  ...``.
+
+    ``row["lr_end"]`` (the epoch's last rate), when given and more than 1% away from
+    ``row["lr"]``, is shown as ``lr FIRST -> LAST``.
+    """
     width = len(str(epochs))
     parts = [f"epoch {row['epoch']:>{width}}/{epochs}"]
     for key, label in (
@@ -166,7 +190,9 @@ def format_epoch_line(row: dict, epochs: int) -> str:
         value = row.get(key, math.nan)
         if not math.isnan(value):
             parts.append(f"{label} {value:.4f}")
-    parts.append(f"lr {row['lr']:.2e}")
+    lr, lr_end = row["lr"], row.get("lr_end", math.nan)
+    moved = abs(lr_end - lr) > 0.01 * max(abs(lr), abs(lr_end))  # False for NaN
+    parts.append(f"lr {lr:.2e} -> {lr_end:.2e}" if moved else f"lr {lr:.2e}")
     parts.append(f"{row['images_per_sec']:.0f} img/s")
     parts.append(f"{row['epoch_seconds']:.1f} s")
     return "  ".join(parts)
