@@ -115,6 +115,25 @@ def test_no_manifest(tmp_path):
         inspect_records(tmp_path)
 
 
+def test_damaged_manifest_is_one_line(damaged):
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["count"] = "x"
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PetalError, match="manifest.json is damaged: shard 0 of split 'train'"):
+        inspect_records(damaged, progress=False)
+    (damaged / "manifest.json").write_text(json.dumps({**manifest, "splits": []}))
+    with pytest.raises(PetalError, match="'splits' must be an object"):
+        inspect_records(damaged, progress=False)
+
+
+def test_manifest_without_convert_s_bookkeeping(make_records):
+    """A manifest with only what readers need (no written/skipped/per_class, one split)."""
+    folder = make_records(counts={"train": [7, 6]})
+    report = inspect_records(folder, verify=True, progress=False)
+    assert report.ok and report.verified == 13
+    assert "found 13, written 13, skipped 0" in str(report)
+
+
 def test_missing_resized_and_unlisted_shards_without_verify(damaged):
     """A stat per shard, no read: what petal train would refuse is reported, not listed as fine."""
     (damaged / "train-00000-of-00002-25.tfrec").unlink()

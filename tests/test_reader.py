@@ -97,6 +97,36 @@ def test_manifest_disagreeing_with_shards(make_records):
         open_source(str(other))
 
 
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda m: [m], "it holds a JSON list, not an object"),
+        (lambda m: {**m, "classes": "daisy"}, "'classes' must be a list of class names"),
+        (lambda m: {**m, "classes": ["a", "a", "b", "c", "d"]}, "'classes' names a class twice"),
+        (lambda m: {**m, "splits": []}, "'splits' must be an object"),
+        (lambda m: {**m, "image_size": [16]}, "'image_size' must be"),
+        (lambda m: {**m, "format": "png"}, "unknown format 'png'"),
+        (lambda m: {k: v for k, v in m.items() if k != "format"}, "it has no 'format'"),
+    ],
+)
+def test_damaged_manifest_is_one_line_naming_it(make_records, damage, match):
+    """Not a TypeError/KeyError later, nor classes read letter by letter from a string."""
+    folder = make_records()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(damage(manifest)))
+    with pytest.raises(PetalError, match=f"manifest.json is damaged: {match}.*petal convert"):
+        open_source(str(folder))
+
+
+def test_damaged_shard_entry_names_the_shard(make_records):
+    folder = make_records()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][1]["count"] = "x"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PetalError, match="shard 1 of split 'train' needs .* count='x'"):
+        open_source(str(folder))
+
+
 def test_mixed_image_sizes_need_image_size(make_records):
     sizes = [(16, 16), (20, 12), (12, 24)] * 6
     folder = make_records(counts={"train": [6, 6], "validation": [6]}, size=None, sizes=sizes)

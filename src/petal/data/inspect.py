@@ -73,7 +73,7 @@ def inspect_records(
     """
     path = str(path)
     grid = image_path(str(grid)) if grid is not None else None
-    manifest = read_manifest(path)
+    manifest = _complete(read_manifest(path))
     report = InspectReport(path=path, manifest=manifest)
     if verify:
         report.verified, report.problems = _verify(path, manifest, progress)
@@ -83,6 +83,25 @@ def inspect_records(
     if grid is not None:
         report.grid = _draw_grid(path, manifest, grid, grid_per_class)
     return report
+
+
+def _complete(manifest: dict) -> dict:
+    """A copy with the fields convert always writes filled in where a manifest lacks them
+    (written by hand or by another tool): both splits, their counts and per-class counts."""
+    m = dict(manifest)
+    m["splits"] = {}
+    for split in schema.SPLITS:
+        info = dict(manifest["splits"].get(split, {}))
+        info.setdefault("shards", [])
+        info.setdefault("count", sum(s["count"] for s in info["shards"]))
+        info.setdefault("per_class", {})
+        m["splits"][split] = info
+    m.setdefault("skipped", [])
+    m.setdefault("written", sum(m["splits"][s]["count"] for s in schema.SPLITS))
+    m.setdefault("images_found", m["written"] + len(m["skipped"]))
+    m.setdefault("resize", "?")
+    m.setdefault("seed", "?")
+    return m
 
 
 # --- text ---------------------------------------------------------------------------------------
@@ -280,9 +299,9 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     problems.append(f"{name}: missing")
                     continue
                 size, digest = _file_digest(file)
-                if size != shard["bytes"]:
+                if "bytes" in shard and size != shard["bytes"]:
                     problems.append(f"{name}: {size} bytes, the manifest says {shard['bytes']}")
-                elif digest != shard["sha256"]:
+                elif "sha256" in shard and digest != shard["sha256"]:
                     problems.append(f"{name}: sha256 differs from the manifest")
                 # Sequential and unbatched, so the number of elements read so far is the
                 # index of the record that failed.

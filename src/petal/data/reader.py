@@ -187,17 +187,8 @@ def _open_records(root: str, *, verify: bool) -> Source:
         manifest = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise PetalError(f"Manifest is not valid JSON: {manifest_path} ({err}).") from err
-    for key in ("classes", "splits", "format"):
-        if key not in manifest:
-            raise PetalError(
-                f"Manifest {manifest_path} has no '{key}'; rewrite it with petal convert."
-            )
+    schema.check_manifest(manifest, manifest_path)
     fmt = manifest["format"]
-    if fmt not in schema.FORMATS:
-        raise PetalError(
-            f"Manifest {manifest_path} has unknown format {fmt!r} (known: "
-            f"{', '.join(schema.FORMATS)})."
-        )
     size = manifest.get("image_size")
     source = Source(
         path=root,

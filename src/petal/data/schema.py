@@ -50,6 +50,75 @@ def is_shard_file(name: str) -> bool:
     return name.endswith(SHARD_SUFFIX) and not name.startswith(TEMP_PREFIX)
 
 
+def check_manifest(manifest, path: str) -> dict:
+    """Returns ``manifest`` if it has the shape every reader relies on, else raises.
+
+    Checked: a JSON object with ``classes`` (distinct non-empty names), a known ``format``,
+    ``image_size`` (``[height, width]`` or null) and ``splits``, whose ``train`` and
+    ``validation`` (either may be absent) list shards with a ``file`` name and a ``count``.
+
+    Raises:
+        PetalError: naming ``path``, the first field that is wrong, and the fix.
+    """
+    from petal.errors import PetalError
+
+    def wrong(what: str) -> PetalError:
+        return PetalError(
+            f"Manifest {path} is damaged: {what}; convert the images again with petal convert."
+        )
+
+    def is_count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(manifest, dict):
+        raise wrong(f"it holds a JSON {type(manifest).__name__}, not an object")
+    for key in ("classes", "splits", "format"):
+        if key not in manifest:
+            raise wrong(f"it has no '{key}'")
+    classes = manifest["classes"]
+    if (
+        not isinstance(classes, list)
+        or not classes
+        or not all(isinstance(c, str) and c for c in classes)
+    ):
+        raise wrong(f"'classes' must be a list of class names, not {classes!r}")
+    if len(set(classes)) != len(classes):
+        raise wrong(f"'classes' names a class twice: {classes!r}")
+    if manifest["format"] not in FORMATS:
+        raise wrong(f"unknown format {manifest['format']!r} (known: {', '.join(FORMATS)})")
+    size = manifest.get("image_size")
+    if size is not None and not (
+        isinstance(size, list) and len(size) == 2 and all(is_count(n) and n > 0 for n in size)
+    ):
+        raise wrong(f"'image_size' must be [height, width] or null, not {size!r}")
+    splits = manifest["splits"]
+    if not isinstance(splits, dict):
+        raise wrong(f"'splits' must be an object with {' and '.join(SPLITS)}")
+    for split in SPLITS:
+        info = splits.get(split, {})
+        if not isinstance(info, dict) or not isinstance(info.get("shards", []), list):
+            raise wrong(f"split {split!r} must be an object with a list of 'shards'")
+        if "count" in info and not is_count(info["count"]):
+            raise wrong(f"split {split!r} has count {info['count']!r}")
+        for i, shard in enumerate(info.get("shards", [])):
+            if not isinstance(shard, dict):
+                raise wrong(f"shard {i} of split {split!r} is {shard!r}, not an object")
+            file, count, size = shard.get("file"), shard.get("count"), shard.get("bytes", 0)
+            if not isinstance(file, str) or not is_count(count) or not is_count(size):
+                raise wrong(
+                    f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and "
+                    f"its 'bytes'; it has file={file!r}, count={count!r}, bytes={size!r}"
+                )
+        if not isinstance(info.get("per_class", {}), dict):
+            raise wrong(f"split {split!r} has per_class {info['per_class']!r}")
+    skipped = manifest.get("skipped", [])
+    if not isinstance(skipped, list) or not all(
+        isinstance(item, dict) and "file" in item and "reason" in item for item in skipped
+    ):
+        raise wrong("'skipped' must be a list of {file, reason}")
+    return manifest
+
+
 def shard_name(split: str, index: int, total: int, count: int) -> str:
     """File name of one shard, e.g. ``train-00003-of-00013-230.tfrec``."""
     return f"{split}-{index:05d}-of-{total:05d}-{count}{SHARD_SUFFIX}"

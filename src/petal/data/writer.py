@@ -1297,8 +1297,8 @@ def read_manifest(path: str | os.PathLike) -> dict:
     """The manifest of a records folder (or of the ``manifest.json`` path itself).
 
     Raises:
-        PetalError: no manifest (not a records folder, or an interrupted conversion), or a
-            remote path that cannot be reached.
+        PetalError: no manifest (not a records folder, or an interrupted conversion), a
+            damaged one (``schema.check_manifest``), or a remote path that cannot be reached.
     """
     path = str(path)
     if not path.endswith(".json"):
@@ -1314,9 +1314,10 @@ def read_manifest(path: str | os.PathLike) -> dict:
             f"its conversion did not finish (run petal convert again). ({err})"
         ) from None
     try:
-        return json.loads(text)
+        manifest = json.loads(text)
     except json.JSONDecodeError as err:
         raise PetalError(f"{path} is not valid JSON ({err}); convert again.") from None
+    return schema.check_manifest(manifest, path)
 
 
 def summary_dict(summary: ConvertSummary) -> dict:
