@@ -134,6 +134,11 @@ def test_manifest_without_convert_s_bookkeeping(make_records):
     assert "found 13, written 13, skipped 0" in str(report)
 
 
+def test_the_manifest_path_itself_inspects_its_folder(small_records):
+    report = inspect_records(small_records / "manifest.json", progress=False)
+    assert report.ok and report.path == str(small_records)
+
+
 def test_missing_resized_and_unlisted_shards_without_verify(damaged):
     """A stat per shard, no read: what petal train would refuse is reported, not listed as fine."""
     (damaged / "train-00000-of-00002-25.tfrec").unlink()

@@ -72,6 +72,8 @@ def inspect_records(
             grid path whose extension is not an image format.
     """
     path = str(path)
+    if path.rstrip("/").endswith("/" + schema.MANIFEST_NAME) or path == schema.MANIFEST_NAME:
+        path = os.path.dirname(path.rstrip("/")) or "."  # the manifest itself: its folder
     grid = image_path(str(grid)) if grid is not None else None
     manifest = _complete(read_manifest(path))
     report = InspectReport(path=path, manifest=manifest)
