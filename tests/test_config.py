@@ -140,6 +140,13 @@ def test_base_config_is_used_without_a_preset():
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"learning_rate": None}, "codelab_ramp"),
         ({"cache": "sometimes"}, "cache must be"),
+        # Before TensorFlow is involved: Keras raised a traceback for momentum, and took a
+        # negative weight decay or clipnorm without a word.
+        ({"optimizer": "sgd", "momentum": 2.0}, r"momentum must be in \[0, 1\]"),
+        ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be >= 0"),
+        ({"weight_decay": float("nan")}, "weight_decay must be >= 0"),
+        ({"clipnorm": -1.0}, "clipnorm must be > 0, or null"),
+        ({"learning_rate": float("inf")}, "learning_rate must be > 0"),
     ],
 )
 def test_bad_values_name_the_field(values, match):

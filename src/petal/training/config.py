@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -161,9 +162,19 @@ class TrainConfig:
                     "learning_rate may only be null with schedule='codelab_ramp'. "
                     f"Received: learning_rate=None, schedule={self.schedule!r}"
                 )
-        elif not self.learning_rate > 0:
+        elif not 0 < self.learning_rate < math.inf:
             raise PetalError(
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
+            )
+        if not 0.0 <= self.momentum <= 1.0:
+            raise PetalError(f"momentum must be in [0, 1]. Received: momentum={self.momentum}")
+        if not 0.0 <= self.weight_decay < math.inf:
+            raise PetalError(
+                f"weight_decay must be >= 0 (0: none). Received: weight_decay={self.weight_decay}"
+            )
+        if self.clipnorm is not None and not 0.0 < self.clipnorm < math.inf:
+            raise PetalError(
+                f"clipnorm must be > 0, or null for no clipping. Received: clipnorm={self.clipnorm}"
             )
         if not 0.0 <= self.label_smoothing < 1.0:
             raise PetalError(
