@@ -95,6 +95,9 @@ def test_model_info_and_registry_errors():
         create_model("squeezenet", 5, 32, weights="imagenet")
     with pytest.raises(PetalError, match="does not take that option.*'dropuot'"):
         create_model("squeezenet", 5, 32, dropuot=0.2)
+    # A known option with a value the layers refuse: one line, not Keras' ValueError.
+    with pytest.raises(PetalError, match=r"model_options \{'dropout': 5\} \(.*rate.*fix or drop"):
+        create_model("squeezenet", 5, 32, dropout=5)
     with pytest.raises(PetalError, match="Weights file not found: .*nope.weights.h5"):
         create_model("squeezenet", 5, 32, weights="nope.weights.h5")
 

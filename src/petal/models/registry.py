@@ -228,11 +228,18 @@ def create_model(
 
     try:
         model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
+    except (TypeError, ValueError) as err:
+        if "unexpected keyword argument" in str(err):
+            raise PetalError(
+                f"Model {name!r} does not take that option ({err}). Received: {sorted(kwargs)}"
+            ) from err
+        if not kwargs:
             raise
+        # An option of the right name with a value the layers refuse (dropout 5, filters "a").
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PetalError(
-            f"Model {name!r} does not take that option ({err}). Received: {sorted(kwargs)}"
+            f"Model {name!r} cannot be built with model_options {kwargs} ({reason}); "
+            "fix or drop the option."
         ) from err
     if weights_file is not None:
         load_weights_file(model, weights_file)
