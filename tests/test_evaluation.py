@@ -327,6 +327,24 @@ def test_export_refuses_a_file_as_its_folder(trained, tmp_path):
     assert target.read_bytes() == b"keep me"
 
 
+def test_evaluate_refuses_a_file_as_its_folder_before_evaluating(trained, tmp_path, monkeypatch):
+    from petal.evaluation import evaluate as evaluate_module
+
+    target = tmp_path / "eval.txt"
+    target.write_bytes(b"keep me")
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was opened before the output folder was checked")
+
+    monkeypatch.setattr("petal.data.pipeline.open_source", no_data)
+    with pytest.raises(PetalError, match=r"Evaluation folder .*eval.txt is a file; pass --out"):
+        evaluate_module.evaluate(trained, tmp_path / "no-data", out_dir=target)
+    with pytest.raises(PetalError, match=r"Cannot create evaluation folder .*eval.txt/eval: "
+                       r"Not a directory; pass --out a folder path whose parents"):
+        evaluate_module.evaluate(trained, tmp_path / "no-data", out_dir=target / "eval")
+    assert target.read_bytes() == b"keep me"
+
+
 def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tmp_path, capsys):
     import shutil
 

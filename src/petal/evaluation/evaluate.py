@@ -17,7 +17,13 @@ import numpy as np
 from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
-from petal.evaluation.workdir import check_classes, denormalize_np, load_model, open_run
+from petal.evaluation.workdir import (
+    check_classes,
+    denormalize_np,
+    load_model,
+    make_output_folder,
+    open_run,
+)
 
 EVAL_DIR = "eval"
 
@@ -74,6 +80,9 @@ def evaluate(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
     run = open_run(workdir)
+    # Before the evaluation, which may take minutes: a file in the way stops it now.
+    out = make_output_folder(out_dir if out_dir is not None else run.workdir / EVAL_DIR,
+                             "evaluation")
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
     if split is None:
@@ -128,8 +137,6 @@ def evaluate(
             report["skipped_corrupt_records"] = source.count(split) - len(y_true)
         else:
             report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
-    out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
-    out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     for name, bucket in (("samples", samples), ("misclassified", wrong)):
         _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)

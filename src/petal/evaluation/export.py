@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from petal.errors import PetalError
-from petal.evaluation.workdir import RunInfo, load_model, open_run
+from petal.evaluation.workdir import RunInfo, load_model, make_output_folder, open_run
 
 EXPORT_DIR = "export"
 
@@ -79,17 +79,7 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
     from petal.data.pipeline import normalize
 
     run = open_run(workdir)
-    out = Path(out) if out is not None else run.workdir / EXPORT_DIR
-    if out.exists() and not out.is_dir():
-        raise PetalError(f"Export folder {out} is a file; pass --out a folder path (new or not).")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        # e.g. a file where a parent folder should be, or no permission to write there.
-        raise PetalError(
-            f"Cannot create export folder {out}: {err.strerror or err}; pass --out a folder "
-            f"path whose parents are folders you can write."
-        ) from None
+    out = make_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
     model = load_model(run, float32=True)
     preprocess = make_preprocess(run)
     classes = list(run.classes)

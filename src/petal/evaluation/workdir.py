@@ -52,6 +52,33 @@ class RunInfo:
         return self.workdir / MODEL_FILE
 
 
+def make_output_folder(out: str | Path, what: str) -> Path:
+    """Creates the output folder ``out`` of a command (``--out``), parents included.
+
+    Args:
+        out: the folder.
+        what: what it holds, for the message ("export", "evaluation").
+
+    Raises:
+        PetalError: ``out`` is a file, or cannot be created (a file where a parent folder
+            should be, no permission), naming it and the fix.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PetalError(
+            f"{what.capitalize()} folder {out} is a file; pass --out a folder path (new or not)."
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        # e.g. a file where a parent folder should be, or no permission to write there.
+        raise PetalError(
+            f"Cannot create {what} folder {out}: {err.strerror or err}; pass --out a folder "
+            f"path whose parents are folders you can write."
+        ) from None
+    return out
+
+
 def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
     """Read ``config.json`` of a training run.
 
