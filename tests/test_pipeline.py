@@ -393,3 +393,15 @@ def test_bench_png_follows_the_grid_rule_for_names_without_an_extension(tmp_path
     assert bench.write_png(result, str(tmp_path / "chart.jpg")) == str(tmp_path / "chart.jpg")
     with Image.open(tmp_path / "chart.jpg") as image:
         assert image.format == "JPEG"
+
+
+def test_undecodable_files_names_an_unreadable_file_in_one_clean_line(small_flowers, tmp_path):
+    """A dangling link: the reason without TensorFlow's function-node and op decorations."""
+    folder = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (folder / cls).mkdir(parents=True)
+        first = sorted((small_flowers / cls).iterdir())[0]
+        (folder / cls / first.name).symlink_to(first.resolve())
+    (folder / "roses" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    bad = pipeline.undecodable_files(str(folder))
+    assert bad == [(str(folder / "roses" / "gone.jpg"), "unreadable: No such file or directory")]

@@ -585,13 +585,20 @@ def undecodable_files(source, split: str = "all") -> list[tuple[str, str]]:
         try:
             tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as err:
-            text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", err.message or str(err))
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            reason = lines[0] if lines else type(err).__name__
-            bad.append((path, reason.split(" [Op:")[0].rstrip(".") or type(err).__name__))
+            bad.append((path, _op_reason(err)))
         except tf.errors.OpError as err:
-            bad.append((path, f"unreadable: {err.message}"))
+            # ReadFile names the path again: "{{function_node ...}} PATH; No such file ..."
+            reason = _op_reason(err)
+            bad.append((path, f"unreadable: {reason.removeprefix(f'{path}; ')}"))
     return bad
+
+
+def _op_reason(err) -> str:
+    """A TensorFlow error's first line without the function-node and op decorations."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", err.message or str(err))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    reason = lines[0] if lines else type(err).__name__
+    return reason.split(" [Op:")[0].rstrip(".") or type(err).__name__
 
 
 def _ignore_decode_errors(ds, skip_corrupt: bool):
