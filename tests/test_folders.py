@@ -99,6 +99,19 @@ def test_empty_tree_names_the_extensions(tmp_path):
     assert all(ext in str(err.value) for ext in IMAGE_EXTENSIONS)
 
 
+def test_images_directly_in_the_root_say_so_and_the_fix(tmp_path):
+    """Not "No images found" for a folder of 2 photos and no class sub-folders."""
+    _touch(tmp_path / "b.jpg")
+    _touch(tmp_path / "a.png")
+    _touch(tmp_path / ".git" / "x.jpg")
+    with pytest.raises(
+        PetalError,
+        match=r"holds 2 image file\(s\) directly but no class sub-folders; move each class's "
+        r"images into a sub-folder named after the class \(e.g. .*/CLASS/a.png\)",
+    ):
+        find_images(tmp_path)
+
+
 def test_single_class(tmp_path):
     _touch(tmp_path / "daisy" / "a.jpg")
     with pytest.raises(PetalError, match="only one class"):

@@ -76,6 +76,14 @@ def test_missing_and_empty_sources(tmp_path):
         open_source(str(tmp_path / "empty"))
 
 
+def test_a_flat_folder_of_images_is_not_called_empty(small_flowers, tmp_path):
+    for f in sorted((small_flowers / "daisy").iterdir())[:3]:
+        (tmp_path / f.name).symlink_to(f.resolve())
+    with pytest.raises(PetalError, match=r"Data source .* holds 3 image file\(s\) directly but no "
+                       r"class sub-folders; move each class's images into a sub-folder"):
+        open_source(str(tmp_path))
+
+
 def test_manifest_disagreeing_with_shards(make_records):
     folder = make_records()
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -256,6 +256,20 @@ def _walk(root: str, rel: str, listdir, seen: set[str]) -> tuple[list[str], list
     return found, ignored
 
 
+def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalError | None:
+    """The error for a folder whose images lie directly in it, not in class sub-folders;
+    None when ``names`` (the folder's file names) hold no image. ``what`` precedes the
+    folder's name ("Data source ")."""
+    found = sorted(n for n in names if _has_image_extension(n))
+    if not found:
+        return None
+    return PetalError(
+        f"{what}{root} holds {len(found)} image file(s) directly but no class sub-folders; move "
+        f"each class's images into a sub-folder named after the class (e.g. "
+        f"{join(root, 'CLASS', found[0])})."
+    )
+
+
 def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageFolder:
     """Lists the labelled images under ``root``.
 
@@ -312,6 +326,9 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             ignored += by_class[name]
 
     if not any(by_class.get(c) for c in chosen):
+        top = [n for n in ignored if "/" not in n]  # the root's own files
+        if not by_class and (flat := flat_folder_error(root, top)):
+            raise flat
         raise PetalError(
             f"No images found under {root}: expected class sub-folders holding files with "
             f"extensions {accepted} (case-insensitive)."

@@ -173,6 +173,10 @@ def open_source(
         return _open_codelab(root, shards, classes, val_fraction)
     if any(fs.isdir(_join(root, n)) for n in names):
         return _open_folder(root, classes, val_fraction)
+    from petal.data import folders
+
+    if flat := folders.flat_folder_error(root, names, "Data source "):
+        raise flat
     raise PetalError(
         f"Data source {root} is empty: no manifest.json, no *{schema.SHARD_SUFFIX} shards and no "
         "class sub-folders. Convert images with `petal convert SRC DST` first."
