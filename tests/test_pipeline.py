@@ -405,3 +405,10 @@ def test_undecodable_files_names_an_unreadable_file_in_one_clean_line(small_flow
     (folder / "roses" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     bad = pipeline.undecodable_files(str(folder))
     assert bad == [(str(folder / "roses" / "gone.jpg"), "unreadable: No such file or directory")]
+
+
+def test_an_empty_split_names_the_splits_that_hold_images(make_records):
+    folder = make_records(counts={"train": [7, 6]})
+    with pytest.raises(PetalError, match=r"Split 'validation' of .* holds no images; choose a "
+                       r"split that does: train \(13 images\), all \(13 images\)\."):
+        eval_dataset(str(folder), batch_size=4, split="validation")

@@ -257,7 +257,9 @@ def eval_dataset(
     size = _resolve_size(src, image_size)
     per_replica = _per_replica_batch(batch_size, input_context)
     if src.count(split) == 0:
-        raise PetalError(f"Split {split!r} of {src.path} holds no images.")
+        others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
+        fix = f"; choose a split that does: {', '.join(others)}" if others else ""
+        raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
     cache_to = _resolve_cache(cache, src, split, size, input_context)
     # Read in file order, decode, batch without dropping anything.
     ds = _read(
