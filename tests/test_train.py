@@ -153,6 +153,27 @@ def test_bad_model_fails_before_writing(small_records, tmp_path):
         train(_cfg(small_records, data=None), tmp_path / "run", **QUIET)
 
 
+def test_a_workdir_inside_the_training_data_is_refused_before_writing(
+    small_flowers, make_records, tmp_path
+):
+    """In an image folder the run's folder would become a class once evaluate writes its
+    plots there; in a records folder its files would mix with the shards."""
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    for workdir in (photos / "run", photos):
+        with pytest.raises(PetalError, match=r"work directory .* is inside the training data .*"
+                           r"choose a --workdir outside it"):
+            train(_cfg(photos), workdir, **QUIET)
+    assert sorted(p.name for p in photos.iterdir()) == ["daisy", "roses"]
+    records = make_records()
+    with pytest.raises(PetalError, match="is inside the training data"):
+        train(_cfg(records), records, **QUIET)
+    assert not (records / "config.json").exists()
+
+
 def test_balanced_class_weights_golden():
     source = types.SimpleNamespace(
         manifest={"splits": {"train": {"per_class": {"a": 10, "b": 30}}}}, kind="records", path="x"

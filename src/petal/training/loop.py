@@ -215,6 +215,20 @@ def absolute_data(data: str | None) -> str | None:
     return os.path.abspath(data)
 
 
+def _check_workdir_outside_data(workdir: Path, data: str) -> None:
+    """A work directory in the training data folder mixes the run's files with the data; in
+    an image folder its plots would be read as a class of their own by the next run."""
+    if "://" in data or any(ch in data for ch in "*?[") or not os.path.isdir(data):
+        return
+    folder, run = os.path.realpath(data), os.path.realpath(workdir)
+    if run == folder or run.startswith(folder.rstrip(os.sep) + os.sep):
+        raise PetalError(
+            f"The work directory {workdir} is inside the training data {data}, where the run's "
+            "checkpoints and plots would mix with the data (in an image folder, become a "
+            "class); choose a --workdir outside it."
+        )
+
+
 def _check_resumed_data(cfg: TrainConfig, workdir: Path) -> None:
     """A resumed run whose saved local data path is gone: say to pass ``--data``.
 
@@ -394,6 +408,7 @@ def train(
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
+    _check_workdir_outside_data(workdir, cfg.data)
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
 
     state: dict = {
