@@ -483,6 +483,23 @@ def test_empty_splits_and_classes_are_warned_about(tmp_path):
     ]
 
 
+def test_images_outside_the_class_folders_are_listed_and_warned_about(tmp_path):
+    """Not converted (no class), so not lost silently: listed in the manifest, warned about."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3)
+    (src / "stray.JPG").write_bytes((src / "a" / "00.jpg").read_bytes())
+    (src / "notes.txt").write_text("not an image")
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    assert summary.manifest["unclassified_images"] == ["stray.JPG"]
+    assert summary.manifest["ignored_files"] == 2 and summary.written == 6
+    assert summary.warnings == [
+        "1 image file(s) directly in the source folder belong to no class and were not "
+        "converted (stray.JPG; listed in manifest.json as unclassified_images): move each "
+        "into its class's sub-folder and convert again"
+    ]
+    assert f"warning: {summary.warnings[0]}" in str(summary)
+
+
 def test_empty_train_split_is_refused(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 2)

@@ -1014,6 +1014,13 @@ def _warnings(manifest: dict) -> list[str]:
             f"no training images for class {_some(no_train)} (all went to validation): "
             "the model never sees it; lower --val-fraction or add images"
         )
+    unclassified = manifest.get("unclassified_images") or []
+    if unclassified:
+        out.append(
+            f"{len(unclassified)} image file(s) directly in the source folder belong to no "
+            f"class and were not converted ({_some(unclassified)}; listed in manifest.json "
+            "as unclassified_images): move each into its class's sub-folder and convert again"
+        )
     if splits["validation"]["count"] > 0:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         if no_val:
@@ -1274,6 +1281,10 @@ def _manifest(
         "skipped": sorted(skipped, key=lambda s: s["file"]),
         "duplicates": duplicates,
         "ignored_files": len(folder.ignored),
+        # Images directly in the source folder belong to no class: listed, not converted.
+        "unclassified_images": [
+            n for n in folder.ignored if "/" not in n and n.lower().endswith(folders.IMAGE_EXTENSIONS)
+        ],
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 
