@@ -621,6 +621,18 @@ def test_refused_options(small_flowers, tmp_path, kwargs, match):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_that_is_a_file_or_under_one_names_the_fix(small_flowers, tmp_path):
+    target = tmp_path / "records.txt"
+    target.write_text("keep me")
+    with pytest.raises(PetalError, match=r"records.txt is a file, not a folder; pass a new or "
+                       r"empty folder as DST"):
+        convert(small_flowers, target, workers=1, progress=False)
+    with pytest.raises(PetalError, match=r"Cannot create the output folder .*records.txt/out "
+                       r"\(Not a directory\); pass a DST whose parents are folders"):
+        convert(small_flowers, target / "out", workers=1, progress=False)
+    assert target.read_text() == "keep me"
+
+
 def test_refused_options_leave_a_complete_output_alone(small_flowers, tmp_path):
     out = tmp_path / "out"
     convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)

@@ -587,7 +587,10 @@ def _check_paths(source: str, output: str) -> None:
             f"Choose an output outside it. Received: source={source}, output={output}"
         )
     if folders.exists(output) and not folders.isdir(output):
-        raise PetalError(f"The output exists and is not a folder. Received: output={output}")
+        raise PetalError(
+            f"The output {output} is a file, not a folder; pass a new or empty folder as DST. "
+            f"Received: output={output}"
+        )
 
 
 # --- the output folder --------------------------------------------------------------------------
@@ -665,7 +668,8 @@ def _prepare_output(output: str) -> list[str]:
             os.makedirs(output, exist_ok=True)
         except OSError as err:
             raise PetalError(
-                f"Cannot create the output folder ({err.strerror or err}). Received: output={output}"
+                f"Cannot create the output folder {output} ({err.strerror or err}); pass a DST "
+                f"whose parents are folders you can write. Received: output={output}"
             ) from None
     names = _listdir(output)
     # Without a manifest, shards are leftovers of an interrupted run; temporary files always are.
