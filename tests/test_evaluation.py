@@ -345,6 +345,18 @@ def test_evaluate_refuses_a_file_as_its_folder_before_evaluating(trained, tmp_pa
     assert target.read_bytes() == b"keep me"
 
 
+def test_evaluate_refuses_an_out_folder_inside_the_data(trained, tmp_path):
+    """Its PNGs in an image folder would make a class of their own for the next run."""
+    from petal.evaluation.evaluate import evaluate
+
+    photos = tmp_path / "photos"
+    (photos / "daisy").mkdir(parents=True)
+    with pytest.raises(PetalError, match=r"evaluation folder .*photos/eval is inside the data "
+                       r".*photos; pass --out a folder outside it"):
+        evaluate(trained, photos, out_dir=photos / "eval", log=lambda line: None)
+    assert [p.name for p in photos.iterdir()] == ["daisy"]
+
+
 def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tmp_path, capsys):
     import shutil
 

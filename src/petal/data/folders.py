@@ -65,6 +65,18 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def is_within(path, folder) -> bool:
+    """Whether local ``path`` is ``folder`` or lies below it (links resolved); False for
+    remote paths, globs and a ``folder`` that is not a local folder."""
+    path, folder = str(path), str(folder)
+    if is_remote(path) or is_remote(folder) or any(ch in folder for ch in "*?["):
+        return False
+    if not os.path.isdir(folder):
+        return False
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
 def join(root: str, *parts: str) -> str:
     """Join path parts with ``/`` for remote paths and ``os.path.join`` for local ones."""
     if is_remote(root):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from petal.data.folders import is_within
 from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
@@ -80,9 +81,15 @@ def evaluate(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
     run = open_run(workdir)
+    out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
+    if is_within(out, data):
+        # In an image folder, a folder of plots would be read as a class of its own.
+        raise PetalError(
+            f"The evaluation folder {out} is inside the data {data}; pass --out a folder "
+            "outside it."
+        )
     # Before the evaluation, which may take minutes: a file in the way stops it now.
-    out = make_output_folder(out_dir if out_dir is not None else run.workdir / EVAL_DIR,
-                             "evaluation")
+    out = make_output_folder(out, "evaluation")
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
     if split is None:

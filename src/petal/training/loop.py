@@ -218,10 +218,9 @@ def absolute_data(data: str | None) -> str | None:
 def _check_workdir_outside_data(workdir: Path, data: str) -> None:
     """A work directory in the training data folder mixes the run's files with the data; in
     an image folder its plots would be read as a class of their own by the next run."""
-    if "://" in data or any(ch in data for ch in "*?[") or not os.path.isdir(data):
-        return
-    folder, run = os.path.realpath(data), os.path.realpath(workdir)
-    if run == folder or run.startswith(folder.rstrip(os.sep) + os.sep):
+    from petal.data.folders import is_within
+
+    if is_within(workdir, data):
         raise PetalError(
             f"The work directory {workdir} is inside the training data {data}, where the run's "
             "checkpoints and plots would mix with the data (in an image folder, become a "
