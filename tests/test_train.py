@@ -174,6 +174,23 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     assert not (records / "config.json").exists()
 
 
+def test_resume_on_data_with_other_classes_is_refused(small_records, make_records, tmp_path):
+    """Same names in another order would train the model's outputs under the wrong labels
+    (and relabel the run in config.json); another class count stopped in Keras' loader."""
+    from conftest import CLASSES
+
+    run = tmp_path / "run"
+    train(_cfg(small_records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
+    saved = (run / "config.json").read_text()
+    for classes in (tuple(reversed(CLASSES)), tuple(CLASSES[:2])):
+        other = make_records(f"other-{len(classes)}", classes=classes)
+        with pytest.raises(PetalError, match=r"Classes of .* differ from those of the run in .*"
+                           r"same classes in the same order"):
+            train(_cfg(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
+                  **QUIET)
+    assert (run / "config.json").read_text() == saved
+
+
 def test_balanced_class_weights_golden():
     source = types.SimpleNamespace(
         manifest={"splits": {"train": {"per_class": {"a": 10, "b": 30}}}}, kind="records", path="x"

@@ -246,6 +246,22 @@ def _check_resumed_data(cfg: TrainConfig, workdir: Path) -> None:
     )
 
 
+def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None:
+    """The model's outputs are the run's classes in its order: resuming on data whose classes
+    differ (another set, or the same names in another order) would train the wrong outputs."""
+    try:
+        saved = json.loads((workdir / "config.json").read_text()).get("resolved", {})
+    except (OSError, ValueError, AttributeError):
+        return  # the config itself is checked where it is read
+    run_classes = saved.get("classes") if isinstance(saved, dict) else None
+    if run_classes and list(run_classes) != classes:
+        raise PetalError(
+            f"Classes of {data} ({', '.join(classes)}) differ from those of the run in "
+            f"{workdir} ({', '.join(run_classes)}); resume on data with the same classes in the "
+            "same order, or start a new run in another --workdir."
+        )
+
+
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
     """An empty split can neither train nor validate: name the split and how to fill it."""
     if source.kind == "records":
@@ -454,6 +470,8 @@ def train(
 
     source = open_source(cfg.data)
     classes = list(source.classes)
+    if resume:
+        _check_resumed_classes(workdir, cfg.data, classes)
     if cfg.image_size:
         image_size = (cfg.image_size, cfg.image_size)
     elif source.image_size:
