@@ -378,6 +378,17 @@ def test_bench_input_checks_its_arguments_before_measuring(
     assert re.search(message, err[0]), err[0]
 
 
+def test_bench_chart_axis_keeps_bar_lengths_honest():
+    from petal.data.bench import chart_scale
+
+    # Close values (ceiling, jpeg, jpeg+aug): linear from 0.
+    assert chart_scale([3492.0, 2126.0, 1879.0]) == ("linear", 0.0)
+    # Per-file reads to sharded reads: log, starting at the decade below the smallest.
+    assert chart_scale([3780.0, 604.0, 15331.0, 305.0, 26073.0]) == ("log", 100.0)
+    assert chart_scale([5.0, 0.0, 2000.0]) == ("log", 1.0)
+    assert chart_scale([]) == ("linear", 0.0)
+
+
 def test_bench_png_follows_the_grid_rule_for_names_without_an_extension(tmp_path):
     from PIL import Image
 

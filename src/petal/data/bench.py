@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -742,6 +743,20 @@ def write_json(result: BenchResult, path: str) -> None:
         json.dump(result.to_dict(), f, indent=2)
 
 
+def chart_scale(values) -> tuple[str, float]:
+    """``(x scale, left edge)`` of the bar chart, so that bar lengths do not mislead.
+
+    Values within a factor of 10 of each other: a linear axis from 0 (a bar twice as long is
+    twice as fast). Wider ranges (per-file reads to cached batches) need a log axis; its bars
+    then start at the decade below the smallest value, not wherever matplotlib's autoscale
+    puts the edge (which made a case at 0.54x of the ceiling look a tenth as long).
+    """
+    positive = [v for v in values if v > 0]
+    if not positive or max(positive) <= 10 * min(positive):
+        return "linear", 0.0
+    return "log", 10.0 ** math.floor(math.log10(min(positive)))
+
+
 def write_png(result: BenchResult, path: str) -> str:
     """A horizontal bar chart of images/s per case, the decode ceiling marked.
 
@@ -775,8 +790,11 @@ def write_png(result: BenchResult, path: str) -> str:
     ceiling = result.case("ceiling")
     if ceiling:
         ax.axvline(ceiling.images_per_s, color="#555555", linestyle="--", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("images per second (log scale)")
+    scale, left = chart_scale(values)
+    if scale == "log":
+        ax.set_xscale("log")
+    ax.set_xlim(left=left)
+    ax.set_xlabel("images per second" + (" (log scale)" if scale == "log" else ""))
     ax.set_title(f"petal bench input: batch {result.batch_size}, {result.cpus} CPUs")
     for i, v in enumerate(values[::-1]):
         ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
