@@ -1,5 +1,15 @@
 """Errors petal raises for bad input; the CLI prints them as one line and exits non-zero."""
 
+import re
+
 
 class PetalError(ValueError):
     """Bad input or a refused operation. The message names the file or argument and the fix."""
+
+
+def tf_message(err) -> str:
+    """A TensorFlow error's message without the function-node and op decorations
+    (``{{function_node ...}}``, `` [Op:ReadFile] ...``), for messages petal passes on."""
+    text = getattr(err, "message", None) or str(err)
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()

@@ -52,6 +52,10 @@ class ImageFolder:
     files: tuple[ImageFile, ...]
     ignored: tuple[str, ...]
 
+    def unclassified_images(self) -> list[str]:
+        """Image files lying directly in the root: they belong to no class."""
+        return [n for n in self.ignored if "/" not in n and _has_image_extension(n)]
+
     def per_class(self) -> dict[str, int]:
         """Number of candidate files per class, in class order."""
         counts = dict.fromkeys(self.classes, 0)

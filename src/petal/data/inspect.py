@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
-from petal.errors import PetalError
+from petal.errors import PetalError, tf_message
 
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
@@ -238,13 +237,6 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
 # --- verify --------------------------------------------------------------------------------------
 
 
-def _tf_message(err) -> str:
-    """A TensorFlow error's message without the function-node and op decorations."""
-    text = getattr(err, "message", str(err))
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
-    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
-
-
 def _checker(num_classes: int, format: str):
     import tensorflow as tf
 
@@ -319,13 +311,13 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     except tf.errors.DataLossError as err:
                         # A bad frame (CRC, length) ends the shard: the records after it
                         # cannot be located.
-                        problems.append(f"{name}: record {index}: {_tf_message(err)}")
+                        problems.append(f"{name}: record {index}: {tf_message(err)}")
                         damaged = True
                         break
                     except tf.errors.OpError as err:
                         # The frame was intact but the record does not parse or decode; the
                         # iterator moves on to the next record.
-                        problems.append(f"{name}: record {index}: {_tf_message(err)}")
+                        problems.append(f"{name}: record {index}: {tf_message(err)}")
                         index += 1
                         bar.update()
                         continue

@@ -40,7 +40,6 @@ import hashlib
 import logging
 import math
 import os
-import re
 import secrets
 import tempfile
 
@@ -50,7 +49,7 @@ import tensorflow as tf
 from petal.data import augment as augment_lib
 from petal.data import reader, schema
 from petal.data.reader import Source, open_source
-from petal.errors import PetalError
+from petal.errors import PetalError, tf_message
 
 log = logging.getLogger(__name__)
 
@@ -596,11 +595,9 @@ def undecodable_files(source, split: str = "all") -> list[tuple[str, str]]:
 
 
 def _op_reason(err) -> str:
-    """A TensorFlow error's first line without the function-node and op decorations."""
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", err.message or str(err))
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    reason = lines[0] if lines else type(err).__name__
-    return reason.split(" [Op:")[0].rstrip(".") or type(err).__name__
+    """The first line of a TensorFlow error's message (:func:`petal.errors.tf_message`)."""
+    lines = [ln.strip() for ln in tf_message(err).splitlines() if ln.strip()]
+    return (lines[0].rstrip(".") if lines else "") or type(err).__name__
 
 
 def _ignore_decode_errors(ds, skip_corrupt: bool):

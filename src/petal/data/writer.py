@@ -1286,9 +1286,7 @@ def _manifest(
         "duplicates": duplicates,
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
-        "unclassified_images": [
-            n for n in folder.ignored if "/" not in n and n.lower().endswith(folders.IMAGE_EXTENSIONS)
-        ],
+        "unclassified_images": folder.unclassified_images(),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 
