@@ -7,6 +7,13 @@ class PetalError(ValueError):
     """Bad input or a refused operation. The message names the file or argument and the fix."""
 
 
+def first_line(err) -> str:
+    """The first line of an exception's message (TensorFlow's ``.message`` where it has one),
+    or the exception's type name when the message is empty."""
+    lines = str(getattr(err, "message", err)).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
+
+
 def tf_message(err) -> str:
     """A TensorFlow error's message without the function-node and op decorations
     (``{{function_node ...}}``, `` [Op:ReadFile] ...``), for messages petal passes on."""

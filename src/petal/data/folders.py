@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 
@@ -88,12 +88,6 @@ def join(root: str, *parts: str) -> str:
     return os.path.join(root, *parts)
 
 
-def _first_line(err) -> str:
-    """A TensorFlow error's message, first line only (the rest repeats the path)."""
-    lines = str(getattr(err, "message", err)).strip().splitlines()
-    return lines[0].strip() if lines else type(err).__name__
-
-
 def gfile_error(path: str, err, also: Sequence[str] = ()) -> PetalError:
     """A one-line error for a ``tf.io.gfile`` call on ``path`` that failed.
 
@@ -114,9 +108,9 @@ def gfile_error(path: str, err, also: Sequence[str] = ()) -> PetalError:
             f"(supported: {supported})."
         )
     if not is_remote(path):
-        return PetalError(f"Cannot read {path} ({_first_line(err)}).")
+        return PetalError(f"Cannot read {path} ({first_line(err)}).")
     return PetalError(
-        f"Cannot reach {path} ({_first_line(err)}); check the path, the network and the "
+        f"Cannot reach {path} ({first_line(err)}); check the path, the network and the "
         "credentials."
     )
 
@@ -183,11 +177,11 @@ def file_size(path: str) -> int:
         try:
             return tf.io.gfile.stat(path).length
         except tf.errors.NotFoundError as err:
-            raise FileNotFoundError(_first_line(err)) from err
+            raise FileNotFoundError(first_line(err)) from err
         except _store_errors() as err:
-            raise StoreError(_first_line(err)) from err
+            raise StoreError(first_line(err)) from err
         except tf.errors.OpError as err:
-            raise OSError(_first_line(err)) from err
+            raise OSError(first_line(err)) from err
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise OSError("not a regular file")
@@ -209,11 +203,11 @@ def read_bytes(path: str) -> bytes:
             with tf.io.gfile.GFile(path, "rb") as f:
                 return f.read()
         except tf.errors.NotFoundError as err:
-            raise FileNotFoundError(_first_line(err)) from err
+            raise FileNotFoundError(first_line(err)) from err
         except _store_errors() as err:
-            raise StoreError(_first_line(err)) from err
+            raise StoreError(first_line(err)) from err
         except tf.errors.OpError as err:
-            raise OSError(_first_line(err)) from err
+            raise OSError(first_line(err)) from err
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise OSError("not a regular file")
@@ -242,7 +236,7 @@ def _list_remote(path: str) -> list[tuple[str, bool]]:
             clean = name.rstrip("/")
             entries.append((clean, name.endswith("/") or tf.io.gfile.isdir(join(path, clean))))
     except tf.errors.OpError as err:
-        raise OSError(_first_line(err)) from err
+        raise OSError(first_line(err)) from err
     return sorted(set(entries))
 
 

@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass, field
 
 from petal.data import schema
+from petal.data.folders import IMAGE_EXTENSIONS
 from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ CODELAB_CLASSES = ("daisy", "dandelion", "roses", "sunflowers", "tulips")
 # The squeezenet notebook's VALIDATION_SPLIT: the first int(n * 0.19) files are validation.
 CODELAB_VAL_FRACTION = 0.19
 FOLDER_VAL_FRACTION = 0.19
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 SPLITS = (*schema.SPLITS, "all")
 # Records read from the start of each codelab shard to learn class names and image size.
 PEEK_RECORDS = 32

@@ -55,7 +55,7 @@ def expand_images(paths: Sequence[str | Path]) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
-    from petal.data.reader import IMAGE_EXTENSIONS
+    from petal.data.folders import IMAGE_EXTENSIONS
 
     files: list[Path] = []
     for path in map(Path, paths):

@@ -14,7 +14,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 from petal.evaluation import plots
 from petal.training.callbacks import read_history
 
@@ -156,7 +156,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
                 try:
                     png = plots.plot_image_grid(npz, plot_dir / f"{name}.png")
                 except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-                    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    reason = first_line(err)
                     if not zipfile.is_zipfile(npz):  # numpy's guess: "pickled data"
                         reason = "not an .npz archive: truncated or overwritten"
                     raise PetalError(

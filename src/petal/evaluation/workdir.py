@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 
 MODEL_FILE = "model.keras"
 CONFIG_FILE = "config.json"
@@ -141,9 +141,8 @@ def load_model(run: RunInfo, float32: bool = False):
             raise ValueError("not a .keras zip archive: truncated or overwritten")
         model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises ValueError, TypeError, KeyError, zip errors...
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise PetalError(
-            f"Cannot load {run.model_path} ({reason}); the model file is damaged: retrain "
+            f"Cannot load {run.model_path} ({first_line(err)}); the model file is damaged: retrain "
             f"with `petal train --workdir {run.workdir} --overwrite`."
         ) from None
     outputs = model.outputs[0].shape[-1]

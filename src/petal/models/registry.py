@@ -19,7 +19,7 @@ from pathlib import Path
 
 import keras
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 
 NORMALIZATIONS = ("unit", "symmetric", "imagenet", "raw")
 
@@ -236,9 +236,8 @@ def create_model(
         if not kwargs:
             raise
         # An option of the right name with a value the layers refuse (dropout 5, filters "a").
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PetalError(
-            f"Model {name!r} cannot be built with model_options {kwargs} ({reason}); "
+            f"Model {name!r} cannot be built with model_options {kwargs} ({first_line(err)}); "
             "fix or drop the option."
         ) from err
     if weights_file is not None:
