@@ -146,6 +146,20 @@ def test_symlinked_folders_are_followed_without_cycles(tmp_path, small_flowers):
     (root / "roses" / "again").symlink_to(root / "roses", target_is_directory=True)
     folder = find_images(root)
     assert folder.per_class() == {"daisy": 12, "roses": 1}
+    # The link back to its own folder is not followed, and is listed rather than dropped.
+    assert "roses/again/" in folder.ignored
+
+
+def test_a_class_folder_linking_to_another_class_lists_both(tmp_path):
+    # The link sorts before its target: a guard against visiting a folder twice once made
+    # the link the class and left the real "roses" empty, so it vanished without a word.
+    root = tmp_path / "src"
+    _touch(root / "roses" / "a.png")
+    _touch(root / "tulips" / "b.png")
+    (root / "a_roses").symlink_to(root / "roses", target_is_directory=True)
+    folder = find_images(root)
+    assert folder.per_class() == {"a_roses": 1, "roses": 1, "tulips": 1}
+    assert [f.relpath for f in folder.files] == ["a_roses/a.png", "roses/a.png", "tulips/b.png"]
 
 
 # --- remote paths that cannot be read --------------------------------------------------------------

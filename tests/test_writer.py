@@ -500,6 +500,29 @@ def test_images_outside_the_class_folders_are_listed_and_warned_about(tmp_path):
     assert f"warning: {summary.warnings[0]}" in str(summary)
 
 
+def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
+    """Both copies are written (each is a file the user gave), but their labels contradict
+    each other: listed in the manifest and named in a warning. Copies within one class are
+    only counted."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 4)
+    (src / "b" / "copy of a0.jpg").write_bytes((src / "a" / "00.jpg").read_bytes())
+    (src / "a" / "again.jpg").write_bytes((src / "a" / "01.jpg").read_bytes())
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    assert summary.written == 10 and summary.manifest["duplicates"] == 2
+    assert summary.manifest["duplicates_across_classes"] == [["a/00.jpg", "b/copy of a0.jpg"]]
+    assert summary.warnings == [
+        "1 image(s) are byte-identical copies filed under more than one class (a/00.jpg = "
+        "b/copy of a0.jpg; listed in manifest.json as duplicates_across_classes): each copy "
+        "was written with its own class, so the labels contradict each other; keep each "
+        "photo in one class and convert again"
+    ]
+    from petal.data.inspect import inspect_records
+
+    report = str(inspect_records(str(tmp_path / "out"), progress=False))
+    assert "byte-identical duplicates 2 (1 under more than one class)" in report
+
+
 def test_empty_train_split_is_refused(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 2)

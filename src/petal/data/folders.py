@@ -44,7 +44,8 @@ class ImageFolder:
         classes: class names in index order.
         files: candidate images, sorted by class then relative path.
         ignored: relative paths that are not candidates (other extensions, files directly
-            in the root, classes left out by an explicit class list).
+            in the root, classes left out by an explicit class list, and links back to an
+            enclosing folder, as ``class/link/``).
     """
 
     root: str
@@ -240,21 +241,28 @@ def _list_remote(path: str) -> list[tuple[str, bool]]:
     return sorted(set(entries))
 
 
-def _walk(root: str, rel: str, listdir, seen: set[str]) -> tuple[list[str], list[str]]:
-    """Candidate and ignored relative paths under ``root/rel``, recursively, sorted."""
+def _walk(
+    root: str, rel: str, listdir, ancestors: frozenset[str] = frozenset()
+) -> tuple[list[str], list[str]]:
+    """Candidate and ignored relative paths under ``root/rel``, recursively, sorted.
+
+    Symlinked folders are followed like real ones, so a class folder that links to another
+    class's folder lists those images too (as a copy would). Only a link back to a folder on
+    its own path (``roses/again -> roses``) is not followed: it would never end; it is listed
+    as ignored (a name ending in ``/``) instead of vanishing.
+    """
     found: list[str] = []
     ignored: list[str] = []
     here = join(root, *rel.split("/"))
     if not is_remote(root):
-        # Symlinked folders are followed; guard against cycles.
         real = os.path.realpath(here)
-        if real in seen:
-            return found, ignored
-        seen.add(real)
+        if real in ancestors:
+            return found, [rel + "/"]
+        ancestors = ancestors | {real}
     for name, is_dir in listdir(here):
         child = f"{rel}/{name}"
         if is_dir:
-            sub_found, sub_ignored = _walk(root, child, listdir, seen)
+            sub_found, sub_ignored = _walk(root, child, listdir, ancestors)
             found += sub_found
             ignored += sub_ignored
         elif _has_image_extension(name):
@@ -303,13 +311,12 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
     listdir = _list_remote if is_remote(root) else _list_local
     by_class: dict[str, list[str]] = {}
     ignored: list[str] = []
-    seen: set[str] = set()
     try:
         for name, is_dir in listdir(root):
             if not is_dir:
                 ignored.append(name)
             elif not name.startswith("."):
-                found, skipped = _walk(root, name, listdir, seen)
+                found, skipped = _walk(root, name, listdir)
                 by_class[name] = found
                 ignored += skipped
     except OSError as err:

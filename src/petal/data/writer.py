@@ -990,7 +990,8 @@ def _some(names: list[str]) -> str:
 
 
 def _warnings(manifest: dict) -> list[str]:
-    """What makes the records less useful than asked for: an empty split or class."""
+    """What makes the records less useful than asked for: an empty split or class, images
+    outside any class, the same photo under two classes."""
     splits, fraction = manifest["splits"], manifest["val_fraction"]
     train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
     out = []
@@ -1024,6 +1025,14 @@ def _warnings(manifest: dict) -> list[str]:
             f"{len(unclassified)} image file(s) directly in the source folder belong to no "
             f"class and were not converted ({_some(unclassified)}; listed in manifest.json "
             "as unclassified_images): move each into its class's sub-folder and convert again"
+        )
+    conflicting = manifest.get("duplicates_across_classes") or []
+    if conflicting:
+        out.append(
+            f"{len(conflicting)} image(s) are byte-identical copies filed under more than one "
+            f"class ({_some([' = '.join(g) for g in conflicting])}; listed in manifest.json as "
+            "duplicates_across_classes): each copy was written with its own class, so the "
+            "labels contradict each other; keep each photo in one class and convert again"
         )
     if splits["validation"]["count"] > 0:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
@@ -1267,6 +1276,16 @@ def _manifest(
         }
     n_written = sum(s["count"] for s in splits.values())
     duplicates = len(probed) - len({p.content for p in probed})
+    copies: dict[str, list[folders.ImageFile]] = {}
+    for p in probed:
+        copies.setdefault(p.content, []).append(p.file)
+    # The same photo under two classes is written once per class, each time with its own
+    # label: the records then contradict themselves. Listed, so the user can keep one.
+    conflicting = sorted(
+        sorted(f.relpath for f in group)
+        for group in copies.values()
+        if len({f.label for f in group}) > 1
+    )
     return {
         "petal_version": __version__,
         "tensorflow_version": tf.__version__,
@@ -1284,6 +1303,7 @@ def _manifest(
         "written": n_written,
         "skipped": sorted(skipped, key=lambda s: s["file"]),
         "duplicates": duplicates,
+        "duplicates_across_classes": conflicting,
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
         "unclassified_images": folder.unclassified_images(),
