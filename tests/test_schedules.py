@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import keras
 import numpy as np
@@ -109,8 +110,29 @@ def test_step_schedule_serialises_and_drives_the_optimizer_per_step():
 def test_unknown_schedule():
     with pytest.raises(PetalError, match="Unknown learning-rate schedule 'step'.*codelab_ramp"):
         build_schedule("step")
-    with pytest.raises(PetalError, match="Bad arguments for schedule 'constant'"):
+    with pytest.raises(PetalError, match="'constant' takes no option 'gamma'; its options are: lr"):
         build_schedule("constant", lr=1e-3, gamma=0.1)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"warmup_epochs": "x"},
+            "warmup_epochs must be a finite number. Received: warmup_epochs='x'",
+        ),
+        ({"peak_lr": float("nan")}, "peak_lr must be a finite number"),
+        ({"end_lr": True}, "end_lr must be a finite number"),
+        ({"start_lr": -1e-3}, "start_lr must be >= 0"),
+    ],
+)
+def test_schedule_options_of_the_wrong_kind_are_one_line(options, message):
+    kwargs = {"steps_per_epoch": 10, "peak_lr": 1e-3, "total_epochs": 5, **options}
+    with pytest.raises(PetalError, match=re.escape(message)):
+        build_schedule("warmup_cosine", **kwargs)
+    with pytest.raises(PetalError, match="interpolate must be true or false"):
+        build_schedule("codelab_ramp", steps_per_epoch=10, interpolate="yes")
+    build_schedule("codelab_ramp", steps_per_epoch=10, max_lr=None, interpolate=True)  # valid
 
 
 def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_path):
@@ -145,3 +167,23 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
     del row["lr_end"]
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"warmup_epochs": "2"}, "warmup_epochs must be a finite number"),
+        ({"peak_lr": 0.1}, "schedule_options.peak_lr is set by training from learning_rate"),
+        ({"steps_per_epoch": 5}, "steps_per_epoch is set by training from the data"),
+    ],
+)
+def test_train_refuses_bad_schedule_options_before_opening_the_data(tmp_path, options, match):
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    cfg = get_preset("quick").replace(
+        data=str(tmp_path / "no-records-here"), schedule_options=options
+    )
+    with pytest.raises(PetalError, match=match):
+        train(cfg, tmp_path / "run", log=lambda line: None)
+    assert not (tmp_path / "run").exists()

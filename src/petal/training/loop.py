@@ -337,6 +337,13 @@ def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, rep
     from petal.training.schedules import build_schedule
 
     opts = dict(cfg.schedule_options)
+    given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
+    for key, source in (("steps_per_epoch", "the data and batch size"), (given, "learning_rate")):
+        if key in opts:
+            raise PetalError(
+                f"schedule_options.{key} is set by training from {source}; remove it from "
+                f"schedule_options. Received: schedule_options.{key}={opts[key]!r}"
+            )
     if cfg.schedule == "constant":
         return build_schedule("constant", steps_per_epoch=steps, lr=peak, **opts)
     if cfg.schedule == "warmup_cosine":
@@ -425,6 +432,7 @@ def train(
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
+    _schedule(cfg, cfg.learning_rate, cfg.epochs, 1, 1)  # bad schedule_options: same
 
     state: dict = {
         "epoch": 0,
@@ -495,7 +503,9 @@ def train(
     resolved = {
         "classes": classes,
         "image_size": list(image_size),
-        "train_image_size": [cfg.train_image_size] * 2 if cfg.train_image_size else list(image_size),
+        "train_image_size": [cfg.train_image_size] * 2
+        if cfg.train_image_size
+        else list(image_size),
         "records_size": list(source.image_size) if source.image_size else None,
         "resize": resize,
         "normalization": normalization,
@@ -725,15 +735,19 @@ def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, 
 
     total = source.count("all")
     if total > MAX_DECODE_SCAN:
-        log(f"petal train: --skip-corrupt: {total} files are too many to check up front; "
-            "undecodable ones are dropped without a count")
+        log(
+            f"petal train: --skip-corrupt: {total} files are too many to check up front; "
+            "undecodable ones are dropped without a count"
+        )
         return None
     bad = undecodable_files(source, "all")
     if bad:
         names = ", ".join(f"{path} ({reason})" for path, reason in bad[:5])
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        log(f"petal train: --skip-corrupt: {len(bad)} of {total} files cannot be decoded and "
-            f"are skipped: {names}{more}")
+        log(
+            f"petal train: --skip-corrupt: {len(bad)} of {total} files cannot be decoded and "
+            f"are skipped: {names}{more}"
+        )
     return bad
 
 

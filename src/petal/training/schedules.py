@@ -15,6 +15,7 @@ Typical use::
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -226,6 +227,7 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"Unknown learning-rate schedule {name!r}. Choose one of: "
                 f"{', '.join(SCHEDULES)}. Received: schedule={name!r}"
             )
+        _check_options(name, kwargs)
         self.schedule_name = name
         self.kwargs = dict(kwargs)
         try:
@@ -245,6 +247,37 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def from_config(cls, config: dict) -> StepSchedule:
         config = dict(config)
         return cls(config.pop("name"), **config)
+
+
+def _check_options(name: str, kwargs: dict) -> None:
+    """One line for an option the schedule does not take, or a value of the wrong kind (a
+    string where a rate goes would otherwise fail as Python's comparison error)."""
+    params = inspect.signature(SCHEDULES[name]).parameters
+    for key, value in kwargs.items():
+        if key not in params:
+            accepted = ", ".join(p for p in params if p != "steps_per_epoch")
+            raise PetalError(
+                f"Schedule {name!r} takes no option {key!r}; its options are: {accepted}. "
+                f"Received: {key}={value!r}"
+            )
+        if params[key].annotation in ("bool", bool):
+            if not isinstance(value, bool):
+                raise PetalError(
+                    f"Schedule option {key} must be true or false. Received: {key}={value!r}"
+                )
+            continue
+        if value is None and params[key].default is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise PetalError(
+                f"Schedule option {key} must be a finite number. Received: {key}={value!r}"
+            )
+        if value < 0:
+            raise PetalError(f"Schedule option {key} must be >= 0. Received: {key}={value!r}")
 
 
 def build_schedule(name: str, **kwargs) -> StepSchedule:
