@@ -139,6 +139,17 @@ def test_the_manifest_path_itself_inspects_its_folder(small_records):
     assert report.ok and report.path == str(small_records)
 
 
+def test_a_manifest_under_another_name_inspects_the_shards_beside_it(tmp_path, small_records):
+    # read_manifest takes any *.json path; inspect once took only the name manifest.json and
+    # looked for the shards under "backup.json/".
+    copy = tmp_path / "records"
+    shutil.copytree(small_records, copy)
+    (copy / "manifest.json").rename(copy / "backup.json")
+    report = inspect_records(copy / "backup.json", verify=True, progress=False)
+    assert report.path == str(copy) and report.verified == report.manifest["written"] > 0
+    assert report.problems == []
+
+
 def test_missing_resized_and_unlisted_shards_without_verify(damaged):
     """A stat per shard, no read: what petal train would refuse is reported, not listed as fine."""
     (damaged / "train-00000-of-00002-25.tfrec").unlink()

@@ -60,7 +60,8 @@ def inspect_records(
     """Summarises a records folder, optionally verifying every record and drawing a grid.
 
     Args:
-        path: records folder written by ``petal convert``.
+        path: records folder written by ``petal convert``, or its manifest file (any
+            ``*.json`` path; the shards are the ones beside it).
         verify: read every record (CRC, parse, decode, field checks).
         grid: write a PNG grid of sample images (rows are classes) to this path.
         grid_per_class: images per class in the grid.
@@ -70,11 +71,11 @@ def inspect_records(
         PetalError: no manifest (not a records folder or an unfinished conversion), or a
             grid path whose extension is not an image format.
     """
-    path = str(path)
-    if path.rstrip("/").endswith("/" + schema.MANIFEST_NAME) or path == schema.MANIFEST_NAME:
-        path = os.path.dirname(path.rstrip("/")) or "."  # the manifest itself: its folder
+    manifest_path = path = str(path)
+    if path.rstrip("/").endswith(".json"):  # a manifest file, as read_manifest takes it
+        path = os.path.dirname(path.rstrip("/")) or "."  # its shards lie beside it
     grid = image_path(str(grid)) if grid is not None else None
-    manifest = _complete(read_manifest(path))
+    manifest = _complete(read_manifest(manifest_path))
     report = InspectReport(path=path, manifest=manifest)
     if verify:
         report.verified, report.problems = _verify(path, manifest, progress)
