@@ -15,8 +15,13 @@ def first_line(err) -> str:
 
 
 def tf_message(err) -> str:
-    """A TensorFlow error's message without the function-node and op decorations
-    (``{{function_node ...}}``, `` [Op:ReadFile] ...``), for messages petal passes on."""
+    """A TensorFlow error's message without the function-node, op and tf.data decorations
+    (``{{function_node ...}}``, `` [Op:ReadFile] ...``, ``Error in user-defined function
+    passed to MapDataset:2 transformation with iterator: Iterator::Root::Map: ``, ``[[...]]``),
+    for messages petal passes on."""
     text = getattr(err, "message", None) or str(err)
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    # tf.data's wrapping of an error raised inside a map function, and its node trace.
+    text = re.sub(r"Error in user-defined function passed to .*? with iterator: \S+: ", "", text)
+    text = re.sub(r"\s*\[\[[^\]]*\]\]", "", text)
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()

@@ -19,6 +19,7 @@ from petal.errors import PetalError, tf_message
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
 _LIST_SKIPPED = 10
+_LIST_PROBLEMS = 20
 _IMAGE_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
 
 
@@ -182,7 +183,7 @@ def _format(report: InspectReport) -> list[str]:
             f"check: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
             " (shard files against the manifest; --verify reads every record):",
         ]
-        lines += [f"  {p}" for p in report.problems]
+        lines += _listed(report.problems)
     if report.verified is not None:
         n_shards = sum(len(splits[s]["shards"]) for s in schema.SPLITS)
         lines.append("")
@@ -196,10 +197,19 @@ def _format(report: InspectReport) -> list[str]:
                 f"verify: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
                 f" ({report.verified} records read):"
             )
-            lines += [f"  {p}" for p in report.problems]
+            lines += _listed(report.problems)
     if report.grid:
         lines.append(f"grid: {report.grid}")
     return lines
+
+
+def _listed(problems: list[str]) -> list[str]:
+    """The first problems, indented, then how many more (every one is in
+    ``InspectReport.problems``): a manifest that does not fit its shards fails every record."""
+    shown = [f"  {p}" for p in problems[:_LIST_PROBLEMS]]
+    if len(problems) > _LIST_PROBLEMS:
+        shown.append(f"  ... and {len(problems) - _LIST_PROBLEMS} more")
+    return shown
 
 
 # --- shard files -------------------------------------------------------------------------------
@@ -246,10 +256,12 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
 def _checker(num_classes: int, format: str):
     import tensorflow as tf
 
-    spec = schema.feature_spec(num_classes)
+    del num_classes  # one_hot_class is parsed at whatever length it has, then compared
+    spec = schema.feature_spec()
 
     def check(raw):
         ex = tf.io.parse_single_example(raw, spec)
+        one_hot = ex[schema.ONE_HOT].values
         if format == schema.FORMAT_RAW:
             stored = tf.strings.length(ex[schema.IMAGE], unit="BYTE")
             stored = tf.stack([tf.cast(stored, tf.int64), tf.constant(-1, tf.int64)])
@@ -259,8 +271,9 @@ def _checker(num_classes: int, format: str):
         return (
             ex[schema.CLASS],
             ex[schema.LABEL],
-            tf.argmax(ex[schema.ONE_HOT]),
-            tf.reduce_sum(ex[schema.ONE_HOT]),
+            tf.size(one_hot),
+            tf.argmax(tf.concat([one_hot, [0.0]], 0)),  # 0 for an empty list, not an error
+            tf.reduce_sum(one_hot),
             ex[schema.SIZE],
             stored,
         )
@@ -311,7 +324,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                 iterator = iter(records)
                 while True:
                     try:
-                        cls, label, hot, hot_sum, stored_size, stored = next(iterator)
+                        cls, label, hot_len, hot, hot_sum, stored_size, stored = next(iterator)
                     except StopIteration:
                         break
                     except tf.errors.DataLossError as err:
@@ -330,6 +343,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     issue = _field_issue(
                         int(cls),
                         label.numpy().decode("utf-8", "replace"),
+                        int(hot_len),
                         int(hot),
                         float(hot_sum),
                         stored_size.numpy().tolist(),
@@ -355,6 +369,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
 def _field_issue(
     cls: int,
     label: str,
+    hot_len: int,
     hot: int,
     hot_sum: float,
     size: list[int],
@@ -364,6 +379,11 @@ def _field_issue(
     format: str,
 ) -> str | None:
     """What is wrong with one parsed record, or None."""
+    if hot_len != len(classes):
+        return (
+            f"one_hot_class has {hot_len} values but the manifest lists {len(classes)} classes "
+            "(the manifest does not belong to these shards)"
+        )
     if not 0 <= cls < len(classes):
         return f"class {cls} is out of range for {len(classes)} classes"
     if label != classes[cls]:
@@ -390,14 +410,14 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
 
     wanted = len(manifest["classes"]) * per_class
     found: dict[int, list] = {i: [] for i in range(len(manifest["classes"]))}
-    spec = schema.feature_spec(len(manifest["classes"]))
+    spec = schema.feature_spec()  # any one_hot_class length: the grid needs only the class
     count = 0
     for split in schema.SPLITS:
         for shard in manifest["splits"][split]["shards"]:
             for raw in tf.data.TFRecordDataset(folders.join(path, shard["file"])):
                 ex = tf.io.parse_single_example(raw, spec)
                 cls = int(ex[schema.CLASS])
-                if len(found[cls]) >= per_class:
+                if len(found.get(cls, ())) >= per_class or cls not in found:
                     continue
                 h, w = ex[schema.SIZE].numpy().tolist()
                 if manifest["format"] == schema.FORMAT_RAW:
@@ -430,8 +450,7 @@ def image_path(out: str, option: str = "--grid") -> str:
     supported = [f".{e}" for e in _IMAGE_FORMATS if e in written]
     if ext not in supported:
         raise PetalError(
-            f"{option} must name an image file ({', '.join(supported)}). "
-            f"Received: {option} {out}"
+            f"{option} must name an image file ({', '.join(supported)}). Received: {option} {out}"
         )
     return out
 
