@@ -76,6 +76,24 @@ def test_missing_and_empty_sources(tmp_path):
         open_source(str(tmp_path / "empty"))
 
 
+def test_a_file_given_as_the_data_source(small_flowers, small_records, tmp_path):
+    """Each kind of file gets the fix that fits it; a records folder's manifest is its folder."""
+    image = sorted((small_flowers / "roses").iterdir())[0]
+    with pytest.raises(PetalError, match=r"is a file, not a folder: .*; training and evaluation "
+                       r"need labelled images: .*use `petal predict RUN IMAGE`\.$"):
+        open_source(str(image))
+    shard = sorted(small_records.glob("train-*"))[0]
+    with pytest.raises(PetalError, match=rf"pass the folder that holds the shards \({small_records}\) "
+                       rf"or a glob such as {small_records}/\*\.tfrec\.$"):
+        open_source(str(shard))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(PetalError, match=r"notes.txt; pass a records folder"):
+        open_source(str(tmp_path / "notes.txt"))
+    source = open_source(str(small_records / "manifest.json"))
+    assert source.kind == "records" and source.path == str(small_records)
+    assert source.count("all") == 60
+
+
 def test_a_flat_folder_of_images_is_not_called_empty(small_flowers, tmp_path):
     for f in sorted((small_flowers / "daisy").iterdir())[:3]:
         (tmp_path / f.name).symlink_to(f.resolve())

@@ -163,10 +163,12 @@ def open_source(
             f"Data source not found: {root}. Pass a records folder (petal convert "
             "writes one), codelab shards or a folder of class sub-folders."
         )
+    if posixpath.basename(root) == schema.MANIFEST_NAME and not fs.isdir(root):
+        root = posixpath.dirname(root) or "."  # a records folder's manifest: that folder
     if fs.exists(_join(root, schema.MANIFEST_NAME)):
         return _open_records(root, verify=verify)
     if not fs.isdir(root):
-        raise PetalError(f"Data source is a file, not a folder: {root}. Pass its folder or a glob.")
+        raise _file_given(root)
     names = sorted(fs.listdir(root))
     shards = [_join(root, n) for n in names if n.endswith(schema.SHARD_SUFFIX)]
     if shards:
@@ -181,6 +183,28 @@ def open_source(
         f"Data source {root} is empty: no manifest.json, no *{schema.SHARD_SUFFIX} shards and no "
         "class sub-folders. Convert images with `petal convert SRC DST` first."
     )
+
+
+def _file_given(path: str) -> PetalError:
+    """The error for a data source that is a single file, with the fix for its kind."""
+    if path.lower().endswith(IMAGE_EXTENSIONS):
+        fix = (
+            "training and evaluation need labelled images: pass a folder of class sub-folders "
+            "(or records from petal convert); to classify this one image, use "
+            "`petal predict RUN IMAGE`"
+        )
+    elif path.endswith(schema.SHARD_SUFFIX):
+        folder = posixpath.dirname(path) or "."
+        fix = (
+            f"pass the folder that holds the shards ({folder}) or a glob such as "
+            f"{folder}/*{schema.SHARD_SUFFIX}"
+        )
+    else:
+        fix = (
+            "pass a records folder (petal convert writes one), codelab shards or a folder of "
+            "class sub-folders"
+        )
+    return PetalError(f"Data source is a file, not a folder: {path}; {fix}.")
 
 
 def _open_records(root: str, *, verify: bool) -> Source:
