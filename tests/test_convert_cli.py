@@ -219,6 +219,9 @@ def test_convert_warns_about_no_validation_split(small_flowers, tmp_path, capsys
     out = tmp_path / "out"
     args = ["convert", str(small_flowers), str(out), "--image-size", "16", "--workers", "1"]
     assert main([*args, "--val-fraction", "0"]) == 0
-    printed = capsys.readouterr().out
-    assert "written 60 (train 60 in 1 shard, validation 0 in 0 shards)" in printed
-    assert "warning: no validation split (--val-fraction 0); petal train" in printed
+    printed = capsys.readouterr()
+    assert printed.out.startswith("written 60 (train 60 in 1 shard, validation 0 in 0 shards)")
+    assert printed.out.count("\n") == 1  # the summary; warnings go to stderr
+    assert printed.err.splitlines()[-1].startswith(  # after the progress bars
+        "petal convert: warning: no validation split (--val-fraction 0); petal train"
+    )

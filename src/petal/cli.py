@@ -104,7 +104,9 @@ def _run_convert(args: argparse.Namespace) -> int:
         print(f"skipped {item['file']}: {item['reason']}", file=sys.stderr)
     if summary.skipped > 10:
         print(f"... {summary.skipped - 10} more skipped: see manifest.json", file=sys.stderr)
-    print(summary)
+    print(str(summary).splitlines()[0])
+    for warning in summary.warnings:  # on stderr with the skipped files, as train's are
+        print(f"petal convert: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -135,7 +135,8 @@ def run_demo(
     else:
         log(f"petal demo: converting {source} -> {records} at {size}x{size}")
         summary = convert(source, records, image_size=size, overwrite=True)
-        log(f"petal demo: {summary}")
+        for line in str(summary).splitlines():  # the summary, then any warnings
+            log(f"petal demo: {line}")
     metrics = train(config, workdir, overwrite=True, log=log)
     evaluation = evaluate(workdir, records, log=log)
     report = build_report(workdir)
