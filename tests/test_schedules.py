@@ -168,22 +168,3 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     del row["lr_end"]
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
 
-
-@pytest.mark.parametrize(
-    ("options", "match"),
-    [
-        ({"warmup_epochs": "2"}, "warmup_epochs must be a finite number"),
-        ({"peak_lr": 0.1}, "schedule_options.peak_lr is set by training from learning_rate"),
-        ({"steps_per_epoch": 5}, "steps_per_epoch is set by training from the data"),
-    ],
-)
-def test_train_refuses_bad_schedule_options_before_opening_the_data(tmp_path, options, match):
-    from petal.training.config import get_preset
-    from petal.training.loop import train
-
-    cfg = get_preset("quick").replace(
-        data=str(tmp_path / "no-records-here"), schedule_options=options
-    )
-    with pytest.raises(PetalError, match=match):
-        train(cfg, tmp_path / "run", log=lambda line: None)
-    assert not (tmp_path / "run").exists()

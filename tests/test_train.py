@@ -364,3 +364,24 @@ def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, t
     [entry] = metrics["skipped_corrupt_files"]
     assert entry.startswith(str(folder / "daisy" / "zz-not-an-image.jpg") + ": Unknown image")
     assert any("1 of 31 files cannot be decoded" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"schedule_options": {"warmup_epochs": "2"}}, "warmup_epochs must be a finite number"),
+        ({"schedule_options": {"peak_lr": 0.1}}, "peak_lr is set by training from learning_rate"),
+        ({"schedule_options": {"steps_per_epoch": 5}}, "steps_per_epoch is set by training"),
+        ({"augment": "flip+sharpen"}, "Unknown augmentation 'sharpen'"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"image_size": 7}, "needs images of at least 16x16"),
+        ({"train_image_size": 8}, "needs images of at least 16x16"),
+    ],
+)
+def test_bad_settings_are_refused_before_the_data_is_opened(tmp_path, values, match):
+    """The data path does not exist: these errors must come first (they once came after the
+    data was opened and the run's header printed, or after the model was built)."""
+    cfg = get_preset("quick").replace(data=str(tmp_path / "no-records-here"), **values)
+    with pytest.raises(PetalError, match=match):
+        train(cfg, tmp_path / "run", log=lambda line: None)
+    assert not (tmp_path / "run").exists()

@@ -53,6 +53,32 @@ class ModelInfo:
     min_image_size: int
     pretrained: bool = False
 
+    def image_hw(self, image_size: int | Sequence[int] | None) -> tuple[int, int]:
+        """``image_size`` (a side or (height, width)) as (height, width), checked against the
+        model's minimum; None gives the default."""
+        if image_size is None:
+            return self.default_image_size, self.default_image_size
+        if _is_int(image_size):
+            hw = (int(image_size), int(image_size))
+        elif (
+            isinstance(image_size, Sequence)
+            and len(image_size) == 2
+            and all(map(_is_int, image_size))
+        ):
+            hw = (int(image_size[0]), int(image_size[1]))
+        else:
+            raise PetalError(
+                f"image_size must be a positive int or a (height, width) pair for model {self.name!r}. "
+                f"Received: image_size={image_size!r}"
+            )
+        if min(hw) < self.min_image_size:
+            raise PetalError(
+                f"Model {self.name!r} needs images of at least {self.min_image_size}x"
+                f"{self.min_image_size} pixels (default {self.default_image_size}). "
+                f"Received: image_size={image_size!r}"
+            )
+        return hw
+
 
 # Builder signature: (num_classes, (height, width), weights, **kwargs) -> keras.Model, where
 # weights is None or "imagenet" (local files are loaded here, after building).
@@ -144,30 +170,6 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _image_hw(info: ModelInfo, image_size: int | Sequence[int] | None) -> tuple[int, int]:
-    """Validate ``image_size`` (a side or (height, width)) against the model's minimum."""
-    if image_size is None:
-        return info.default_image_size, info.default_image_size
-    if _is_int(image_size):
-        hw = (int(image_size), int(image_size))
-    elif (
-        isinstance(image_size, Sequence) and len(image_size) == 2 and all(map(_is_int, image_size))
-    ):
-        hw = (int(image_size[0]), int(image_size[1]))
-    else:
-        raise PetalError(
-            f"image_size must be a positive int or a (height, width) pair for model {info.name!r}. "
-            f"Received: image_size={image_size!r}"
-        )
-    if min(hw) < info.min_image_size:
-        raise PetalError(
-            f"Model {info.name!r} needs images of at least {info.min_image_size}x"
-            f"{info.min_image_size} pixels (default {info.default_image_size}). "
-            f"Received: image_size={image_size!r}"
-        )
-    return hw
-
-
 def create_model(
     name: str,
     num_classes: int,
@@ -203,7 +205,7 @@ def create_model(
             f"num_classes must be an int of at least 2 for model {name!r}. "
             f"Received: num_classes={num_classes!r}"
         )
-    hw = _image_hw(info, image_size)
+    hw = info.image_hw(image_size)
 
     weights_file: Path | None = None
     builder_weights: str | None = None

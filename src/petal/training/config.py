@@ -166,6 +166,8 @@ class TrainConfig:
             raise PetalError(
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
             )
+        if self.seed < 0:
+            raise PetalError(f"seed must be a non-negative integer. Received: seed={self.seed}")
         if not 0.0 <= self.momentum <= 1.0:
             raise PetalError(f"momentum must be in [0, 1]. Received: momentum={self.momentum}")
         if not 0.0 <= self.weight_decay < math.inf:

@@ -432,7 +432,12 @@ def train(
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
-    _schedule(cfg, cfg.learning_rate, cfg.epochs, 1, 1)  # bad schedule_options: same
+    # Bad schedule options, augmentation names or sizes: also before the data is opened.
+    _schedule(cfg, cfg.learning_rate, cfg.epochs, 1, 1)
+    augment_lib.build(cfg.augment)
+    for size in (cfg.image_size, cfg.train_image_size):
+        if size:
+            info_model.image_hw(size)
 
     state: dict = {
         "epoch": 0,
