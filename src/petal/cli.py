@@ -444,6 +444,11 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="skip unreadable images, each named in a warning (default: stop, naming them)",
+    )
 
 
 def _run_predict(args: argparse.Namespace) -> int:
@@ -451,7 +456,9 @@ def _run_predict(args: argparse.Namespace) -> int:
 
     from petal.evaluation.predict import format_predictions, predict
 
-    results = predict(args.workdir, args.images, top_k_count=args.top_k)
+    results = predict(
+        args.workdir, args.images, top_k_count=args.top_k, skip_corrupt=args.skip_corrupt
+    )
     print(json.dumps(results, indent=2) if args.json else format_predictions(results))
     return 0
 

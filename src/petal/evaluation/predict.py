@@ -7,6 +7,8 @@ resized to the model's input size when training used another size, then normaliz
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,23 +20,21 @@ from petal.evaluation.metrics import top_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run
 
 
-def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
-    """One image file -> uint8 ``[H, W, 3]`` at the model's input size.
+class _Unreadable(Exception):
+    """An image file that cannot be read or decoded; the message is the reason."""
 
-    Raises:
-        PetalError: the file is missing or cannot be decoded (the message names it).
-    """
-    path = Path(path)
+
+def _decode(path: Path, run: RunInfo) -> np.ndarray:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise PetalError(f"Image not found: {path}") from None
-    except (IsADirectoryError, PermissionError) as err:
-        raise PetalError(f"Cannot read image {path}: {err.strerror}") from None
+        raise _Unreadable("not found") from None
+    except OSError as err:  # a folder, no permission, an I/O error
+        raise _Unreadable(err.strerror or str(err)) from None
     try:
         pixels, _, _ = image_io.decode_rgb(data)
     except image_io.ImageError as err:
-        raise PetalError(f"Cannot read image {path}: {err}") from None
+        raise _Unreadable(str(err)) from None
     size = run.records_size or run.image_size
     pixels = image_io.resize(pixels, size, run.resize if run.resize != "none" else "fill")
     if tuple(pixels.shape[:2]) != run.image_size:
@@ -45,32 +45,96 @@ def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
     return pixels
 
 
-def expand_images(paths: Sequence[str | Path]) -> list[Path]:
+def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
+    """One image file -> uint8 ``[H, W, 3]`` at the model's input size.
+
+    Raises:
+        PetalError: the file is missing or cannot be decoded (the message names it).
+    """
+    path = Path(path)
+    try:
+        return _decode(path, run)
+    except _Unreadable as err:
+        if str(err) == "not found":
+            raise PetalError(f"Image not found: {path}") from None
+        raise PetalError(f"Cannot read image {path}: {err}") from None
+
+
+def _walk(folder: Path, ancestors: frozenset[str] = frozenset()) -> tuple[list[Path], list[str]]:
+    """Files under ``folder`` with an image extension, and the names of every other entry.
+
+    Links to folders are followed like folders (as ``petal convert`` does); only a link
+    back to a folder on its own path is not (it would never end): it is listed as other,
+    with a trailing ``/``.
+    """
+    from petal.data.folders import IMAGE_EXTENSIONS
+
+    real = os.path.realpath(folder)
+    if real in ancestors:
+        return [], [f"{folder}/"]
+    ancestors = ancestors | {real}
+    found: list[Path] = []
+    other: list[str] = []
+    with os.scandir(folder) as it:
+        entries = sorted((e.name, e.is_dir()) for e in it)
+    for name, is_dir in entries:
+        path = folder / name
+        if is_dir:
+            sub_found, sub_other = _walk(path, ancestors)
+            found += sub_found
+            other += sub_other
+        elif name.lower().endswith(IMAGE_EXTENSIONS):
+            # Even a dangling link: it is reported as unreadable instead of vanishing.
+            found.append(path)
+        else:
+            other.append(str(path))
+    return found, other
+
+
+def _listing(paths: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(map(str, paths[:limit]))
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def _warn(line: str) -> None:
+    print(f"petal predict: warning: {line}", file=sys.stderr, flush=True)
+
+
+def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     """Image files, with each folder among ``paths`` replaced by the images under it.
 
-    A folder contributes every file below it (sub-folders included) whose extension is an
-    image's (case-insensitive), sorted by path; files named directly are kept whatever their
-    extension, in the order given.
+    A folder contributes every file below it (sub-folders and links to folders included)
+    whose extension is an image's (case-insensitive), sorted by path; its other files are
+    named in one warning. Files named directly are kept whatever their extension, in the
+    order given.
+
+    Args:
+        paths: files and folders.
+        warn: receives the warning lines (default: printed to stderr).
 
     Raises:
         PetalError: a folder holds no image files.
     """
     from petal.data.folders import IMAGE_EXTENSIONS
 
+    warn = warn or _warn
     files: list[Path] = []
     for path in map(Path, paths):
         if not path.is_dir():
             files.append(path)
             continue
-        found = sorted(
-            p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        found, other = _walk(path)
         if not found:
             raise PetalError(
                 f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
                 "image files or a folder of them."
             )
-        files += found
+        if other:
+            warn(
+                f"{len(other)} file(s) under {path} are not image files (by extension: "
+                f"{', '.join(IMAGE_EXTENSIONS)}) and are not predicted: {_listing(other)}"
+            )
+        files += sorted(found)
     return files
 
 
@@ -79,6 +143,8 @@ def predict(
     images: Sequence[str | Path],
     top_k_count: int = 3,
     batch_size: int = 32,
+    skip_corrupt: bool = False,
+    warn=None,
 ) -> list[dict]:
     """Classify image files with the run's final model.
 
@@ -88,13 +154,17 @@ def predict(
             image below a folder, sorted; see :func:`expand_images`).
         top_k_count: how many labels to return per image, best first.
         batch_size: images per forward pass.
+        skip_corrupt: skip files that cannot be read or decoded, each named in a warning,
+            instead of stopping (every file is still checked before the model runs).
+        warn: receives the warning lines (default: printed to stderr).
 
     Returns:
-        One dict per image, in input order:
+        One dict per image predicted, in input order:
         ``{"file": str, "predictions": [{"label", "index", "probability"}, ...]}``.
 
     Raises:
-        PetalError: no images, a missing or unreadable image, or a run without a model.
+        PetalError: no images, missing or unreadable images (all of them named; without
+            ``skip_corrupt``), or a run without a model.
     """
     if not images:
         raise PetalError("No images given; pass one or more image files.")
@@ -102,10 +172,34 @@ def predict(
         raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k_count!r}")
     from petal.data.pipeline import normalize
 
+    warn = warn or _warn
     run = open_run(workdir)
-    images = expand_images(images)
-    # Decode everything first, so an unreadable file fails before any model work.
-    pixels = [load_pixels(p, run) for p in images]
+    images = expand_images(images, warn=warn)
+    if len(images) == 1:
+        pixels = [load_pixels(images[0], run)]  # one file: its own error message
+    else:
+        # Decode everything first, so unreadable files fail before any model work, all named.
+        pixels, kept, bad = [], [], []
+        for path in images:
+            try:
+                pixels.append(_decode(path, run))
+                kept.append(path)
+            except _Unreadable as err:
+                bad.append((path, str(err)))
+        shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])
+        shown += f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        if bad and not kept:
+            raise PetalError(
+                f"None of the {len(images)} images can be read: {shown}; pass image files."
+            )
+        if bad and not skip_corrupt:
+            raise PetalError(
+                f"{len(bad)} of {len(images)} images cannot be read: {shown}; replace or "
+                "remove them, or pass --skip-corrupt to predict the others."
+            )
+        for path, reason in bad:
+            warn(f"skipped {path}: {reason}")
+        images = kept
     model = load_model(run)
     probs = []
     for start in range(0, len(pixels), batch_size):

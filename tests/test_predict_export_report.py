@@ -1,0 +1,75 @@
+"""Bad input to predict, export and report: one line naming the file and the fix, nothing
+written half-way, nothing dropped silently. Uses one tiny trained run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from petal.errors import PetalError
+
+
+@pytest.fixture(scope="module")
+def trained(small_records, tmp_path_factory) -> Path:
+    """One short run: 64 px records trained at 32 px."""
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    workdir = tmp_path_factory.mktemp("pe_run") / "run"
+    cfg = get_preset("quick").replace(
+        data=str(small_records),
+        image_size=32,
+        epochs=1,
+        batch_size=10,
+        steps_per_epoch=2,
+        precision="float32",
+        tensorboard=False,
+    )
+    train(cfg, workdir, log=lambda line: None)
+    return workdir
+
+
+def _copy_run(trained: Path, dst: Path) -> Path:
+    shutil.copytree(trained, dst, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    return dst
+
+
+# --- predict ---------------------------------------------------------------------------------
+
+
+def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp_path, capsys):
+    """Images in linked folders are predicted, other files and unreadable images are named."""
+    from petal.cli import main
+    from petal.evaluation.predict import predict
+
+    good = sorted(small_flowers.rglob("*.jpg"))[:2]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "linked.jpg").write_bytes(good[0].read_bytes())
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(good[1].read_bytes())
+    (photos / "more").symlink_to(elsewhere)  # a linked folder, as convert follows
+    (photos / "empty.jpg").write_bytes(b"")
+    (photos / "cut.jpg").write_bytes(good[1].read_bytes()[:500])
+    (photos / "notes.txt").write_text("not an image")
+
+    # Unreadable files: every one named in one line, nothing predicted, the fix given.
+    assert main(["predict", str(trained), str(photos)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"petal predict: warning: 1 file(s) under {photos} are not image")
+    assert err[0].endswith(str(photos / "notes.txt"))
+    assert len(err) == 2 and err[1].startswith("petal predict: error: 2 of 4 images cannot be read")
+    assert "cut.jpg: " in err[1] and "empty.jpg: empty file" in err[1]
+    assert err[1].endswith("pass --skip-corrupt to predict the others.")
+
+    warnings: list[str] = []
+    results = predict(trained, [photos], skip_corrupt=True, warn=warnings.append)
+    assert [r["file"] for r in results] == [str(photos / "a.jpg"), str(photos / "more" / "linked.jpg")]
+    assert len(warnings) == 3 and warnings[0].endswith("notes.txt")
+    assert warnings[1].startswith(f"skipped {photos / 'cut.jpg'}: ")
+    assert warnings[2] == f"skipped {photos / 'empty.jpg'}: empty file (0 bytes)"
+    with pytest.raises(PetalError, match=r"None of the 2 images can be read: .*empty.jpg"):
+        predict(trained, [photos / "empty.jpg", photos / "cut.jpg"], skip_corrupt=True)
