@@ -3,6 +3,8 @@ written half-way, nothing dropped silently. Uses one tiny trained run."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -73,3 +75,34 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
     assert warnings[2] == f"skipped {photos / 'empty.jpg'}: empty file (0 bytes)"
     with pytest.raises(PetalError, match=r"None of the 2 images can be read: .*empty.jpg"):
         predict(trained, [photos / "empty.jpg", photos / "cut.jpg"], skip_corrupt=True)
+
+
+# --- a damaged work directory ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.pop("image_size"), r"resolved: no 'image_size'"),
+        (lambda r: r.update(image_size="big"), r"resolved: invalid literal"),
+        (lambda r: r.pop("normalization"), r"resolved: no 'normalization'"),
+        (lambda r: r.update(records_size=7), r"resolved: 'int' object"),
+    ],
+)
+def test_a_damaged_config_is_one_line(tmp_path, capsys, edit, message):
+    from petal.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    resolved = {"classes": ["a", "b"], "image_size": [32, 32], "records_size": [64, 64],
+                "resize": "fill", "normalization": "unit"}
+    edit(resolved)
+    (run / "config.json").write_text(json.dumps({"model": "squeezenet", "resolved": resolved}))
+    (run / "model.keras").write_bytes(b"never read: the config fails first")
+    for command in (["predict", str(run), str(tmp_path / "photo.jpg")], ["export", str(run)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith(f"petal {command[0]}: error: {run / 'config.json'} is damaged (")
+        assert re.search(message, err[0]) and err[0].endswith("retrain it.")
+    assert not (run / "export").exists()

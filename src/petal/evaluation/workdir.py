@@ -101,24 +101,32 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
     if not isinstance(config, dict):
         raise PetalError(f"{cfg_path} holds no JSON object; it was not written by petal train.")
     resolved = config.get("resolved") or {}
-    if "classes" not in resolved:
+    if not isinstance(resolved, dict) or "classes" not in resolved:
         raise PetalError(f"{cfg_path} has no resolved classes; it was not written by petal train.")
     if need_model and not (workdir / MODEL_FILE).is_file():
         raise PetalError(
             f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
             f"`petal train --workdir {workdir} --resume`."
         )
-    size = resolved["image_size"]
-    records = resolved.get("records_size")
-    return RunInfo(
-        workdir=workdir,
-        config=config,
-        classes=tuple(resolved["classes"]),
-        image_size=(int(size[0]), int(size[1])),
-        normalization=resolved["normalization"],
-        resize=resolved.get("resize") or "fill",
-        records_size=(int(records[0]), int(records[1])) if records else None,
-    )
+    try:
+        size = resolved["image_size"]
+        records = resolved.get("records_size")
+        return RunInfo(
+            workdir=workdir,
+            config=config,
+            classes=tuple(resolved["classes"]),
+            image_size=(int(size[0]), int(size[1])),
+            normalization=resolved["normalization"],
+            resize=resolved.get("resize") or "fill",
+            records_size=(int(records[0]), int(records[1])) if records else None,
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        # A hand-edited or partly written config.json: name the entry, not a traceback.
+        what = f"no {err}" if isinstance(err, KeyError) else first_line(err)
+        raise PetalError(
+            f"{cfg_path} is damaged (resolved: {what}); the work directory cannot be used, "
+            "retrain it."
+        ) from None
 
 
 def load_model(run: RunInfo, float32: bool = False):
