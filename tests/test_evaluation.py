@@ -417,7 +417,8 @@ def test_report_on_a_history_without_epochs_or_damaged(trained, tmp_path):
     shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "plots"))
     history = run / "history.csv"
     header = history.read_text().splitlines()[0]
-    history.write_text(header + "\n")  # a run stopped before its first epoch
+    history.write_text(header + "\n")  # a run stopped before its first epoch:
+    (run / "metrics.json").unlink()  # no metrics either
     html = build_report(run).read_text()
     assert "No epoch has finished yet" in html and not (run / "plots" / "curves.png").exists()
     history.write_text(header + "\nnot,numbers,at,all\n")

@@ -106,3 +106,33 @@ def test_a_damaged_config_is_one_line(tmp_path, capsys, edit, message):
         assert err[0].startswith(f"petal {command[0]}: error: {run / 'config.json'} is damaged (")
         assert re.search(message, err[0]) and err[0].endswith("retrain it.")
     assert not (run / "export").exists()
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, capsys):
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    history = run / "history.csv"
+    text = history.read_text()
+    cases = {
+        "cut short": (text[: text.rindex(",")], r"history.csv is not petal's history \(TypeError"),
+        "empty": ("", r"history.csv is not petal's history \(ValueError: empty file\)"),
+        # A header only: the metrics say an epoch finished, so rows were lost.
+        "rows lost": (text.splitlines()[0] + "\n", r"history.csv holds 0 epoch\(s\) but "
+                      r".*metrics.json says 1 were completed"),
+    }
+    for name, (content, message) in cases.items():
+        history.write_text(content)
+        assert main(["report", str(run)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("petal report: error: "), (name, err)
+        assert re.search(message, err[0]) and "retrain it" in err[0], (name, err)
+        assert not (run / "report.html").exists()
+    history.unlink()
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"petal report: error: {run} holds no training run (history.csv missing); "
+                   "run `petal train --workdir` first.")

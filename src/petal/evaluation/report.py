@@ -118,19 +118,29 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     config = _read_json(workdir / "config.json", retrain)
     metrics = _read_json(workdir / "metrics.json", retrain)
     history = workdir / "history.csv"
-    if config is None or not history.is_file():
+    missing = [p.name for p in (workdir / "config.json", history) if not p.is_file()]
+    if missing:
         raise PetalError(
-            f"{workdir} holds no training run (config.json and history.csv missing); "
+            f"{workdir} holds no training run ({' and '.join(missing)} missing); "
             "run `petal train --workdir` first."
         )
     plot_dir = workdir / PLOTS_DIR
     try:
+        if not history.read_text().strip():
+            raise ValueError("empty file")
         epochs_done = read_history(history)
         if epochs_done and not all("epoch" in row for row in epochs_done):
             raise KeyError("epoch")
-    except (ValueError, KeyError, UnicodeDecodeError) as err:
+    # TypeError: a row cut short (its missing cells read as None).
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         raise PetalError(f"{history} is not petal's history ({type(err).__name__}: {err}); "
                          f"{retrain}") from None
+    completed = (metrics or {}).get("epochs_completed")
+    if isinstance(completed, int) and len(epochs_done) < completed:
+        raise PetalError(
+            f"{history} holds {len(epochs_done)} epoch(s) but {workdir / 'metrics.json'} says "
+            f"{completed} were completed; {retrain}"
+        )
     figures: list[tuple[str, Path]] = []
     if epochs_done:  # no epoch finished yet: no curves to draw
         figures += [
