@@ -136,3 +136,55 @@ def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err == (f"petal report: error: {run} holds no training run (history.csv missing); "
                    "run `petal train --workdir` first.")
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path, monkeypatch):
+    from petal.evaluation import export as export_module
+
+    out = tmp_path / "out"
+    (out / "saved_model").mkdir(parents=True)
+    (out / "saved_model" / "stale.pb").write_bytes(b"an earlier export's file")
+    (out / "model.tflite").write_bytes(b"an earlier model")
+    (out / "mine.txt").write_text("not the export's")
+
+    def broken(*args):
+        raise PetalError("TFLite conversion failed")
+
+    # A failure part-way leaves the folder as it was, with no temporary folder behind.
+    monkeypatch.setattr(export_module, "_to_tflite", broken)
+    with pytest.raises(PetalError, match="TFLite conversion failed"):
+        export_module.export(trained, out=out, tflite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "model.tflite", "saved_model"]
+    assert [p.name for p in (out / "saved_model").iterdir()] == ["stale.pb"]
+    monkeypatch.undo()
+
+    # A new export replaces the earlier one: nothing stale mixed in, the old TFLite named.
+    got = export_module.export(trained, out=out)
+    assert not (out / "saved_model" / "stale.pb").exists()
+    assert (out / "saved_model" / "saved_model.pb").is_file()
+    assert got["removed"] == [str(out / "model.tflite")] and not (out / "model.tflite").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["labels.txt", "mine.txt", "saved_model"]
+
+
+def test_export_refuses_what_is_in_the_way_and_writes_nothing_for_a_damaged_model(
+    trained, tmp_path
+):
+    from petal.evaluation.export import export
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "saved_model").write_text("someone's file")
+    with pytest.raises(PetalError, match=r"out/saved_model is a file, where the export writes "
+                       r"its saved_model; move it away or pass --out another folder"):
+        export(trained, out=out)
+    assert (out / "saved_model").read_text() == "someone's file"
+    assert [p.name for p in out.iterdir()] == ["saved_model"]
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "model.keras").write_bytes((run / "model.keras").read_bytes()[:3000])
+    with pytest.raises(PetalError, match=r"model.keras \(not a .keras zip archive"):
+        export(run, out=tmp_path / "new" / "export")
+    assert not (tmp_path / "new").exists()

@@ -477,6 +477,8 @@ def _run_export(args: argparse.Namespace) -> int:
     print(f"labels: {out['labels']}")
     if out["tflite"]:
         print(f"TFLite (float pixels 0..255 in): {out['tflite']}")
+    for path in out["removed"]:
+        print(f"removed {path} of an earlier export (pass --tflite to write a new one)")
     return 0
 
 

@@ -11,9 +11,12 @@ Differences from ``petal predict``: TensorFlow's decoders ignore EXIF orientatio
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 from petal.evaluation.workdir import RunInfo, load_model, make_output_folder, open_run
 
 EXPORT_DIR = "export"
@@ -62,8 +65,17 @@ def make_preprocess(run: RunInfo):
     return preprocess
 
 
+# What an export folder holds, and whether each is a folder.
+_OUTPUTS = {"saved_model": True, "labels.txt": False, "model.tflite": False}
+
+
 def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = False) -> dict:
     """Write ``WORKDIR/export/saved_model`` (and ``model.tflite``) plus ``labels.txt``.
+
+    Everything is written into a temporary folder inside ``out`` first and moved into place
+    at the end, replacing an earlier export's files: a failure leaves ``out`` as it was,
+    and an earlier ``saved_model`` is never mixed with the new one. An earlier
+    ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest).
 
     Args:
         workdir: a finished ``petal train`` work directory.
@@ -71,7 +83,12 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
         tflite: also convert the ``serve_pixels`` signature to ``model.tflite``.
 
     Returns:
-        ``{"saved_model": path, "labels": path, "tflite": path or None}``.
+        ``{"saved_model": path, "labels": path, "tflite": path or None,
+        "removed": [paths of an earlier export's files removed]}``.
+
+    Raises:
+        PetalError: no finished run, a damaged model, or ``out`` (or one of the names
+            above inside it) is in the way.
     """
     import keras
     import tensorflow as tf
@@ -79,8 +96,16 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
     from petal.data.pipeline import normalize
 
     run = open_run(workdir)
-    out = make_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
+    # The model first: a damaged one leaves no empty export folder behind.
     model = load_model(run, float32=True)
+    out = make_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
+    for name, is_dir in _OUTPUTS.items():
+        target = out / name
+        if target.exists() and target.is_dir() != is_dir:
+            raise PetalError(
+                f"{target} is a {'file' if is_dir else 'folder'}, where the export writes its "
+                f"{name}; move it away or pass --out another folder."
+            )
     preprocess = make_preprocess(run)
     classes = list(run.classes)
     h, w = run.image_size
@@ -115,17 +140,35 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
         fn=serve_pixels,
         input_signature=[tf.TensorSpec([None, h, w, 3], tf.float32, name="images")],
     )
-    saved = out / "saved_model"
-    archive.write_out(str(saved), verbose=False)
-    labels = out / "labels.txt"
-    labels.write_text("\n".join(classes) + "\n")
-    result = {"saved_model": str(saved), "labels": str(labels), "tflite": None}
-    if tflite:
-        result["tflite"] = str(_to_tflite(saved, out / "model.tflite"))
-    return result
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        archive.write_out(str(staging / "saved_model"), verbose=False)
+        (staging / "labels.txt").write_text("\n".join(classes) + "\n")
+        if tflite:
+            _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
+        # Everything written: only now replace the earlier export.
+        removed = []
+        for name in _OUTPUTS:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            if (staging / name).exists():
+                os.replace(staging / name, target)
+            elif target.exists():
+                target.unlink()
+                removed.append(str(target))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {
+        "saved_model": str(out / "saved_model"),
+        "labels": str(out / "labels.txt"),
+        "tflite": str(out / "model.tflite") if tflite else None,
+        "removed": removed,
+    }
 
 
-def _to_tflite(saved: Path, path: Path) -> Path:
+def _to_tflite(saved: Path, path: Path, name: Path) -> Path:
+    """Convert ``saved``'s pixel signature to ``path``; errors name ``name`` (the model)."""
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_saved_model(
@@ -135,7 +178,7 @@ def _to_tflite(saved: Path, path: Path) -> Path:
         data = converter.convert()
     except Exception as err:  # the converter raises ConverterError and plain Exceptions
         raise PetalError(
-            f"TFLite conversion of {saved} failed: {str(err).splitlines()[0]}"
+            f"TFLite conversion of {name} failed: {first_line(err)}"
         ) from err
     path.write_bytes(data)
     return path
