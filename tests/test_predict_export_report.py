@@ -188,3 +188,31 @@ def test_export_refuses_what_is_in_the_way_and_writes_nothing_for_a_damaged_mode
     with pytest.raises(PetalError, match=r"model.keras \(not a .keras zip archive"):
         export(run, out=tmp_path / "new" / "export")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ({"confusion_matrix": "x"}, r"a confusion matrix of 1 rows for 2 classes"),
+        ({"classes": ["a"]}, r"a confusion matrix of 2 rows for 1 classes"),
+        ({"macro": {}}, r"no 'f1'"),
+        ({"per_class": {"a": {}}}, r"no 'precision'"),
+        ({"accuracy": "high"}, r"Unknown format code"),
+    ],
+)
+def test_report_names_an_eval_json_with_values_of_the_wrong_kind(trained, tmp_path, edit, reason):
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "eval").mkdir()
+    good = {
+        "count": 4, "accuracy": 0.5, "classes": ["a", "b"], "confusion_matrix": [[1, 1], [1, 1]],
+        "per_class": {c: {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
+                      for c in "ab"},
+        "macro": {"precision": 0.5, "recall": 0.5, "f1": 0.5},
+    }
+    (run / "eval" / "eval.json").write_text(json.dumps({**good, **edit}))
+    with pytest.raises(PetalError, match=rf"eval.json is damaged \({reason}.*\); run `petal "
+                       r"evaluate .*` again."):
+        build_report(run)
+    assert not (run / "report.html").exists()

@@ -154,12 +154,18 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         missing = [key for key in _EVAL_KEYS if key not in evaluation]
         if missing:
             raise PetalError(f"{eval_json} has no {', '.join(missing)}; {evaluate_again}")
-        figures.append(
-            (
-                "Confusion matrix",
-                plots.plot_confusion_from_json(eval_json, plot_dir / "confusion_matrix.png"),
+        try:
+            eval_parts = _eval_section(evaluation)
+            figures.append(
+                (
+                    "Confusion matrix",
+                    plots.plot_confusion_from_json(eval_json, plot_dir / "confusion_matrix.png"),
+                )
             )
-        )
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            # Values of the wrong kind or shape (the keys are there): one line, not numpy's.
+            reason = f"no {err}" if isinstance(err, KeyError) else first_line(err)
+            raise PetalError(f"{eval_json} is damaged ({reason}); {evaluate_again}") from None
         for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
             npz = workdir / EVAL_DIR / f"{name}.npz"
             if npz.is_file():
@@ -193,15 +199,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     else:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
     if evaluation is not None:
-        parts += [
-            f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
-            _table(
-                [("images", evaluation["count"]), ("accuracy", evaluation["accuracy"])]
-                + list(evaluation.get("top_k_accuracy", {}).items())
-                + [("macro F1", evaluation["macro"]["f1"])]
-            ),
-            _per_class_table(evaluation),
-        ]
+        parts += eval_parts
     if not epochs_done:
         parts.append("<p>No epoch has finished yet: no training curves.</p>")
     for caption, png in figures:
@@ -214,6 +212,28 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     out = workdir / "report.html"
     out.write_text("\n".join(parts) + "\n")
     return out
+
+
+def _eval_section(evaluation: dict) -> list[str]:
+    """The evaluation's heading and tables.
+
+    Raises:
+        ValueError: the confusion matrix does not match the classes (and the errors of
+            values of the wrong kind: KeyError, TypeError...).
+    """
+    n = len(evaluation["classes"])
+    shape = [len(row) for row in evaluation["confusion_matrix"]]
+    if shape != [n] * n:
+        raise ValueError(f"a confusion matrix of {len(shape)} rows for {n} classes")
+    return [
+        f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
+        _table(
+            [("images", evaluation["count"]), ("accuracy", evaluation["accuracy"])]
+            + list(evaluation.get("top_k_accuracy", {}).items())
+            + [("macro F1", evaluation["macro"]["f1"])]
+        ),
+        _per_class_table(evaluation),
+    ]
 
 
 def _per_class_table(evaluation: dict) -> str:
