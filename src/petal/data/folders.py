@@ -241,28 +241,30 @@ def _list_remote(path: str) -> list[tuple[str, bool]]:
     return sorted(set(entries))
 
 
-def _walk(
-    root: str, rel: str, listdir, ancestors: frozenset[str] = frozenset()
+def walk_tree(
+    root: str, rel: str = "", listdir=None, ancestors: frozenset[str] = frozenset()
 ) -> tuple[list[str], list[str]]:
-    """Candidate and ignored relative paths under ``root/rel``, recursively, sorted.
+    """Candidate and ignored relative paths under ``root/rel``, recursively, sorted:
+    candidates are entries with an image extension, ignored the other files.
 
     Symlinked folders are followed like real ones, so a class folder that links to another
     class's folder lists those images too (as a copy would). Only a link back to a folder on
     its own path (``roses/again -> roses``) is not followed: it would never end; it is listed
     as ignored (a name ending in ``/``) instead of vanishing.
     """
+    listdir = listdir or (_list_remote if is_remote(root) else _list_local)
     found: list[str] = []
     ignored: list[str] = []
-    here = join(root, *rel.split("/"))
+    here = join(root, *rel.split("/")) if rel else root
     if not is_remote(root):
         real = os.path.realpath(here)
         if real in ancestors:
             return found, [rel + "/"]
         ancestors = ancestors | {real}
     for name, is_dir in listdir(here):
-        child = f"{rel}/{name}"
+        child = f"{rel}/{name}" if rel else name
         if is_dir:
-            sub_found, sub_ignored = _walk(root, child, listdir, ancestors)
+            sub_found, sub_ignored = walk_tree(root, child, listdir, ancestors)
             found += sub_found
             ignored += sub_ignored
         elif _has_image_extension(name):
@@ -316,7 +318,7 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             if not is_dir:
                 ignored.append(name)
             elif not name.startswith("."):
-                found, skipped = _walk(root, name, listdir)
+                found, skipped = walk_tree(root, name, listdir)
                 by_class[name] = found
                 ignored += skipped
     except OSError as err:

@@ -7,7 +7,6 @@ resized to the model's input size when training used another size, then normaliz
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,37 +59,6 @@ def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
         raise PetalError(f"Cannot read image {path}: {err}") from None
 
 
-def _walk(folder: Path, ancestors: frozenset[str] = frozenset()) -> tuple[list[Path], list[str]]:
-    """Files under ``folder`` with an image extension, and the names of every other entry.
-
-    Links to folders are followed like folders (as ``petal convert`` does); only a link
-    back to a folder on its own path is not (it would never end): it is listed as other,
-    with a trailing ``/``.
-    """
-    from petal.data.folders import IMAGE_EXTENSIONS
-
-    real = os.path.realpath(folder)
-    if real in ancestors:
-        return [], [f"{folder}/"]
-    ancestors = ancestors | {real}
-    found: list[Path] = []
-    other: list[str] = []
-    with os.scandir(folder) as it:
-        entries = sorted((e.name, e.is_dir()) for e in it)
-    for name, is_dir in entries:
-        path = folder / name
-        if is_dir:
-            sub_found, sub_other = _walk(path, ancestors)
-            found += sub_found
-            other += sub_other
-        elif name.lower().endswith(IMAGE_EXTENSIONS):
-            # Even a dangling link: it is reported as unreadable instead of vanishing.
-            found.append(path)
-        else:
-            other.append(str(path))
-    return found, other
-
-
 def _listing(paths: Sequence[str], limit: int = 5) -> str:
     shown = ", ".join(map(str, paths[:limit]))
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
@@ -115,7 +83,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
-    from petal.data.folders import IMAGE_EXTENSIONS
+    from petal.data.folders import IMAGE_EXTENSIONS, walk_tree
 
     warn = warn or _warn
     files: list[Path] = []
@@ -123,7 +91,11 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         if not path.is_dir():
             files.append(path)
             continue
-        found, other = _walk(path)
+        # Links to folders are followed, as petal convert does; a link back to a folder on
+        # its own path is listed among the other files (with a trailing /).
+        image_names, other_names = walk_tree(str(path))
+        found = [path / rel for rel in image_names]
+        other = [f"{path}/{rel}" for rel in other_names]
         if not found:
             raise PetalError(
                 f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
