@@ -118,7 +118,8 @@ def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, ca
     history = run / "history.csv"
     text = history.read_text()
     cases = {
-        "cut short": (text[: text.rindex(",")], r"history.csv is not petal's history \(TypeError"),
+        "cut short": (text[: text.rindex(",")], r"history.csv is not petal's history "
+                      r"\(ValueError: line 2 does not have one cell per column\)"),
         "empty": ("", r"history.csv is not petal's history \(ValueError: empty file\)"),
         # A header only: the metrics say an epoch finished, so rows were lost.
         "rows lost": (text.splitlines()[0] + "\n", r"history.csv holds 0 epoch\(s\) but "

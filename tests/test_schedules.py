@@ -168,3 +168,21 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     del row["lr_end"]
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
 
+
+
+def test_resume_drops_a_history_row_cut_short_by_the_interruption(tmp_path):
+    """A run killed while writing its history leaves half a row: resume drops it (it read as
+    a TypeError traceback); anywhere else such a row is an error naming its line."""
+    from petal.training.callbacks import HISTORY_FIELDS, read_history, truncate_history
+
+    history = tmp_path / "history.csv"
+    full = [",".join(["1"] + ["0.5"] * (len(HISTORY_FIELDS) - 1))]
+    full.append(",".join(["2"] + ["0.25"] * (len(HISTORY_FIELDS) - 1)))
+    history.write_text(",".join(HISTORY_FIELDS) + "\n" + "\n".join(full) + "\n3,0.1,0.2")
+    with pytest.raises(ValueError, match="line 4 does not have one cell per column"):
+        read_history(history)
+    truncate_history(history, 3)
+    assert [r["epoch"] for r in read_history(history)] == [1, 2]
+    history.write_text(",".join(HISTORY_FIELDS) + "\n1,0.5\n" + full[1] + "\n")
+    with pytest.raises(ValueError, match="line 2 does not"):  # not the last row: damaged
+        truncate_history(history, 3)

@@ -67,6 +67,16 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     with pytest.raises(PetalError, match="already holds a training run.*--resume.*--overwrite"):
         train(cfg, workdir, **QUIET)
 
+    # A history damaged before its last row is refused in one line; a last row cut short
+    # (a kill while writing it) is the interruption's and is dropped.
+    history = workdir / "history.csv"
+    text = history.read_text()
+    header, row1 = text.splitlines()[:2]
+    history.write_text(f"{header}\n{row1[:5]}\n{row1}\n")
+    with pytest.raises(PetalError, match=r"history.csv is damaged \(line 2 does not have one "
+                       r"cell per column\); it cannot be resumed: start again with --overwrite"):
+        train(cfg, workdir, resume=True, **QUIET)
+    history.write_text(text + "2,0.9")
     metrics = train(cfg, workdir, resume=True, **QUIET)
     rows = read_history(workdir / "history.csv")
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # the unfinished epoch 2 row was dropped

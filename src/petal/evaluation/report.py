@@ -131,8 +131,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         epochs_done = read_history(history)
         if epochs_done and not all("epoch" in row for row in epochs_done):
             raise KeyError("epoch")
-    # TypeError: a row cut short (its missing cells read as None).
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+    except (ValueError, KeyError, UnicodeDecodeError) as err:
         raise PetalError(f"{history} is not petal's history ({type(err).__name__}: {err}); "
                          f"{retrain}") from None
     completed = (metrics or {}).get("epochs_completed")

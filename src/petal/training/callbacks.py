@@ -59,26 +59,42 @@ def last_step_lr(optimizer) -> float:
     return current_lr(optimizer)
 
 
-def read_history(path: str | Path) -> list[dict]:
-    """Rows of ``history.csv`` with numeric values (empty cells become NaN)."""
+def read_history(path: str | Path, cut_short_last_row: str = "raise") -> list[dict]:
+    """Rows of ``history.csv`` with numeric values (empty cells become NaN).
+
+    Args:
+        path: the file; a missing one has no rows.
+        cut_short_last_row: ``"raise"`` or ``"drop"`` a last row with fewer cells than the
+            header, which is what a run killed while writing it leaves.
+
+    Raises:
+        ValueError: a row with fewer or more cells than the header (naming its line), or a
+            cell that is not a number.
+    """
     path = Path(path)
     if not path.is_file():
         return []
     rows = []
     with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            rows.append(
-                {
-                    k: (int(v) if k == "epoch" else float(v) if v != "" else math.nan)
-                    for k, v in row.items()
-                }
-            )
+        lines = list(csv.DictReader(f))
+    for i, row in enumerate(lines):
+        if None in row.values() or None in row:  # fewer cells, or more, than the header
+            if cut_short_last_row == "drop" and i == len(lines) - 1 and None in row.values():
+                break
+            raise ValueError(f"line {i + 2} does not have one cell per column")
+        rows.append(
+            {
+                k: (int(v) if k == "epoch" else float(v) if v != "" else math.nan)
+                for k, v in row.items()
+            }
+        )
     return rows
 
 
 def truncate_history(path: str | Path, epochs: int) -> None:
-    """Keep the first ``epochs`` rows (resume drops rows of an unfinished epoch)."""
-    rows = [r for r in read_history(path) if r["epoch"] <= epochs]
+    """Keep the first ``epochs`` rows (resume drops rows of an unfinished epoch, and a last
+    row cut short by the interruption)."""
+    rows = [r for r in read_history(path, "drop") if r["epoch"] <= epochs]
     _write_rows(Path(path), rows)
 
 

@@ -469,6 +469,13 @@ def train(
         return json.loads((workdir / "metrics.json").read_text())
     if resume:
         _check_resumed_data(cfg, workdir)
+        try:  # damaged before its last row (a cut-short last row is the interruption's)
+            read_history(workdir / "history.csv", "drop")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise PetalError(
+                f"{workdir / 'history.csv'} is damaged ({err}); it cannot be resumed: start "
+                "again with --overwrite."
+            ) from None
     # Stored absolute in config.json, so evaluate and --resume work from any directory.
     cfg = cfg.replace(data=absolute_data(cfg.data))
 
