@@ -217,3 +217,28 @@ def test_report_names_an_eval_json_with_values_of_the_wrong_kind(trained, tmp_pa
                        r"evaluate .*` again."):
         build_report(run)
     assert not (run / "report.html").exists()
+
+
+def test_a_model_file_that_is_a_folder_is_named_as_such(trained, tmp_path):
+    from petal.evaluation.workdir import open_run
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "model.keras").unlink()
+    (run / "model.keras").mkdir()
+    with pytest.raises(PetalError, match=r"model.keras is a folder, not the model file"):
+        open_run(run)
+
+
+@pytest.mark.parametrize(("name", "make"), [("plots", "file"), ("report.html", "folder")])
+def test_report_names_a_file_or_folder_in_its_way_before_drawing(trained, tmp_path, name, make):
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "report.html").unlink(missing_ok=True)
+    if make == "file":
+        (run / name).write_text("mine")
+    else:
+        (run / name).mkdir()
+    with pytest.raises(PetalError, match=rf"{name} is a {make}, where the report writes its "):
+        build_report(run)
+    assert not (run / "plots").is_dir()  # nothing drawn

@@ -125,6 +125,13 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             "run `petal train --workdir` first."
         )
     plot_dir = workdir / PLOTS_DIR
+    # Both places the report writes, checked before any plot is drawn.
+    for target, folder in ((plot_dir, True), (workdir / "report.html", False)):
+        if target.exists() and target.is_dir() != folder:
+            raise PetalError(
+                f"{target} is a {'file' if folder else 'folder'}, where the report writes its "
+                f"{'plots' if folder else 'page'}; move it away and run petal report again."
+            )
     try:
         if not history.read_text().strip():
             raise ValueError("empty file")

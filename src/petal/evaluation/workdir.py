@@ -103,6 +103,11 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
     resolved = config.get("resolved") or {}
     if not isinstance(resolved, dict) or "classes" not in resolved:
         raise PetalError(f"{cfg_path} has no resolved classes; it was not written by petal train.")
+    if need_model and (workdir / MODEL_FILE).is_dir():
+        raise PetalError(
+            f"{workdir / MODEL_FILE} is a folder, not the model file petal train writes; move "
+            "it away and resume or retrain the run."
+        )
     if need_model and not (workdir / MODEL_FILE).is_file():
         raise PetalError(
             f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
