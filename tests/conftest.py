@@ -76,6 +76,30 @@ def small_records(small_flowers, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def trained(small_records, tmp_path_factory) -> Path:
+    """One short run: 64 px records trained at 32 px (so inference must resize too).
+
+    Shared by the evaluation tests, which write eval/, plots/, export/ and report.html into
+    it, and the bad-input tests of predict, export and report, which damage only copies.
+    """
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    workdir = tmp_path_factory.mktemp("eval_run") / "run"
+    cfg = get_preset("quick").replace(
+        data=str(small_records),
+        image_size=32,
+        epochs=1,
+        batch_size=10,
+        steps_per_epoch=3,
+        precision="float32",
+        tensorboard=False,
+    )
+    train(cfg, workdir, log=lambda line: None)
+    return workdir
+
+
 def image_ids(dataset) -> list[int]:
     """Image ids (pixel (0, 0) of `write_test_records` raw records) of every dataset element."""
     import numpy as np

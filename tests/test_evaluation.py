@@ -74,27 +74,7 @@ def test_classification_report_is_json_ready():
         metrics.confusion_matrix([0, 3], [0, 1], 3)
 
 
-# --- evaluate / predict / export / report on a tiny trained run ----------------------------
-
-
-@pytest.fixture(scope="module")
-def trained(small_records, tmp_path_factory) -> Path:
-    """One short run: 64 px records trained at 32 px (so inference must resize too)."""
-    from petal.training.config import get_preset
-    from petal.training.loop import train
-
-    workdir = tmp_path_factory.mktemp("eval_run") / "run"
-    cfg = get_preset("quick").replace(
-        data=str(small_records),
-        image_size=32,
-        epochs=1,
-        batch_size=10,
-        steps_per_epoch=3,
-        precision="float32",
-        tensorboard=False,
-    )
-    train(cfg, workdir, log=lambda line: None)
-    return workdir
+# --- evaluate / predict / export / report on conftest's tiny trained run ------------------
 
 
 def _image_files(folder: Path, n: int) -> list[Path]:
