@@ -26,8 +26,7 @@ import posixpath
 import threading
 from dataclasses import dataclass, field
 
-from petal.data import schema
-from petal.data.folders import IMAGE_EXTENSIONS
+from petal.data import folders, schema
 from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
@@ -175,8 +174,6 @@ def open_source(
         return _open_codelab(root, shards, classes, val_fraction)
     if any(fs.isdir(_join(root, n)) for n in names):
         return _open_folder(root, classes, val_fraction)
-    from petal.data import folders
-
     if flat := folders.flat_folder_error(root, names, "Data source "):
         raise flat
     raise PetalError(
@@ -187,7 +184,7 @@ def open_source(
 
 def _file_given(path: str) -> PetalError:
     """The error for a data source that is a single file, with the fix for its kind."""
-    if path.lower().endswith(IMAGE_EXTENSIONS):
+    if path.lower().endswith(folders.IMAGE_EXTENSIONS):
         fix = (
             "training and evaluation need labelled images: pass a folder of class sub-folders "
             "(or records from petal convert); to classify this one image, use "
@@ -352,8 +349,6 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
     if _is_http(root):
         pairs, names = _list_http_folder(root, classes)
     else:
-        from petal.data import folders
-
         found = folders.find_images(root, classes)
         names = list(found.classes)
         pairs = [(f.path, f.relpath, f.label) for f in found.files]
@@ -379,7 +374,9 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
     """(url, relpath, label) of every image under an http folder, and the class names."""
     from petal.data import remote
 
-    keys = sorted(k for k in remote.list_objects(root) if k.lower().endswith(IMAGE_EXTENSIONS))
+    keys = sorted(
+        k for k in remote.list_objects(root) if k.lower().endswith(folders.IMAGE_EXTENSIONS)
+    )
     by_class: dict[str, list[str]] = {}
     for key in keys:
         if "/" in key:
@@ -389,7 +386,7 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
     if unknown or not names:
         raise PetalError(
             f"No images for class(es) {', '.join(unknown) or '(none)'} under {root} "
-            f"(extensions {', '.join(IMAGE_EXTENSIONS)}; found: {', '.join(sorted(by_class))})."
+            f"(extensions {', '.join(folders.IMAGE_EXTENSIONS)}; found: {', '.join(sorted(by_class))})."
         )
     pairs = [(f"{root}/{key}", key, i) for i, c in enumerate(names) for key in by_class[c]]
     return pairs, names
@@ -607,8 +604,6 @@ class _GFileFS:
     @staticmethod
     def _call(path, fn):
         import tensorflow as tf
-
-        from petal.data import folders
 
         try:
             return fn(tf.io.gfile)
