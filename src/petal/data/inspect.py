@@ -253,11 +253,10 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
 # --- verify --------------------------------------------------------------------------------------
 
 
-def _checker(num_classes: int, format: str):
+def _checker(format: str):
     import tensorflow as tf
 
-    del num_classes  # one_hot_class is parsed at whatever length it has, then compared
-    spec = schema.feature_spec()
+    spec = schema.feature_spec()  # one_hot_class at whatever length it has, then compared
 
     def check(raw):
         ex = tf.io.parse_single_example(raw, spec)
@@ -299,7 +298,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
 
     classes = manifest["classes"]
     image_size = manifest.get("image_size")
-    check = _checker(len(classes), manifest["format"])
+    check = _checker(manifest["format"])
     problems: list[str] = []
     read = 0
     total = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
@@ -417,7 +416,7 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
             for raw in tf.data.TFRecordDataset(folders.join(path, shard["file"])):
                 ex = tf.io.parse_single_example(raw, spec)
                 cls = int(ex[schema.CLASS])
-                if len(found.get(cls, ())) >= per_class or cls not in found:
+                if cls not in found or len(found[cls]) >= per_class:
                     continue
                 h, w = ex[schema.SIZE].numpy().tolist()
                 if manifest["format"] == schema.FORMAT_RAW:
