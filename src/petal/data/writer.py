@@ -1275,10 +1275,10 @@ def _manifest(
             "shards": written[split],
         }
     n_written = sum(s["count"] for s in splits.values())
-    duplicates = len(probed) - len({p.content for p in probed})
     copies: dict[str, list[folders.ImageFile]] = {}
     for p in probed:
         copies.setdefault(p.content, []).append(p.file)
+    duplicates = len(probed) - len(copies)
     # The same photo under two classes is written once per class, each time with its own
     # label: the records then contradict themselves. Listed, so the user can keep one.
     conflicting = sorted(
