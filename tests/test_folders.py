@@ -50,7 +50,32 @@ def test_classes_and_files_are_sorted(tree):
     assert [f.label for f in folder.files] == [0, 0, 1, 1, 2, 2, 2]
     assert folder.files[0].path == os.path.join(str(tree), "daisy", "y.jpeg")
     assert folder.per_class() == {"daisy": 2, "roses": 2, "tulips": 3}
-    assert folder.ignored == ("daisy/notes.txt", "loose.jpg")
+    assert folder.ignored == (".hidden/", "daisy/notes.txt", "loose.jpg")
+    assert folder.hidden() == [".hidden/"] and folder.unclassified_images() == ["loose.jpg"]
+
+
+def test_hidden_entries_are_never_read_and_listed(tree):
+    """Notebook checkpoints inside a class, macOS metadata files and folders: never classes
+    nor images (torchvision's ImageFolder makes ``.ipynb_checkpoints`` a class)."""
+    _touch(tree / "daisy" / ".ipynb_checkpoints" / "y-checkpoint.jpeg")
+    _touch(tree / "daisy" / "._y.jpeg", b"Mac OS X        \x00\x05\x16\x07")
+    _touch(tree / "daisy" / ".DS_Store")
+    _touch(tree / "__MACOSX" / "daisy" / "._y.jpeg")
+    _touch(tree / "._loose.jpg")
+    folder = find_images(tree)
+    assert folder.classes == ("daisy", "roses", "tulips")
+    assert [f.relpath for f in folder.files if f.label == 0] == ["daisy/y.jpeg", "daisy/z.webp"]
+    assert folder.hidden() == [
+        "._loose.jpg",
+        ".hidden/",
+        "__MACOSX/",
+        "daisy/._y.jpeg",
+        "daisy/.ipynb_checkpoints/",
+    ]
+    assert "daisy/.DS_Store" in folder.ignored  # ignored, but not worth a warning
+    assert folder.unclassified_images() == ["loose.jpg"]
+    with pytest.raises(PetalError, match=r"Class '\.hidden' in --classes is a hidden folder"):
+        find_images(tree, "daisy,.hidden")
 
 
 def test_discovery_is_repeatable(tree):

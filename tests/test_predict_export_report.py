@@ -50,12 +50,33 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
     assert "cut.jpg: " in err[1] and "empty.jpg: empty file" in err[1]
     assert err[1].endswith("pass --skip-corrupt to predict the others.")
 
+    # Hidden folders and macOS metadata files are not read, and named.
+    (photos / ".ipynb_checkpoints").mkdir()
+    (photos / ".ipynb_checkpoints" / "a-checkpoint.jpg").write_bytes(good[1].read_bytes())
+    (photos / "._a.jpg").write_bytes(b"Mac OS X        \x00\x05\x16\x07")
+
+    # Skipped files are in the results, in input order, marked; one warning counts them.
     warnings: list[str] = []
     results = predict(trained, [photos], skip_corrupt=True, warn=warnings.append)
-    assert [r["file"] for r in results] == [str(photos / "a.jpg"), str(photos / "more" / "linked.jpg")]
-    assert len(warnings) == 3 and warnings[0].endswith("notes.txt")
-    assert warnings[1].startswith(f"skipped {photos / 'cut.jpg'}: ")
-    assert warnings[2] == f"skipped {photos / 'empty.jpg'}: empty file (0 bytes)"
+    assert [r["file"] for r in results] == [
+        str(photos / name) for name in ("a.jpg", "cut.jpg", "empty.jpg", "more/linked.jpg")
+    ]
+    assert [len(r["predictions"]) for r in results] == [3, 0, 0, 3]
+    assert results[2]["skipped"] == "empty file (0 bytes)" and "skipped" not in results[0]
+    assert len(warnings) == 3
+    assert warnings[0] == (
+        f"2 hidden folder(s) or image file(s) under {photos} are not read (names starting "
+        f"with '.', or __MACOSX): {photos}/._a.jpg, {photos}/.ipynb_checkpoints/; pass them "
+        "by name to predict them"
+    )
+    assert warnings[1].endswith("notes.txt")
+    assert warnings[2].startswith("skipped 2 of 4 images that cannot be read (each marked ")
+    assert main(["predict", str(trained), str(photos), "--skip-corrupt", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r.get("skipped", "") for r in out][1:3] == [results[1]["skipped"], results[2]["skipped"]]
+    assert main(["predict", str(trained), str(photos), "--skip-corrupt"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == f"{photos / 'empty.jpg'}: skipped: empty file (0 bytes)"
     with pytest.raises(PetalError, match=r"None of the 2 images can be read: .*empty.jpg"):
         predict(trained, [photos / "empty.jpg", photos / "cut.jpg"], skip_corrupt=True)
 

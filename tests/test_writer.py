@@ -523,6 +523,45 @@ def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     assert "byte-identical duplicates 2 (1 under more than one class)" in report
 
 
+def test_skipped_copies_under_two_classes_are_not_a_contradiction(tmp_path):
+    """The same unreadable bytes under two classes wrote no label: no contradiction."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3)
+    for name in ("a", "b"):
+        (src / name / "broken.jpg").write_bytes(b"not a jpeg at all")
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    assert [s["file"] for s in summary.manifest["skipped"]] == ["a/broken.jpg", "b/broken.jpg"]
+    assert summary.manifest["duplicates_across_classes"] == []
+    assert summary.warnings == []
+
+
+def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):
+    """A notebook checkpoint copy inside a class and a macOS ``__MACOSX`` folder beside the
+    classes are not read (it was a class of metadata files with no records); they are
+    listed in the manifest and named in a warning, and inspect counts them."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3)
+    (src / "a" / ".ipynb_checkpoints").mkdir()
+    (src / "a" / ".ipynb_checkpoints" / "00-checkpoint.jpg").write_bytes(
+        (src / "a" / "00.jpg").read_bytes()
+    )
+    (src / "__MACOSX" / "a").mkdir(parents=True)
+    (src / "__MACOSX" / "a" / "._00.jpg").write_bytes(b"Mac OS X        \x00\x05\x16\x07")
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    assert summary.manifest["classes"] == ["a", "b"]
+    assert summary.written == 6 and summary.manifest["skipped"] == []
+    assert summary.manifest["hidden_entries"] == ["__MACOSX/", "a/.ipynb_checkpoints/"]
+    assert summary.warnings == [
+        "2 hidden folder(s) or image file(s) were not read (__MACOSX/, a/.ipynb_checkpoints/; "
+        "names starting with '.', or __MACOSX: notebook checkpoints, macOS metadata; listed "
+        "in manifest.json as hidden_entries): rename any that hold photos to convert them"
+    ]
+    from petal.data.inspect import inspect_records
+
+    report = str(inspect_records(str(tmp_path / "out"), progress=False))
+    assert "skipped 0, hidden entries not read 2" in report
+
+
 def test_empty_train_split_is_refused(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 2)

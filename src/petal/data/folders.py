@@ -5,7 +5,9 @@ imported only for paths with a scheme, so local discovery (and the conversion wo
 stay light. The order is deterministic: classes and files sorted by name, sub-folders of
 a class walked recursively. Only files with an allowed extension are candidates; whether
 a candidate really is a readable image is decided later, by the converter, which lists
-every failure in the manifest.
+every failure in the manifest. Hidden entries (names starting with ``.``, and macOS's
+``__MACOSX`` folders: notebook checkpoints, AppleDouble ``._photo.jpg`` metadata) are never
+read; they are listed among the ignored paths.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from dataclasses import dataclass
 from petal.errors import PetalError, first_line
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
+# Besides names starting with ".": the folder macOS's zip tool adds beside the files, full
+# of ``._name`` metadata files with the photos' extensions.
+_HIDDEN_NAMES = ("__MACOSX",)
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,8 @@ class ImageFolder:
         classes: class names in index order.
         files: candidate images, sorted by class then relative path.
         ignored: relative paths that are not candidates (other extensions, files directly
-            in the root, classes left out by an explicit class list, and links back to an
-            enclosing folder, as ``class/link/``).
+            in the root, classes left out by an explicit class list, hidden files, and
+            hidden folders and links back to an enclosing folder as ``class/link/``).
     """
 
     root: str
@@ -55,7 +60,14 @@ class ImageFolder:
 
     def unclassified_images(self) -> list[str]:
         """Image files lying directly in the root: they belong to no class."""
-        return [n for n in self.ignored if "/" not in n and _has_image_extension(n)]
+        return [
+            n for n in self.ignored if "/" not in n and _has_image_extension(n) and not is_hidden(n)
+        ]
+
+    def hidden(self) -> list[str]:
+        """Hidden folders (``a/.ipynb_checkpoints/``) and hidden files with an image's
+        extension (``a/._1.jpg``) that were not read: photos may hide in them."""
+        return hidden_entries(self.ignored)
 
     def per_class(self) -> dict[str, int]:
         """Number of candidate files per class, in class order."""
@@ -216,6 +228,22 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def is_hidden(name: str) -> bool:
+    """Whether a file or folder name is one discovery never reads (see the module doc)."""
+    return name.startswith(".") or name in _HIDDEN_NAMES
+
+
+def hidden_entries(ignored: Sequence[str]) -> list[str]:
+    """The hidden folders (ending in ``/``) and hidden image-named files among ``ignored``
+    relative paths; other hidden files (``.DS_Store``) are left out as noise."""
+    return [
+        n
+        for n in ignored
+        if is_hidden(n.rstrip("/").rsplit("/", 1)[-1])
+        and (n.endswith("/") or _has_image_extension(n))
+    ]
+
+
 def _has_image_extension(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
@@ -250,7 +278,8 @@ def walk_tree(
     Symlinked folders are followed like real ones, so a class folder that links to another
     class's folder lists those images too (as a copy would). Only a link back to a folder on
     its own path (``roses/again -> roses``) is not followed: it would never end; it is listed
-    as ignored (a name ending in ``/``) instead of vanishing.
+    as ignored (a name ending in ``/``) instead of vanishing. Hidden entries (:func:`is_hidden`)
+    are listed as ignored without being read, folders with a trailing ``/``.
     """
     listdir = listdir or (_list_remote if is_remote(root) else _list_local)
     found: list[str] = []
@@ -263,7 +292,9 @@ def walk_tree(
         ancestors = ancestors | {real}
     for name, is_dir in listdir(here):
         child = f"{rel}/{name}" if rel else name
-        if is_dir:
+        if is_hidden(name):
+            ignored.append(child + "/" if is_dir else child)
+        elif is_dir:
             sub_found, sub_ignored = walk_tree(root, child, listdir, ancestors)
             found += sub_found
             ignored += sub_ignored
@@ -280,7 +311,7 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
     """The error for a folder whose images lie directly in it, not in class sub-folders;
     None when ``names`` (the folder's file names) hold no image. ``what`` precedes the
     folder's name ("Data source ")."""
-    found = sorted(n for n in names if _has_image_extension(n))
+    found = sorted(n for n in names if _has_image_extension(n) and not is_hidden(n))
     if not found:
         return None
     return PetalError(
@@ -297,7 +328,8 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
         root: folder whose sub-folders are the classes (local or ``gs://``).
         classes: class names in the order that defines their indices (a list, or a
             comma-separated string); default: every sub-folder that holds at least one
-            candidate image, sorted by name. Folders starting with ``.`` are never classes.
+            candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
+            never classes, and hidden entries inside classes are never read.
 
     Raises:
         PetalError: missing, unreachable or unlistable root, no candidate images, fewer
@@ -317,7 +349,9 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
         for name, is_dir in listdir(root):
             if not is_dir:
                 ignored.append(name)
-            elif not name.startswith("."):
+            elif is_hidden(name):
+                ignored.append(name + "/")
+            else:
                 found, skipped = walk_tree(root, name, listdir)
                 by_class[name] = found
                 ignored += skipped
@@ -330,6 +364,12 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
     else:
         chosen = _parse_classes(classes)
         present = sorted(name for name in by_class if by_class[name])
+        hidden = [c for c in chosen if is_hidden(c)]
+        if hidden:
+            raise PetalError(
+                f"Class {hidden[0]!r} in --classes is a hidden folder name (starting with '.', "
+                f"or __MACOSX), which is never read as a class; rename the folder."
+            )
         unknown = [c for c in chosen if c not in by_class]
         if unknown:
             raise PetalError(

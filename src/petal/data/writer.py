@@ -991,7 +991,7 @@ def _some(names: list[str]) -> str:
 
 def _warnings(manifest: dict) -> list[str]:
     """What makes the records less useful than asked for: an empty split or class, images
-    outside any class, the same photo under two classes."""
+    outside any class or in hidden folders, the same photo under two classes."""
     splits, fraction = manifest["splits"], manifest["val_fraction"]
     train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
     out = []
@@ -1025,6 +1025,14 @@ def _warnings(manifest: dict) -> list[str]:
             f"{len(unclassified)} image file(s) directly in the source folder belong to no "
             f"class and were not converted ({_some(unclassified)}; listed in manifest.json "
             "as unclassified_images): move each into its class's sub-folder and convert again"
+        )
+    hidden = manifest.get("hidden_entries") or []
+    if hidden:
+        out.append(
+            f"{len(hidden)} hidden folder(s) or image file(s) were not read ({_some(hidden)}; "
+            "names starting with '.', or __MACOSX: notebook checkpoints, macOS metadata; "
+            "listed in manifest.json as hidden_entries): rename any that hold photos to "
+            "convert them"
         )
     conflicting = manifest.get("duplicates_across_classes") or []
     if conflicting:
@@ -1281,11 +1289,14 @@ def _manifest(
     duplicates = len(probed) - len(copies)
     # The same photo under two classes is written once per class, each time with its own
     # label: the records then contradict themselves. Listed, so the user can keep one.
-    conflicting = sorted(
-        sorted(f.relpath for f in group)
-        for group in copies.values()
-        if len({f.label for f in group}) > 1
-    )
+    # Copies that were skipped (the same unreadable bytes twice) wrote no label.
+    not_written = {s["file"] for s in skipped}
+    conflicting = []
+    for group in copies.values():
+        group = [f for f in group if f.relpath not in not_written]
+        if len({f.label for f in group}) > 1:
+            conflicting.append(sorted(f.relpath for f in group))
+    conflicting.sort()
     return {
         "petal_version": __version__,
         "tensorflow_version": tf.__version__,
@@ -1307,6 +1318,8 @@ def _manifest(
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
         "unclassified_images": folder.unclassified_images(),
+        # Hidden folders and image-named hidden files, never read: listed, not converted.
+        "hidden_entries": folder.hidden(),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 

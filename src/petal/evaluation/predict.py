@@ -72,9 +72,10 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     """Image files, with each folder among ``paths`` replaced by the images under it.
 
     A folder contributes every file below it (sub-folders and links to folders included)
-    whose extension is an image's (case-insensitive), sorted by path; its other files are
-    named in one warning. Files named directly are kept whatever their extension, in the
-    order given.
+    whose extension is an image's (case-insensitive), sorted by path; its other files, and
+    its hidden folders and image files (``.ipynb_checkpoints/``, macOS's ``._photo.jpg``),
+    which are not read, are named in a warning each. Files named directly are kept whatever
+    their extension, in the order given.
 
     Args:
         paths: files and folders.
@@ -83,7 +84,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
-    from petal.data.folders import IMAGE_EXTENSIONS, walk_tree
+    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, walk_tree
 
     warn = warn or _warn
     files: list[Path] = []
@@ -95,11 +96,19 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         # its own path is listed among the other files (with a trailing /).
         image_names, other_names = walk_tree(str(path))
         found = [path / rel for rel in image_names]
-        other = [f"{path}/{rel}" for rel in other_names]
+        hidden = hidden_entries(other_names)
+        other = [f"{path}/{rel}" for rel in other_names if rel not in hidden]
         if not found:
             raise PetalError(
                 f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
                 "image files or a folder of them."
+            )
+        if hidden:
+            warn(
+                f"{len(hidden)} hidden folder(s) or image file(s) under {path} are not read "
+                f"(names starting with '.', or __MACOSX): "
+                f"{_listing([f'{path}/{rel}' for rel in hidden])}; pass them by name to "
+                "predict them"
             )
         if other:
             warn(
@@ -126,13 +135,16 @@ def predict(
             image below a folder, sorted; see :func:`expand_images`).
         top_k_count: how many labels to return per image, best first.
         batch_size: images per forward pass.
-        skip_corrupt: skip files that cannot be read or decoded, each named in a warning,
-            instead of stopping (every file is still checked before the model runs).
+        skip_corrupt: skip files that cannot be read or decoded, instead of stopping
+            (every file is still checked before the model runs); each is in the results,
+            marked, and counted in one warning.
         warn: receives the warning lines (default: printed to stderr).
 
     Returns:
-        One dict per image predicted, in input order:
-        ``{"file": str, "predictions": [{"label", "index", "probability"}, ...]}``.
+        One dict per image, in input order:
+        ``{"file": str, "predictions": [{"label", "index", "probability"}, ...]}``; an
+        image skipped under ``skip_corrupt`` has no predictions and says why:
+        ``{"file": str, "predictions": [], "skipped": reason}``.
 
     Raises:
         PetalError: no images, missing or unreadable images (all of them named; without
@@ -147,6 +159,7 @@ def predict(
     warn = warn or _warn
     run = open_run(workdir)
     images = expand_images(images, warn=warn)
+    order, skipped = images, {}
     if len(images) == 1:
         pixels = [load_pixels(images[0], run)]  # one file: its own error message
     else:
@@ -169,9 +182,12 @@ def predict(
                 f"{len(bad)} of {len(images)} images cannot be read: {shown}; replace or "
                 "remove them, or pass --skip-corrupt to predict the others."
             )
-        for path, reason in bad:
-            warn(f"skipped {path}: {reason}")
-        images = kept
+        if bad:
+            warn(
+                f"skipped {len(bad)} of {len(images)} images that cannot be read (each marked "
+                f"skipped in the results): {shown}"
+            )
+        skipped, images = dict(bad), kept
     model = load_model(run)
     probs = []
     for start in range(0, len(pixels), batch_size):
@@ -179,8 +195,8 @@ def predict(
         probs.append(np.asarray(model.predict_on_batch(batch), dtype=np.float64))
     probs = np.concatenate(probs)
     idx, p = top_k(probs, top_k_count)
-    return [
-        {
+    results = {
+        path: {
             "file": str(path),
             "predictions": [
                 {"label": run.classes[int(i)], "index": int(i), "probability": float(q)}
@@ -188,13 +204,17 @@ def predict(
             ],
         }
         for n, path in enumerate(images)
-    ]
+    }
+    for path, reason in skipped.items():
+        results[path] = {"file": str(path), "predictions": [], "skipped": reason}
+    return [results[path] for path in order]
 
 
 def format_predictions(results: list[dict]) -> str:
-    """Human-readable lines: ``file: label 0.912, label 0.051, ...``."""
+    """Human-readable lines: ``file: label 0.912, label 0.051, ...`` (or ``file: skipped:
+    reason``)."""
     lines = []
     for r in results:
         best = ", ".join(f"{q['label']} {q['probability']:.3f}" for q in r["predictions"])
-        lines.append(f"{r['file']}: {best}")
+        lines.append(f"{r['file']}: " + (f"skipped: {r['skipped']}" if "skipped" in r else best))
     return "\n".join(lines)
