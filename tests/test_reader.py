@@ -123,6 +123,11 @@ def test_manifest_disagreeing_with_shards(make_records):
         open_source(str(other))
 
 
+def _with_split(manifest: dict, split: str, **fields) -> dict:
+    splits = {**manifest["splits"], split: {**manifest["splits"][split], **fields}}
+    return {**manifest, "splits": splits}
+
+
 @pytest.mark.parametrize(
     ("damage", "match"),
     [
@@ -133,6 +138,22 @@ def test_manifest_disagreeing_with_shards(make_records):
         (lambda m: {**m, "image_size": [16]}, "'image_size' must be"),
         (lambda m: {**m, "format": "png"}, "unknown format 'png'"),
         (lambda m: {k: v for k, v in m.items() if k != "format"}, "it has no 'format'"),
+        (
+            lambda m: _with_split(m, "validation", count=99),
+            r"split 'validation' has count 99 but its shards hold \d+",
+        ),
+        (
+            lambda m: _with_split(m, "train", per_class={"daisy": 1}),
+            r"the per_class counts of split 'train' add up to 1, but its shards hold \d+",
+        ),
+        (
+            lambda m: _with_split(m, "train", per_class={"lilies": 1}),
+            "split 'train' counts class 'lilies', which 'classes' lacks",
+        ),
+        (
+            lambda m: _with_split(m, "train", per_class={"daisy": -1}),
+            "split 'train' has per_class",
+        ),
     ],
 )
 def test_damaged_manifest_is_one_line_naming_it(make_records, damage, match):

@@ -55,7 +55,8 @@ def check_manifest(manifest, path: str) -> dict:
 
     Checked: a JSON object with ``classes`` (distinct non-empty names), a known ``format``,
     ``image_size`` (``[height, width]`` or null) and ``splits``, whose ``train`` and
-    ``validation`` (either may be absent) list shards with a ``file`` name and a ``count``.
+    ``validation`` (either may be absent) list shards with a ``file`` name and a ``count``;
+    a split's ``count`` and its ``per_class`` counts (where given) add up to its shards'.
 
     Raises:
         PetalError: naming ``path``, the first field that is wrong, and the fix.
@@ -109,8 +110,19 @@ def check_manifest(manifest, path: str) -> dict:
                     f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and "
                     f"its 'bytes'; it has file={file!r}, count={count!r}, bytes={size!r}"
                 )
-        if not isinstance(info.get("per_class", {}), dict):
-            raise wrong(f"split {split!r} has per_class {info['per_class']!r}")
+        total = sum(shard["count"] for shard in info.get("shards", []))
+        if info.get("count", total) != total:
+            raise wrong(f"split {split!r} has count {info['count']} but its shards hold {total}")
+        per_class = info.get("per_class", {})
+        if not isinstance(per_class, dict) or not all(map(is_count, per_class.values())):
+            raise wrong(f"split {split!r} has per_class {per_class!r}")
+        if unknown := sorted(set(per_class) - set(classes)):
+            raise wrong(f"split {split!r} counts class {unknown[0]!r}, which 'classes' lacks")
+        if per_class and sum(per_class.values()) != total:
+            raise wrong(
+                f"the per_class counts of split {split!r} add up to "
+                f"{sum(per_class.values())}, but its shards hold {total}"
+            )
     skipped = manifest.get("skipped", [])
     if not isinstance(skipped, list) or not all(
         isinstance(item, dict) and "file" in item and "reason" in item for item in skipped
