@@ -560,6 +560,14 @@ def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):
 
     report = str(inspect_records(str(tmp_path / "out"), progress=False))
     assert "skipped 0, hidden entries not read 2" in report
+    # Beside duplicates, the count of those under two classes stays next to them.
+    (src / "b" / "copy.jpg").write_bytes((src / "a" / "01.jpg").read_bytes())
+    convert(src, tmp_path / "out", image_size=8, workers=1, progress=False, overwrite=True)
+    report = str(inspect_records(str(tmp_path / "out"), progress=False))
+    assert (
+        "byte-identical duplicates 1 (1 under more than one class), hidden entries not read 2"
+        in report
+    )
 
 
 def test_empty_train_split_is_refused(tmp_path):

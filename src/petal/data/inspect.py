@@ -127,12 +127,12 @@ def _format(report: InspectReport) -> list[str]:
         f"(TensorFlow {m.get('tensorflow_version', '?')}) from {m.get('source', '?')}",
         f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
         + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else "")
-        + (f", hidden entries not read {len(h)}" if (h := m.get("hidden_entries")) else "")
         + (
             f" ({len(across)} under more than one class)"
             if (across := m.get("duplicates_across_classes"))
             else ""
-        ),
+        )
+        + (f", hidden entries not read {len(h)}" if (h := m.get("hidden_entries")) else ""),
         "",
     ]
     width = max(10, *(len(c) for c in classes))
