@@ -113,8 +113,14 @@ def test_missing_source(tmp_path):
 
 def test_source_is_a_file(tmp_path):
     _touch(tmp_path / "a.jpg")
-    with pytest.raises(PetalError, match="not a file"):
+    with pytest.raises(PetalError, match="not a file. Received"):
         find_images(tmp_path / "a.jpg")
+    _touch(tmp_path / "flower_photos.tgz")
+    with pytest.raises(
+        PetalError,
+        match=r"not a file; it is an archive: extract it first \(e.g. `tar xf .*flower_photos.tgz`\)",
+    ):
+        find_images(tmp_path / "flower_photos.tgz")
 
 
 def test_empty_tree_names_the_extensions(tmp_path):
@@ -142,8 +148,20 @@ def test_single_class(tmp_path):
     with pytest.raises(PetalError, match="only one class"):
         find_images(tmp_path)
     _touch(tmp_path / "roses" / "b.jpg")
-    with pytest.raises(PetalError, match="only one class"):
+    with pytest.raises(PetalError, match=r"only one class.*--classes\)\.$"):
         find_images(tmp_path, ["roses"])
+
+
+def test_a_source_one_level_too_high_names_the_folder_meant(tmp_path):
+    """``data/`` holding the extracted ``flower_photos/CLASS/`` is one class of everything."""
+    for rel in ("flower_photos/daisy/a.jpg", "flower_photos/roses/b.jpg", "flower_photos/x.jpg"):
+        _touch(tmp_path / rel)
+    with pytest.raises(
+        PetalError,
+        match=r"only one class \('flower_photos'\).*; its images lie in 2 sub-folders of "
+        rf"flower_photos: did you mean source={tmp_path}/flower_photos\?$",
+    ):
+        find_images(tmp_path)
 
 
 def test_dangling_link_and_unicode_names_are_candidates(tmp_path):

@@ -87,8 +87,12 @@ def test_a_file_given_as_the_data_source(small_flowers, small_records, tmp_path)
                        rf"or a glob such as {small_records}/\*\.tfrec\.$"):
         open_source(str(shard))
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(PetalError, match=r"notes.txt; pass a records folder"):
+    with pytest.raises(PetalError, match=r"notes.txt; pass a records folder.*sub-folders\.$"):
         open_source(str(tmp_path / "notes.txt"))
+    (tmp_path / "photos.zip").write_bytes(b"PK")
+    with pytest.raises(PetalError, match=r"sub-folders; it is an archive: extract it first "
+                       r"\(e.g. `unzip .*photos.zip`\) and pass the folder\.$"):
+        open_source(str(tmp_path / "photos.zip"))
     source = open_source(str(small_records / "manifest.json"))
     assert source.kind == "records" and source.path == str(small_records)
     assert source.count("all") == 60

@@ -228,6 +228,18 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+_ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".7z", ".rar")
+
+
+def archive_hint(path: str) -> str:
+    """``"; it is an archive: extract it first ..."`` for an archive's name, else ``""``
+    (the codelab's photos come as ``flower_photos.tgz``)."""
+    if not str(path).lower().endswith(_ARCHIVES):
+        return ""
+    how = "unzip" if str(path).lower().endswith(".zip") else "tar xf"
+    return f"; it is an archive: extract it first (e.g. `{how} {path}`) and pass the folder"
+
+
 def is_hidden(name: str) -> bool:
     """Whether a file or folder name is one discovery never reads (see the module doc)."""
     return name.startswith(".") or name in _HIDDEN_NAMES
@@ -340,7 +352,8 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
         raise PetalError(f"Source folder does not exist. Received: source={root}")
     if not isdir(root):
         raise PetalError(
-            f"Source must be a folder of class sub-folders, not a file. Received: source={root}"
+            f"Source must be a folder of class sub-folders, not a file{archive_hint(root)}. "
+            f"Received: source={root}"
         )
     listdir = _list_remote if is_remote(root) else _list_local
     by_class: dict[str, list[str]] = {}
@@ -393,9 +406,17 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             f"extensions {accepted} (case-insensitive)."
         )
     if len(chosen) < 2:
+        # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
+        inner = {rel.split("/")[1] for rel in by_class[chosen[0]] if rel.count("/") > 1}
+        hint = (
+            f"; its images lie in {len(inner)} sub-folders of {chosen[0]}: did you mean "
+            f"source={join(root, chosen[0])}?"
+            if len(inner) > 1 and classes is None
+            else "."
+        )
         raise PetalError(
             f"Found only one class ({chosen[0]!r}) under {root}; a classifier needs at least "
-            "two class sub-folders (or two names in --classes)."
+            f"two class sub-folders (or two names in --classes){hint}"
         )
 
     files = [

@@ -199,7 +199,7 @@ def _file_given(path: str) -> PetalError:
     else:
         fix = (
             "pass a records folder (petal convert writes one), codelab shards or a folder of "
-            "class sub-folders"
+            f"class sub-folders{folders.archive_hint(path)}"
         )
     return PetalError(f"Data source is a file, not a folder: {path}; {fix}.")
 
