@@ -348,6 +348,8 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
         ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
         ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
         ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),
+        ("jpeg", ["--folder", "{tmp}/nope"], r"--folder .*nope: Data source not found"),
+        ("jpeg", ["--raw-records", "{tmp}/nope"], r"--raw-records .*nope: Data source not found"),
         ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
         ("jpeg", ["--png", "{tmp}/b.json/x.png"], r"--png .*b.json is a file, not a folder"),
         ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png must name an image file \(\.png, .*bench.xyz"),

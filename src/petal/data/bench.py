@@ -245,6 +245,16 @@ def _ceiling_threads(blobs, decode, seconds, threads):
 # --- raw records from JPEG records -----------------------------------------------------------
 
 
+def _opened(option: str, path: str):
+    """``open_source(path)``, its error prefixed with the option that named the path."""
+    from petal.data.reader import open_source
+
+    try:
+        return open_source(path)
+    except PetalError as err:
+        raise PetalError(f"{option} {path}: {err}") from None
+
+
 def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
     """Write ``split`` of a JPEG records folder again with raw pixels (for case ``raw``)."""
     import tensorflow as tf
@@ -351,13 +361,13 @@ def run(
             f"--remote-latency-ms must be >= 0. Received: remote_latency_ms={remote_latency_ms}"
         )
     uses_folder = "folder" in wanted or "remote" in wanted
-    if folder and uses_folder and open_source(folder).kind != "folder":
+    if folder and uses_folder and _opened("--folder", folder).kind != "folder":
         raise PetalError(
             f"--folder {folder} is not a folder of images; pass the image folder "
             "RECORDS came from (class sub-folders of photos)."
         )
     if raw_records is not None and "raw" in wanted:
-        raw_format = open_source(raw_records).format
+        raw_format = _opened("--raw-records", raw_records).format
         if raw_format != schema.FORMAT_RAW:
             raise PetalError(
                 f"--raw-records {raw_records} holds {raw_format} records, not raw ones; write "
