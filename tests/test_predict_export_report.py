@@ -81,6 +81,44 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
         predict(trained, [photos / "empty.jpg", photos / "cut.jpg"], skip_corrupt=True)
 
 
+def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monkeypatch):
+    """Pixels of one batch at a time (a large folder fits in memory); after an unreadable
+    file the model runs no more, and every unreadable file is still named."""
+    import petal.evaluation.predict as predict_module
+
+    calls: list[int] = []
+    load = predict_module.load_model
+
+    def counting(run):
+        model = load(run)
+
+        class Counting:
+            def predict_on_batch(self, batch):
+                calls.append(len(batch))
+                return model.predict_on_batch(batch)
+
+        return Counting()
+
+    monkeypatch.setattr(predict_module, "load_model", counting)
+    good = sorted(small_flowers.rglob("*.jpg"))[:5]
+    results = predict_module.predict(trained, good, batch_size=2)
+    assert calls == [2, 2, 1] and [r["file"] for r in results] == list(map(str, good))
+    (tmp_path / "bad1.jpg").write_bytes(b"")
+    (tmp_path / "bad2.jpg").write_bytes(b"nope")
+    calls.clear()
+    files = [good[0], good[1], tmp_path / "bad1.jpg", good[2], good[3], tmp_path / "bad2.jpg"]
+    with pytest.raises(PetalError, match=r"^2 of 6 images cannot be read: .*bad1.jpg: .*bad2.jpg"):
+        predict_module.predict(trained, files, batch_size=2)
+    assert calls == [2]
+    calls.clear()
+    results = predict_module.predict(
+        trained, files, batch_size=2, skip_corrupt=True, warn=lambda line: None
+    )
+    assert calls == [2, 1, 1] and [bool(r["predictions"]) for r in results] == [1, 1, 0, 1, 1, 0]
+    with pytest.raises(PetalError, match=r"^Cannot read image .*bad2.jpg: "):
+        predict_module.predict(trained, [tmp_path / "bad2.jpg"])
+
+
 # --- a damaged work directory ----------------------------------------------------------------
 
 

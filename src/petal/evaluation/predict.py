@@ -44,19 +44,10 @@ def _decode(path: Path, run: RunInfo) -> np.ndarray:
     return pixels
 
 
-def load_pixels(path: str | Path, run: RunInfo) -> np.ndarray:
-    """One image file -> uint8 ``[H, W, 3]`` at the model's input size.
-
-    Raises:
-        PetalError: the file is missing or cannot be decoded (the message names it).
-    """
-    path = Path(path)
-    try:
-        return _decode(path, run)
-    except _Unreadable as err:
-        if str(err) == "not found":
-            raise PetalError(f"Image not found: {path}") from None
-        raise PetalError(f"Cannot read image {path}: {err}") from None
+def _error(path: Path, reason: str) -> PetalError:
+    if reason == "not found":
+        return PetalError(f"Image not found: {path}")
+    return PetalError(f"Cannot read image {path}: {reason}")
 
 
 def _listing(paths: Sequence[str], limit: int = 5) -> str:
@@ -126,6 +117,7 @@ def predict(
     batch_size: int = 32,
     skip_corrupt: bool = False,
     warn=None,
+    progress: bool | None = None,
 ) -> list[dict]:
     """Classify image files with the run's final model.
 
@@ -136,9 +128,12 @@ def predict(
         top_k_count: how many labels to return per image, best first.
         batch_size: images per forward pass.
         skip_corrupt: skip files that cannot be read or decoded, instead of stopping
-            (every file is still checked before the model runs); each is in the results,
-            marked, and counted in one warning.
+            (without it, the first one ends the predictions, and every file is still
+            decoded to name them all); each is in the results, marked, and counted in one
+            warning.
         warn: receives the warning lines (default: printed to stderr).
+        progress: a progress bar on stderr; default: for more than 256 images, on a
+            terminal.
 
     Returns:
         One dict per image, in input order:
@@ -159,55 +154,65 @@ def predict(
     warn = warn or _warn
     run = open_run(workdir)
     images = expand_images(images, warn=warn)
-    order, skipped = images, {}
-    if len(images) == 1:
-        pixels = [load_pixels(images[0], run)]  # one file: its own error message
-    else:
-        # Decode everything first, so unreadable files fail before any model work, all named.
-        pixels, kept, bad = [], [], []
-        for path in images:
-            try:
-                pixels.append(_decode(path, run))
-                kept.append(path)
-            except _Unreadable as err:
-                bad.append((path, str(err)))
+    model = None
+    found: dict[Path, dict] = {}
+    bad: list[tuple[Path, str]] = []
+    # A batch at a time, so a folder of any size fits in memory. After the first unreadable
+    # file (without skip_corrupt) the rest are only decoded, to name every one of them.
+    with _progress(len(images), progress) as bar:
+        for start in range(0, len(images), batch_size):
+            chunk = images[start : start + batch_size]
+            pixels, kept = [], []
+            for path in chunk:
+                try:
+                    pixels.append(_decode(path, run))
+                    kept.append(path)
+                except _Unreadable as err:
+                    bad.append((path, str(err)))
+            if pixels and (skip_corrupt or not bad):
+                model = model or load_model(run)
+                batch = normalize(np.stack(pixels), run.normalization)
+                probs = np.asarray(model.predict_on_batch(batch), dtype=np.float64)
+                idx, p = top_k(probs, top_k_count)
+                for n, path in enumerate(kept):
+                    found[path] = {
+                        "file": str(path),
+                        "predictions": [
+                            {"label": run.classes[int(i)], "index": int(i), "probability": float(q)}
+                            for i, q in zip(idx[n], p[n], strict=True)
+                        ],
+                    }
+            bar.update(len(chunk))
+    if len(images) == 1 and bad:
+        raise _error(*bad[0])  # one file: its own message
+    if bad:
         shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])
         shown += f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        if bad and not kept:
+        if len(bad) == len(images):
             raise PetalError(
                 f"None of the {len(images)} images can be read: {shown}; pass image files."
             )
-        if bad and not skip_corrupt:
+        if not skip_corrupt:
             raise PetalError(
                 f"{len(bad)} of {len(images)} images cannot be read: {shown}; replace or "
                 "remove them, or pass --skip-corrupt to predict the others."
             )
-        if bad:
-            warn(
-                f"skipped {len(bad)} of {len(images)} images that cannot be read (each marked "
-                f"skipped in the results): {shown}"
-            )
-        skipped, images = dict(bad), kept
-    model = load_model(run)
-    probs = []
-    for start in range(0, len(pixels), batch_size):
-        batch = normalize(np.stack(pixels[start : start + batch_size]), run.normalization)
-        probs.append(np.asarray(model.predict_on_batch(batch), dtype=np.float64))
-    probs = np.concatenate(probs)
-    idx, p = top_k(probs, top_k_count)
-    results = {
-        path: {
-            "file": str(path),
-            "predictions": [
-                {"label": run.classes[int(i)], "index": int(i), "probability": float(q)}
-                for i, q in zip(idx[n], p[n], strict=True)
-            ],
-        }
-        for n, path in enumerate(images)
-    }
-    for path, reason in skipped.items():
-        results[path] = {"file": str(path), "predictions": [], "skipped": reason}
-    return [results[path] for path in order]
+        warn(
+            f"skipped {len(bad)} of {len(images)} images that cannot be read (each marked "
+            f"skipped in the results): {shown}"
+        )
+    for path, reason in bad:
+        found[path] = {"file": str(path), "predictions": [], "skipped": reason}
+    return [found[path] for path in images]
+
+
+def _progress(total: int, enabled: bool | None):
+    """A bar on stderr for folders of more than a few batches (None: only on a terminal)."""
+    from tqdm.auto import tqdm
+
+    if enabled is None:
+        enabled = total > 256 and sys.stderr.isatty()
+    return tqdm(total=total, desc="predict", unit="img", disable=not enabled, dynamic_ncols=True)
 
 
 def format_predictions(results: list[dict]) -> str:
