@@ -54,6 +54,7 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
     (photos / ".ipynb_checkpoints").mkdir()
     (photos / ".ipynb_checkpoints" / "a-checkpoint.jpg").write_bytes(good[1].read_bytes())
     (photos / "._a.jpg").write_bytes(b"Mac OS X        \x00\x05\x16\x07")
+    (photos / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")  # in every macOS folder
 
     # Skipped files are in the results, in input order, marked; one warning counts them.
     warnings: list[str] = []
@@ -69,7 +70,10 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
         f"with '.', or __MACOSX): {photos}/._a.jpg, {photos}/.ipynb_checkpoints/; pass them "
         "by name to predict them"
     )
-    assert warnings[1].endswith("notes.txt")
+    assert warnings[1] == (
+        f"1 file(s) under {photos} are not image files (by extension: .bmp, .gif, .jpeg, "
+        f".jpg, .png, .webp) and are not predicted: {photos}/notes.txt"
+    )
     assert warnings[2].startswith("skipped 2 of 4 images that cannot be read (each marked ")
     assert main(["predict", str(trained), str(photos), "--skip-corrupt", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

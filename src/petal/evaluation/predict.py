@@ -65,7 +65,8 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     A folder contributes every file below it (sub-folders and links to folders included)
     whose extension is an image's (case-insensitive), sorted by path; its other files, and
     its hidden folders and image files (``.ipynb_checkpoints/``, macOS's ``._photo.jpg``),
-    which are not read, are named in a warning each. Files named directly are kept whatever
+    which are not read, are named in a warning each (other hidden files, such as
+    ``.DS_Store``, are not). Files named directly are kept whatever
     their extension, in the order given.
 
     Args:
@@ -75,7 +76,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
-    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, walk_tree
+    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden, walk_tree
 
     warn = warn or _warn
     files: list[Path] = []
@@ -88,7 +89,12 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         image_names, other_names = walk_tree(str(path))
         found = [path / rel for rel in image_names]
         hidden = hidden_entries(other_names)
-        other = [f"{path}/{rel}" for rel in other_names if rel not in hidden]
+        # Other hidden files (.DS_Store, .gitkeep) are in every folder: not worth a word.
+        other = [
+            f"{path}/{rel}"
+            for rel in other_names
+            if not is_hidden(rel.rstrip("/").rsplit("/", 1)[-1])
+        ]
         if not found:
             raise PetalError(
                 f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
