@@ -245,16 +245,6 @@ def _ceiling_threads(blobs, decode, seconds, threads):
 # --- raw records from JPEG records -----------------------------------------------------------
 
 
-def _opened(option: str, path: str):
-    """``open_source(path)``, its error prefixed with the option that named the path."""
-    from petal.data.reader import open_source
-
-    try:
-        return open_source(path)
-    except PetalError as err:
-        raise PetalError(f"{option} {path}: {err}") from None
-
-
 def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
     """Write ``split`` of a JPEG records folder again with raw pixels (for case ``raw``)."""
     import tensorflow as tf
@@ -288,6 +278,16 @@ def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
 
 
 # --- the benchmark ---------------------------------------------------------------------------
+
+
+def _opened(option: str, path: str):
+    """``open_source(path)``, its error prefixed with the option that named the path."""
+    from petal.data.reader import open_source
+
+    try:
+        return open_source(path)
+    except PetalError as err:
+        raise PetalError(f"{option} {path}: {err}") from None
 
 
 def run(
