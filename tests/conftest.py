@@ -76,6 +76,22 @@ def small_records(small_flowers, tmp_path_factory) -> Path:
     return out
 
 
+def tiny_config(records: Path, **changes):
+    """The quick preset shrunk to seconds: 32 px, batch 10, 2 steps per epoch, float32."""
+    from petal.training.config import get_preset
+
+    base = dict(
+        data=str(records),
+        image_size=32,
+        epochs=2,
+        batch_size=10,
+        steps_per_epoch=2,
+        precision="float32",
+        tensorboard=False,
+    )
+    return get_preset("quick").replace(**{**base, **changes})
+
+
 @pytest.fixture(scope="session")
 def trained(small_records, tmp_path_factory) -> Path:
     """One short run: 64 px records trained at 32 px (so inference must resize too).
@@ -83,20 +99,10 @@ def trained(small_records, tmp_path_factory) -> Path:
     Shared by the evaluation tests, which write eval/, plots/, export/ and report.html into
     it, and the bad-input tests of predict, export and report, which damage only copies.
     """
-    from petal.training.config import get_preset
     from petal.training.loop import train
 
     workdir = tmp_path_factory.mktemp("eval_run") / "run"
-    cfg = get_preset("quick").replace(
-        data=str(small_records),
-        image_size=32,
-        epochs=1,
-        batch_size=10,
-        steps_per_epoch=3,
-        precision="float32",
-        tensorboard=False,
-    )
-    train(cfg, workdir, log=lambda line: None)
+    train(tiny_config(small_records, epochs=1, steps_per_epoch=3), workdir, log=lambda line: None)
     return workdir
 
 

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import json
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import tiny_config
 from petal.errors import PetalError
 from petal.training.config import get_preset
 from petal.training.loop import class_weights, prepare_workdir, train
 
 QUIET = {"log": lambda line: None}
-
-
-def _cfg(records: Path, **changes):
-    """The quick preset shrunk to seconds: 32 px, batch 10, 2 steps per epoch, float32."""
-    base = dict(
-        data=str(records),
-        image_size=32,
-        epochs=2,
-        batch_size=10,
-        steps_per_epoch=2,
-        precision="float32",
-        tensorboard=False,
-    )
-    return get_preset("quick").replace(**{**base, **changes})
 
 
 class _Interrupt(Exception):
@@ -56,7 +42,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     from petal.training.callbacks import read_history
 
     workdir = tmp_path / "run"
-    cfg = _cfg(small_records, epochs=3, tensorboard=True)
+    cfg = tiny_config(small_records, epochs=3, tensorboard=True)
     with pytest.raises(_Interrupt):
         train(cfg, workdir, log=_interrupt_at("epoch 2/3"))
     state = json.loads((workdir / "state.json").read_text())
@@ -119,7 +105,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
 
 
 def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
-    cfg = _cfg(
+    cfg = tiny_config(
         small_records,
         epochs=3,
         optimizer="sgd",
@@ -157,10 +143,10 @@ def test_workdir_rules(tmp_path):
 
 def test_bad_model_fails_before_writing(small_records, tmp_path):
     with pytest.raises(PetalError, match="Unknown model 'resnet9000'.*squeezenet"):
-        train(_cfg(small_records, model="resnet9000"), tmp_path / "run", **QUIET)
+        train(tiny_config(small_records, model="resnet9000"), tmp_path / "run", **QUIET)
     assert not (tmp_path / "run").exists()
     with pytest.raises(PetalError, match="No training data"):
-        train(_cfg(small_records, data=None), tmp_path / "run", **QUIET)
+        train(tiny_config(small_records, data=None), tmp_path / "run", **QUIET)
 
 
 def test_a_workdir_inside_the_training_data_is_refused_before_writing(
@@ -176,11 +162,11 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     for workdir in (photos / "run", photos):
         with pytest.raises(PetalError, match=r"work directory .* is inside the training data .*"
                            r"choose a --workdir outside it"):
-            train(_cfg(photos), workdir, **QUIET)
+            train(tiny_config(photos), workdir, **QUIET)
     assert sorted(p.name for p in photos.iterdir()) == ["daisy", "roses"]
     records = make_records()
     with pytest.raises(PetalError, match="is inside the training data"):
-        train(_cfg(records), records, **QUIET)
+        train(tiny_config(records), records, **QUIET)
     assert not (records / "config.json").exists()
 
 
@@ -190,13 +176,13 @@ def test_resume_on_data_with_other_classes_is_refused(small_records, make_record
     from conftest import CLASSES
 
     run = tmp_path / "run"
-    train(_cfg(small_records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
+    train(tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
     saved = (run / "config.json").read_text()
     for classes in (tuple(reversed(CLASSES)), tuple(CLASSES[:2])):
         other = make_records(f"other-{len(classes)}", classes=classes)
         with pytest.raises(PetalError, match=r"Classes of .* differ from those of the run in .*"
                            r"same classes in the same order"):
-            train(_cfg(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
+            train(tiny_config(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
                   **QUIET)
     assert (run / "config.json").read_text() == saved
 
@@ -272,7 +258,7 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     start.save_weights(weights)
 
     workdir = tmp_path / "run"
-    cfg = _cfg(
+    cfg = tiny_config(
         small_records,
         model=tiny_backbone_model,
         weights=str(weights),
@@ -310,7 +296,7 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     weights = tmp_path / "dense.weights.h5"
     other.save_weights(weights)
     with pytest.raises(PetalError, match="does not match"):
-        train(_cfg(small_records, weights=str(weights)), tmp_path / "run", **QUIET)
+        train(tiny_config(small_records, weights=str(weights)), tmp_path / "run", **QUIET)
     assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind
 
 
@@ -318,7 +304,7 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
     """train_image_size: 24px random resized crops for training, 32px images for validation."""
     import keras
 
-    cfg = _cfg(
+    cfg = tiny_config(
         small_records,
         epochs=1,
         model="squeezenet",
@@ -334,7 +320,7 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
     assert model.predict(np.zeros((1, 32, 32, 3), "float32"), verbose=0).shape == (1, 5)
 
     with pytest.raises(PetalError, match="needs the 'crop' augmentation"):
-        train(_cfg(small_records, train_image_size=24, augment="codelab"), tmp_path / "bad", **QUIET)
+        train(tiny_config(small_records, train_image_size=24, augment="codelab"), tmp_path / "bad", **QUIET)
 
 
 def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_records, tmp_path):
@@ -346,7 +332,7 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     shutil.copytree(small_records, records)
     shard = sorted(records.glob("validation-*.tfrec"))[0]
     corrupt_record(shard, 1)
-    cfg = _cfg(records, epochs=1, model="dense")  # the model plays no part: the fastest one
+    cfg = tiny_config(records, epochs=1, model="dense")  # the model plays no part: the fastest one
     with pytest.raises(PetalError, match=rf"Corrupt input.*{shard.name}.*--skip-corrupt"):
         train(cfg, tmp_path / "run", **QUIET)
     # The failed start left config.json and history.csv but no checkpoint: the same command
@@ -367,7 +353,7 @@ def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, t
             (folder / cls / f.name).symlink_to(f.resolve())
     (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
     lines = []
-    cfg = _cfg(folder, epochs=1, steps_per_epoch=1, skip_corrupt=True, cache=False, model="dense")
+    cfg = tiny_config(folder, epochs=1, steps_per_epoch=1, skip_corrupt=True, cache=False, model="dense")
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
     assert metrics["skipped_corrupt_records"] == 1
