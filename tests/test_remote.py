@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -82,10 +83,19 @@ def test_corrupt_remote_shard_names_the_url(make_records):
             list(eval_dataset(src, batch_size=2))
 
 
-def test_image_folder_over_http_one_request_per_file(small_flowers):
-    with remote.ObjectServer({"images": small_flowers}) as server:
+def test_image_folder_over_http_one_request_per_file(small_flowers, tmp_path):
+    # Hidden entries are not read over http either, as in a local folder.
+    images = tmp_path / "images"
+    shutil.copytree(small_flowers, images, symlinks=False)
+    photo = next((images / "daisy").iterdir()).read_bytes()
+    (images / "__MACOSX" / "daisy").mkdir(parents=True)
+    (images / "__MACOSX" / "daisy" / "._a.jpg").write_bytes(b"Mac OS X")
+    (images / "daisy" / ".ipynb_checkpoints").mkdir()
+    (images / "daisy" / ".ipynb_checkpoints" / "a-checkpoint.jpg").write_bytes(photo)
+    with remote.ObjectServer({"images": images}) as server:
         src = open_source(server.url("images"))
         assert src.kind == "folder" and src.count("all") == 60
+        assert src.classes == open_source(str(small_flowers)).classes
         before = server.requests
         ds = eval_dataset(src, batch_size=8, image_size=16, label_mode="sparse")
         labels = np.concatenate([y.numpy() for _, y in ds])

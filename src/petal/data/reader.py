@@ -366,11 +366,15 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
 
 
 def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
-    """(url, relpath, label) of every image under an http folder, and the class names."""
+    """(url, relpath, label) of every image under an http folder, and the class names.
+    Hidden entries are not read, as in a local folder (:func:`folders.is_hidden`)."""
     from petal.data import remote
 
     keys = sorted(
-        k for k in remote.list_objects(root) if k.lower().endswith(folders.IMAGE_EXTENSIONS)
+        k
+        for k in remote.list_objects(root)
+        if k.lower().endswith(folders.IMAGE_EXTENSIONS)
+        and not any(map(folders.is_hidden, k.split("/")))
     )
     by_class: dict[str, list[str]] = {}
     for key in keys:
