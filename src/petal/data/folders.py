@@ -245,14 +245,16 @@ def is_hidden(name: str) -> bool:
     return name.startswith(".") or name in _HIDDEN_NAMES
 
 
+def is_hidden_entry(rel: str) -> bool:
+    """Whether the last part of a relative path (a folder's ending in ``/``) is hidden."""
+    return is_hidden(rel.rstrip("/").rsplit("/", 1)[-1])
+
+
 def hidden_entries(ignored: Sequence[str]) -> list[str]:
     """The hidden folders (ending in ``/``) and hidden image-named files among ``ignored``
     relative paths; other hidden files (``.DS_Store``) are left out as noise."""
     return [
-        n
-        for n in ignored
-        if is_hidden(n.rstrip("/").rsplit("/", 1)[-1])
-        and (n.endswith("/") or _has_image_extension(n))
+        n for n in ignored if is_hidden_entry(n) and (n.endswith("/") or _has_image_extension(n))
     ]
 
 

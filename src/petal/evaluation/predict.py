@@ -76,7 +76,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
-    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden, walk_tree
+    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden_entry, walk_tree
 
     warn = warn or _warn
     files: list[Path] = []
@@ -90,11 +90,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         found = [path / rel for rel in image_names]
         hidden = hidden_entries(other_names)
         # Other hidden files (.DS_Store, .gitkeep) are in every folder: not worth a word.
-        other = [
-            f"{path}/{rel}"
-            for rel in other_names
-            if not is_hidden(rel.rstrip("/").rsplit("/", 1)[-1])
-        ]
+        other = [f"{path}/{rel}" for rel in other_names if not is_hidden_entry(rel)]
         if not found:
             raise PetalError(
                 f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
