@@ -17,7 +17,13 @@ import tempfile
 from pathlib import Path
 
 from petal.errors import PetalError, first_line
-from petal.evaluation.workdir import RunInfo, load_model, make_output_folder, open_run
+from petal.evaluation.workdir import (
+    RunInfo,
+    check_not_in_the_way,
+    load_model,
+    make_output_folder,
+    open_run,
+)
 
 EXPORT_DIR = "export"
 
@@ -100,12 +106,8 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
     model = load_model(run, float32=True)
     out = make_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
     for name, is_dir in _OUTPUTS.items():
-        target = out / name
-        if target.exists() and target.is_dir() != is_dir:
-            raise PetalError(
-                f"{target} is a {'file' if is_dir else 'folder'}, where the export writes its "
-                f"{name}; move it away or pass --out another folder."
-            )
+        elsewhere = "move it away or pass --out another folder."
+        check_not_in_the_way(out / name, is_dir, f"the export writes its {name}", elsewhere)
     preprocess = make_preprocess(run)
     classes = list(run.classes)
     h, w = run.image_size

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from petal.errors import PetalError, first_line
 from petal.evaluation import plots
+from petal.evaluation.workdir import check_not_in_the_way
 from petal.training.callbacks import read_history
 
 EVAL_DIR = "eval"
@@ -126,12 +127,10 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         )
     plot_dir = workdir / PLOTS_DIR
     # Both places the report writes, checked before any plot is drawn.
-    for target, folder in ((plot_dir, True), (workdir / "report.html", False)):
-        if target.exists() and target.is_dir() != folder:
-            raise PetalError(
-                f"{target} is a {'file' if folder else 'folder'}, where the report writes its "
-                f"{'plots' if folder else 'page'}; move it away and run petal report again."
-            )
+    again = "move it away and run petal report again."
+    writes = ((plot_dir, True, "plots"), (workdir / "report.html", False, "page"))
+    for target, folder, what in writes:
+        check_not_in_the_way(target, folder, f"the report writes its {what}", again)
     try:
         if not history.read_text().strip():
             raise ValueError("empty file")

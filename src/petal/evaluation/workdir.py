@@ -52,6 +52,16 @@ class RunInfo:
         return self.workdir / MODEL_FILE
 
 
+def check_not_in_the_way(target: Path, folder: bool, writes: str, fix: str) -> None:
+    """Refuses a file where a command writes a folder, or a folder where it writes a file.
+
+    Raises:
+        PetalError: ``{target} is a file, where {writes}; {fix}`` (or "a folder").
+    """
+    if target.exists() and target.is_dir() != folder:
+        raise PetalError(f"{target} is a {'file' if folder else 'folder'}, where {writes}; {fix}")
+
+
 def make_output_folder(out: str | Path, what: str) -> Path:
     """Creates the output folder ``out`` of a command (``--out``), parents included.
 
