@@ -14,6 +14,12 @@ def first_line(err) -> str:
     return lines[0].strip() if lines else type(err).__name__
 
 
+def damage_reason(err) -> str:
+    """What a damaged file's content lacks or gets wrong, from the error reading it raised:
+    ``no 'key'`` for a missing key (KeyError's message is only the key), else its first line."""
+    return f"no {err}" if isinstance(err, KeyError) else first_line(err)
+
+
 def tf_message(err) -> str:
     """A TensorFlow error's message without the function-node, op and tf.data decorations
     (``{{function_node ...}}``, `` [Op:ReadFile] ...``, ``Error in user-defined function

@@ -14,7 +14,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from petal.errors import PetalError, first_line
+from petal.errors import PetalError, damage_reason, first_line
 from petal.evaluation import plots
 from petal.evaluation.workdir import check_not_in_the_way
 from petal.training.callbacks import read_history
@@ -169,7 +169,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             # Values of the wrong kind or shape (the keys are there): one line, not numpy's.
-            reason = f"no {err}" if isinstance(err, KeyError) else first_line(err)
+            reason = damage_reason(err)
             raise PetalError(f"{eval_json} is damaged ({reason}); {evaluate_again}") from None
         for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
             npz = workdir / EVAL_DIR / f"{name}.npz"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.errors import PetalError, first_line
+from petal.errors import PetalError, damage_reason, first_line
 
 MODEL_FILE = "model.keras"
 CONFIG_FILE = "config.json"
@@ -137,7 +137,7 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         # A hand-edited or partly written config.json: name the entry, not a traceback.
-        what = f"no {err}" if isinstance(err, KeyError) else first_line(err)
+        what = damage_reason(err)
         raise PetalError(
             f"{cfg_path} is damaged (resolved: {what}); the work directory cannot be used, "
             "retrain it."
