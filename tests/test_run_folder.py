@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from conftest import tiny_config
 from petal.cli import main
 from petal.errors import PetalError
 from petal.training.callbacks import read_history
@@ -18,7 +19,7 @@ from petal.training.loop import (
     resume_config,
     train,
 )
-from test_train import QUIET, _cfg
+from test_train import QUIET
 
 
 def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
@@ -27,7 +28,7 @@ def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     run = tmp_path / "run"
     monkeypatch.chdir(small_records.parent)
     # Data given relative to the cwd; the model plays no part here: the fastest one.
-    train(_cfg("records", epochs=2, model="dense"), run, **QUIET)
+    train(tiny_config("records", epochs=2, model="dense"), run, **QUIET)
     assert not (run / RUNNING_FILE).exists()  # the marker of a live run is gone at the end
     config_path = run / "config.json"
     saved = json.loads(config_path.read_text())["data"]
@@ -80,7 +81,7 @@ def test_resume_of_a_folder_without_a_run_says_it_is_not_a_run(small_records, tm
     )
     # The same when the config comes from elsewhere (a preset, --config).
     with pytest.raises(PetalError, match="is not a petal training run.*drop --resume"):
-        train(_cfg(small_records), missing, resume=True, **QUIET)
+        train(tiny_config(small_records), missing, resume=True, **QUIET)
     assert not missing.exists()
 
 
@@ -156,11 +157,11 @@ def test_empty_splits_name_the_fix(make_records, tmp_path):
         match=r"validation split of .*no-val holds no images \(converted with --val-fraction "
         r"0\.0\); .*`petal convert SRC DST --val-fraction 0\.19` \(the default\)",
     ):
-        train(_cfg(no_val), tmp_path / "run", **QUIET)
+        train(tiny_config(no_val), tmp_path / "run", **QUIET)
 
     no_train = make_records("no-train", counts={"train": [], "validation": [5]})
     with pytest.raises(PetalError) as err:
-        train(_cfg(no_train, steps_per_epoch=None), tmp_path / "run", **QUIET)
+        train(tiny_config(no_train, steps_per_epoch=None), tmp_path / "run", **QUIET)
     message = str(err.value)
     assert "training split of" in message and "holds no images" in message
     assert "smaller --val-fraction" in message and "batch_size" not in message
@@ -181,7 +182,7 @@ def test_training_above_the_records_size_warns_about_upscaling(small_records, tm
                 raise _Stop
 
         with pytest.raises(_Stop):
-            train(_cfg(small_records, image_size=size, epochs=1), tmp_path / str(size), log=log)
+            train(tiny_config(small_records, image_size=size, epochs=1), tmp_path / str(size), log=log)
         return lines
 
     assert [ln for ln in header(80) if "upscaled" in ln] == [
