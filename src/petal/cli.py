@@ -293,7 +293,10 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     parser.add_argument("--config", default=None, metavar="FILE", help="JSON file of config fields")
     parser.add_argument(
-        "--data", default=None, metavar="RECORDS", help="records folder from petal convert"
+        "--data",
+        default=None,
+        metavar="PATH",
+        help="records folder from petal convert, codelab shards or an image folder",
     )
     parser.add_argument(
         "--workdir", default=None, metavar="DIR", help="output folder (default runs/PRESET)"
