@@ -47,6 +47,22 @@ def test_codelab_shards_split_by_file_like_the_notebook(make_records):
     assert images.shape == (4, 16, 16, 3) and labels.dtype == tf.int32
 
 
+def test_petal_shards_without_their_manifest_are_refused(make_records):
+    # Read as codelab shards they would split by file position: with one train and one
+    # validation shard, int(2 * 0.19) = 0 validation files, the validation shard trained on.
+    folder = make_records(counts={"train": [7], "validation": [5]}, manifest=False)
+    for path in (folder, folder / "*.tfrec"):
+        with pytest.raises(PetalError, match=r"written by petal convert .* but no manifest\.json"):
+            open_source(str(path))
+    with pytest.raises(PetalError, match="no manifest.json"):
+        train_dataset(str(folder), batch_size=4)
+    # With the manifest beside them, a glob of some of the shards names the folder to pass.
+    folder = make_records("complete", counts={"train": [7], "validation": [5]})
+    with pytest.raises(PetalError, match=f"records folder {folder}: pass the folder itself"):
+        open_source(str(folder / "train-*.tfrec"))
+    assert open_source(str(folder)).count("validation") == 5
+
+
 def test_codelab_classes_from_labels(make_records):
     folder = make_records(
         "codelab", counts={"all": [4, 4]}, codelab=True, classes=("cat", "dog", "emu")

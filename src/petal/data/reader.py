@@ -8,7 +8,9 @@ Three kinds of source, told apart by what the path holds:
   folder or a glob, without a manifest. Counts come from the file names; classes from the
   records' ``class``/``label`` fields, else the codelab's list. The split is **by file**,
   as the squeezenet notebook does it: the first ``int(n_files * 0.19)`` files (in sorted
-  order) are the validation set, the rest the training set.
+  order) are the validation set, the rest the training set. Shards that petal convert
+  named (``train-00000-of-00013-230.tfrec``) are never opened this way: without their
+  manifest the split is unknown, and they are refused.
 - ``folder``: a plain folder of class sub-folders of images: the slow per-file path, kept
   for comparison and quick experiments. The split is a stable per-class hash of each
   file's relative path, so it never depends on which other files exist.
@@ -156,6 +158,7 @@ def open_source(
         matches = sorted(fs.glob(root))
         if not matches:
             raise PetalError(f"No files match the pattern {path}.")
+        _refuse_split_shards(fs, path, matches)
         return _open_codelab(root, matches, classes, val_fraction)
     if not fs.exists(root):
         raise PetalError(
@@ -171,6 +174,7 @@ def open_source(
     names = sorted(fs.listdir(root))
     shards = [_join(root, n) for n in names if n.endswith(schema.SHARD_SUFFIX)]
     if shards:
+        _refuse_split_shards(fs, root, shards)
         return _open_codelab(root, shards, classes, val_fraction)
     if any(fs.isdir(_join(root, n)) for n in names):
         return _open_folder(root, classes, val_fraction)
@@ -202,6 +206,30 @@ def _file_given(path: str) -> PetalError:
             f"class sub-folders{folders.archive_hint(path)}"
         )
     return PetalError(f"Data source is a file, not a folder: {path}; {fix}.")
+
+
+def _refuse_split_shards(fs, path: str, shards: list[str]) -> None:
+    """Shards that petal convert named are read through their folder's manifest only.
+
+    Without it they would open as codelab shards, split by file position: the validation
+    shards would join the training set, and the shards of an unfinished conversion would
+    pass for a complete set.
+    """
+    named = [s for s in shards if schema.is_split_shard(posixpath.basename(s))]
+    if not named:
+        return
+    folder = posixpath.dirname(named[0]) or "."
+    if path != folder and fs.exists(_join(folder, schema.MANIFEST_NAME)):
+        raise PetalError(
+            f"{path} matches shards of the records folder {folder}: pass the folder itself, "
+            "whose manifest.json says which shards are training and which validation."
+        )
+    raise PetalError(
+        f"{folder} holds shards written by petal convert ({posixpath.basename(named[0])}"
+        f"{', ...' if len(named) > 1 else ''}) but no {schema.MANIFEST_NAME}: the conversion "
+        "did not finish, or the manifest was not copied with the shards. Copy manifest.json "
+        "beside them, or convert again (petal convert SRC DST)."
+    )
 
 
 def _open_records(root: str, *, verify: bool) -> Source:

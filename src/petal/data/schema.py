@@ -136,6 +136,17 @@ def shard_name(split: str, index: int, total: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{total:05d}-{count}{SHARD_SUFFIX}"
 
 
+_SPLIT_SHARD_RE = re.compile(
+    rf"^({'|'.join(SPLITS)})-\d{{5,}}-of-\d{{5,}}-\d+{re.escape(SHARD_SUFFIX)}$"
+)
+
+
+def is_split_shard(name: str) -> bool:
+    """A file name that :func:`shard_name` writes: the split is in the name, and only the
+    folder's manifest says the shards form a complete set."""
+    return _SPLIT_SHARD_RE.match(name) is not None
+
+
 def count_from_name(path: str) -> int:
     """Record count embedded in a shard's file name.
 
