@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import tiny_config
 from petal.errors import PetalError
 from petal.evaluation import metrics
 
@@ -97,11 +99,50 @@ def test_evaluate_on_records_matches_training_validation(trained, small_records)
     assert json.loads((trained / "eval" / "eval.json").read_text())["count"] == 10
 
 
-def test_evaluate_on_an_image_folder_uses_every_image(trained, small_flowers, tmp_path):
+def test_evaluate_on_image_folders_never_scores_training_images_unasked(
+    trained, small_flowers, tmp_path
+):
     from petal.evaluation.evaluate import evaluate
 
-    report = evaluate(trained, small_flowers, out_dir=tmp_path, log=lambda line: None)
+    quiet = lambda line: None  # noqa: E731
+    # `trained`'s records were converted from small_flowers: 50 of its 60 images were trained
+    # on, and the folder's own validation split is not the records' one.
+    for split in (None, "validation", "train"):
+        with pytest.raises(PetalError, match=r"records were converted from: .*--split all"):
+            evaluate(trained, small_flowers, split=split, out_dir=tmp_path / "x", log=quiet)
+    report = evaluate(trained, small_flowers, split="all", out_dir=tmp_path / "all", log=quiet)
     assert report["count"] == 60 and report["split"] == "all"
+    # A run trained before config.json noted the source: the records' manifest names it.
+    old = tmp_path / "old-run"
+    shutil.copytree(trained, old, ignore=shutil.ignore_patterns("eval", "export", "plots"))
+    config = json.loads((old / "config.json").read_text())
+    del config["resolved"]["records_source"]
+    (old / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PetalError, match="records were converted from"):
+        evaluate(old, small_flowers, out_dir=tmp_path / "x", log=quiet)
+    # Any other folder of images is new data: all of it by default.
+    new = tmp_path / "new"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (new / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (new / cls / f.name).symlink_to(f.resolve())
+    report = evaluate(trained, new, out_dir=tmp_path / "new-eval", log=quiet)
+    assert report["count"] == 10 and report["split"] == "all"
+
+
+def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
+    small_flowers, tmp_path
+):
+    from petal.data.reader import open_source
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    quiet = lambda line: None  # noqa: E731
+    run = tmp_path / "run"
+    train(tiny_config(small_flowers, epochs=1, steps_per_epoch=1, model="dense"), run, log=quiet)
+    report = evaluate(run, small_flowers, log=quiet)  # what `petal evaluate RUN` passes
+    held_out = open_source(str(small_flowers)).count("validation")
+    assert report["split"] == "validation" and report["count"] == held_out < 60
 
 
 def test_evaluate_refuses_other_classes(trained, small_flowers, tmp_path):

@@ -387,7 +387,8 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split",
         default=None,
-        help="validation, train or all (default: validation for records, all for an image folder)",
+        help="validation, train or all (default: validation for records and for the image "
+        "folder the run trained on, all for other image folders)",
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(

@@ -94,6 +94,15 @@ def is_within(path, folder) -> bool:
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
+def same_place(a, b) -> bool:
+    """Whether two paths name the same file or folder: links resolved for local paths, the
+    text without a trailing slash for remote ones."""
+    a, b = str(a), str(b)
+    if is_remote(a) or is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def join(root: str, *parts: str) -> str:
     """Join path parts with ``/`` for remote paths and ``os.path.join`` for local ones."""
     if is_remote(root):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import is_within
+from petal.data.folders import is_within, same_place
 from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
@@ -48,7 +48,8 @@ def evaluate(
         workdir: a finished ``petal train`` work directory.
         data: a records folder, codelab shards or a folder of class sub-folders of images.
         split: ``validation``, ``train`` or ``all``; default ``validation`` for records and
-            ``all`` for an image folder (a folder of new images is all test data).
+            for the image folder the run trained on, ``all`` for any other image folder (a
+            folder of new images is all test data).
         batch_size: images per forward pass.
         top_k: the k of the top-k accuracy reported besides top-1.
         max_misclassified: at most this many misclassified images in the grid.
@@ -63,7 +64,8 @@ def evaluate(
 
     Raises:
         PetalError: no finished run, unreadable data, a corrupt record (without
-            ``skip_corrupt``), or classes that differ from the model's.
+            ``skip_corrupt``), classes that differ from the model's, or the image folder the
+            run's records came from without ``split="all"``.
     """
     from tensorflow import errors as tf_errors
 
@@ -92,8 +94,7 @@ def evaluate(
     out = make_output_folder(out, "evaluation")
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
-    if split is None:
-        split = "all" if source.kind == "folder" else "validation"
+    split = _split_for(source, data, run, split)
     ds = eval_dataset(
         source,
         batch_size=batch_size,
@@ -165,6 +166,41 @@ def evaluate(
         + f" -> {out}"
     )
     return report
+
+
+def _split_for(source, data, run, split: str | None) -> str:
+    """The split to score: the one asked for, else the one the run held out.
+
+    Records and codelab shards: validation. The image folder the run trained on: its
+    validation split too (the same stable split training held out). Any other image
+    folder: all of it, as new images. The image folder the run's records were converted
+    from holds the training images under a split of its own, not the records': refused
+    unless all of it is asked for.
+    """
+    origin = run.config.get("resolved", {}).get("records_source") or _records_source(run)
+    if source.kind == "folder" and split != "all" and origin and same_place(data, origin):
+        raise PetalError(
+            f"{data} is the image folder the run's records were converted from: it holds the "
+            "images the model trained on, and its split is not the records' one. Evaluate on "
+            "the records (omit --data: their validation split) or on new images, or pass "
+            "--split all to score all of it, training images included."
+        )
+    if split is not None:
+        return split
+    if source.kind == "folder" and not same_place(data, run.config.get("data") or ""):
+        return "all"
+    return "validation"
+
+
+def _records_source(run) -> str | None:
+    """The source folder in the manifest of the run's records (runs trained before
+    ``resolved`` held it), or None when they cannot be read."""
+    from petal.data.writer import read_manifest
+
+    try:
+        return read_manifest(run.config["data"]).get("source")
+    except (KeyError, TypeError, PetalError):
+        return None
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:

@@ -522,6 +522,9 @@ def train(
         "resize": resize,
         "normalization": normalization,
         "data_kind": source.kind,
+        # The image folder the records were converted from (evaluate refuses to score it
+        # as held-out data: it holds the training images).
+        "records_source": (source.manifest or {}).get("source"),
         "train_count": train_count,
         "val_count": val_count,
         "strategy": sinfo["name"],
