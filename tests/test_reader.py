@@ -223,6 +223,17 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     assert "validation-00000-of-00001-5.tfrec" in caplog.text
 
 
+def test_codelab_shards_open_past_a_damaged_first_record(make_records):
+    # Opening peeks at the first records of each shard for class names and image size; a
+    # CRC failure there stopped open_source with TensorFlow's bare DataLossError.
+    folder = make_records("codelab", counts={"all": [4, 4, 4, 4, 4, 4]}, codelab=True)
+    corrupt_record(folder / "flowers00-4.tfrec", 0)  # validation: the first int(6 * 0.19) file
+    src = open_source(str(folder))
+    assert src.classes == CODELAB_CLASSES and src.image_size == (16, 16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"flowers00-4\.tfrec: record 0"):
+        list(eval_dataset(src, batch_size=2))
+
+
 def test_unreachable_or_unsupported_remote_sources(monkeypatch):
     with pytest.raises(PetalError, match=r"s3:// are not supported \(supported: .*https://\)"):
         open_source("s3://bucket/records")

@@ -347,8 +347,17 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
     num_classes, sizes = 0, set()
     # A few records from the start of each shard, until every class index has a name.
     for shard in shards:
-        for raw in _record_dataset([shard]).take(PEEK_RECORDS):
-            ex = tf.io.parse_single_example(raw, spec)
+        # A damaged shard (CRC, truncation, a record that does not parse) is passed over
+        # here; reading it names the record later.
+        try:
+            peeked = list(_record_dataset([shard]).take(PEEK_RECORDS))
+        except tf.errors.DataLossError:
+            continue
+        for raw in peeked:
+            try:
+                ex = tf.io.parse_single_example(raw, spec)
+            except tf.errors.InvalidArgumentError:
+                continue
             index, label = (
                 int(ex[schema.CLASS]),
                 ex[schema.LABEL].numpy().decode("utf-8", "replace"),
