@@ -116,6 +116,48 @@ def test_no_manifest(tmp_path):
         inspect_records(tmp_path)
 
 
+def test_codelab_shards_without_a_manifest_as_training_reads_them(make_records, tmp_path):
+    # 16 codelab-named shards (no filename or original_size in the records): the first
+    # int(16 * 0.19) = 3 files are validation; labels are record index % 5.
+    folder = make_records(
+        "codelab", counts={"all": [3] * 15 + [2]}, codelab=True, fmt="jpeg", size=(16, 16)
+    )
+    report = inspect_records(folder, verify=True, grid=tmp_path / "grid.png", progress=False)
+    text = str(report)
+    assert report.ok and report.verified == 47, report.problems
+    assert text.startswith(f"{folder}: 47 records, jpeg 16x16, 5 classes\nno manifest.json")
+    rows = {line.split()[0]: line.split()[1:4] for line in text.splitlines() if line.strip()}
+    assert rows["all"] == ["38", "9", "47"]
+    assert [int(rows[c][2]) for c in ("daisy", "dandelion", "roses", "sunflowers", "tulips")] == [
+        10, 10, 9, 9, 9
+    ]
+    assert "validation: 3 shards, 9 records" in text and "flowers00-3.tfrec" in text
+    assert Image.open(tmp_path / "grid.png").size[0] > 100
+    # A glob of some of them: just those, split the same way among themselves.
+    some = inspect_records(folder / "flowers0*.tfrec", progress=False)
+    assert some.ok and some.path == str(folder) and some.manifest["written"] == 30
+    assert len(some.manifest["splits"]["validation"]["shards"]) == 1
+
+
+def test_codelab_shards_with_a_damaged_record(make_records):
+    folder = make_records("codelab", counts={"all": [4, 4, 4]}, codelab=True, fmt="jpeg")
+    shard = folder / "flowers01-4.tfrec"
+    data = bytearray(shard.read_bytes())
+    data[_record_offsets(shard)[2] + 40] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    counted = inspect_records(folder, progress=False)
+    assert not counted.ok
+    assert counted.problems[0].startswith("flowers01-4.tfrec: ") and "--verify" in str(counted)
+    verified = inspect_records(folder, verify=True, progress=False)
+    assert any(p.startswith("flowers01-4.tfrec: record 2: ") for p in verified.problems)
+
+
+def test_petal_shards_without_their_manifest_are_not_codelab_shards(make_records):
+    folder = make_records(counts={"train": [4], "validation": [2]}, manifest=False)
+    with pytest.raises(PetalError, match="No readable manifest.json"):
+        inspect_records(folder, progress=False)
+
+
 def test_damaged_manifest_is_one_line(damaged):
     manifest = json.loads((damaged / "manifest.json").read_text())
     manifest["splits"]["train"]["shards"][0]["count"] = "x"

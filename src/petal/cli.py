@@ -111,7 +111,12 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _add_inspect(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("output", metavar="DST", help="records folder written by petal convert")
+    parser.add_argument(
+        "output",
+        metavar="DST",
+        help="records folder written by petal convert, or shards without a manifest (the "
+        "codelab's: a folder or a quoted glob)",
+    )
     parser.add_argument(
         "--verify", action="store_true", help="read every record: CRC, parse, decode, fields"
     )
@@ -130,7 +135,7 @@ COMMANDS.append(
     ("convert", _add_convert, _run_convert, "image folder -> sharded TFRecords + manifest")
 )
 COMMANDS.append(
-    ("inspect", _add_inspect, _run_inspect, "summarise (and --verify) a records folder")
+    ("inspect", _add_inspect, _run_inspect, "summarise (and --verify) records or codelab shards")
 )
 
 

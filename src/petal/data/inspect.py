@@ -1,6 +1,9 @@
 """``petal inspect``: what a records folder holds, and whether every record is intact.
 
-The summary comes from the manifest alone (no scan). ``verify`` reads every record with
+The summary comes from the manifest alone (no scan). Shards without a manifest (the
+codelab's own, a folder or a glob) are summarised as training reads them: counts from the
+file names, classes from the records, split by file; their per-class counts take one read
+of every record's class. ``verify`` reads every record with
 its CRC checked, parses it with the full feature spec, decodes the image and checks the
 fields against the manifest, naming the shard and record index of the first problem in
 each shard. ``grid`` draws a labelled grid of sample images (headless, Agg).
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
@@ -28,8 +32,9 @@ class InspectReport:
     """The result of ``inspect_records``; ``str()`` is the text ``petal inspect`` prints.
 
     Attributes:
-        path: the records folder.
-        manifest: its manifest.
+        path: the records folder (for a glob of shards: their folder).
+        manifest: its manifest; for shards without one, the same fields built from them
+            (``"origin": "codelab"``).
         verified: records read and checked by ``verify``, or None when not verifying.
         problems: one line per problem found (shard, record index, what): by ``verify``, or
             else by comparing the shard files with the manifest (present, size, listed).
@@ -62,7 +67,8 @@ def inspect_records(
 
     Args:
         path: records folder written by ``petal convert``, or its manifest file (any
-            ``*.json`` path; the shards are the ones beside it).
+            ``*.json`` path; the shards are the ones beside it), or shards without a
+            manifest (the codelab's: a folder or a glob).
         verify: read every record (CRC, parse, decode, field checks).
         grid: write a PNG grid of sample images (rows are classes) to this path.
         grid_per_class: images per class in the grid.
@@ -73,19 +79,91 @@ def inspect_records(
             grid path whose extension is not an image format.
     """
     manifest_path = path = str(path)
-    if path.rstrip("/").endswith(".json"):  # a manifest file, as read_manifest takes it
+    given_manifest = path.rstrip("/").endswith(".json")  # a file, as read_manifest takes it
+    if given_manifest:
         path = os.path.dirname(path.rstrip("/")) or "."  # its shards lie beside it
     grid = image_path(str(grid)) if grid is not None else None
-    manifest = _complete(read_manifest(manifest_path))
+    counted: list[str] = []
+    source = None if given_manifest else _codelab_source(path)
+    if source is not None:
+        path, manifest, counted = _codelab_manifest(source, progress)
+    else:
+        manifest = _complete(read_manifest(manifest_path))
     report = InspectReport(path=path, manifest=manifest)
     if verify:
         report.verified, report.problems = _verify(path, manifest, progress)
     else:
-        report.problems = _check_files(path, manifest)
-    report.problems += _unlisted(path, manifest)
+        report.problems = counted + _check_files(path, manifest)
+    if source is None:  # a glob of shards may leave others beside them out on purpose
+        report.problems += _unlisted(path, manifest)
     if grid is not None:
         report.grid = _draw_grid(path, manifest, grid, grid_per_class)
     return report
+
+
+def _codelab_source(path: str):
+    """The shards at ``path`` opened as training opens them when it holds no manifest
+    (the codelab's: a folder or a glob), else None."""
+    from petal.data.reader import open_source
+
+    if not any(ch in path for ch in "*?[") and folders.exists(
+        folders.join(path, schema.MANIFEST_NAME)
+    ):
+        return None
+    try:
+        source = open_source(path, verify=False)
+    except PetalError:
+        return None  # read_manifest says what is missing
+    return source if source.kind == "codelab" else None
+
+
+def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
+    """(the shards' folder, a manifest of what training reads, problems met counting).
+
+    Per-class counts need every record's class: one read of all the shards.
+    """
+    import numpy as np
+    import tensorflow as tf
+    from tqdm.auto import tqdm
+
+    classes = list(source.classes)
+    spec = {schema.CLASS: tf.io.FixedLenFeature([], tf.int64)}
+    problems: list[str] = []
+    splits = {}
+    with tqdm(total=source.count("all"), desc="count", unit="rec", disable=not progress) as bar:
+        for split in schema.SPLITS:
+            counts = np.zeros(len(classes), np.int64)
+            shards = []
+            for file, count in zip(source.files(split), source.counts(split), strict=True):
+                name = posixpath.basename(file)
+                shards.append({"file": name, "count": count, "bytes": folders.file_size(file)})
+                batches = tf.data.TFRecordDataset(file).batch(1024)
+                try:
+                    for batch in batches.map(lambda r: tf.io.parse_example(r, spec)):
+                        ids = batch[schema.CLASS].numpy()
+                        ids = ids[(ids >= 0) & (ids < len(classes))]
+                        counts += np.bincount(ids, minlength=len(classes))
+                        bar.update(len(batch[schema.CLASS]))
+                except tf.errors.OpError as err:
+                    problems.append(f"{name}: {tf_message(err).splitlines()[0]} (--verify "
+                                    "names the record)")
+            total = sum(s["count"] for s in shards)
+            per_class = {c: int(n) for c, n in zip(classes, counts, strict=True) if n}
+            if not problems and sum(per_class.values()) != total:
+                problems.append(
+                    f"{split}: the file names count {total} records, their classes "
+                    f"{sum(per_class.values())} (--verify names the records)"
+                )
+            splits[split] = {"shards": shards, "count": total, "per_class": per_class}
+    manifest = {
+        "classes": classes,
+        "format": schema.FORMAT_JPEG,
+        "image_size": list(source.image_size) if source.image_size else None,
+        "splits": splits,
+        "origin": "codelab",
+    }
+    folder = posixpath.dirname(source.files("all")[0]) or "."
+    return folder, _complete(manifest), problems
 
 
 def _complete(manifest: dict) -> dict:
@@ -120,21 +198,16 @@ def _format(report: InspectReport) -> list[str]:
     splits = m["splits"]
     size = "x".join(map(str, m["image_size"])) if m.get("image_size") else "original sizes"
     quality = f", quality {m['quality']}" if m.get("quality") is not None else ""
-    lines = [
-        f"{report.path}: {m['written']} records, {m['format']} {size} "
-        f"(resize {m['resize']}{quality}), {len(classes)} classes, seed {m['seed']}",
-        f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
-        f"(TensorFlow {m.get('tensorflow_version', '?')}) from {m.get('source', '?')}",
-        f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
-        + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else "")
-        + (
-            f" ({len(across)} under more than one class)"
-            if (across := m.get("duplicates_across_classes"))
-            else ""
-        )
-        + (f", hidden entries not read {len(h)}" if (h := m.get("hidden_entries")) else ""),
-        "",
-    ]
+    if m.get("origin") == "codelab":
+        lines = [
+            f"{report.path}: {m['written']} records, {m['format']} {size}, "
+            f"{len(classes)} classes",
+            "no manifest.json (the codelab's shards): counts from the file names, classes "
+            "from the records, split by file as petal train reads them",
+            "",
+        ]
+    else:
+        lines = _conversion_lines(report.path, m, size, quality)
     width = max(10, *(len(c) for c in classes))
     lines.append(f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}")
     totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
@@ -204,6 +277,25 @@ def _format(report: InspectReport) -> list[str]:
     return lines
 
 
+def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
+    """The header of a records folder petal convert wrote: options, origin, counts."""
+    return [
+        f"{path}: {m['written']} records, {m['format']} {size} "
+        f"(resize {m['resize']}{quality}), {len(m['classes'])} classes, seed {m['seed']}",
+        f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
+        f"(TensorFlow {m.get('tensorflow_version', '?')}) from {m.get('source', '?')}",
+        f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
+        + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else "")
+        + (
+            f" ({len(across)} under more than one class)"
+            if (across := m.get("duplicates_across_classes"))
+            else ""
+        )
+        + (f", hidden entries not read {len(h)}" if (h := m.get("hidden_entries")) else ""),
+        "",
+    ]
+
+
 def _listed(problems: list[str]) -> list[str]:
     """The first problems, indented, then how many more (every one is in
     ``InspectReport.problems``): a manifest that does not fit its shards fails every record."""
@@ -254,10 +346,12 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
 # --- verify --------------------------------------------------------------------------------------
 
 
-def _checker(format: str):
+def _checker(format: str, codelab: bool = False):
     import tensorflow as tf
 
-    spec = schema.feature_spec()  # one_hot_class at whatever length it has, then compared
+    # one_hot_class at whatever length it has, then compared; the codelab's five keys only
+    # for its shards.
+    spec = schema.feature_spec(codelab=codelab)
 
     def check(raw):
         ex = tf.io.parse_single_example(raw, spec)
@@ -299,7 +393,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
 
     classes = manifest["classes"]
     image_size = manifest.get("image_size")
-    check = _checker(manifest["format"])
+    check = _checker(manifest["format"], codelab=manifest.get("origin") == "codelab")
     problems: list[str] = []
     read = 0
     total = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
@@ -410,7 +504,8 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
 
     wanted = len(manifest["classes"]) * per_class
     found: dict[int, list] = {i: [] for i in range(len(manifest["classes"]))}
-    spec = schema.feature_spec()  # any one_hot_class length: the grid needs only the class
+    # Any one_hot_class length: the grid needs only the class. No file name in codelab shards.
+    spec = schema.feature_spec(codelab=manifest.get("origin") == "codelab")
     count = 0
     for split in schema.SPLITS:
         for shard in manifest["splits"][split]["shards"]:
@@ -424,7 +519,8 @@ def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
                     image = np.frombuffer(ex[schema.IMAGE].numpy(), np.uint8).reshape(h, w, 3)
                 else:
                     image = tf.io.decode_jpeg(ex[schema.IMAGE], channels=3).numpy()
-                found[cls].append((image, ex[schema.FILENAME].numpy().decode("utf-8")))
+                name = ex[schema.FILENAME].numpy().decode("utf-8") if schema.FILENAME in ex else ""
+                found[cls].append((image, name))
                 count += 1
                 if count == wanted:
                     return found
