@@ -130,6 +130,29 @@ def test_evaluate_on_image_folders_never_scores_training_images_unasked(
     assert report["count"] == 10 and report["split"] == "all"
 
 
+def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
+    trained, small_records, small_flowers, tmp_path
+):
+    from petal.data import convert
+    from petal.evaluation.evaluate import evaluate
+
+    quiet = lambda line: None  # noqa: E731
+    # `trained` used small_records: small_flowers at 64 px, seed 0.
+    for seed, size, split_differs in ((1, 64, True), (0, 48, False)):
+        again = tmp_path / f"seed{seed}-{size}"
+        convert(small_flowers, again, image_size=size, seed=seed, workers=1, progress=False)
+        warnings: list[str] = []
+        report = evaluate(trained, again, out_dir=again.with_suffix(".eval"), log=quiet,
+                          warn=warnings.append)
+        assert report["split"] == "validation" and report["count"] == 10
+        if split_differs:
+            assert len(warnings) == 1 and report["warnings"] == warnings
+            assert f"like the run's records {small_records}, but split differently (seed 1 vs 0" \
+                in warnings[0]
+        else:  # the same split at another size: held out as well
+            assert warnings == [] and "warnings" not in report
+
+
 def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
     small_flowers, tmp_path
 ):

@@ -9,6 +9,7 @@ report can redraw them later without the data.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def evaluate(
     out_dir: str | Path | None = None,
     skip_corrupt: bool = False,
     log=None,
+    warn=None,
 ) -> dict:
     """Evaluate the run's final model on ``data``.
 
@@ -58,6 +60,8 @@ def evaluate(
         skip_corrupt: skip corrupt records and undecodable images with a warning (counted
             in ``eval.json`` as ``skipped_corrupt_records``) instead of stopping.
         log: receives one summary line (default: print).
+        warn: receives warning lines (default: printed to stderr); they are also kept in
+            ``eval.json`` under ``warnings``.
 
     Returns:
         The contents of ``eval.json``.
@@ -73,6 +77,7 @@ def evaluate(
     from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
+    warn = warn or (lambda line: print(f"petal evaluate: warning: {line}", file=sys.stderr))
     # Arguments first: a bad value is reported even when the data cannot be found.
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -94,7 +99,11 @@ def evaluate(
     out = make_output_folder(out, "evaluation")
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
-    split = _split_for(source, data, run, split)
+    trained_on = _run_records(run)
+    split = _split_for(source, data, run, split, trained_on)
+    warnings = [w for w in [_resplit_warning(source, run, split, trained_on)] if w]
+    for line in warnings:
+        warn(line)
     ds = eval_dataset(
         source,
         batch_size=batch_size,
@@ -139,6 +148,8 @@ def evaluate(
             "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
         }
     )
+    if warnings:
+        report["warnings"] = warnings
     if skip_corrupt:
         if source.kind == "folder":
             # Undecodable files are dropped one by one; every other file is counted once.
@@ -168,7 +179,7 @@ def evaluate(
     return report
 
 
-def _split_for(source, data, run, split: str | None) -> str:
+def _split_for(source, data, run, split: str | None, trained_on: dict | None) -> str:
     """The split to score: the one asked for, else the one the run held out.
 
     Records and codelab shards: validation. The image folder the run trained on: its
@@ -177,7 +188,8 @@ def _split_for(source, data, run, split: str | None) -> str:
     from holds the training images under a split of its own, not the records': refused
     unless all of it is asked for.
     """
-    origin = run.config.get("resolved", {}).get("records_source") or _records_source(run)
+    origin = run.config.get("resolved", {}).get("records_source")
+    origin = origin or (trained_on or {}).get("source")  # runs trained before it was kept
     if source.kind == "folder" and split != "all" and origin and same_place(data, origin):
         raise PetalError(
             f"{data} is the image folder the run's records were converted from: it holds the "
@@ -192,15 +204,41 @@ def _split_for(source, data, run, split: str | None) -> str:
     return "validation"
 
 
-def _records_source(run) -> str | None:
-    """The source folder in the manifest of the run's records (runs trained before
-    ``resolved`` held it), or None when they cannot be read."""
+def _run_records(run) -> dict | None:
+    """The manifest of the records the run trained on, or None (other data, or gone)."""
     from petal.data.writer import read_manifest
 
     try:
-        return read_manifest(run.config["data"]).get("source")
+        return read_manifest(run.config["data"])
     except (KeyError, TypeError, PetalError):
         return None
+
+
+def _split_key(manifest: dict) -> tuple:
+    """What decides which image lands in which split of a conversion."""
+    per_class = {s: manifest["splits"].get(s, {}).get("per_class") for s in manifest["splits"]}
+    return manifest.get("seed"), manifest.get("val_fraction"), per_class
+
+
+def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | None:
+    """A warning when ``source`` holds records converted from the same images as the run's
+    but split differently: their validation split may hold images the run trained on."""
+    ours = run.config.get("data") or ""
+    if split != "validation" or source.kind != "records" or trained_on is None:
+        return None
+    theirs = source.manifest
+    origin = trained_on.get("source")
+    if same_place(source.path, ours) or not origin or not theirs.get("source"):
+        return None
+    if not same_place(theirs["source"], origin) or _split_key(theirs) == _split_key(trained_on):
+        return None
+    return (
+        f"{source.path} was converted from {origin} like the run's records {ours}, but split "
+        f"differently (seed {theirs.get('seed')} vs {trained_on.get('seed')}, validation "
+        f"fraction {theirs.get('val_fraction')} vs {trained_on.get('val_fraction')}, or other "
+        "images): its validation split may hold images the model trained on. For a held-out "
+        f"score evaluate on {ours}."
+    )
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:
