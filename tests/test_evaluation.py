@@ -99,6 +99,22 @@ def test_evaluate_on_records_matches_training_validation(trained, small_records)
     assert json.loads((trained / "eval" / "eval.json").read_text())["count"] == 10
 
 
+def test_evaluate_and_predict_show_progress_when_asked(
+    trained, small_records, small_flowers, tmp_path, capsys
+):
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.predict import predict
+
+    evaluate(trained, small_records, out_dir=tmp_path, log=lambda line: None, progress=True)
+    err = capsys.readouterr().err
+    assert "evaluate: 100%" in err and "10/10" in err
+    evaluate(trained, small_records, out_dir=tmp_path, log=lambda line: None)  # not a terminal
+    assert "evaluate" not in capsys.readouterr().err
+    predict(trained, [small_flowers / "daisy"], progress=True)
+    err = capsys.readouterr().err
+    assert "predict: 100%" in err and "12/12" in err
+
+
 def test_evaluate_on_image_folders_never_scores_training_images_unasked(
     trained, small_flowers, tmp_path
 ):

@@ -25,6 +25,7 @@ from petal.evaluation.workdir import (
     load_model,
     make_output_folder,
     open_run,
+    progress_bar,
 )
 
 EVAL_DIR = "eval"
@@ -43,6 +44,7 @@ def evaluate(
     skip_corrupt: bool = False,
     log=None,
     warn=None,
+    progress: bool | None = None,
 ) -> dict:
     """Evaluate the run's final model on ``data``.
 
@@ -62,6 +64,8 @@ def evaluate(
         log: receives one summary line (default: print).
         warn: receives warning lines (default: printed to stderr); they are also kept in
             ``eval.json`` under ``warnings``.
+        progress: a progress bar on stderr; default: for more than 256 images, on a
+            terminal.
 
     Returns:
         The contents of ``eval.json``.
@@ -121,13 +125,15 @@ def evaluate(
     samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
     wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
     try:
-        for images, y in ds:
-            p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
-            y = np.asarray(y, dtype=np.int64)
-            labels.append(y)
-            probs.append(p)
-            _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
-                           num_samples, max_misclassified)
+        with progress_bar("evaluate", source.count(split), progress) as bar:
+            for images, y in ds:
+                p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
+                y = np.asarray(y, dtype=np.int64)
+                labels.append(y)
+                probs.append(p)
+                _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
+                               num_samples, max_misclassified)
+                bar.update(len(y))
     except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
         raise corrupt_input_error(err, data, "evaluate") from err
     seconds = time.perf_counter() - start

@@ -16,7 +16,7 @@ import numpy as np
 from petal.data import images as image_io
 from petal.errors import PetalError
 from petal.evaluation.metrics import top_k
-from petal.evaluation.workdir import RunInfo, load_model, open_run
+from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar
 
 
 class _Unreadable(Exception):
@@ -161,7 +161,7 @@ def predict(
     bad: list[tuple[Path, str]] = []
     # A batch at a time, so a folder of any size fits in memory. After the first unreadable
     # file (without skip_corrupt) the rest are only decoded, to name every one of them.
-    with _progress(len(images), progress) as bar:
+    with progress_bar("predict", len(images), progress) as bar:
         for start in range(0, len(images), batch_size):
             chunk = images[start : start + batch_size]
             pixels, kept = [], []
@@ -206,15 +206,6 @@ def predict(
     for path, reason in bad:
         found[path] = {"file": str(path), "predictions": [], "skipped": reason}
     return [found[path] for path in images]
-
-
-def _progress(total: int, enabled: bool | None):
-    """A bar on stderr for folders of more than a few batches (None: only on a terminal)."""
-    from tqdm.auto import tqdm
-
-    if enabled is None:
-        enabled = total > 256 and sys.stderr.isatty()
-    return tqdm(total=total, desc="predict", unit="img", disable=not enabled, dynamic_ncols=True)
 
 
 def format_predictions(results: list[dict]) -> str:

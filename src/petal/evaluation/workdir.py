@@ -8,6 +8,7 @@ so evaluate, predict, export and report never need the training data or its conf
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,3 +224,13 @@ def denormalize_np(x: np.ndarray, mode: str) -> np.ndarray:
     elif mode == "imagenet":
         x = (x * np.array(IMAGENET_STD, np.float32) + np.array(IMAGENET_MEAN, np.float32)) * 255.0
     return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+
+
+def progress_bar(desc: str, total: int, enabled: bool | None = None):
+    """A bar on stderr over ``total`` images (None: for more than a few batches, and only
+    on a terminal)."""
+    from tqdm.auto import tqdm
+
+    if enabled is None:
+        enabled = total > 256 and sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True)
