@@ -336,6 +336,22 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
     assert main(["bench", "input", str(folder), "--cases", "nope"]) == 2
 
 
+def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path):
+    # bench input's case 'raw' copies the records with decoded pixels; codelab shards have
+    # no manifest to copy (it crashed with a TypeError).
+    from petal.data.bench import make_raw_copy
+
+    folder = make_records("codelab", counts={"all": [4, 4, 4, 4, 4, 4]}, codelab=True, fmt="jpeg")
+    raw = open_source(make_raw_copy(str(folder), str(tmp_path / "raw")))
+    assert raw.kind == "records" and raw.format == "raw" and raw.count("train") == 20
+
+    def pixels(source):
+        ds = eval_dataset(source, batch_size=5, split="train", normalization="raw")
+        return np.concatenate([images.numpy() for images, _ in ds])
+
+    np.testing.assert_array_equal(pixels(raw), pixels(open_source(str(folder))))
+
+
 @pytest.mark.parametrize(
     ("which", "options", "message"),
     [

@@ -246,14 +246,19 @@ def _ceiling_threads(blobs, decode, seconds, threads):
 
 
 def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
-    """Write ``split`` of a JPEG records folder again with raw pixels (for case ``raw``)."""
+    """Write ``split`` of JPEG records (a records folder or codelab shards) again with raw
+    pixels, as a records folder (for case ``raw``)."""
     import tensorflow as tf
 
-    from petal.data import schema
+    from petal.data import pipeline, schema
     from petal.data.reader import open_source
 
     src = open_source(records)
-    manifest = json.loads(json.dumps(src.manifest))
+    if src.manifest is not None:
+        manifest = json.loads(json.dumps(src.manifest))
+    else:  # codelab shards: what a reader needs
+        size = list(src.image_size) if src.image_size else None
+        manifest = {"classes": list(src.classes), "image_size": size}
     os.makedirs(folder, exist_ok=True)
     shards = []
     for path, count in zip(src.files(split), src.counts(split), strict=True):
@@ -263,7 +268,9 @@ def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
             for record in tf.data.TFRecordDataset(path):
                 example = tf.train.Example.FromString(record.numpy())
                 image = example.features.feature[schema.IMAGE].bytes_list
-                pixels = tf.io.decode_jpeg(image.value[0], channels=3).numpy()
+                pixels = tf.io.decode_jpeg(
+                    image.value[0], channels=3, dct_method=pipeline.DCT_METHOD
+                ).numpy()
                 image.value[0] = pixels.tobytes()
                 writer.write(example.SerializeToString())
         shards.append({"file": name, "count": count, "bytes": os.path.getsize(out)})
