@@ -152,6 +152,11 @@ def test_codelab_shards_with_a_damaged_record(make_records):
     assert any(p.startswith("flowers01-4.tfrec: record 2: ") for p in verified.problems)
 
 
+def test_a_folder_of_images_says_convert_it_first(small_flowers):
+    with pytest.raises(PetalError, match=r"is a folder of images; inspect reads records: conv"):
+        inspect_records(small_flowers, progress=False)
+
+
 def test_petal_shards_without_their_manifest_are_not_codelab_shards(make_records):
     folder = make_records(counts={"train": [4], "validation": [2]}, manifest=False)
     with pytest.raises(PetalError, match="No readable manifest.json"):

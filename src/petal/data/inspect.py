@@ -103,7 +103,11 @@ def inspect_records(
 
 def _codelab_source(path: str):
     """The shards at ``path`` opened as training opens them when it holds no manifest
-    (the codelab's: a folder or a glob), else None."""
+    (the codelab's: a folder or a glob), else None.
+
+    Raises:
+        PetalError: ``path`` is a folder of images.
+    """
     from petal.data.reader import open_source
 
     if not any(ch in path for ch in "*?[") and folders.exists(
@@ -114,6 +118,11 @@ def _codelab_source(path: str):
         source = open_source(path, verify=False)
     except PetalError:
         return None  # read_manifest says what is missing
+    if source.kind == "folder":
+        raise PetalError(
+            f"{path} is a folder of images; inspect reads records: convert it first "
+            f"(`petal convert {path} RECORDS`), then inspect RECORDS."
+        )
     return source if source.kind == "codelab" else None
 
 
