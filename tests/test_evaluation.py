@@ -151,6 +151,7 @@ def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
 ):
     from petal.data import convert
     from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
 
     quiet = lambda line: None  # noqa: E731
     # `trained` used small_records: small_flowers at 64 px, seed 0.
@@ -165,6 +166,10 @@ def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
             assert len(warnings) == 1 and report["warnings"] == warnings
             assert f"like the run's records {small_records}, but split differently (seed 1 vs 0" \
                 in warnings[0]
+            # The report shows it above the scores.
+            run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("eval"))
+            evaluate(run, again, log=quiet, warn=quiet)
+            assert "<b>Warning:</b> " in build_report(run).read_text()
         else:  # the same split at another size: held out as well
             assert warnings == [] and "warnings" not in report
 

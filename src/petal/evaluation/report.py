@@ -230,8 +230,12 @@ def _eval_section(evaluation: dict) -> list[str]:
     shape = [len(row) for row in evaluation["confusion_matrix"]]
     if shape != [n] * n:
         raise ValueError(f"a confusion matrix of {len(shape)} rows for {n} classes")
+    warnings = [
+        f"<p><b>Warning:</b> {html.escape(str(line))}</p>" for line in evaluation.get("warnings", [])
+    ]
     return [
         f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
+        *warnings,
         _table(
             [("images", evaluation["count"]), ("accuracy", evaluation["accuracy"])]
             + list(evaluation.get("top_k_accuracy", {}).items())
