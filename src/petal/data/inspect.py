@@ -75,8 +75,8 @@ def inspect_records(
         progress: show a progress bar while verifying.
 
     Raises:
-        PetalError: no manifest (not a records folder or an unfinished conversion), or a
-            grid path whose extension is not an image format.
+        PetalError: no manifest (not a records folder or an unfinished conversion), a
+            folder of images, or a grid path whose extension is not an image format.
     """
     manifest_path = path = str(path)
     given_manifest = path.rstrip("/").endswith(".json")  # a file, as read_manifest takes it
