@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -232,6 +233,34 @@ def test_codelab_shards_open_past_a_damaged_first_record(make_records):
     assert src.classes == CODELAB_CLASSES and src.image_size == (16, 16)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"flowers00-4\.tfrec: record 0"):
         list(eval_dataset(src, batch_size=2))
+
+
+def test_image_folder_keeps_byte_identical_copies_on_one_side(tmp_path):
+    # The flowers folder files two pairs of identical sunflowers under different names; the
+    # split by path hash put one copy of a pair in validation and the other in training.
+    import hashlib
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        for i in range(10):
+            pixels = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / cls / f"{i}.png")
+    for i in range(10):
+        shutil.copy(tmp_path / "a" / f"{i}.png", tmp_path / "a" / f"copy{i}.png")
+    shutil.copy(tmp_path / "a" / "0.png", tmp_path / "b" / "from-a.png")  # across classes too
+    src = open_source(str(tmp_path), val_fraction=0.5)
+    sides: dict[str, set[str]] = {}
+    for split in ("train", "validation"):
+        for path in src.files(split):
+            digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            sides.setdefault(digest, set()).add(split)
+    assert len(sides) == 20 and all(len(s) == 1 for s in sides.values()), sides
+    assert src.count("train") + src.count("validation") == 31 and src.count("validation") > 5
 
 
 def test_unreachable_or_unsupported_remote_sources(monkeypatch):

@@ -13,7 +13,9 @@ Three kinds of source, told apart by what the path holds:
   manifest the split is unknown, and they are refused.
 - ``folder``: a plain folder of class sub-folders of images: the slow per-file path, kept
   for comparison and quick experiments. The split is a stable per-class hash of each
-  file's relative path, so it never depends on which other files exist.
+  file's relative path, so it never depends on which other files exist, except that
+  byte-identical copies in a local folder all go to the side of the copy whose path sorts
+  first (for folders of up to ``MAX_COPY_SCAN`` files).
 
 Paths are local or anything ``tf.io.gfile`` reads (``gs://``); ``http://`` URLs go through
 :mod:`petal.data.remote`.
@@ -21,9 +23,11 @@ Paths are local or anything ``tf.io.gfile`` reads (``gs://``); ``http://`` URLs 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import threading
 from dataclasses import dataclass, field
@@ -393,6 +397,8 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
         # Stable per-file hash: a file's side never changes when others are added or removed.
         keyed = sorted(items, key=lambda it: hashlib.sha1(it[1].encode("utf-8")).hexdigest())
         val.update(it[1] for it in keyed[: int(round(len(items) * fraction))])
+    if not folders.is_remote(root):
+        _keep_copies_together(pairs, val)
     source = Source(path=root, kind="folder", classes=tuple(names), image_size=None, format="files")
     for split in schema.SPLITS:
         chosen = [it for it in pairs if (it[1] in val) == (split == "validation")]
@@ -400,6 +406,39 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
         source._counts[split] = [1] * len(chosen)
         source._labels[split] = [it[2] for it in chosen]
     return source
+
+
+# Local image folders of up to this many files are checked for byte-identical copies when
+# opened (only files of equal size are read).
+MAX_COPY_SCAN = 50_000
+
+
+def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> None:
+    """Moves byte-identical files in ``val`` (relative paths) to one side, the side of the
+    copy whose path sorts first: a photo filed twice is never both trained on and validated.
+
+    Folders of more than :data:`MAX_COPY_SCAN` files are not checked (petal convert keeps
+    copies together at any size). Files that cannot be read are left where they are; the
+    pipeline names them when it reads them.
+    """
+    if len(pairs) > MAX_COPY_SCAN:
+        return
+    by_size: dict[int, list[tuple[str, str]]] = {}
+    for path, rel, _ in pairs:
+        with contextlib.suppress(OSError):
+            by_size.setdefault(os.path.getsize(path), []).append((path, rel))
+    for same_size in (group for group in by_size.values() if len(group) > 1):
+        by_digest: dict[bytes, list[str]] = {}
+        for path, rel in same_size:
+            try:
+                with open(path, "rb") as f:
+                    by_digest.setdefault(hashlib.sha256(f.read()).digest(), []).append(rel)
+            except OSError:
+                continue
+        for copies in by_digest.values():
+            validated = min(copies) in val
+            for rel in copies:
+                (val.add if validated else val.discard)(rel)
 
 
 def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
