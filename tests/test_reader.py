@@ -253,14 +253,26 @@ def test_image_folder_keeps_byte_identical_copies_on_one_side(tmp_path):
     for i in range(10):
         shutil.copy(tmp_path / "a" / f"{i}.png", tmp_path / "a" / f"copy{i}.png")
     shutil.copy(tmp_path / "a" / "0.png", tmp_path / "b" / "from-a.png")  # across classes too
+    # Larger files (only their last 4 kB are compared first): same size and same end but
+    # different bytes are not copies; each has a copy of its own under another name.
+    tail = bytes(range(256)) * 20
+    for i, head in enumerate((b"x", b"y")):
+        (tmp_path / "b" / f"big{i}.jpg").write_bytes(head * 10_000 + tail)
+        shutil.copy(tmp_path / "b" / f"big{i}.jpg", tmp_path / "b" / f"big{i}-copy.jpg")
     src = open_source(str(tmp_path), val_fraction=0.5)
     sides: dict[str, set[str]] = {}
     for split in ("train", "validation"):
         for path in src.files(split):
             digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
             sides.setdefault(digest, set()).add(split)
-    assert len(sides) == 20 and all(len(s) == 1 for s in sides.values()), sides
-    assert src.count("train") + src.count("validation") == 31 and src.count("validation") > 5
+    assert len(sides) == 22 and all(len(s) == 1 for s in sides.values()), sides
+    assert src.count("train") + src.count("validation") == 35 and src.count("validation") > 5
+    # Same size and end, different bytes: each keeps its own side.
+    bigs = [(str(tmp_path / "b" / n), f"b/{n}", 1) for n in ("big0.jpg", "big0-copy.jpg",
+                                                             "big1.jpg", "big1-copy.jpg")]
+    val = {"b/big0.jpg", "b/big0-copy.jpg"}
+    reader._keep_copies_together(bigs, val)
+    assert val == {"b/big0.jpg", "b/big0-copy.jpg"}
 
 
 def test_unreachable_or_unsupported_remote_sources(monkeypatch):

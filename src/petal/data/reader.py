@@ -409,8 +409,9 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
 
 
 # Local image folders of up to this many files are checked for byte-identical copies when
-# opened (only files of equal size are read).
+# opened (only files of equal size and equal last bytes are read whole).
 MAX_COPY_SCAN = 50_000
+_TAIL_BYTES = 4096
 
 
 def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> None:
@@ -423,22 +424,28 @@ def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> N
     """
     if len(pairs) > MAX_COPY_SCAN:
         return
-    by_size: dict[int, list[tuple[str, str]]] = {}
-    for path, rel, _ in pairs:
-        with contextlib.suppress(OSError):
-            by_size.setdefault(os.path.getsize(path), []).append((path, rel))
-    for same_size in (group for group in by_size.values() if len(group) > 1):
-        by_digest: dict[bytes, list[str]] = {}
-        for path, rel in same_size:
-            try:
-                with open(path, "rb") as f:
-                    by_digest.setdefault(hashlib.sha256(f.read()).digest(), []).append(rel)
-            except OSError:
-                continue
-        for copies in by_digest.values():
-            validated = min(copies) in val
-            for rel in copies:
-                (val.add if validated else val.discard)(rel)
+
+    def grouped(items, key) -> list[list[tuple[str, str]]]:
+        """``items`` in groups of two or more with the same ``key(path)`` (unreadable: none)."""
+        groups: dict = {}
+        for path, rel in items:
+            with contextlib.suppress(OSError):
+                groups.setdefault(key(path), []).append((path, rel))
+        return [group for group in groups.values() if len(group) > 1]
+
+    def read(path: str, tail: bool = False) -> bytes:
+        with open(path, "rb") as f:
+            if tail and os.fstat(f.fileno()).st_size > _TAIL_BYTES:
+                f.seek(-_TAIL_BYTES, os.SEEK_END)
+            return f.read()
+
+    # Equal size, then equal last bytes (a JPEG's last entropy-coded data), then equal bytes.
+    for same_size in grouped([(p, rel) for p, rel, _ in pairs], os.path.getsize):
+        for same_tail in grouped(same_size, lambda p: read(p, tail=True)):
+            for copies in grouped(same_tail, lambda p: hashlib.sha256(read(p)).digest()):
+                validated = min(rel for _, rel in copies) in val
+                for _, rel in copies:
+                    (val.add if validated else val.discard)(rel)
 
 
 def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
