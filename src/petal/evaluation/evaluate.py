@@ -103,8 +103,11 @@ def evaluate(
     out = make_output_folder(out, "evaluation")
     source = open_source(str(data))
     check_classes(source.classes, run, str(data))
-    trained_on = _run_records(run)
-    split = _split_for(source, data, run, split, trained_on)
+    # The run's own data (the default) needs no comparison with itself: its manifest, if
+    # any, is not read a second time.
+    own_data = same_place(data, run.config.get("data") or "")
+    trained_on = None if own_data else _run_records(run)
+    split = _split_for(source, data, run, split, trained_on, own_data)
     warnings = [w for w in [_resplit_warning(source, run, split, trained_on)] if w]
     for line in warnings:
         warn(line)
@@ -185,7 +188,9 @@ def evaluate(
     return report
 
 
-def _split_for(source, data, run, split: str | None, trained_on: dict | None) -> str:
+def _split_for(
+    source, data, run, split: str | None, trained_on: dict | None, own_data: bool
+) -> str:
     """The split to score: the one asked for, else the one the run held out.
 
     Records and codelab shards: validation. The image folder the run trained on: its
@@ -205,7 +210,7 @@ def _split_for(source, data, run, split: str | None, trained_on: dict | None) ->
         )
     if split is not None:
         return split
-    if source.kind == "folder" and not same_place(data, run.config.get("data") or ""):
+    if source.kind == "folder" and not own_data:
         return "all"
     return "validation"
 
@@ -228,13 +233,14 @@ def _split_key(manifest: dict) -> tuple:
 
 def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | None:
     """A warning when ``source`` holds records converted from the same images as the run's
-    but split differently: their validation split may hold images the run trained on."""
+    but split differently: their validation split may hold images the run trained on.
+    ``trained_on`` (the manifest of the run's records) is None for the run's own data."""
     ours = run.config.get("data") or ""
     if split != "validation" or source.kind != "records" or trained_on is None:
         return None
     theirs = source.manifest
     origin = trained_on.get("source")
-    if same_place(source.path, ours) or not origin or not theirs.get("source"):
+    if not origin or not theirs.get("source"):
         return None
     if not same_place(theirs["source"], origin) or _split_key(theirs) == _split_key(trained_on):
         return None
