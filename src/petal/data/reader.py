@@ -468,7 +468,8 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
     if unknown or not names:
         raise PetalError(
             f"No images for class(es) {', '.join(unknown) or '(none)'} under {root} "
-            f"(extensions {', '.join(folders.IMAGE_EXTENSIONS)}; found: {', '.join(sorted(by_class))})."
+            f"(extensions {', '.join(folders.IMAGE_EXTENSIONS)}; "
+            f"found: {', '.join(sorted(by_class))})."
         )
     pairs = [(f"{root}/{key}", key, i) for i, c in enumerate(names) for key in by_class[c]]
     return pairs, names

@@ -231,7 +231,8 @@ def _eval_section(evaluation: dict) -> list[str]:
     if shape != [n] * n:
         raise ValueError(f"a confusion matrix of {len(shape)} rows for {n} classes")
     warnings = [
-        f"<p><b>Warning:</b> {html.escape(str(line))}</p>" for line in evaluation.get("warnings", [])
+        f"<p><b>Warning:</b> {html.escape(str(line))}</p>"
+        for line in evaluation.get("warnings", [])
     ]
     return [
         f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
