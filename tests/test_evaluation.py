@@ -245,7 +245,7 @@ def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"petal evaluate: error: 2 image(s) in {folder} cannot be decoded: ")
-    assert "daisy/zz-not-an-image.jpg: Unknown image file format" in err
+    assert "daisy/zz-not-an-image.jpg: not an image (no known image format in the file)" in err
     assert "roses/zz-truncated.jpg: " in err and "function_node" not in err
     assert "--skip-corrupt" in err
 

@@ -441,3 +441,46 @@ def test_an_empty_split_names_the_splits_that_hold_images(make_records):
     with pytest.raises(PetalError, match=r"Split 'validation' of .* holds no images; choose a "
                        r"split that does: train \(13 images\), all \(13 images\)\."):
         eval_dataset(str(folder), batch_size=4, split="validation")
+
+
+def test_image_folders_are_decoded_as_convert_and_predict_decode_them(tmp_path):
+    """EXIF orientation applied and transparency composited on white on the folder path,
+    as petal convert and petal predict do (TensorFlow's decode_image does neither)."""
+    from PIL import Image
+
+    from petal.data import images as image_io
+
+    upright = np.zeros((48, 64, 3), np.uint8)
+    upright[:, :32] = (200, 30, 30)  # red left half, blue right half
+    upright[:, 32:] = (30, 30, 200)
+    folder = tmp_path / "photos"
+    (folder / "a").mkdir(parents=True)
+    (folder / "b").mkdir()
+    Image.fromarray(upright).save(folder / "a" / "upright.jpg", quality=95)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned a quarter; viewers turn it back clockwise
+    turned = Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90)
+    turned.save(folder / "a" / "turned.jpg", quality=95, exif=exif)
+    rgba = np.zeros((48, 64, 4), np.uint8)
+    rgba[:, :32] = (30, 200, 30, 255)  # green left half; the right half is transparent black
+    Image.fromarray(rgba, "RGBA").save(folder / "b" / "cutout.png")
+
+    files = {p.name: p for p in folder.rglob("*.*")}
+    expected = {
+        name: image_io.resize(image_io.decode_rgb(p.read_bytes())[0], (24, 32), "fill")
+        for name, p in files.items()
+    }
+    for name in ("upright.jpg", "turned.jpg"):
+        left, right = expected[name][:, :16].mean((0, 1)), expected[name][:, 16:].mean((0, 1))
+        assert left[0] > 150 > left[2] and right[2] > 150 > right[0], name
+    assert (expected["cutout.png"][:, 17:] == 255).all()  # white, not black
+
+    ds = eval_dataset(
+        str(folder), batch_size=8, image_size=(24, 32), split="all", normalization="raw"
+    )
+    got = [image.astype(np.uint8) for batch, _ in ds for image in batch.numpy()]
+    assert len(got) == 3
+    for name, want in expected.items():
+        assert sum(np.array_equal(image, want) for image in got) == 1, name
+        one = pipeline.load_image(str(files[name]), (24, 32)).numpy()
+        np.testing.assert_array_equal(one, want)

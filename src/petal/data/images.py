@@ -121,7 +121,7 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
     if width * height > max_pixels:
         raise ImageError(
             f"too many pixels ({width}x{height} = {width * height:,} > max_pixels "
-            f"{max_pixels:,}; raise --max-pixels to accept it)"
+            f"{max_pixels:,}; `petal convert --max-pixels N` accepts larger images)"
         )
     return image
 

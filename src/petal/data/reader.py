@@ -630,7 +630,7 @@ def _as_folder(data) -> Source | None:
 
 
 def _folder_decode_error(src: Source, data, action: str) -> PetalError:
-    """Names the files of an image folder that TensorFlow's decoder rejects."""
+    """Names the files of an image folder that the pipeline cannot decode."""
     from petal.data.pipeline import undecodable_files
 
     fix = (
