@@ -6,7 +6,8 @@ the converter did (``fill``: scale to cover and crop the centre), resizes to the
 input, normalizes and returns ``probabilities [N, classes]``, ``label [N]`` (string) and
 ``score [N]``. A second signature, ``serve_pixels(images)``, takes float pixels in 0..255 at
 the model's size; it is the one converted to TFLite, since TFLite has no image decoders.
-Differences from ``petal predict``: TensorFlow's decoders ignore EXIF orientation.
+Differences from ``petal predict``: TensorFlow's decoders ignore EXIF orientation, and drop
+transparency where predict composites it on white.
 """
 
 from __future__ import annotations
