@@ -519,3 +519,33 @@ def test_report_names_a_damaged_saved_file(trained, small_records, tmp_path):
     (run / "metrics.json").write_text('{"acc')
     with pytest.raises(PetalError, match=r"metrics.json is not valid JSON .*retrain it"):
         build_report(run)
+
+
+def test_evaluate_fits_a_folder_of_new_photos_as_the_runs_records_were(
+    trained, small_flowers, tmp_path, monkeypatch
+):
+    """Records converted with --resize pad: new photos are padded too (predict's fit)."""
+    from petal.data import pipeline
+    from petal.evaluation.evaluate import evaluate
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["resize"] = "pad"
+    (run / "config.json").write_text(json.dumps(config))
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        first = sorted((small_flowers / cls).iterdir())[0]
+        (folder / cls / first.name).symlink_to(first.resolve())
+    seen = []
+    real = pipeline.eval_dataset
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("resize"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "eval_dataset", spy)
+    report = evaluate(run, folder, out_dir=tmp_path / "eval", log=lambda line: None,
+                      progress=False)
+    assert seen == ["pad"] and report["count"] == len(list(folder.iterdir()))

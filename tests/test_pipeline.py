@@ -484,3 +484,15 @@ def test_image_folders_are_decoded_as_convert_and_predict_decode_them(tmp_path):
         assert sum(np.array_equal(image, want) for image in got) == 1, name
         one = pipeline.load_image(str(files[name]), (24, 32)).numpy()
         np.testing.assert_array_equal(one, want)
+
+    # Fitted into a square as convert --resize pad fits them: bands of black above and below.
+    ds = eval_dataset(str(folder), batch_size=8, image_size=32, split="all",
+                      normalization="raw", resize="pad")
+    got = [image.astype(np.uint8) for batch, _ in ds for image in batch.numpy()]
+    for name, p in files.items():
+        want = image_io.resize(image_io.decode_rgb(p.read_bytes())[0], (32, 32), "pad")
+        assert (want[:4] == 0).all() and (want[-4:] == 0).all() and want[8:24].any()
+        assert sum(np.array_equal(image, want) for image in got) == 1, name
+    with pytest.raises(PetalError, match=r"resize must be one of fill, pad, stretch\. "
+                       r"Received: resize='none'"):
+        eval_dataset(str(folder), batch_size=8, image_size=32, resize="none")

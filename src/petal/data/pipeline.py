@@ -76,6 +76,8 @@ DCT_METHOD = "INTEGER_ACCURATE"
 # instead of one per op (several times faster on CPU). PETAL_XLA=0 turns it off.
 USE_XLA = os.environ.get("PETAL_XLA", "1") != "0"
 DECODERS = ("tf", "simplejpeg")
+# How image-folder files are fitted to the size (petal convert's --resize, but "none").
+FOLDER_RESIZE_MODES = ("fill", "pad", "stretch")
 
 __all__ = [
     "train_dataset",
@@ -110,6 +112,7 @@ def train_dataset(
     skip_corrupt: bool = False,
     decoder: str = "tf",
     dtype: str = "float32",
+    resize: str = "fill",
 ) -> tf.data.Dataset:
     """The training dataset: infinite, shuffled, augmented batches of static shape.
 
@@ -146,12 +149,16 @@ def train_dataset(
             rounded back) for a model that normalises on the accelerator, e.g. behind a
             ``keras.layers.Rescaling``; a quarter of the bytes to move to the device, and no
             float pass over the pixels on the host. Needs ``normalization="raw"``.
+        resize: how the files of an image folder are fitted to ``image_size``: ``"fill"``
+            (the codelab's: cover, then crop the centre), ``"pad"`` or ``"stretch"``, as
+            ``petal convert --resize`` fits them. Records are read as stored.
 
     Returns:
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
     """
     src = open_source(source)
     decoder = _check_choice("decoder", decoder, DECODERS)
+    resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
     _check_dtype(dtype, normalization)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
@@ -187,7 +194,7 @@ def train_dataset(
         skip_corrupt=skip_corrupt,
         endless=cache_to is None,
     )
-    decode = _decoder(src, size)
+    decode = _decoder(src, size, resize)
     if cache_to is not None:
         # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
         ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
@@ -242,6 +249,7 @@ def eval_dataset(
     skip_corrupt: bool = False,
     cache=None,
     dtype: str = "float32",
+    resize: str = "fill",
 ) -> tf.data.Dataset:
     """The evaluation dataset: each image of ``split`` exactly once, in file order.
 
@@ -253,6 +261,7 @@ def eval_dataset(
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
     """
     src = open_source(source)
+    resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
     _check_dtype(dtype, normalization)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
@@ -273,7 +282,7 @@ def eval_dataset(
         input_context=input_context,
         skip_corrupt=skip_corrupt,
     )
-    ds = ds.map(_decoder(src, size), num_parallel_calls=AUTOTUNE, deterministic=True)
+    ds = ds.map(_decoder(src, size, resize), num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = _ignore_decode_errors(ds, skip_corrupt)
     if cache_to is not None:
         ds = ds.cache(cache_to)
@@ -325,8 +334,9 @@ def normalize(images, normalization: str = "unit") -> tf.Tensor:
     return images
 
 
-def load_image(path: str, image_size=None) -> tf.Tensor:
-    """One image file -> uint8 ``[H, W, 3]``, fitted with "fill" when ``image_size`` is given.
+def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
+    """One image file -> uint8 ``[H, W, 3]``, fitted with ``resize`` when ``image_size`` is
+    given.
 
     Decoded as ``petal convert`` and ``petal predict`` decode (see :func:`fit_image`).
     """
@@ -334,26 +344,27 @@ def load_image(path: str, image_size=None) -> tf.Tensor:
     if image_size is None:
         image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
         return tf.ensure_shape(image, [None, None, 3])
-    return fit_image(data, _as_size(image_size))
+    return fit_image(data, _as_size(image_size), resize)
 
 
-def fit_image(data: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
+def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> tf.Tensor:
     """Encoded image bytes (scalar string) -> uint8 ``[size[0], size[1], 3]``.
 
     The image-folder path decodes and fits each file exactly as ``petal convert`` does
     before it encodes the record, and as ``petal predict`` does (:mod:`petal.data.images`:
     EXIF orientation applied, alpha composited on white, CMYK and palette images to RGB,
-    the first frame of an animation, the pixel limit, then "fill"). So a run trained on a
-    folder, ``petal evaluate`` on a folder of new photos and ``petal predict`` on the same
-    files see the same pixels; TensorFlow's decoders ignore EXIF orientation and drop
-    alpha. One ``numpy_function`` per file (PIL releases the GIL while it decodes): on the
+    the first frame of an animation, the pixel limit, then ``resize``: "fill", "pad" or
+    "stretch"). So a run trained on a folder, ``petal evaluate`` on a folder of new photos
+    and ``petal predict`` on the same files see the same pixels; TensorFlow's decoders
+    ignore EXIF orientation and drop alpha. One ``numpy_function`` per file (PIL releases the GIL while it decodes): on the
     flowers folder as fast as ``decode_image`` + :func:`resize_fill` were, but not a pure
     graph (tf.data service cannot run it; records can).
 
     An undecodable file raises ``InvalidArgumentError`` with the reason
     :func:`undecodable_files` gives.
     """
-    fit = functools.partial(_fit_file, size=tuple(size))
+    resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
+    fit = functools.partial(_fit_file, size=tuple(size), mode=resize)
     image = tf.numpy_function(fit, [data], tf.uint8, stateful=False)
     return tf.ensure_shape(image, [size[0], size[1], 3])
 
@@ -367,8 +378,8 @@ def _decode_file(data) -> np.ndarray:
         raise ValueError(str(err)) from None  # InvalidArgumentError in the graph
 
 
-def _fit_file(data: bytes, size: tuple[int, int]) -> np.ndarray:
-    return image_io.resize(_decode_file(data), size, "fill")
+def _fit_file(data: bytes, size: tuple[int, int], mode: str) -> np.ndarray:
+    return image_io.resize(_decode_file(data), size, mode)
 
 
 def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
@@ -465,14 +476,15 @@ def _read(
     return ds
 
 
-def _decoder(src: Source, size: tuple[int, int]):
-    """``element -> (uint8 image [H, W, 3], int32 class)`` for this source."""
+def _decoder(src: Source, size: tuple[int, int], resize: str = "fill"):
+    """``element -> (uint8 image [H, W, 3], int32 class)`` for this source; image-folder
+    files are fitted to ``size`` with ``resize``."""
     stored = src.image_size
     h, w = size
     if src.kind == "folder":
 
         def decode_file(data, label):
-            return fit_image(data, size), label
+            return fit_image(data, size, resize), label
 
         return _graph(decode_file)
 
