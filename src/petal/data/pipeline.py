@@ -356,9 +356,10 @@ def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> t
     the first frame of an animation, the pixel limit, then ``resize``: "fill", "pad" or
     "stretch"). So a run trained on a folder, ``petal evaluate`` on a folder of new photos
     and ``petal predict`` on the same files see the same pixels; TensorFlow's decoders
-    ignore EXIF orientation and drop alpha. One ``numpy_function`` per file (PIL releases the GIL while it decodes): on the
-    flowers folder as fast as ``decode_image`` + :func:`resize_fill` were, but not a pure
-    graph (tf.data service cannot run it; records can).
+    ignore EXIF orientation and drop alpha. One ``numpy_function`` per file (PIL releases
+    the GIL while it decodes): on the flowers folder as fast as ``decode_image`` +
+    :func:`resize_fill` were, but not a pure graph (tf.data service cannot run it; records
+    can).
 
     An undecodable file raises ``InvalidArgumentError`` with the reason
     :func:`undecodable_files` gives.
