@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from conftest import tiny_config
 from petal.errors import PetalError
@@ -301,7 +302,56 @@ def test_predict_names_an_unreadable_image(trained, tmp_path):
         predict(trained, [tmp_path / "missing.jpg"])
 
 
-def test_export_serves_encoded_bytes_like_predict(trained, originals_dir):
+def test_the_exported_decoder_gives_predicts_pixels():
+    """JPEG: accurate DCT and every EXIF orientation, inside a traced function as in the
+    SavedModel; PNG: transparency on white; bytes that are no JPEG: orientation 1."""
+    import io
+    import struct
+
+    import tensorflow as tf
+
+    from petal.data import images
+    from petal.evaluation.export import decode_like_predict, exif_orientation
+
+    pixels = np.zeros((24, 40, 3), np.uint8)
+    pixels[:12, :20] = (250, 0, 0)
+    pixels[12:, 30:] = (0, 0, 250)
+    pixels[:, 20:22] = 128
+    decode = tf.function(lambda d: tf.map_fn(
+        decode_like_predict, d, fn_output_signature=tf.TensorSpec([None, None, 3], tf.uint8)))
+
+    plain = io.BytesIO()
+    Image.fromarray(pixels).save(plain, "JPEG", quality=90)
+    for orientation in range(1, 9):
+        buffer = io.BytesIO()
+        exif = Image.Exif()
+        exif[0x010F] = "a camera"  # another tag before the orientation
+        exif[0x0112] = orientation
+        Image.fromarray(pixels).save(buffer, "JPEG", quality=90, exif=exif)  # little-endian
+        # Big-endian ("MM") EXIF, built by hand.
+        tiff = b"MM\x00\x2a" + struct.pack(">IH", 8, 2)
+        tiff += struct.pack(">HHIHH", 0x010F, 2, 4, 0, 0)
+        tiff += struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0) + bytes(4)
+        app1 = b"\xff\xe1" + struct.pack(">H", 8 + len(tiff)) + b"Exif\x00\x00" + tiff
+        big = plain.getvalue()[:2] + app1 + plain.getvalue()[2:]
+        for data in (buffer.getvalue(), big):
+            want = images.decode_rgb(data)[0]
+            assert int(exif_orientation(tf.constant(data))) == orientation
+            got = decode(tf.constant([data]))[0].numpy()
+            np.testing.assert_array_equal(got, want, err_msg=f"orientation {orientation}")
+
+    rgba = np.dstack([pixels, np.full((24, 40), 255, np.uint8)])
+    rgba[:, 25:, 3] = 0
+    rgba[:, 5:9, 3] = 100
+    png = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(png, "PNG")
+    got = decode(tf.constant([png.getvalue()]))[0].numpy().astype(int)
+    assert np.abs(got - images.decode_rgb(png.getvalue())[0]).max() <= 1
+    for data in (b"", b"\xff\xd8", plain.getvalue(), png.getvalue()):
+        assert int(exif_orientation(tf.constant(data))) == 1
+
+
+def test_export_serves_encoded_bytes_like_predict(trained, originals_dir, tmp_path):
     import tensorflow as tf
 
     from petal.evaluation.export import export
@@ -309,18 +359,30 @@ def test_export_serves_encoded_bytes_like_predict(trained, originals_dir):
 
     out = export(trained, tflite=True)
     files = _image_files(originals_dir, 2)
+    # A phone photo: stored turned a quarter, with the EXIF tag that turns it upright; and a
+    # PNG with transparent parts (on white for predict).
+    with Image.open(files[0]) as photo:
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        turned = tmp_path / "turned.jpg"
+        photo.transpose(Image.Transpose.ROTATE_90).save(turned, quality=95, exif=exif)
+        rgba = np.array(photo.convert("RGBA"))
+    rgba[: rgba.shape[0] // 2, :, 3] = 0
+    rgba[:, : rgba.shape[1] // 3, 3] = 120
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "cutout.png")
+    files += [turned, tmp_path / "cutout.png"]
     loaded = tf.saved_model.load(out["saved_model"])
     got = loaded.serve(tf.constant([f.read_bytes() for f in files]))
     probs = got["probabilities"].numpy()
-    assert probs.shape == (2, 5)
+    assert probs.shape == (4, 5)
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
     classes = Path(out["labels"]).read_text().split()
     assert [s.decode() for s in got["label"].numpy()] == [classes[i] for i in probs.argmax(1)]
-    # Same answer as `petal predict` (decoders and resizing differ by a pixel here and there).
+    # The same pixels as `petal predict`, so the same probabilities.
     expected = predict(trained, files, top_k_count=5)
     for row, r in zip(probs, expected, strict=True):
         for p in r["predictions"]:
-            assert row[p["index"]] == pytest.approx(p["probability"], abs=0.03)
+            assert row[p["index"]] == pytest.approx(p["probability"], abs=1e-4), r["file"]
     assert Path(out["tflite"]).stat().st_size > 0
 
 

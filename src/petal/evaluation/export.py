@@ -1,13 +1,16 @@
 """``petal export``: a SavedModel that takes encoded image bytes, and optionally TFLite.
 
 The SavedModel's default signature ``serve(image_bytes)`` takes a batch of encoded images
-(``tf.string [N]``: JPEG, PNG, GIF or BMP), decodes, fits them to the records' size the way
-the converter did (``fill``: scale to cover and crop the centre), resizes to the model's
-input, normalizes and returns ``probabilities [N, classes]``, ``label [N]`` (string) and
-``score [N]``. A second signature, ``serve_pixels(images)``, takes float pixels in 0..255 at
-the model's size; it is the one converted to TFLite, since TFLite has no image decoders.
-Differences from ``petal predict``: TensorFlow's decoders ignore EXIF orientation, and drop
-transparency where predict composites it on white.
+(``tf.string [N]``: JPEG, PNG, GIF, BMP or WebP), decodes them as ``petal predict`` does
+(JPEG with the accurate integer DCT and its EXIF orientation applied, PNG transparency
+composited on white), fits them to the records' size the way the converter did (``fill``:
+scale to cover and crop the centre), resizes to the model's input, normalizes and returns
+``probabilities [N, classes]``, ``label [N]`` (string) and ``score [N]``: phone photos,
+stored sideways with an orientation tag, are classified upright. A second signature,
+``serve_pixels(images)``, takes float pixels in 0..255 at the model's size; it is the one
+converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
+transparency in GIF, BMP and WebP (dropped, where predict composites it on white) and EXIF
+tags in formats other than JPEG.
 """
 
 from __future__ import annotations
@@ -49,6 +52,119 @@ def _fit_tf(image, size: tuple[int, int], mode: str):
     return tf.image.resize_with_crop_or_pad(image, th, tw)
 
 
+# Bytes of a JPEG searched for its EXIF segment (APP1 comes before the image data, and its
+# orientation tag in the first directory), and the directory entries looked at.
+_EXIF_SCAN_BYTES = 1 << 16
+_EXIF_MAX_SEGMENTS = 32
+_EXIF_MAX_ENTRIES = 64
+_ORIENTATION_TAG = 0x0112
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def exif_orientation(data):
+    """The EXIF orientation (1-8) of JPEG bytes (scalar string), 1 where there is none.
+
+    TensorFlow ops only, so that it runs inside a SavedModel: walks the JPEG's marker
+    segments to the ``Exif`` APP1 segment, reads the TIFF header's byte order and the first
+    image directory, and takes tag 0x0112 from it, as PIL's ``getexif`` does.
+    """
+    import tensorflow as tf
+
+    head = tf.strings.substr(data, 0, _EXIF_SCAN_BYTES)
+    raw = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int32)
+    n = tf.size(raw)
+    raw = tf.concat([raw, [-1]], 0)  # byte(i) reads -1 outside the data, even for b""
+
+    def byte(i):
+        return tf.gather(raw, tf.where((i >= 0) & (i < n), i, n))
+
+    def u16_big(i):
+        return byte(i) * 256 + byte(i + 1)
+
+    exif_id = tf.constant([0x45, 0x78, 0x69, 0x66, 0, 0])  # "Exif\0\0"
+
+    def segment(k, pos, tiff):
+        marker, length = byte(pos + 1), u16_big(pos + 2)
+        is_exif = (marker == 0xE1) & tf.reduce_all(byte(pos + 4 + tf.range(6)) == exif_id)
+        tiff = tf.where(is_exif, pos + 10, tiff)
+        # Stop at the image data (SOS) or at anything that is not a marker segment.
+        stop = (byte(pos) != 0xFF) | (marker == 0xDA) | (length < 2)
+        return k + 1, tf.where(stop, n, pos + 2 + length), tiff
+
+    def more(k, pos, tiff):
+        return (k < _EXIF_MAX_SEGMENTS) & (pos + 4 <= n) & (tiff < 0)
+
+    is_jpeg = (byte(0) == 0xFF) & (byte(1) == 0xD8)
+    _, _, tiff = tf.while_loop(
+        more, segment, (tf.constant(0), tf.where(is_jpeg, 2, n), tf.constant(-1))
+    )
+    little = (byte(tiff) == 0x49) & (byte(tiff + 1) == 0x49)  # "II"
+
+    def u16(i):
+        return tf.where(little, byte(i) + byte(i + 1) * 256, u16_big(i))
+
+    def u32(i):
+        lo, hi = u16(tf.where(little, i, i + 2)), u16(tf.where(little, i + 2, i))
+        return tf.where((hi >= 0) & (hi < 0x8000), hi * 65536 + lo, -1)
+
+    ifd = tiff + u32(tiff + 4)
+    count = u16(ifd)
+    entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
+    found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
+    value = tf.reduce_max(tf.where(found, u16(entry + 8), 0))
+    valid = (tiff >= 0) & (u32(tiff + 4) >= 8) & (value >= 1) & (value <= 8)
+    return tf.where(valid, value, 1)
+
+
+def apply_orientation(image, orientation):
+    """``image [H, W, C]`` turned upright for an EXIF ``orientation`` (1-8), as PIL's
+    ``ImageOps.exif_transpose`` turns it."""
+    import tensorflow as tf
+
+    def transpose(x):
+        return tf.transpose(x, [1, 0, 2])
+
+    branches = [
+        lambda: image,                                # 1: upright
+        lambda: tf.image.flip_left_right(image),      # 2: mirrored
+        lambda: tf.image.rot90(image, 2),             # 3: upside down
+        lambda: tf.image.flip_up_down(image),         # 4: mirrored upside down
+        lambda: transpose(image),                     # 5: transposed
+        lambda: tf.image.rot90(image, 3),             # 6: turned left (viewers turn right)
+        lambda: tf.image.rot90(transpose(image), 2),  # 7: transversed
+        lambda: tf.image.rot90(image, 1),             # 8: turned right
+    ]
+    return tf.switch_case(tf.clip_by_value(orientation, 1, 8) - 1, branches)
+
+
+def decode_like_predict(data):
+    """Encoded image bytes -> uint8 ``[H, W, 3]`` with TensorFlow ops, as
+    :func:`petal.data.images.decode_rgb` (``petal predict``) decodes them: JPEG with the
+    accurate integer DCT and its EXIF orientation, PNG transparency on white."""
+    import tensorflow as tf
+
+    from petal.data.pipeline import DCT_METHOD
+
+    def jpeg():
+        image = tf.io.decode_jpeg(data, channels=3, dct_method=DCT_METHOD)
+        return apply_orientation(image, exif_orientation(data))
+
+    def png():
+        rgba = tf.cast(tf.io.decode_png(data, channels=4), tf.float32)
+        alpha = rgba[..., 3:] / 255.0
+        on_white = rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)
+        return tf.cast(tf.round(on_white), tf.uint8)
+
+    def other():
+        return tf.io.decode_image(data, channels=3, expand_animations=False)
+
+    head = tf.strings.substr(data, 0, len(_PNG_SIGNATURE))
+    image = tf.case(
+        [(tf.io.is_jpeg(data), jpeg), (tf.equal(head, _PNG_SIGNATURE), png)], default=other
+    )
+    return tf.ensure_shape(image, [None, None, 3])
+
+
 def make_preprocess(run: RunInfo):
     """``bytes -> float32 [H, W, 3]`` at the model's size and normalization (TensorFlow ops)."""
     import tensorflow as tf
@@ -59,7 +175,7 @@ def make_preprocess(run: RunInfo):
     mode = run.resize if run.resize != "none" else "fill"
 
     def preprocess(data):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = decode_like_predict(data)
         image = _fit_tf(tf.cast(image, tf.float32), records, mode)
         # The converter stores uint8, truncated like its tf.cast.
         image = tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)
