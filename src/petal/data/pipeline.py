@@ -358,8 +358,9 @@ def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> t
     and ``petal predict`` on the same files see the same pixels; TensorFlow's decoders
     ignore EXIF orientation and drop alpha. One ``numpy_function`` per file (PIL releases
     the GIL while it decodes): on the flowers folder as fast as ``decode_image`` +
-    :func:`resize_fill` were, but not a pure graph (tf.data service cannot run it; records
-    can).
+    :func:`resize_fill` were, but not a pure graph: the input pipeline must run in this
+    Python process (CPU, GPU and TPU VM hosts do; tf.data service and the retired TPU Nodes,
+    whose pipelines ran on a remote host, cannot; records work everywhere).
 
     An undecodable file raises ``InvalidArgumentError`` with the reason
     :func:`undecodable_files` gives.
