@@ -77,7 +77,7 @@ DCT_METHOD = "INTEGER_ACCURATE"
 USE_XLA = os.environ.get("PETAL_XLA", "1") != "0"
 DECODERS = ("tf", "simplejpeg")
 # How image-folder files are fitted to the size (petal convert's --resize, but "none").
-FOLDER_RESIZE_MODES = ("fill", "pad", "stretch")
+FOLDER_RESIZE_MODES = tuple(mode for mode in image_io.RESIZE_MODES if mode != "none")
 
 __all__ = [
     "train_dataset",

@@ -77,7 +77,7 @@ def evaluate(
     """
     from tensorflow import errors as tf_errors
 
-    from petal.data.pipeline import FOLDER_RESIZE_MODES, eval_dataset, open_source
+    from petal.data.pipeline import eval_dataset, open_source
     from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
@@ -120,7 +120,7 @@ def evaluate(
         split=split,
         skip_corrupt=skip_corrupt,
         # New photos in a folder are fitted as the run's records were, as predict does.
-        resize=run.resize if run.resize in FOLDER_RESIZE_MODES else "fill",
+        resize=run.fit_mode,
     )
     model = load_model(run)
     skipped_before = SKIPPED.skipped

@@ -172,7 +172,7 @@ def make_preprocess(run: RunInfo):
     from petal.data.pipeline import normalize, resize_fill
 
     records = run.records_size or run.image_size
-    mode = run.resize if run.resize != "none" else "fill"
+    mode = run.fit_mode
 
     def preprocess(data):
         image = decode_like_predict(data)

@@ -35,7 +35,7 @@ def _decode(path: Path, run: RunInfo) -> np.ndarray:
     except image_io.ImageError as err:
         raise _Unreadable(str(err)) from None
     size = run.records_size or run.image_size
-    pixels = image_io.resize(pixels, size, run.resize if run.resize != "none" else "fill")
+    pixels = image_io.resize(pixels, size, run.fit_mode)
     if tuple(pixels.shape[:2]) != run.image_size:
         # Records at another size than the model's: resize as the input pipeline does.
         from petal.data.pipeline import resize_fill

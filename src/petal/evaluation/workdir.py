@@ -52,6 +52,12 @@ class RunInfo:
     def model_path(self) -> Path:
         return self.workdir / MODEL_FILE
 
+    @property
+    def fit_mode(self) -> str:
+        """How new images are fitted to the records' size: the records' own mode, "fill"
+        for records stored at their original sizes."""
+        return self.resize if self.resize != "none" else "fill"
+
 
 def check_not_in_the_way(target: Path, folder: bool, writes: str, fix: str) -> None:
     """Refuses a file where a command writes a folder, or a folder where it writes a file.
