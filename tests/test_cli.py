@@ -80,3 +80,31 @@ def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monke
     rows = capsys.readouterr().out.splitlines()
     assert rows[1].split()[:4] == ["dense", "out", "of", "memory"]
     assert rows[2].split()[0] == "convnet"
+
+
+def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
+    monkeypatch, capsys, tmp_path
+):
+    from petal.training import loop
+
+    saved = {"epochs": 0}
+
+    def interrupted_train(config, workdir, resume=False, overwrite=False):
+        if saved["epochs"]:
+            (tmp_path / "my run" / "state.json").write_text('{"epoch": 3}')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted_train)
+    argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir",
+            str(tmp_path / "my run")]
+    (tmp_path / "my run").mkdir()
+    assert cli.main(argv) == 130  # interrupted before an epoch was saved: nothing to resume
+    assert capsys.readouterr().err == "petal train: interrupted\n"
+
+    saved["epochs"] = 3
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal train: epoch 3 is saved; continue with `petal train --resume --workdir "
+        f"'{tmp_path / 'my run'}'`",
+        "petal train: interrupted",
+    ]

@@ -377,8 +377,30 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from petal.training.loop import train
 
-    train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
+    try:
+        train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        _print_resume_hint(args.workdir)
+        raise
     return 0
+
+
+def _print_resume_hint(workdir: str) -> None:
+    """After Ctrl-C: say how to continue from the last saved epoch, if one was saved."""
+    import json
+    import shlex
+    from pathlib import Path
+
+    try:
+        epoch = json.loads((Path(workdir) / "state.json").read_text()).get("epoch", 0)
+    except (OSError, ValueError):
+        return
+    if epoch:
+        print(
+            f"petal train: epoch {epoch} is saved; continue with "
+            f"`petal train --resume --workdir {shlex.quote(workdir)}`",
+            file=sys.stderr,
+        )
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
