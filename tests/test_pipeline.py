@@ -496,3 +496,21 @@ def test_image_folders_are_decoded_as_convert_and_predict_decode_them(tmp_path):
     with pytest.raises(PetalError, match=r"resize must be one of fill, pad, stretch\. "
                        r"Received: resize='none'"):
         eval_dataset(str(folder), batch_size=8, image_size=32, resize="none")
+
+
+@pytest.mark.parametrize("batch", [3, pipeline.MAX_GROUP_DECODE + 1])
+def test_raw_batches_are_decoded_in_one_op(make_records, batch):
+    """One decode_raw for the whole batch (no per-image decode and stack), any batch size."""
+    records = make_records(counts={"train": [batch + 2], "validation": [1]})
+    src = open_source(str(records))
+    decode_batch = pipeline._batch_decoder(src, (16, 16), batch)
+    blobs = list(tf.data.TFRecordDataset(src.files("train")).take(batch))
+    graph = tf.function(decode_batch).get_concrete_function(
+        tf.TensorSpec([batch], tf.string)
+    ).graph
+    assert [op.type for op in graph.get_operations()].count("DecodeRaw") == 1
+    images, labels = decode_batch(tf.stack(blobs))
+    single = pipeline._decoder(src, (16, 16))
+    expected = [single(blob) for blob in blobs]
+    np.testing.assert_array_equal(images.numpy(), np.stack([e[0].numpy() for e in expected]))
+    np.testing.assert_array_equal(labels.numpy(), [int(e[1]) for e in expected])

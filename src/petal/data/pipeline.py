@@ -536,25 +536,34 @@ MAX_GROUP_DECODE = 256
 def _batch_decoder(src: Source, size: tuple[int, int], batch: int, decoder: str = "tf"):
     """``records [batch] -> (uint8 images [batch, H, W, 3], int32 classes [batch])``, or None.
 
-    One vectorised parse of the batch, then the batch's JPEGs decoded in one call to
+    One vectorised parse of the batch; raw pixels then become the batch in one
+    ``decode_raw``, and JPEGs are decoded in one call to
     simplejpeg (see :func:`_simplejpeg_batch`) or, with ``decoder="tf"``, one
     ``decode_jpeg`` per image written out in the graph (not ``tf.map_fn``, whose loop runs
     the decodes one after another): the decodes are independent ops and run in parallel.
     None (keep the per-image map) for image folders, records that need resizing (a batch of
     unrolled resizes takes seconds to trace; the resize costs more than the per-element
-    overhead saved) and very large batches.
+    overhead saved) and very large batches of JPEGs.
     """
-    if src.kind == "folder" or src.image_size != tuple(size) or batch > MAX_GROUP_DECODE:
+    raw = src.format == schema.FORMAT_RAW
+    if src.kind == "folder" or src.image_size != tuple(size):
+        return None
+    if batch > MAX_GROUP_DECODE and not raw:
         return None
     single = _decoder(src, size)
     spec, decode_parsed = single.parse_spec, single.decode_parsed
     h, w = size
     jpeg_batch = None
-    if src.format != schema.FORMAT_RAW and decoder == "simplejpeg":
+    if not raw and decoder == "simplejpeg":
         jpeg_batch = _simplejpeg_batch(h, w)
 
     def decode_batch(records):
         ex = tf.io.parse_example(records, spec)
+        if raw:
+            # One op for the batch: the records' pixels land in one tensor, no stacking copy
+            # (records of another length fail here, as each image's reshape would).
+            images = tf.reshape(tf.io.decode_raw(ex[schema.IMAGE], tf.uint8), [batch, h, w, 3])
+            return images, tf.cast(ex[schema.CLASS], tf.int32)
         if jpeg_batch is not None:
             images = tf.numpy_function(jpeg_batch, [ex[schema.IMAGE]], tf.uint8, stateful=False)
             images = tf.ensure_shape(images, [batch, h, w, 3])
