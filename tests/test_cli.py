@@ -87,11 +87,11 @@ def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
 ):
     from petal.training import loop
 
-    saved = {"epochs": 0}
+    saved = {"state": None}
 
     def interrupted_train(config, workdir, resume=False, overwrite=False):
-        if saved["epochs"]:
-            (tmp_path / "my run" / "state.json").write_text('{"epoch": 3}')
+        if saved["state"] is not None:
+            (tmp_path / "my run" / "state.json").write_text(saved["state"])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "train", interrupted_train)
@@ -101,7 +101,11 @@ def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
     assert cli.main(argv) == 130  # interrupted before an epoch was saved: nothing to resume
     assert capsys.readouterr().err == "petal train: interrupted\n"
 
-    saved["epochs"] = 3
+    saved["state"] = "[3]"  # not petal's state file: no hint, and no error on top of Ctrl-C
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err == "petal train: interrupted\n"
+
+    saved["state"] = '{"epoch": 3}'
     assert cli.main(argv) == 130
     assert capsys.readouterr().err.splitlines() == [
         f"petal train: epoch 3 is saved; continue with `petal train --resume --workdir "

@@ -387,14 +387,11 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _print_resume_hint(workdir: str) -> None:
     """After Ctrl-C: say how to continue from the last saved epoch, if one was saved."""
-    import json
     import shlex
-    from pathlib import Path
 
-    try:
-        epoch = json.loads((Path(workdir) / "state.json").read_text()).get("epoch", 0)
-    except (OSError, ValueError):
-        return
+    from petal.training.loop import saved_epoch
+
+    epoch = saved_epoch(workdir)
     if epoch:
         print(
             f"petal train: epoch {epoch} is saved; continue with "

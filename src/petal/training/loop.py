@@ -205,6 +205,17 @@ def resume_config(workdir: str | Path) -> TrainConfig:
     return config_from_json(workdir / "config.json")
 
 
+def saved_epoch(workdir: str | Path) -> int:
+    """The last epoch the run in ``workdir`` checkpointed (``state.json``); 0 if none or
+    unreadable."""
+    try:
+        state = json.loads((Path(workdir) / "state.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return epoch if isinstance(epoch, int) else 0
+
+
 def absolute_data(data: str | None) -> str | None:
     """A local data path made absolute, so a run folder works from any directory.
 
