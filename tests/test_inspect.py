@@ -139,6 +139,19 @@ def test_codelab_shards_without_a_manifest_as_training_reads_them(make_records, 
     assert len(some.manifest["splits"]["validation"]["shards"]) == 1
 
 
+def test_a_glob_says_what_it_matched(small_records, tmp_path):
+    # It once fell back to reading "<glob>/manifest.json" and said no manifest was there.
+    with pytest.raises(PetalError, match=r"No files match the pattern .*/\*\.tfrec\.$"):
+        inspect_records(tmp_path / "*.tfrec", progress=False)
+    with pytest.raises(PetalError, match="records folder .*: pass the folder itself"):
+        inspect_records(small_records / "train-*.tfrec", progress=False)
+
+
+def test_a_records_folder_named_with_glob_characters(small_records, tmp_path):
+    folder = shutil.copytree(small_records, tmp_path / "records [64]")
+    assert inspect_records(folder, progress=False).manifest["written"] == 60
+
+
 def test_codelab_shards_with_a_damaged_record(make_records):
     folder = make_records("codelab", counts={"all": [4, 4, 4]}, codelab=True, fmt="jpeg")
     shard = folder / "flowers01-4.tfrec"

@@ -64,6 +64,19 @@ def test_petal_shards_without_their_manifest_are_refused(make_records):
     assert open_source(str(folder)).count("validation") == 5
 
 
+def test_folders_named_with_glob_characters_open_as_folders(make_records, small_flowers, tmp_path):
+    # "[192]" is also a glob character class; the folder exists, so it is the folder.
+    folder = make_records("records [192]", counts={"train": [7], "validation": [5]})
+    assert open_source(str(folder)).count("validation") == 5
+    photos = tmp_path / "photos [2024]"
+    photos.mkdir()
+    (photos / "daisy").symlink_to(small_flowers / "daisy")
+    (photos / "roses").symlink_to(small_flowers / "roses")
+    assert open_source(str(photos)).classes == ("daisy", "roses")
+    with pytest.raises(PetalError, match=r"No files match the pattern .*/records \[1\]\.$"):
+        open_source(str(tmp_path / "records [1]"))
+
+
 def test_codelab_classes_from_labels(make_records):
     folder = make_records(
         "codelab", counts={"all": [4, 4]}, codelab=True, classes=("cat", "dog", "emu")

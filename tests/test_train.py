@@ -154,7 +154,7 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
 ):
     """In an image folder the run's folder would become a class once evaluate writes its
     plots there; in a records folder its files would mix with the shards."""
-    photos = tmp_path / "photos"
+    photos = tmp_path / "photos [x]"  # a folder name that is also a glob pattern
     for cls in ("daisy", "roses"):
         (photos / cls).mkdir(parents=True)
         for f in sorted((small_flowers / cls).iterdir())[:2]:

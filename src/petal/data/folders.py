@@ -84,9 +84,9 @@ def is_remote(path: str) -> bool:
 
 def is_within(path, folder) -> bool:
     """Whether local ``path`` is ``folder`` or lies below it (links resolved); False for
-    remote paths, globs and a ``folder`` that is not a local folder."""
+    remote paths and a ``folder`` that is not a local folder (a glob of shards)."""
     path, folder = str(path), str(folder)
-    if is_remote(path) or is_remote(folder) or any(ch in folder for ch in "*?["):
+    if is_remote(path) or is_remote(folder):
         return False
     if not os.path.isdir(folder):
         return False

@@ -108,15 +108,16 @@ def _codelab_source(path: str):
     Raises:
         PetalError: ``path`` is a folder of images.
     """
-    from petal.data.reader import open_source
+    from petal.data.reader import is_pattern, open_source
 
-    if not any(ch in path for ch in "*?[") and folders.exists(
-        folders.join(path, schema.MANIFEST_NAME)
-    ):
+    pattern = is_pattern(path)
+    if not pattern and folders.exists(folders.join(path, schema.MANIFEST_NAME)):
         return None
     try:
         source = open_source(path, verify=False)
     except PetalError:
+        if pattern:  # a glob names shards, never a records folder: say what went wrong
+            raise
         return None  # read_manifest says what is missing
     if source.kind == "folder":
         raise PetalError(

@@ -156,7 +156,7 @@ def open_source(
     if val_fraction is not None and not 0.0 <= float(val_fraction) < 1.0:
         raise PetalError(f"val_fraction must be in [0, 1). Received: val_fraction={val_fraction}")
     fs = _fs_for(path)
-    is_glob = any(ch in path for ch in "*?[")
+    is_glob = is_pattern(path)
     root = path if is_glob else path.rstrip("/")
     if is_glob:
         matches = sorted(fs.glob(root))
@@ -188,6 +188,12 @@ def open_source(
         f"Data source {root} is empty: no manifest.json, no *{schema.SHARD_SUFFIX} shards and no "
         "class sub-folders. Convert images with `petal convert SRC DST` first."
     )
+
+
+def is_pattern(path: str) -> bool:
+    """Whether ``path`` is a glob of shards: it holds ``*``, ``?`` or ``[`` and names no
+    file or folder that exists (a folder may be called ``photos [2024]``)."""
+    return any(ch in path for ch in "*?[") and not _fs_for(path).exists(path)
 
 
 def _file_given(path: str) -> PetalError:
