@@ -82,6 +82,27 @@ def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monke
     assert rows[2].split()[0] == "convnet"
 
 
+def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp_path):
+    from petal.training import loop
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"preset": "quick", "data": "/photos", "epochs": 5}')
+    given = {}
+    monkeypatch.setattr(loop, "train", lambda config, *a, **k: given.update(cfg=config))
+    argv = ["train", "--workdir", str(run), "--resume", "--epochs", "7"]
+    assert cli.main([*argv, "--preset", "codelab-squeezenet"]) == 2
+    assert capsys.readouterr().err == (
+        f"petal train: error: --resume continues the run saved in {run}; --preset starts a "
+        "new one: drop --preset (change fields with --set KEY=VALUE), or pass --overwrite.\n"
+    )
+    # A config file's fields apply on top of the saved run, its "preset" key too ignored.
+    (tmp_path / "more.json").write_text('{"preset": "codelab-squeezenet", "seed": 3}')
+    assert cli.main([*argv, "--config", str(tmp_path / "more.json")]) == 0
+    cfg = given["cfg"]
+    assert (cfg.data, cfg.epochs, cfg.seed, cfg.preset) == ("/photos", 7, 3, "quick")
+
+
 def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
     monkeypatch, capsys, tmp_path
 ):

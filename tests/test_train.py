@@ -139,6 +139,9 @@ def test_workdir_rules(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(PetalError, match="is a file"):
         prepare_workdir(tmp_path / "file", resume=False, overwrite=False)
+    with pytest.raises(PetalError, match=r"Work directory .*file/run cannot be created: "
+                       r".*file is a file; pass a --workdir whose parents are folders"):
+        prepare_workdir(tmp_path / "file" / "run", resume=False, overwrite=False, clear=False)
 
 
 def test_bad_model_fails_before_writing(small_records, tmp_path):
@@ -185,6 +188,47 @@ def test_resume_on_data_with_other_classes_is_refused(small_records, make_record
             train(tiny_config(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
                   **QUIET)
     assert (run / "config.json").read_text() == saved
+
+
+def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
+    small_records, tmp_path
+):
+    import keras
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    saved = (run / "config.json").read_text()
+    # Settings the checkpoint fixes are refused before anything is written (a changed
+    # model once rewrote config.json and then failed to load, breaking every later resume).
+    for change, message in (
+        ({"model": "convnet"}, 'model "dense" -> "convnet"'),
+        ({"image_size": 24}, "image_size 32x32 -> 24x24"),
+        ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
+    ):
+        cfg = tiny_config(small_records, **{"model": "dense", "epochs": 2, **change})
+        with pytest.raises(PetalError, match=f"holds a checkpoint that --resume cannot change: "
+                           f"{message}. Leave those settings out"):
+            train(cfg, run, resume=True, **QUIET)
+        assert (run / "config.json").read_text() == saved
+    # A checkpoint that does not load (another model's) leaves config.json as it was.
+    other = tmp_path / "other"
+    train(tiny_config(small_records, model="convnet", epochs=1), other, **QUIET)
+    good = (run / "last.keras").read_bytes()
+    (run / "last.keras").write_bytes((other / "last.keras").read_bytes())
+    cfg = tiny_config(small_records, model="dense", epochs=2, learning_rate=0.5)
+    with pytest.raises(PetalError, match=r"last.keras does not fit the model of this config"):
+        train(cfg, run, resume=True, **QUIET)
+    assert (run / "config.json").read_text() == saved
+    # Another steps per epoch (batch size, training set): the schedule goes on from this
+    # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
+    (run / "last.keras").write_bytes(good)
+    lines = []
+    train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=3), run,
+          resume=True, log=lines.append)
+    assert any(line.endswith("resuming after epoch 1 (it ran 2 steps/epoch)") for line in lines)
+    model = keras.saving.load_model(run / "model.keras", safe_mode=True)
+    assert int(model.optimizer.iterations) == 1 * 3 + 3
+    assert json.loads((run / "config.json").read_text())["steps_per_epoch"] == 3
 
 
 def test_balanced_class_weights_golden():

@@ -350,10 +350,15 @@ def _run_train(args: argparse.Namespace) -> int:
             raise PetalError("--resume needs the --workdir of the run to continue.")
         args.workdir = str(Path("runs") / (args.preset or "default"))
     base = None
-    if args.resume and not (args.preset or args.config):
+    if args.resume:
+        if args.preset:
+            raise PetalError(
+                f"--resume continues the run saved in {args.workdir}; --preset starts a new "
+                "one: drop --preset (change fields with --set KEY=VALUE), or pass --overwrite."
+            )
         from petal.training.loop import resume_config
 
-        base = resume_config(args.workdir)
+        base = resume_config(args.workdir)  # a --config file's fields apply on top
     elif args.preset:
         get_preset(args.preset)  # unknown preset: list the valid ones before anything else
     overrides = list(args.overrides) + (["skip_corrupt=true"] if args.skip_corrupt else [])

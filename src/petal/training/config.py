@@ -445,7 +445,7 @@ def load_config(
     """Resolve a config from a preset, a JSON file, flags and ``key=value`` overrides.
 
     Args:
-        preset: preset name; ``None`` uses the file's ``preset`` key, else ``base``, else
+        preset: preset name; ``None`` uses ``base``, else the file's ``preset`` key, else
             ``default``.
         config_file: JSON object of TrainConfig fields (unknown keys are refused).
         overrides: ``key=value`` strings, applied last.
@@ -460,7 +460,7 @@ def load_config(
         file_values = read_config_file(config_file)
     name = preset or file_values.pop("preset", None)
     file_values.pop("preset", None)
-    cfg = base if base is not None and not name else get_preset(name or "default")
+    cfg = base if base is not None and not preset else get_preset(name or "default")
     cfg = apply_overrides(cfg, file_values, source=str(config_file))
     cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None}, source="flag")
     cfg = apply_overrides(cfg, parse_overrides(overrides), source="--set")

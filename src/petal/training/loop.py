@@ -46,7 +46,7 @@ from petal.training.callbacks import (
     truncate_history,
     write_json,
 )
-from petal.training.config import TrainConfig, config_from_json, save_config
+from petal.training.config import TrainConfig, config_from_json, read_config_file, save_config
 
 # Files and folders a run writes into its work directory (what --overwrite deletes).
 RUN_FILES = (
@@ -173,6 +173,14 @@ def prepare_workdir(
         raise PetalError("Pass either --resume or --overwrite, not both.")
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(f"Work directory {workdir} is a file; pass a folder.")
+    parent = workdir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise PetalError(
+            f"Work directory {workdir} cannot be created: {parent} is a file; pass a --workdir "
+            "whose parents are folders."
+        )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if resume:
         if not (workdir / "config.json").is_file():
@@ -271,6 +279,52 @@ def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None
             f"{workdir} ({', '.join(run_classes)}); resume on data with the same classes in the "
             "same order, or start a new run in another --workdir."
         )
+
+
+# What a checkpoint fixes: its weights (model, options, input size), its optimizer's state
+# and the training phase it belongs to. ``--resume`` may change anything else.
+CHECKPOINT_FIELDS = (
+    "model",
+    "model_options",
+    "image_size",
+    "train_image_size",
+    "optimizer",
+    "fine_tune",
+    "head_epochs",
+)
+
+
+def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -> dict:
+    """Refuse a resume whose config changes what ``last.keras`` holds (it would fail to
+    load, or, for a fully convolutional model at another image size, silently go on).
+
+    Returns:
+        the saved run's resolved facts (``config.json``'s ``resolved``).
+    """
+    saved = read_config_file(workdir / "config.json")
+    saved_resolved = saved.get("resolved") or {}
+    now = cfg.to_dict()
+    changed = []
+    for key in CHECKPOINT_FIELDS:
+        if key == "image_size" and key in saved_resolved:  # as resolved from the data
+            was, new = saved_resolved[key], resolved[key]
+        else:
+            was, new = saved.get(key), now[key]
+        if was != new:
+            changed.append(f"{key} {_show(was)} -> {_show(new)}")
+    if changed:
+        raise PetalError(
+            f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
+            "Leave those settings out to continue the run, or start a new one (another "
+            "--workdir, or --overwrite)."
+        )
+    return saved_resolved
+
+
+def _show(value) -> str:
+    if isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
+        return f"{value[0]}x{value[1]}"
+    return json.dumps(value)
 
 
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
@@ -413,7 +467,10 @@ def train(
             its first checkpoint does not count: its files are replaced.
         resume: continue the run saved in ``workdir``; one that already completed
             ``config.epochs`` is left as it is (its ``metrics.json`` is returned), and fewer
-            epochs than it completed are refused.
+            epochs than it completed are refused. What its checkpoint holds
+            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases) cannot change;
+            the rest may (epochs, data with the same classes, batch size, strategy): the
+            schedule continues from the saved epoch at the new steps per epoch.
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
 
@@ -548,6 +605,9 @@ def train(
         "peak_lr": peak if peak is not None else codelab_max_lr(replicas),
         "class_weights": weights_by_class,
     }
+    was_steps = steps
+    if resume and start_epoch:
+        was_steps = _check_resumed_checkpoint(workdir, cfg, resolved).get("steps_per_epoch", steps)
     log(
         f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
         f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
@@ -565,6 +625,7 @@ def train(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
         f"{cfg.schedule} peak lr {resolved['peak_lr']:.3g}"
         + (f", resuming after epoch {start_epoch}" if resume else "")
+        + (f" (it ran {was_steps} steps/epoch)" if was_steps != steps else "")
     )
 
     augment = cfg.augment
@@ -642,8 +703,9 @@ def train(
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite, log=log)
         unmark = _mark_running(workdir)
-        if not finished:
-            save_config(cfg, workdir / "config.json", **resolved)
+        # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
+        # the checkpoint does not fit must not replace the one it does.
+        config_saved = finished
         if resume:
             truncate_history(history_path, start_epoch)
         loaded = False
@@ -655,7 +717,7 @@ def train(
                     set_backbone_trainable(model, phase.backbone_trainable, bn_frozen=True)
                 if resume and start_epoch and not loaded and state.get("phase") != phase.name:
                     # The checkpoint ends an earlier phase: take its weights, not its optimizer.
-                    model.load_weights(str(workdir / "last.keras"))
+                    _load_checkpoint(model, workdir)
                     loaded = True
                 phase_epochs = phase.end - phase.start
                 lr = _schedule(cfg, phase.lr, phase_epochs, steps, replicas)
@@ -669,8 +731,14 @@ def train(
                 if resume and start_epoch and not loaded:
                     # Same phase as the checkpoint: restore weights and optimizer state.
                     model.optimizer.build(model.trainable_variables)
-                    model.load_weights(str(workdir / "last.keras"))
+                    _load_checkpoint(model, workdir)
                     loaded = True
+                    # The schedule runs by step: continue it at this epoch with this run's
+                    # steps per epoch (another batch size or training set changes them).
+                    model.optimizer.iterations.assign((start_epoch - phase.start) * steps)
+            if not config_saved:
+                save_config(cfg, workdir / "config.json", **resolved)
+                config_saved = True
             state["phase"] = phase.name
             # This session's (or phase's) first epoch includes tracing and compilation.
             first = max(phase.start, start_epoch) + 1
@@ -712,7 +780,7 @@ def train(
         if resume and start_epoch and not loaded:
             # Every epoch was already done: the final model is the last checkpoint.
             log(f"petal train: {workdir} already completed {start_epoch} epochs")
-            model.load_weights(str(workdir / "last.keras"))
+            _load_checkpoint(model, workdir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if unmark is not None:
@@ -746,6 +814,18 @@ def train(
         f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s -> {workdir}"
     )
     return metrics
+
+
+def _load_checkpoint(model, workdir: Path) -> None:
+    """Load ``last.keras`` (weights, and the optimizer's state once it is built)."""
+    try:
+        model.load_weights(str(workdir / "last.keras"))
+    except ValueError as err:
+        raise PetalError(
+            f"{workdir / 'last.keras'} does not fit the model of this config "
+            f"({str(err).splitlines()[0][:200]}); resume with the run's own settings (see "
+            f"{workdir / 'config.json'}), or start a new run with --overwrite."
+        ) from None
 
 
 def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, str]] | None:
