@@ -58,6 +58,15 @@ def test_per_class_precision_recall_f1():
     assert got["weighted"]["recall"] == pytest.approx(4 / 6)  # equals accuracy
 
 
+def test_macro_averages_are_over_the_classes_in_the_data():
+    # Class c has no images (data of some of a model's classes): no recall to average.
+    cm = metrics.confusion_matrix([0, 0, 1, 1], [0, 2, 1, 1], 3)
+    got = metrics.per_class_metrics(cm, ["a", "b", "c"])
+    assert got["macro"]["recall"] == pytest.approx((0.5 + 1.0) / 2)
+    assert got["macro"]["precision"] == pytest.approx((1.0 + 1.0) / 2)
+    assert got["per_class"]["c"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+
+
 def test_zero_division_is_zero():
     # Class 2 is never predicted and never present: its ratios are 0, not NaN.
     cm = metrics.confusion_matrix([0, 1, 1], [0, 1, 0], 3)
@@ -190,15 +199,29 @@ def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
     assert report["split"] == "validation" and report["count"] == held_out < 60
 
 
-def test_evaluate_refuses_other_classes(trained, small_flowers, tmp_path):
+def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowers, tmp_path):
     from petal.evaluation.evaluate import evaluate
 
-    for cls in ("daisy", "roses"):
-        (tmp_path / cls).mkdir()
-        for f in sorted((small_flowers / cls).iterdir())[:2]:
-            (tmp_path / cls / f.name).symlink_to(f.resolve())
-    with pytest.raises(PetalError, match=r"Classes of .* \(daisy, roses\) differ from the model's"):
-        evaluate(trained, tmp_path, log=lambda line: None)
+    photos = tmp_path / "photos"
+    for cls, n in (("roses", 3), ("tulips", 2)):  # folder indices 0 and 1; the model's 2, 4
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:n]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    warned = []
+    report = evaluate(trained, photos, out_dir=tmp_path / "eval", log=lambda line: None,
+                      warn=warned.append)
+    assert report["count"] == 5 and report["classes"][2] == "roses"
+    assert [sum(row) for row in report["confusion_matrix"]] == [0, 0, 3, 0, 2]
+    assert report["per_class"]["daisy"]["support"] == 0
+    present = [report["per_class"][c]["recall"] for c in ("roses", "tulips")]
+    assert report["macro"]["recall"] == pytest.approx(np.mean(present))
+    assert warned == [f"{photos} holds 2 of the model's 5 classes (roses, tulips); the macro "
+                      "averages are over those"]
+    (photos / "cactus").mkdir()
+    (photos / "cactus" / "c.jpg").symlink_to(next((small_flowers / "daisy").iterdir()).resolve())
+    with pytest.raises(PetalError, match=r"photos holds classes the model in .* does not know: "
+                       r"cactus; its classes are daisy, dandelion, roses, sunflowers, tulips"):
+        evaluate(trained, photos, out_dir=tmp_path / "eval", log=lambda line: None)
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(

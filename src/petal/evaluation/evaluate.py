@@ -20,7 +20,7 @@ from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
-    check_classes,
+    class_index,
     denormalize_np,
     load_model,
     make_output_folder,
@@ -50,7 +50,8 @@ def evaluate(
 
     Args:
         workdir: a finished ``petal train`` work directory.
-        data: a records folder, codelab shards or a folder of class sub-folders of images.
+        data: a records folder, codelab shards or a folder of class sub-folders of images,
+            holding all of the model's classes or some of them (matched by name).
         split: ``validation``, ``train`` or ``all``; default ``validation`` for records and
             for the image folder the run trained on, ``all`` for any other image folder (a
             folder of new images is all test data).
@@ -72,7 +73,7 @@ def evaluate(
 
     Raises:
         PetalError: no finished run, unreadable data, a corrupt record (without
-            ``skip_corrupt``), classes that differ from the model's, or the image folder the
+            ``skip_corrupt``), a class the model does not know, or the image folder the
             run's records came from without ``split="all"``.
     """
     from tensorflow import errors as tf_errors
@@ -102,13 +103,18 @@ def evaluate(
     # Before the evaluation, which may take minutes: a file in the way stops it now.
     out = make_output_folder(out, "evaluation")
     source = open_source(str(data))
-    check_classes(source.classes, run, str(data))
+    to_model = class_index(source.classes, run, str(data))  # labels by class name
     # The run's own data (the default) needs no comparison with itself: its manifest, if
     # any, is not read a second time.
     own_data = same_place(data, run.config.get("data") or "")
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
     warnings = [w for w in [_resplit_warning(source, run, split, trained_on)] if w]
+    if to_model is not None and len(source.classes) < len(run.classes):
+        warnings.append(
+            f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
+            f"({', '.join(source.classes)}); the macro averages are over those"
+        )
     for line in warnings:
         warn(line)
     ds = eval_dataset(
@@ -134,6 +140,8 @@ def evaluate(
             for images, y in ds:
                 p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
                 y = np.asarray(y, dtype=np.int64)
+                if to_model is not None:
+                    y = to_model[y]
                 labels.append(y)
                 probs.append(p)
                 _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,

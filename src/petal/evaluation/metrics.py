@@ -77,6 +77,10 @@ def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def per_class_metrics(cm: np.ndarray, classes: Sequence[str]) -> dict:
     """Precision, recall, F1 and support per class, plus macro and weighted averages.
 
+    The macro averages are over the classes present in the data (support > 0): a class
+    with no images has no recall to average (data may hold only some of a model's
+    classes), though it still has a row, and its precision counts the images predicted as it.
+
     Returns:
         ``{"per_class": {name: {"precision", "recall", "f1", "support"}},
         "macro": {...}, "weighted": {...}}``.
@@ -99,12 +103,13 @@ def per_class_metrics(cm: np.ndarray, classes: Sequence[str]) -> dict:
     }
     total = support.sum()
     weights = support / total if total else np.zeros_like(precision)
+    present = support > 0 if total else np.ones_like(support, dtype=bool)
     return {
         "per_class": per_class,
         "macro": {
-            "precision": float(precision.mean()),
-            "recall": float(recall.mean()),
-            "f1": float(f1.mean()),
+            "precision": float(precision[present].mean()),
+            "recall": float(recall[present].mean()),
+            "f1": float(f1[present].mean()),
             "support": int(total),
         },
         "weighted": {

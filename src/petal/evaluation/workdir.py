@@ -209,15 +209,24 @@ def _replace_policies(node):
     return node
 
 
-def check_classes(data_classes, run: RunInfo, data: str) -> None:
-    """Raise when the data's classes differ from the model's (names or order)."""
+def class_index(data_classes, run: RunInfo, data: str) -> np.ndarray | None:
+    """The model's index of each of the data's classes, by name; None when they are the
+    model's classes in its order. New photos may hold only some of the classes.
+
+    Raises:
+        PetalError: the data holds a class the model does not know.
+    """
     data_classes = tuple(data_classes)
-    if data_classes != run.classes:
+    if data_classes == run.classes:
+        return None
+    unknown = [c for c in data_classes if c not in run.classes]
+    if unknown:
         raise PetalError(
-            f"Classes of {data} ({', '.join(data_classes)}) differ from the model's in "
-            f"{run.workdir} ({', '.join(run.classes)}); evaluate on data with the same classes "
-            "in the same order."
+            f"{data} holds classes the model in {run.workdir} does not know: "
+            f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. Evaluate on "
+            "class folders (or records) named after those."
         )
+    return np.array([run.classes.index(c) for c in data_classes], dtype=np.int64)
 
 
 def denormalize_np(x: np.ndarray, mode: str) -> np.ndarray:
