@@ -110,15 +110,20 @@ def test_rectangular_image_size():
 def test_imagenet_weights_offline_is_a_clear_error(monkeypatch):
     from keras.src.utils import file_utils
 
+    URL = (  # noqa: N806
+        "https://storage.googleapis.com/tensorflow/keras-applications/mobilenet_v2/"
+        "mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_96_no_top.h5"
+    )
+
     def offline(*args, **kwargs):
         # What keras.utils.get_file raises when there is no network.
-        raise Exception(
-            "URL fetch failure on https://storage.googleapis.com/x.h5: None -- [Errno -3]"
-        )
+        raise Exception(f"URL fetch failure on {URL}: None -- [Errno -2] Name or service not known")
 
     monkeypatch.setattr(file_utils, "get_file", offline)
+    # The whole reason, however long the address (it was cut at 200 characters, mid-word).
     with pytest.raises(
-        PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2'.*weights=PATH"
+        PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2' .*Name or "
+        r"service not known\. Copy the weights file .*weights=PATH"
     ):
         create_model("mobilenet_v2", 5, 96, weights="imagenet")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import keras
 from keras import layers
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 from petal.models.blocks import classifier_head, image_input
 from petal.models.registry import BACKBONE_NAME, freeze_batchnorm, register
 
@@ -89,7 +89,7 @@ def build_application(
         if weights != "imagenet" or "URL fetch failure" not in str(err):
             raise
         raise PetalError(
-            f"Cannot download the ImageNet weights of {arch!r} (offline?): {str(err)[:200]}. "
+            f"Cannot download the ImageNet weights of {arch!r} (offline?): {first_line(err)}. "
             f"Copy the weights file into ~/.keras/models/ or pass weights=PATH to a local "
             f".weights.h5 file (or weights=None to train from scratch). Received: weights='imagenet'"
         ) from err
