@@ -199,6 +199,19 @@ def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
     assert report["split"] == "validation" and report["count"] == held_out < 60
 
 
+def test_evaluate_warns_when_records_are_upscaled_to_the_model(trained, make_records, tmp_path):
+    from petal.evaluation.evaluate import evaluate
+
+    small = make_records("small", size=(16, 16))  # the model reads 32x32
+    warned = []
+    report = evaluate(trained, small, out_dir=tmp_path / "eval", log=lambda line: None,
+                      warn=warned.append)
+    assert warned == report["warnings"] == [
+        "the records are 16x16 and are upscaled to 32x32; for full detail convert at that "
+        "size (petal convert SRC DST --image-size 32x32): the model may score lower on them"
+    ]
+
+
 def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowers, tmp_path):
     from petal.evaluation.evaluate import evaluate
 

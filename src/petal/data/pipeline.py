@@ -850,6 +850,18 @@ def _resolve_size(src: Source, image_size) -> tuple[int, int]:
     )
 
 
+def upscale_warning(src: Source, size) -> str | None:
+    """A warning when ``src``'s records are smaller than ``size``, the size they are read
+    at (upscaling adds no detail; a model scores lower on them), else None."""
+    stored, (h, w) = src.image_size, _as_size(size)
+    if stored is None or (stored[0] >= h and stored[1] >= w):
+        return None
+    return (
+        f"the records are {stored[0]}x{stored[1]} and are upscaled to {h}x{w}; for full "
+        f"detail convert at that size (petal convert SRC DST --image-size {h}x{w})"
+    )
+
+
 def _available_memory() -> int:
     try:
         with open("/proc/meminfo") as f:

@@ -78,7 +78,7 @@ def evaluate(
     """
     from tensorflow import errors as tf_errors
 
-    from petal.data.pipeline import eval_dataset, open_source
+    from petal.data.pipeline import eval_dataset, open_source, upscale_warning
     from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
@@ -110,6 +110,8 @@ def evaluate(
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
     warnings = [w for w in [_resplit_warning(source, run, split, trained_on)] if w]
+    if upscaled := upscale_warning(source, run.image_size):
+        warnings.append(f"{upscaled}: the model may score lower on them")
     if to_model is not None and len(source.classes) < len(run.classes):
         warnings.append(
             f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "

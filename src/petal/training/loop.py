@@ -485,7 +485,13 @@ def train(
     from tensorflow import errors as tf_errors
 
     from petal.data import augment as augment_lib
-    from petal.data.pipeline import distributed_dataset, eval_dataset, open_source, train_dataset
+    from petal.data.pipeline import (
+        distributed_dataset,
+        eval_dataset,
+        open_source,
+        train_dataset,
+        upscale_warning,
+    )
     from petal.models import count_params, create_model, model_info, set_backbone_trainable
     from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import resolve_precision, set_policy
@@ -612,14 +618,9 @@ def train(
         f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
         f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
     )
-    stored = tuple(source.image_size) if source.image_size else None
-    if stored and (stored[0] < image_size[0] or stored[1] < image_size[1]):
+    if upscaled := upscale_warning(source, image_size):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
-        log(
-            f"petal train: warning: the records are {stored[0]}x{stored[1]} and are upscaled "
-            f"to {image_size[0]}x{image_size[1]}; for full detail convert at that size "
-            f"(petal convert SRC DST --image-size {image_size[0]}x{image_size[1]})"
-        )
+        log(f"petal train: warning: {upscaled}")
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     log(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
