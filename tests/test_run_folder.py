@@ -39,7 +39,8 @@ def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     lines: list[str] = []
     metrics = train(resume_config(run), run, resume=True, log=lines.append)
     assert metrics == json.loads((run / "metrics.json").read_text())
-    assert any("already completed 2 epochs; nothing to do" in line for line in lines)
+    assert any(line.endswith("already completed 2 epochs; nothing to do (to train it further, "
+                             "pass --epochs 3 or more)") for line in lines)
     # Fewer epochs than completed: refused, and config.json still matches history.csv.
     with pytest.raises(PetalError, match=r"already completed 2 epochs.*--epochs 3 or more"):
         train(resume_config(run).replace(epochs=1), run, resume=True, **QUIET)

@@ -539,7 +539,10 @@ def train(
             f"--epochs out. Received: epochs={cfg.epochs}"
         )
     if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
-        log(f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do")
+        log(
+            f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do "
+            f"(to train it further, pass --epochs {start_epoch + 1} or more)"
+        )
         return json.loads((workdir / "metrics.json").read_text())
     if resume:
         _check_resumed_data(cfg, workdir)
