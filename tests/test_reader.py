@@ -77,6 +77,49 @@ def test_folders_named_with_glob_characters_open_as_folders(make_records, small_
         open_source(str(tmp_path / "records [1]"))
 
 
+def test_temporary_files_of_an_unfinished_conversion_are_not_shards(make_records, tmp_path):
+    # A killed petal convert leaves hidden pieces whose names end in "-<count>.tfrec": they
+    # were read as codelab shards, and the pipeline failed on their counts.
+    folder = make_records("codelab", counts={"all": [3, 3]}, codelab=True, fmt="jpeg")
+    (folder / ".petal-tmp-piece-000003.tfrec").write_bytes(b"partial")
+    (folder / ".petal-tmp-train-00000.tfrec").write_bytes(b"")
+    src = open_source(str(folder))
+    assert src.count("all") == 6 and not any(".petal-tmp-" in f for f in src.files("all"))
+    assert open_source(str(folder / "*.tfrec")).count("all") == 6
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / ".petal-tmp-piece-000003.tfrec").write_bytes(b"partial")
+    with pytest.raises(PetalError, match=r"killed holds only the temporary files of a petal "
+                       r"convert that did not finish \(\.petal-tmp-\*\); run the conversion again"):
+        open_source(str(killed))
+
+
+def test_an_image_folder_with_a_fifo_opens_and_names_it(small_flowers, tmp_path, caplog):
+    import os
+    import signal
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    os.mkfifo(photos / "daisy" / "pipe.jpg")  # reading it would wait for a writer forever
+    (photos / "daisy" / "empty.jpg").write_bytes(b"")  # the same size (0) as the FIFO
+    def hung(*args):
+        raise TimeoutError("open_source read the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)  # the copy check once read the FIFO: fail instead of hanging
+    try:
+        src = open_source(str(photos))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert src.count("all") == 5 and not any(f.endswith("pipe.jpg") for f in src.files("all"))
+    assert "left out 1 entries that are not regular files (a FIFO, a device): daisy/pipe.jpg" \
+        in caplog.text
+
+
 def test_codelab_classes_from_labels(make_records):
     folder = make_records(
         "codelab", counts={"all": [4, 4]}, codelab=True, classes=("cat", "dog", "emu")

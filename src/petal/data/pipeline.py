@@ -198,7 +198,7 @@ def train_dataset(
     if cache_to is not None:
         # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
         ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = _ignore_decode_errors(ds, skip_corrupt)
+        ds = _ignore_decode_errors(ds, skip_corrupt, src)
         ds = ds.cache(cache_to)
     # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
     #    epoch; then repeat forever (training runs for a number of steps).
@@ -217,7 +217,7 @@ def train_dataset(
         if cache_to is None:
             # Per image (a corrupt image must drop alone when skip_corrupt is on).
             ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-            ds = _ignore_decode_errors(ds, skip_corrupt)
+            ds = _ignore_decode_errors(ds, skip_corrupt, src)
         # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
         ds = ds.batch(
             per_replica,
@@ -283,7 +283,7 @@ def eval_dataset(
         skip_corrupt=skip_corrupt,
     )
     ds = ds.map(_decoder(src, size, resize), num_parallel_calls=AUTOTUNE, deterministic=True)
-    ds = _ignore_decode_errors(ds, skip_corrupt)
+    ds = _ignore_decode_errors(ds, skip_corrupt, src)
     if cache_to is not None:
         ds = ds.cache(cache_to)
     ds = ds.batch(
@@ -666,10 +666,36 @@ def _op_reason(err) -> str:
     return (lines[0].rstrip(".") if lines else "") or type(err).__name__
 
 
-def _ignore_decode_errors(ds, skip_corrupt: bool):
+def _ignore_decode_errors(ds, skip_corrupt: bool, src: Source):
     # A record whose CRC is fine but whose image does not decode: drop it when asked to,
-    # with TensorFlow's warning naming the error.
-    return ds.ignore_errors(log_warning=True) if skip_corrupt else ds
+    # with TensorFlow's warning naming the error. An image folder's file is dropped without
+    # it (a Python traceback that does not name the file, every epoch): its callers name
+    # the files up front (folder_skips).
+    return ds.ignore_errors(log_warning=src.kind != "folder") if skip_corrupt else ds
+
+
+def folder_skips(source, split: str = "all") -> tuple[list[tuple[str, str]] | None, str]:
+    """For an image folder read with ``skip_corrupt``: the files the pipeline will drop
+    (:func:`undecodable_files`) and a line naming them ("" when there are none).
+
+    ``(None, "")`` for records (their skips are counted as they happen); ``(None, line)``
+    for a folder of more than :data:`MAX_DECODE_SCAN` files, not checked.
+    """
+    src = open_source(source)
+    if src.kind != "folder":
+        return None, ""
+    total = src.count(split)
+    if total > MAX_DECODE_SCAN:
+        return None, (
+            f"{total} files are too many to check up front; undecodable ones are dropped "
+            "without a count"
+        )
+    bad = undecodable_files(src, split)
+    if not bad:
+        return bad, ""
+    names = ", ".join(f"{path} ({reason})" for path, reason in bad[:5])
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return bad, f"{len(bad)} of {total} files cannot be decoded and are skipped: {names}{more}"
 
 
 def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32"):

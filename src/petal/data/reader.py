@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import posixpath
+import stat
 import threading
 from dataclasses import dataclass, field
 
@@ -159,7 +160,9 @@ def open_source(
     is_glob = is_pattern(path)
     root = path if is_glob else path.rstrip("/")
     if is_glob:
-        matches = sorted(fs.glob(root))
+        matches = sorted(
+            m for m in fs.glob(root) if not posixpath.basename(m).startswith(schema.TEMP_PREFIX)
+        )
         if not matches:
             raise PetalError(f"No files match the pattern {path}.")
         _refuse_split_shards(fs, path, matches)
@@ -176,7 +179,12 @@ def open_source(
     if not fs.isdir(root):
         raise _file_given(root)
     names = sorted(fs.listdir(root))
-    shards = [_join(root, n) for n in names if n.endswith(schema.SHARD_SUFFIX)]
+    shards = [_join(root, n) for n in names if schema.is_shard_file(n)]
+    if not shards and any(n.startswith(schema.TEMP_PREFIX) for n in names):
+        raise PetalError(
+            f"{root} holds only the temporary files of a petal convert that did not finish "
+            f"({schema.TEMP_PREFIX}*); run the conversion again (petal convert SRC {root})."
+        )
     if shards:
         _refuse_split_shards(fs, root, shards)
         return _open_codelab(root, shards, classes, val_fraction)
@@ -393,7 +401,7 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
     else:
         found = folders.find_images(root, classes)
         names = list(found.classes)
-        pairs = [(f.path, f.relpath, f.label) for f in found.files]
+        pairs = _regular_files(root, [(f.path, f.relpath, f.label) for f in found.files])
     fraction = FOLDER_VAL_FRACTION if val_fraction is None else float(val_fraction)
     by_class: dict[int, list[tuple[str, str, int]]] = {}
     for item in pairs:
@@ -412,6 +420,26 @@ def _open_folder(root: str, classes, val_fraction) -> Source:
         source._counts[split] = [1] * len(chosen)
         source._labels[split] = [it[2] for it in chosen]
     return source
+
+
+def _regular_files(root: str, pairs: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """``pairs`` without FIFOs and devices named like images (reading one may never end),
+    which are named in a warning; ``petal convert`` lists them as skipped."""
+    kept, left_out = [], []
+    for item in pairs:
+        try:
+            regular = stat.S_ISREG(os.stat(item[0]).st_mode)
+        except OSError:
+            regular = True  # unreadable: the pipeline names it when it reads it
+        (kept if regular else left_out).append(item)
+    if left_out:
+        log.warning(
+            "petal: %s: left out %d entries that are not regular files (a FIFO, a device): %s",
+            root,
+            len(left_out),
+            ", ".join(rel for _, rel, _ in left_out),
+        )
+    return kept
 
 
 # Local image folders of up to this many files are checked for byte-identical copies when

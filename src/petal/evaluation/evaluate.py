@@ -78,7 +78,7 @@ def evaluate(
     """
     from tensorflow import errors as tf_errors
 
-    from petal.data.pipeline import eval_dataset, open_source, upscale_warning
+    from petal.data.pipeline import eval_dataset, folder_skips, open_source, upscale_warning
     from petal.data.reader import SKIPPED, corrupt_input_error
 
     log = log or (lambda line: print(line, flush=True))
@@ -117,6 +117,9 @@ def evaluate(
             f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
             f"({', '.join(source.classes)}); the macro averages are over those"
         )
+    undecodable, line = folder_skips(source, split) if skip_corrupt else (None, "")
+    if line:
+        warnings.append(f"--skip-corrupt: {line}")
     for line in warnings:
         warn(line)
     ds = eval_dataset(
@@ -175,6 +178,8 @@ def evaluate(
         if source.kind == "folder":
             # Undecodable files are dropped one by one; every other file is counted once.
             report["skipped_corrupt_records"] = source.count(split) - len(y_true)
+            if undecodable is not None:
+                report["skipped_corrupt_files"] = [f"{p}: {reason}" for p, reason in undecodable]
         else:
             report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -833,31 +833,16 @@ def _load_checkpoint(model, workdir: Path) -> None:
 
 
 def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, str]] | None:
-    """With ``skip_corrupt`` on an image folder: the files the pipeline will drop, named now.
-
-    The folder pipeline drops an undecodable image silently inside tf.data (every epoch);
-    one decode pass over the folder up front says which and why. None for records (their
-    skips are counted as they happen) and without ``skip_corrupt``.
-    """
-    if not cfg.skip_corrupt or source.kind != "folder":
+    """With ``skip_corrupt`` on an image folder: the files the pipeline will drop, named now
+    (the pipeline drops them inside tf.data, every epoch). None for records and without
+    ``skip_corrupt``."""
+    if not cfg.skip_corrupt:
         return None
-    from petal.data.pipeline import MAX_DECODE_SCAN, undecodable_files
+    from petal.data.pipeline import folder_skips
 
-    total = source.count("all")
-    if total > MAX_DECODE_SCAN:
-        log(
-            f"petal train: --skip-corrupt: {total} files are too many to check up front; "
-            "undecodable ones are dropped without a count"
-        )
-        return None
-    bad = undecodable_files(source, "all")
-    if bad:
-        names = ", ".join(f"{path} ({reason})" for path, reason in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        log(
-            f"petal train: --skip-corrupt: {len(bad)} of {total} files cannot be decoded and "
-            f"are skipped: {names}{more}"
-        )
+    bad, line = folder_skips(source, "all")
+    if line:
+        log(f"petal train: --skip-corrupt: {line}")
     return bad
 
 
