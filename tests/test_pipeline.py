@@ -336,6 +336,30 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
     assert main(["bench", "input", str(folder), "--cases", "nope"]) == 2
 
 
+def test_bench_input_names_an_undecodable_file_of_its_folder(
+    make_records, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    (photos / "roses" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest")
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    argv = ["bench", "input", str(records), "--folder", str(photos), "--cases", "folder",
+            "--batch-size", "2", "--seconds", "0.2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"petal bench: error: 1 image(s) in --folder {photos} cannot be decoded, e.g. "
+        f"{photos}/roses/cut.jpg: {err[0].split('cut.jpg: ', 1)[1].split(';')[0]}; pass a folder "
+        "without them (petal convert skips them and lists them in its manifest)."
+    ]
+    assert "function_node" not in err[0] and "Iterator::" not in err[0]
+
+
 def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path):
     # bench input's case 'raw' copies the records with decoded pixels; codelab shards have
     # no manifest to copy (it crashed with a TypeError).
@@ -361,6 +385,8 @@ def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path
         ("jpeg", ["--cases", "remote"], r"Case 'remote' needs --remote-latency-ms MS"),
         ("jpeg", ["--cases", ","], r"--cases needs one or more of ceiling"),
         ("jpeg", ["--remote-latency-ms", "-5"], r"--remote-latency-ms must be >= 0"),
+        ("jpeg", ["--remote-latency-ms", "inf"], r"--remote-latency-ms must be >= 0 \(and fin"),
+        ("jpeg", ["--seconds", "nan"], r"--seconds must be positive \(and finite\)"),
         ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
         ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
         ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),

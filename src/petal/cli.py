@@ -9,6 +9,7 @@ inside the ``_run_`` functions so ``petal --help`` stays instant.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
-from petal.errors import PetalError
+from petal.errors import PetalError, tf_message
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
 # honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
@@ -179,8 +180,8 @@ def _run_bench_input(args: argparse.Namespace) -> int:
 
     from petal.data import bench
 
-    if args.batch_size <= 0 or args.seconds <= 0:
-        raise PetalError(f"--batch-size and --seconds must be positive. Received: "
+    if args.batch_size <= 0 or not 0 < args.seconds < math.inf:
+        raise PetalError(f"--batch-size and --seconds must be positive (and finite). Received: "
                          f"batch_size={args.batch_size}, seconds={args.seconds}")
     # Output paths fail now, not after minutes of measuring.
     if args.json:
@@ -210,7 +211,16 @@ def _run_bench_input(args: argparse.Namespace) -> int:
             progress=lambda line: print(line, flush=True),
         )
     except tf.errors.OpError as err:
-        raise PetalError(err.message.strip().splitlines()[0]) from None
+        from petal.data.pipeline import undecodable_files
+
+        bad = undecodable_files(args.folder) if args.folder else []
+        if bad:
+            raise PetalError(
+                f"{len(bad)} image(s) in --folder {args.folder} cannot be decoded, e.g. "
+                f"{bad[0][0]}: {bad[0][1]}; pass a folder without them (petal convert skips "
+                "them and lists them in its manifest)."
+            ) from None
+        raise PetalError(tf_message(err).splitlines()[0]) from None
     print(bench.format_table(result))
     if args.json:
         bench.write_json(result, args.json)

@@ -363,9 +363,12 @@ def run(
         raise PetalError("Case 'folder' needs --folder SRC, the image folder RECORDS came from.")
     if cases and "remote" in wanted and remote_latency_ms is None:
         raise PetalError("Case 'remote' needs --remote-latency-ms MS (latency per request).")
-    if remote_latency_ms is not None and "remote" in wanted and remote_latency_ms < 0:
+    if remote_latency_ms is not None and "remote" in wanted and not (
+        0 <= remote_latency_ms < math.inf
+    ):
         raise PetalError(
-            f"--remote-latency-ms must be >= 0. Received: remote_latency_ms={remote_latency_ms}"
+            f"--remote-latency-ms must be >= 0 (and finite). Received: "
+            f"remote_latency_ms={remote_latency_ms}"
         )
     uses_folder = "folder" in wanted or "remote" in wanted
     if folder and uses_folder and _opened("--folder", folder).kind != "folder":
