@@ -174,6 +174,25 @@ def test_dangling_link_and_unicode_names_are_candidates(tmp_path):
         read_bytes(folder.files[2].path)
 
 
+def test_a_folder_that_cannot_be_listed_is_named(tmp_path, monkeypatch):
+    from petal.data import folders
+
+    _touch(tmp_path / "a" / "a.jpg")
+    _touch(tmp_path / "b" / "locked" / "b.jpg")
+    listing = folders._list_local
+
+    def no_permission(path):
+        if path.endswith("locked"):
+            raise PermissionError(13, "Permission denied", path)
+        return listing(path)
+
+    monkeypatch.setattr(folders, "_list_local", no_permission)
+    with pytest.raises(PetalError, match=rf"^Cannot list {tmp_path}/b/locked, a folder in the "
+                       rf"source {tmp_path} \(Permission denied\); fix its permissions, or move "
+                       "it out of the source.$"):
+        find_images(tmp_path)
+
+
 def test_read_bytes_refuses_special_files(tmp_path):
     fifo = tmp_path / "pipe.jpg"
     os.mkfifo(fifo)  # reading would block forever

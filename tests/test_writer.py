@@ -609,6 +609,7 @@ def zoo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     (b / "text.JPG").write_text("hello, I am not a photo\n")
     Image.new("L", (1500, 1000)).save(b / "bomb.png")
     (b / "dangling.jpg").symlink_to(root / "nowhere.jpg")
+    (b / "loop.jpg").symlink_to(b / "loop.jpg")  # once stopped the listing of the whole source
     os.mkfifo(b / "pipe.jpeg")
     reasons = {
         "b/empty.jpg": "empty file",
@@ -617,6 +618,7 @@ def zoo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         "b/text.JPG": "not an image",
         "b/bomb.png": "too many pixels",
         "b/dangling.jpg": "unreadable",
+        "b/loop.jpg": "unreadable",
         "b/pipe.jpeg": "unreadable: not a regular file",
     }
     return root, reasons
@@ -633,8 +635,8 @@ def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
     assert set(skipped) == set(reasons)
     for file, reason in reasons.items():
         assert skipped[file].startswith(reason), (file, skipped[file])
-    assert m["images_found"] == 19 == m["written"] + len(m["skipped"])
-    assert summary.written == 12 and summary.skipped == 7 and m["ignored_files"] == 1
+    assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
+    assert summary.written == 12 and summary.skipped == 8 and m["ignored_files"] == 1
     by_name = {r["filename"]: r for r in _records(tmp_path / "out")}
     assert "a/été en fleur ü.jpg" in by_name
     anim = _pixels(by_name["a/anim.gif"], "raw")

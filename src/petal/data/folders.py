@@ -272,9 +272,18 @@ def _has_image_extension(name: str) -> bool:
 
 
 def _list_local(path: str) -> list[tuple[str, bool]]:
-    """(name, is_dir) for each entry, sorted by name; symlinks to folders count as folders."""
+    """(name, is_dir) for each entry, sorted by name; symlinks to folders count as folders.
+    A link that cannot be followed (a loop: ``a.jpg -> a.jpg``) counts as a file, which
+    reading then reports."""
+
+    def is_dir(entry: os.DirEntry) -> bool:
+        try:
+            return entry.is_dir()
+        except OSError:
+            return False
+
     with os.scandir(path) as it:
-        entries = [(e.name, e.is_dir()) for e in it]
+        entries = [(e.name, is_dir(e)) for e in it]
     return sorted(entries)
 
 
@@ -380,6 +389,12 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
                 by_class[name] = found
                 ignored += skipped
     except OSError as err:
+        where = getattr(err, "filename", None)
+        if where and not is_remote(root) and not same_place(where, root):
+            raise PetalError(
+                f"Cannot list {where}, a folder in the source {root} ({err.strerror or err}); "
+                "fix its permissions, or move it out of the source."
+            ) from err
         raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
 
     accepted = ", ".join(IMAGE_EXTENSIONS)
