@@ -82,6 +82,36 @@ def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monke
     assert rows[2].split()[0] == "convnet"
 
 
+def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys, tmp_path):
+    # A job scheduler or a preempted VM sends SIGTERM: cleanup runs (a KeyboardInterrupt),
+    # training says how to resume, and the exit status is 128 + 15.
+    import signal
+
+    from petal.training import loop
+
+    def terminated_train(config, workdir, resume=False, overwrite=False):
+        (tmp_path / "run" / "state.json").write_text('{"epoch": 2}')
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "train", terminated_train)
+    (tmp_path / "run").mkdir()
+    def not_handled(*args):
+        raise AssertionError("petal let SIGTERM through to the caller's handler")
+
+    before = signal.signal(signal.SIGTERM, not_handled)
+    argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir",
+            str(tmp_path / "run")]
+    try:
+        assert cli.main(argv) == 143
+    finally:
+        assert signal.signal(signal.SIGTERM, before) is not_handled  # the caller's is back
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal train: epoch 2 is saved; continue with `petal train --resume --workdir "
+        f"{tmp_path / 'run'}`",
+        "petal train: terminated",
+    ]
+
+
 def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp_path):
     from petal.training import loop
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -309,6 +310,35 @@ def test_workers_do_not_run_the_callers_script_again(small_flowers, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "written 60" in done.stdout
     assert len(marker.read_text().splitlines()) == 1  # the script ran once, in the parent
+
+
+def test_workers_end_with_a_conversion_killed_outright(tmp_path):
+    # A worker holds its own queue's writing end and the forkserver's liveness pipe: after
+    # a SIGKILL of the converting process, the workers (and the forkserver) idled for ever.
+    import signal
+
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import os, time\n"
+        "from petal.data.writer import _Mapper\n"
+        "pool = _Mapper(2)\n"
+        "pids = {pool.submit(os.path.realpath, ['/proc/self'])()[0] for _ in range(8)}\n"
+        "print(' '.join(p.rsplit('/', 1)[1] for p in pids), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    assert workers and proc.pid not in workers
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
+        time.sleep(0.2)
+    alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
+    for pid in alive:  # do not leave them behind when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive
 
 
 def test_worker_pieces_equal_tensorflows_writer(small_records, small_flowers, tmp_path, monkeypatch):

@@ -12,8 +12,10 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 
 # TensorFlow's C++ INFO/WARNING lines (oneDNN, CUDA probing) drown the output users read;
 # errors still show. Set before any command imports TensorFlow.
@@ -651,12 +653,25 @@ def _needs_tensorflow(args: argparse.Namespace) -> bool:
     return not (args.command == "train" and getattr(args, "list_presets", False))
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, a preempted VM, ``kill``) unwinds a command as Ctrl-C
+    does: a conversion removes its temporary files and stops its workers, and training
+    says how to resume."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
@@ -666,9 +681,15 @@ def main(argv: list[str] | None = None) -> int:
         # permission, disk full); its message names the file.
         print(f"petal {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        if isinstance(err, _Terminated):
+            print(f"petal {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"petal {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

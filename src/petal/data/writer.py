@@ -42,8 +42,10 @@ import multiprocessing
 import os
 import random
 import re
+import select
 import struct
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -329,14 +331,20 @@ def _write_piece(job: tuple[list[tuple[str, int, str]], str], options: _Options)
     return results
 
 
-def _worker_setup() -> None:
-    """Makes glibc keep freed memory instead of returning each large block to the OS.
+def _worker_setup(converter: int) -> None:
+    """Ends the worker with the converting process ``converter``, and makes glibc keep
+    freed memory instead of returning each large block to the OS.
+
+    A worker waits on a queue whose writing end it holds itself, and holds the forkserver's
+    liveness pipe, so a conversion killed outright (SIGKILL) left its workers and the
+    forkserver waiting for ever; a thread now ends the worker when ``converter`` exits.
 
     Every image allocates and frees arrays of hundreds of kB (decoded pixels, float
     intermediates); by default glibc serves those with mmap and unmaps them on free, so
     each image pays hundreds of page faults: about half the CPU time of a 224-px image.
     TensorFlow's import changes this in the main process; the workers never import it.
     """
+    threading.Thread(target=_exit_with, args=(converter,), daemon=True).start()
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
@@ -344,6 +352,26 @@ def _worker_setup() -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3
     mallopt(m_mmap_threshold, 64 << 20)
     mallopt(m_trim_threshold, 256 << 20)
+
+
+def _exit_with(pid: int) -> None:
+    """Exits this process once process ``pid`` has ended (a pidfd where there is one)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux 5.3+, or already gone
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+    else:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+    os._exit(1)
 
 
 def _start_workers_server() -> None:
@@ -413,7 +441,7 @@ class _Mapper:
         self._pool = None
         if workers > 1:
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=_context(), initializer=_worker_setup
+                workers, mp_context=_context(), initializer=_worker_setup, initargs=(os.getpid(),)
             )
 
     def imap(self, fn: Callable, items: Sequence, chunk: int | None = None) -> Iterator:
