@@ -324,9 +324,11 @@ def normalize(images, normalization: str = "unit") -> tf.Tensor:
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
     images = tf.cast(images, tf.float32)
     if normalization == "unit":
-        return images * (1.0 / 255.0)
+        return images / 255.0
     if normalization == "symmetric":
-        return images * (1.0 / 127.5) - 1.0
+        # Centred first: x / 127.5 - 1 becomes one fused multiply-add under XLA, which
+        # gives 1.0000001 for 255, outside the range.
+        return (images - 127.5) / 127.5
     if normalization == "imagenet":
         mean = tf.constant(IMAGENET_MEAN) * 255.0
         std = tf.constant(IMAGENET_STD) * 255.0
