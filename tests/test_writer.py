@@ -850,7 +850,7 @@ def test_failed_overwrite_keeps_the_complete_conversion(small_flowers, tmp_path,
     assert read_manifest(out)["image_size"] == [8, 8]
 
 
-def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path):
+def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path, caplog):
     out = tmp_path / "out"
     out.mkdir()
     # What a run killed between renaming its shards and writing the manifest leaves.
@@ -858,6 +858,11 @@ def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path):
     (out / "train-00000-of-00007-9.tfrec").write_bytes(b"old")
     (out / ".petal-tmp-manifest.json").write_text("{")
     convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)
+    # Shards that lost their manifest otherwise (a copy without it) are named as they go.
+    assert caplog.messages == [
+        f"petal: removed 1 shard(s) with no manifest.json beside them from {out}, the output "
+        "of a conversion that did not finish: train-00000-of-00007-9.tfrec"
+    ]
     assert sorted(p.name for p in out.iterdir()) == [
         "manifest.json",
         "train-00000-of-00001-50.tfrec",

@@ -64,7 +64,7 @@ def _add_convert(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--shards", type=int, default=None, help="shards per split")
     group.add_argument(
-        "--shard-mb", type=float, default=None, help="largest shard in MB (default 200)"
+        "--shard-mb", type=float, default=None, help="target shard size in MB (default 200)"
     )
     parser.add_argument(
         "--classes", default=None, help="comma-separated class names, in index order"

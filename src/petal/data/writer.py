@@ -703,9 +703,17 @@ def _prepare_output(output: str) -> list[str]:
     # Without a manifest, shards are leftovers of an interrupted run; temporary files always are.
     complete = schema.MANIFEST_NAME in names
     kept = [n for n in names if complete and (n == schema.MANIFEST_NAME or _SHARD_RE.match(n))]
-    for name in names:
-        if _is_ours(name) and name not in kept:
-            _remove(folders.join(output, name))
+    removed = [n for n in names if _is_ours(n) and n not in kept]
+    for name in removed:
+        _remove(folders.join(output, name))
+    if shards := [n for n in removed if _SHARD_RE.match(n)]:
+        log.warning(
+            "petal: removed %d shard(s) with no manifest.json beside them from %s, the output "
+            "of a conversion that did not finish: %s",
+            len(shards),
+            output,
+            _some(shards),
+        )
     return sorted(kept, key=lambda n: n != schema.MANIFEST_NAME)
 
 
@@ -884,8 +892,9 @@ def convert(
         val_fraction: fraction of each class for the validation split, in [0, 1).
         seed: seeds the split and the record order.
         shards: shards per split (capped at the split's record count).
-        shard_mb: largest shard size in MB instead (default 200, so shards of 100-200 MB
-            once a split is bigger than that).
+        shard_mb: target shard size in MB instead (default 200, so shards of about
+            100-200 MB once a split is bigger than that): the shard count comes from the
+            average record size, so a shard of larger images may run past it.
         classes: class names in index order (list or comma-separated); default all
             sub-folders with images, sorted.
         workers: processes decoding and encoding; default ``os.cpu_count()``.
