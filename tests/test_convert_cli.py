@@ -206,6 +206,14 @@ def test_inspect_grid_paths(small_records, tmp_path, capsys):
     assert main(["inspect", str(small_records), "--grid", str(tmp_path / "gnoext")]) == 0
     assert f"grid: {tmp_path / 'gnoext.png'}\n" in capsys.readouterr().out
     assert (tmp_path / "gnoext.png").is_file()
+    # Checked before the records are read: a parent that is a file, no name at all.
+    (tmp_path / "afile").write_text("x")
+    assert main(["inspect", str(small_records), "--grid", str(tmp_path / "afile" / "g.png")]) == 2
+    assert _error_line(capsys) == (f"petal inspect: error: --grid {tmp_path}/afile/g.png: "
+                                   f"{tmp_path}/afile is a file, not a folder; pass another path.")
+    assert main(["inspect", str(small_records), "--grid", ""]) == 2
+    assert _error_line(capsys) == ("petal inspect: error: --grid needs a file name, such as "
+                                   "grid.png. Received: --grid ''")
 
 
 def test_inspect_missing_shard_without_verify(small_records, tmp_path, capsys):

@@ -72,7 +72,11 @@ def test_verify_truncated_and_missing_shards(damaged):
     (damaged / "train-00000-of-00002-25.tfrec").unlink()
     problems = inspect_records(damaged, verify=True, progress=False).problems
     assert "train-00000-of-00002-25.tfrec: missing" in problems
-    assert any(p.startswith("validation-00000-of-00002-5.tfrec: record 3:") for p in problems)
+    truncated = [p for p in problems if p.startswith("validation-00000-of-00002-5.tfrec: rec")]
+    assert truncated == [
+        f"validation-00000-of-00002-5.tfrec: record 3: truncated record at byte {offsets[3] - 12}:"
+        f" {truncated[0].rsplit(': ', 1)[1]}"
+    ]  # TensorFlow's "truncated record at N' failed with ..." once came through as it was
 
 
 def test_verify_finds_records_that_do_not_parse(damaged, tmp_path):
@@ -114,6 +118,12 @@ def test_skipped_files_are_listed(small_records, tmp_path):
 def test_no_manifest(tmp_path):
     with pytest.raises(PetalError, match="No readable manifest.json"):
         inspect_records(tmp_path)
+    # Nothing there, or a file: said so (both once read as "no readable manifest.json").
+    with pytest.raises(PetalError, match=r"^Data source not found: .*nope\."):
+        inspect_records(tmp_path / "nope")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(PetalError, match=r"^Data source is a file, not a folder: .*notes.txt"):
+        inspect_records(tmp_path / "notes.txt")
 
 
 def test_codelab_shards_without_a_manifest_as_training_reads_them(make_records, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import corrupt_record, image_ids
-from petal.data import reader
+from petal.data import inspect_records, reader
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import CODELAB_CLASSES, open_source
 from petal.errors import PetalError
@@ -191,8 +191,11 @@ def test_manifest_disagreeing_with_shards(make_records):
     manifest["splits"]["train"]["shards"][0]["count"] = 8
     manifest["splits"]["train"]["count"] = 14
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(PetalError, match="train-00000-of-00002-7.tfrec.*manifest count 8"):
+    with pytest.raises(PetalError, match="train-00000-of-00002-7.tfrec of split 'train' has "
+                       "count 8, but its file name says 7"):
         open_source(str(folder))
+    with pytest.raises(PetalError, match="has count 8, but its file name says 7"):
+        inspect_records(folder, progress=False)  # without --verify too
 
     other = make_records("other")
     (other / "train-00005-of-00009-3.tfrec").write_bytes(b"")
@@ -215,6 +218,13 @@ def _with_split(manifest: dict, split: str, **fields) -> dict:
         (lambda m: {**m, "image_size": [16]}, "'image_size' must be"),
         (lambda m: {**m, "format": "png"}, "unknown format 'png'"),
         (lambda m: {k: v for k, v in m.items() if k != "format"}, "it has no 'format'"),
+        (  # the count in a shard's name is what readers of codelab-style shards trust
+            lambda m: _with_split(
+                m, "validation", shards=[{**m["splits"]["validation"]["shards"][0], "count": 4}]
+            ),
+            r"shard validation-00000-of-00001-5\.tfrec of split 'validation' has count 4, but "
+            "its file name says 5",
+        ),
         (
             lambda m: _with_split(m, "validation", count=99),
             r"split 'validation' has count 99 but its shards hold \d+",

@@ -128,7 +128,13 @@ def _add_inspect(parser: argparse.ArgumentParser) -> None:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from petal.data import inspect_records
+    from petal.data.folders import is_remote
+    from petal.data.inspect import image_path
 
+    if args.grid is not None:
+        args.grid = image_path(args.grid)
+        if not is_remote(args.grid):  # before the records are read
+            _check_output_file(args.grid, "--grid")
     report = inspect_records(args.output, verify=args.verify, grid=args.grid)
     print(report)
     return 0 if report.ok else 1

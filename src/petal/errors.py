@@ -30,4 +30,6 @@ def tf_message(err) -> str:
     # tf.data's wrapping of an error raised inside a map function, and its node trace.
     text = re.sub(r"Error in user-defined function passed to .*? with iterator: \S+: ", "", text)
     text = re.sub(r"\s*\[\[[^\]]*\]\]", "", text)
+    # The record reader's "truncated record at 625547' failed with Read less bytes ...".
+    text = re.sub(r"truncated record at (\d+)' failed with ", r"truncated record at byte \1: ", text)
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()

@@ -116,7 +116,7 @@ def _codelab_source(path: str):
     try:
         source = open_source(path, verify=False)
     except PetalError:
-        if pattern:  # a glob names shards, never a records folder: say what went wrong
+        if pattern or not folders.isdir(path):  # a glob, a file or nothing: say which
             raise
         return None  # read_manifest says what is missing
     if source.kind == "folder":
@@ -548,6 +548,8 @@ def image_path(out: str, option: str = "--grid") -> str:
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    if not out.strip() or out.endswith(("/", os.sep)):
+        raise PetalError(f"{option} needs a file name, such as grid.png. Received: {option} {out!r}")
     ext = os.path.splitext(out)[1].lower()
     if not ext:
         return out + ".png"

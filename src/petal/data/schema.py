@@ -56,7 +56,8 @@ def check_manifest(manifest, path: str) -> dict:
     Checked: a JSON object with ``classes`` (distinct non-empty names), a known ``format``,
     ``image_size`` (``[height, width]`` or null) and ``splits``, whose ``train`` and
     ``validation`` (either may be absent) list shards with a ``file`` name and a ``count``;
-    a split's ``count`` and its ``per_class`` counts (where given) add up to its shards'.
+    a split's ``count`` and its ``per_class`` counts (where given) add up to its shards';
+    a shard's count is the one in its file name (``-<count>.tfrec``), where it has one.
 
     Raises:
         PetalError: naming ``path``, the first field that is wrong, and the fix.
@@ -109,6 +110,12 @@ def check_manifest(manifest, path: str) -> dict:
                 raise wrong(
                     f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and "
                     f"its 'bytes'; it has file={file!r}, count={count!r}, bytes={size!r}"
+                )
+            named = _COUNT_RE.search(file)
+            if named and int(named.group(1)) != count:
+                raise wrong(
+                    f"shard {file} of split {split!r} has count {count}, but its file name "
+                    f"says {named.group(1)}"
                 )
         total = sum(shard["count"] for shard in info.get("shards", []))
         if info.get("count", total) != total:
