@@ -308,8 +308,10 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
     for key in CHECKPOINT_FIELDS:
         if key == "image_size" and key in saved_resolved:  # as resolved from the data
             was, new = saved_resolved[key], resolved[key]
+        elif key in saved:  # (a run saved before the field existed has no say)
+            was, new = saved[key], now[key]
         else:
-            was, new = saved.get(key), now[key]
+            continue
         if was != new:
             changed.append(f"{key} {_show(was)} -> {_show(new)}")
     if changed:
