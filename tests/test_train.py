@@ -407,6 +407,34 @@ def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, t
     assert any("1 of 31 files cannot be decoded" in line for line in lines)
 
 
+def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tmp_path):
+    """Undecodable files on both sides of the split: the validation length Keras is told
+    leaves them out (it counted them, and the run failed with FailedPreconditionError when
+    that changed the number of batches)."""
+    from petal.data.pipeline import open_source
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:6]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+        for i in range(3):
+            (folder / cls / f"zz-broken-{i}.jpg").write_bytes(f"not a JPEG {cls} {i}".encode())
+    src = open_source(folder)
+    bad_val = sum("zz-broken" in f for f in src.files("validation"))
+    bad_train = sum("zz-broken" in f for f in src.files("train"))
+    good_val = src.count("validation") - bad_val
+    # The test needs broken files in validation that remove at least one batch of 4.
+    assert bad_val and -(-good_val // 4) < -(-src.count("validation") // 4)
+    cfg = tiny_config(folder, epochs=1, steps_per_epoch=1, skip_corrupt=True, cache=False,
+                      model="dense", eval_batch_size=4)
+    metrics = train(cfg, tmp_path / "run", log=lambda line: None)
+    assert metrics["epochs_completed"] == 1 and metrics["skipped_corrupt_records"] == 15
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
+    assert resolved["val_count"] == good_val
+    assert resolved["train_count"] == src.count("train") - bad_train
+
+
 @pytest.mark.parametrize(
     ("values", "match"),
     [

@@ -578,7 +578,14 @@ def train(
     else:
         image_size = (info_model.default_image_size,) * 2
     normalization = cfg.normalization or info_model.normalization
+    undecodable = _undecodable_folder_files(source, cfg, log)
     train_count, val_count = source.count("train"), source.count("validation")
+    if undecodable:
+        # The pipeline drops these files: leave them out of the counts (the validation
+        # length Keras is told, the steps per epoch).
+        dropped = {path for path, _ in undecodable}
+        val_count -= len(dropped.intersection(source.files("validation")))
+        train_count -= len(dropped.intersection(source.files("train")))
     _check_splits(source, cfg.data, train_count, val_count)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
@@ -586,7 +593,6 @@ def train(
             f"The training split of {cfg.data} has {train_count} images, fewer than one global "
             f"batch of {global_batch}; lower batch_size. Received: batch_size={cfg.batch_size}"
         )
-    undecodable = _undecodable_folder_files(source, cfg, log)
     weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
     peak = _peak_lr(cfg, global_batch)
     resize = (source.manifest or {}).get("resize") or "fill"
