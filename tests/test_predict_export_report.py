@@ -85,6 +85,27 @@ def test_predict_on_a_folder_accounts_for_every_file(trained, small_flowers, tmp
         predict(trained, [photos / "empty.jpg", photos / "cut.jpg"], skip_corrupt=True)
 
 
+def test_predict_skips_fifos_and_devices_named_like_images(trained, small_flowers, tmp_path):
+    """A FIFO would block the read for ever and a link to /dev/zero would fill the memory:
+    both are unreadable files, named with the reason, without being opened."""
+    import os
+
+    from petal.evaluation.predict import predict
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = sorted((small_flowers / "daisy").iterdir())[0]
+    (photos / "a.jpg").write_bytes(good.read_bytes())
+    os.mkfifo(photos / "pipe.jpg")
+    (photos / "zero.jpg").symlink_to("/dev/zero")
+    warnings: list[str] = []
+    results = predict(trained, [photos], skip_corrupt=True, warn=warnings.append)
+    assert [r.get("skipped") for r in results] == [None] + ["not a regular file"] * 2
+    assert len(results[0]["predictions"]) == 3
+    with pytest.raises(PetalError, match=r"Cannot read image .*pipe.jpg: not a regular file"):
+        predict(trained, [photos / "pipe.jpg"])
+
+
 def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monkeypatch):
     """Pixels of one batch at a time (a large folder fits in memory); after an unreadable
     file the model runs no more, and every unreadable file is still named."""

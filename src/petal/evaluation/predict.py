@@ -24,8 +24,11 @@ class _Unreadable(Exception):
 
 
 def _decode(path: Path, run: RunInfo) -> np.ndarray:
+    from petal.data.folders import read_bytes
+
     try:
-        data = path.read_bytes()
+        # Refuses a FIFO or a device before opening it (the read would block or never end).
+        data = read_bytes(str(path))
     except FileNotFoundError:
         raise _Unreadable("not found") from None
     except OSError as err:  # a folder, no permission, an I/O error
