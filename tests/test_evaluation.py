@@ -301,6 +301,32 @@ def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
     assert "Traceback" not in printed.err
 
 
+def test_an_unreadable_folder_file_is_named_by_evaluate_and_train(
+    trained, small_flowers, tmp_path, capfd
+):
+    """A looping symlink fails ReadFile with UnknownError (not a decode error): it is named
+    in one line like an undecodable file, not a TensorFlow traceback."""
+    from petal.cli import main
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:4]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "tulips" / "loop.jpg").symlink_to("loop.jpg")
+    args = ["evaluate", str(trained), "--data", str(folder), "--out", str(tmp_path / "eval")]
+    assert main(args) == 2
+    err = capfd.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"petal evaluate: error: 1 image(s) in {folder} cannot be decoded: ")
+    assert f"{folder}/tulips/loop.jpg: unreadable: " in err and "--skip-corrupt" in err
+    train_args = ["train", "--data", str(folder), "--workdir", str(tmp_path / "run"), "--set",
+                  "epochs=1", "--set", "batch_size=4", "--set", "image_size=32", "--preset",
+                  "quick", "--set", "model=dense", "--set", "tensorboard=false"]
+    assert main(train_args) == 2
+    err = capfd.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"petal train: error: 1 image(s) in {folder} cannot be decoded: ")
+
+
 def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 

@@ -646,6 +646,28 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     )
 
 
+def input_error(err, data, action: str) -> PetalError | None:
+    """:func:`corrupt_input_error` for a TensorFlow error that stopped ``action``, or None
+    when the input is not to blame (the caller re-raises).
+
+    A corrupt record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image
+    folder's file that cannot be read at all (a looping link, no permission, removed while
+    training) raises others, and is to blame when the folder holds such a file.
+    """
+    import tensorflow as tf
+
+    if isinstance(err, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
+        return corrupt_input_error(err, data, action)
+    unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)
+    folder = _as_folder(data) if isinstance(err, unreadable) else None
+    if folder is None:
+        return None
+    from petal.data.pipeline import undecodable_files
+
+    bad = undecodable_files(folder)
+    return _folder_decode_error(folder, data, action, bad) if bad else None
+
+
 def _as_folder(data) -> Source | None:
     """``data`` opened, if it is an image folder (None for records or what does not open)."""
     try:
@@ -655,15 +677,16 @@ def _as_folder(data) -> Source | None:
     return src if src.kind == "folder" else None
 
 
-def _folder_decode_error(src: Source, data, action: str) -> PetalError:
-    """Names the files of an image folder that the pipeline cannot decode."""
+def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError:
+    """Names the files of an image folder that the pipeline cannot decode (``bad``, when
+    already known)."""
     from petal.data.pipeline import undecodable_files
 
     fix = (
         f"Remove or replace them, convert the folder with `petal convert` (it skips and "
         f"lists unreadable files in manifest.json), or {action} with --skip-corrupt."
     )
-    bad = undecodable_files(src)
+    bad = undecodable_files(src) if bad is None else bad
     if not bad:
         return PetalError(f"An image in {data} could not be decoded. {fix}")
     shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])

@@ -79,7 +79,7 @@ def evaluate(
     from tensorflow import errors as tf_errors
 
     from petal.data.pipeline import eval_dataset, folder_skips, open_source, upscale_warning
-    from petal.data.reader import SKIPPED, corrupt_input_error
+    from petal.data.reader import SKIPPED, input_error
 
     log = log or (lambda line: print(line, flush=True))
     warn = warn or (lambda line: print(f"petal evaluate: warning: {line}", file=sys.stderr))
@@ -152,8 +152,10 @@ def evaluate(
                 _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
                                num_samples, max_misclassified)
                 bar.update(len(y))
-    except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
-        raise corrupt_input_error(err, data, "evaluate") from err
+    except tf_errors.OpError as err:
+        if (error := input_error(err, data, "evaluate")) is None:
+            raise
+        raise error from err
     seconds = time.perf_counter() - start
     if not labels:
         raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")

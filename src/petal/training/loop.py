@@ -691,7 +691,7 @@ def train(
     else:
         train_ds, val_ds = train_fn(), eval_fn()
 
-    from petal.data.reader import SKIPPED, corrupt_input_error
+    from petal.data.reader import SKIPPED, input_error
 
     skipped_before = SKIPPED.skipped
     t0 = time.perf_counter()
@@ -784,9 +784,12 @@ def train(
                         shuffle=False,  # the input pipeline shuffles
                         verbose=0,
                     )
-                except (tf_errors.DataLossError, tf_errors.InvalidArgumentError) as err:
-                    # A corrupt record (CRC or decode failure) surfaces here.
-                    raise corrupt_input_error(err, cfg.data, "train") from err
+                except tf_errors.OpError as err:
+                    # A corrupt record (CRC or decode failure) surfaces here, and an image
+                    # folder's file that cannot be read.
+                    if (error := input_error(err, cfg.data, "train")) is None:
+                        raise
+                    raise error from err
             if nan_guard.nan_epoch is not None:
                 break
         if resume and start_epoch and not loaded:
