@@ -204,6 +204,8 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
         ({"model": "convnet"}, 'model "dense" -> "convnet"'),
         ({"image_size": 24}, "image_size 32x32 -> 24x24"),
         ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
+        # Loss scaling wraps the optimizer: its state would not load (Keras only warned).
+        ({"precision": "mixed_float16"}, 'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),
     ):
         cfg = tiny_config(small_records, **{"model": "dense", "epochs": 2, **change})
         with pytest.raises(PetalError, match=f"holds a checkpoint that --resume cannot change: "
@@ -219,15 +221,27 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     with pytest.raises(PetalError, match=r"last.keras does not fit the model of this config"):
         train(cfg, run, resume=True, **QUIET)
     assert (run / "config.json").read_text() == saved
+    # A damaged checkpoint (cut short) is one line too.
+    (run / "last.keras").write_bytes(good[: len(good) // 2])
+    with pytest.raises(PetalError, match=r"last.keras cannot be read \(.*\); it is damaged"):
+        train(tiny_config(small_records, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert (run / "config.json").read_text() == saved
+    # bfloat16 keeps the optimizer's state (same variables): a change that may go on.
+    (run / "last.keras").write_bytes(good)
+    lines = []
+    train(tiny_config(small_records, model="dense", epochs=2, precision="mixed_bfloat16"), run,
+          resume=True, log=lines.append)
+    assert json.loads((run / "config.json").read_text())["resolved"]["precision"] == (
+        "mixed_bfloat16")
     # Another steps per epoch (batch size, training set): the schedule goes on from this
     # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
     (run / "last.keras").write_bytes(good)
     lines = []
-    train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=3), run,
+    train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=3), run,
           resume=True, log=lines.append)
-    assert any(line.endswith("resuming after epoch 1 (it ran 2 steps/epoch)") for line in lines)
+    assert any(line.endswith("resuming after epoch 2 (it ran 2 steps/epoch)") for line in lines)
     model = keras.saving.load_model(run / "model.keras", safe_mode=True)
-    assert int(model.optimizer.iterations) == 1 * 3 + 3
+    assert int(model.optimizer.iterations) == 2 * 3 + 3
     assert json.loads((run / "config.json").read_text())["steps_per_epoch"] == 3
 
 

@@ -314,6 +314,14 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             continue
         if was != new:
             changed.append(f"{key} {_show(was)} -> {_show(new)}")
+    was = saved_resolved.get("precision")
+    if was and (was == "mixed_float16") != (resolved["precision"] == "mixed_float16"):
+        # Loss scaling wraps the optimizer: its saved state would not load (Keras only
+        # warns). float32 and bfloat16 keep the same variables and may change.
+        changed.append(
+            f"precision {_show(was)} -> {_show(resolved['precision'])} (--precision {was} "
+            "keeps it)"
+        )
     if changed:
         raise PetalError(
             f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
@@ -833,8 +841,17 @@ def train(
 
 def _load_checkpoint(model, workdir: Path) -> None:
     """Load ``last.keras`` (weights, and the optimizer's state once it is built)."""
+    import zipfile
+
+    path = workdir / "last.keras"
     try:
-        model.load_weights(str(workdir / "last.keras"))
+        model.load_weights(str(path))
+    except (zipfile.BadZipFile, EOFError, OSError) as err:
+        raise PetalError(
+            f"{path} cannot be read ({str(err).splitlines()[0][:200] or type(err).__name__}); "
+            "it is damaged (a disk filled or a copy cut short): start a new run with "
+            "--overwrite, or restore the file."
+        ) from None
     except ValueError as err:
         raise PetalError(
             f"{workdir / 'last.keras'} does not fit the model of this config "
