@@ -120,6 +120,23 @@ def test_an_image_folder_with_a_fifo_opens_and_names_it(small_flowers, tmp_path,
         in caplog.text
 
 
+def test_an_image_folder_with_a_stray_temporary_file_opens(small_flowers, tmp_path):
+    """A `.petal-tmp-*` name beside class sub-folders (a conversion into the wrong folder,
+    once) is no unfinished conversion: only a folder without class sub-folders is one."""
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    (photos / ".petal-tmp-train-00000.tfrec").write_bytes(b"left over")
+    src = open_source(str(photos))
+    assert src.kind == "folder" and src.count("all") == 4
+    (photos / "daisy").rename(tmp_path / "daisy")
+    (photos / "roses").rename(tmp_path / "roses")
+    with pytest.raises(PetalError, match="holds only the temporary files of a petal convert"):
+        open_source(str(photos))
+
+
 def test_codelab_classes_from_labels(make_records):
     folder = make_records(
         "codelab", counts={"all": [4, 4]}, codelab=True, classes=("cat", "dog", "emu")

@@ -180,16 +180,17 @@ def open_source(
         raise _file_given(root)
     names = sorted(fs.listdir(root))
     shards = [_join(root, n) for n in names if schema.is_shard_file(n)]
-    if not shards and any(n.startswith(schema.TEMP_PREFIX) for n in names):
-        raise PetalError(
-            f"{root} holds only the temporary files of a petal convert that did not finish "
-            f"({schema.TEMP_PREFIX}*); run the conversion again (petal convert SRC {root})."
-        )
     if shards:
         _refuse_split_shards(fs, root, shards)
         return _open_codelab(root, shards, classes, val_fraction)
     if any(fs.isdir(_join(root, n)) for n in names):
+        # (A stray temporary file beside class sub-folders is not read.)
         return _open_folder(root, classes, val_fraction)
+    if any(n.startswith(schema.TEMP_PREFIX) for n in names):
+        raise PetalError(
+            f"{root} holds only the temporary files of a petal convert that did not finish "
+            f"({schema.TEMP_PREFIX}*); run the conversion again (petal convert SRC {root})."
+        )
     if flat := folders.flat_folder_error(root, names, "Data source "):
         raise flat
     raise PetalError(
