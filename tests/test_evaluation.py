@@ -213,6 +213,8 @@ def test_evaluate_warns_when_records_are_upscaled_to_the_model(trained, make_rec
 
 
 def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowers, tmp_path):
+    import shutil
+
     from petal.evaluation.evaluate import evaluate
 
     photos = tmp_path / "photos"
@@ -230,6 +232,13 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     assert report["macro"]["recall"] == pytest.approx(np.mean(present))
     assert warned == [f"{photos} holds 2 of the model's 5 classes (roses, tulips); the macro "
                       "averages are over those"]
+    # New photos of one class (a classifier needs two to train, not to be scored).
+    shutil.rmtree(photos / "tulips")
+    report = evaluate(trained, photos, out_dir=tmp_path / "eval1", log=lambda line: None,
+                      warn=lambda line: None)
+    assert report["count"] == 3 and [sum(row) for row in report["confusion_matrix"]] == [
+        0, 0, 3, 0, 0]
+    assert report["macro"]["recall"] == pytest.approx(report["per_class"]["roses"]["recall"])
     (photos / "cactus").mkdir()
     (photos / "cactus" / "c.jpg").symlink_to(next((small_flowers / "daisy").iterdir()).resolve())
     with pytest.raises(PetalError, match=r"photos holds classes the model in .* does not know: "

@@ -353,7 +353,9 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
     )
 
 
-def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageFolder:
+def find_images(
+    root: str, classes: Sequence[str] | str | None = None, *, min_classes: int = 2
+) -> ImageFolder:
     """Lists the labelled images under ``root``.
 
     Args:
@@ -362,10 +364,11 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             comma-separated string); default: every sub-folder that holds at least one
             candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
             never classes, and hidden entries inside classes are never read.
+        min_classes: fewer classes are refused (2 to train; scoring new photos needs 1).
 
     Raises:
         PetalError: missing, unreachable or unlistable root, no candidate images, fewer
-            than two classes, or an explicit class that does not exist or holds no images.
+            than ``min_classes`` classes, or an explicit class that does not exist or holds no images.
     """
     root = str(root)
     if not exists(root):
@@ -431,7 +434,7 @@ def find_images(root: str, classes: Sequence[str] | str | None = None) -> ImageF
             f"No images found under {root}: expected class sub-folders holding files with "
             f"extensions {accepted} (case-insensitive)."
         )
-    if len(chosen) < 2:
+    if len(chosen) < min_classes:
         # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
         inner = {rel.split("/")[1] for rel in by_class[chosen[0]] if rel.count("/") > 1}
         hint = (

@@ -132,6 +132,7 @@ def open_source(
     classes: list[str] | tuple[str, ...] | None = None,
     val_fraction: float | None = None,
     verify: bool = True,
+    min_classes: int = 2,
 ) -> Source:
     """Open a records folder, codelab shards or an image folder.
 
@@ -144,6 +145,8 @@ def open_source(
         val_fraction: validation fraction for codelab shards (by file, default 0.19) and
             image folders (by image, default 0.19).
         verify: check a records folder's shards against its manifest (exist, count, bytes).
+        min_classes: an image folder with fewer classes is refused (2 to train; 1 to score
+            new photos of one of a model's classes).
 
     Raises:
         PetalError: missing, unreachable or empty source (or a scheme that cannot be read),
@@ -185,7 +188,7 @@ def open_source(
         return _open_codelab(root, shards, classes, val_fraction)
     if any(fs.isdir(_join(root, n)) for n in names):
         # (A stray temporary file beside class sub-folders is not read.)
-        return _open_folder(root, classes, val_fraction)
+        return _open_folder(root, classes, val_fraction, min_classes)
     if any(n.startswith(schema.TEMP_PREFIX) for n in names):
         raise PetalError(
             f"{root} holds only the temporary files of a petal convert that did not finish "
@@ -388,11 +391,11 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
     return classes, image_size
 
 
-def _open_folder(root: str, classes, val_fraction) -> Source:
+def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
     if _is_http(root):
         pairs, names = _list_http_folder(root, classes)
     else:
-        found = folders.find_images(root, classes)
+        found = folders.find_images(root, classes, min_classes=min_classes)
         names = list(found.classes)
         pairs = _regular_files(root, [(f.path, f.relpath, f.label) for f in found.files])
     fraction = FOLDER_VAL_FRACTION if val_fraction is None else float(val_fraction)

@@ -102,7 +102,8 @@ def evaluate(
         )
     # Before the evaluation, which may take minutes: a file in the way stops it now.
     out = make_output_folder(out, "evaluation")
-    source = open_source(str(data))
+    # New photos may be of one of the model's classes.
+    source = open_source(str(data), min_classes=1)
     to_model = class_index(source.classes, run, str(data))  # labels by class name
     # The run's own data (the default) needs no comparison with itself: its manifest, if
     # any, is not read a second time.
