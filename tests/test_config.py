@@ -178,6 +178,20 @@ def test_saved_config_round_trips(tmp_path):
     assert config_from_json(tmp_path / "config.json") == cfg
 
 
+def test_a_runs_config_json_is_a_config_file(tmp_path):
+    """A run's own config.json starts another run (its resolved facts are not fields); on
+    a resumed run a file naming another preset is refused, as --resume --preset is."""
+    cfg = get_preset("squeezenet-plus").replace(data="/some/records", epochs=7)
+    save_config(cfg, tmp_path / "config.json", classes=["a", "b"], val_count=12)
+    assert load_config(None, tmp_path / "config.json") == cfg
+    assert load_config(None, tmp_path / "config.json", ["epochs=9"]).epochs == 9
+    base = get_preset("quick")
+    assert load_config(None, tmp_path / "config.json", base=cfg) == cfg
+    with pytest.raises(PetalError, match=r"names preset 'squeezenet-plus'.*run being resumed "
+                       r"is 'quick'"):
+        load_config(None, tmp_path / "config.json", base=base)
+
+
 def test_train_cli_flags_reach_the_config(monkeypatch, tmp_path):
     from petal import cli
     from petal.training import loop

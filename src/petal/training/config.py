@@ -458,8 +458,16 @@ def load_config(
     file_values: dict = {}
     if config_file is not None:
         file_values = read_config_file(config_file)
-    name = preset or file_values.pop("preset", None)
-    file_values.pop("preset", None)
+        # A run's own config.json: its resolved facts (classes, counts) are not fields.
+        file_values.pop("resolved", None)
+    file_preset = file_values.pop("preset", None)
+    if base is not None and not preset and file_preset not in (None, base.preset):
+        raise PetalError(
+            f"Config file {config_file} names preset {file_preset!r}, but the run being "
+            f"resumed is {base.preset!r}: a preset starts a new run (pass --overwrite or "
+            "another --workdir), or drop the file's preset key to change fields only."
+        )
+    name = preset or file_preset
     cfg = base if base is not None and not preset else get_preset(name or "default")
     cfg = apply_overrides(cfg, file_values, source=str(config_file))
     cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None}, source="flag")
