@@ -226,11 +226,12 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     with pytest.raises(PetalError, match=r"last.keras cannot be read \(.*\); it is damaged"):
         train(tiny_config(small_records, model="dense", epochs=2), run, resume=True, **QUIET)
     assert (run / "config.json").read_text() == saved
-    # bfloat16 keeps the optimizer's state (same variables): a change that may go on.
+    # bfloat16 keeps the optimizer's state (same variables): a change that may go on; so is
+    # a training size equal to the image size (the run's, resolved from null).
     (run / "last.keras").write_bytes(good)
     lines = []
-    train(tiny_config(small_records, model="dense", epochs=2, precision="mixed_bfloat16"), run,
-          resume=True, log=lines.append)
+    train(tiny_config(small_records, model="dense", epochs=2, precision="mixed_bfloat16",
+                      train_image_size=32), run, resume=True, log=lines.append)
     assert json.loads((run / "config.json").read_text())["resolved"]["precision"] == (
         "mixed_bfloat16")
     # Another steps per epoch (batch size, training set): the schedule goes on from this

@@ -308,6 +308,12 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
     for key in CHECKPOINT_FIELDS:
         if key == "image_size" and key in saved_resolved:  # as resolved from the data
             was, new = saved_resolved[key], resolved[key]
+        elif key == "train_image_size" and key in saved_resolved:
+            # null trains at the image size: --set train_image_size=64 on a 64x64 run
+            # changes nothing (and a changed image size is named once, as image_size).
+            was, new = saved.get(key), now[key]
+            if saved_resolved[key] == resolved[key]:
+                continue
         elif key in saved:  # (a run saved before the field existed has no say)
             was, new = saved[key], now[key]
         else:
