@@ -233,3 +233,28 @@ def test_convert_warns_about_no_validation_split(small_flowers, tmp_path, capsys
     assert printed.err.splitlines()[-1].startswith(  # after the progress bars
         "petal convert: warning: no validation split (--val-fraction 0); petal train"
     )
+
+
+def test_a_skipped_file_with_a_newline_in_its_name_stays_on_one_line(tmp_path, capsys):
+    src = tmp_path / "photos"
+    for cls in ("a", "b"):
+        (src / cls).mkdir(parents=True)
+        for i in range(2):
+            (src / cls / f"{i}.png").write_bytes(_tiny_png(i))
+    (src / "a" / "bad\nname\x1b[2J.jpg").write_bytes(b"not an image")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--workers", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "skipped a/bad\\nname\\x1b[2J.jpg: not an image (no known image format in the file)" \
+        in err
+
+
+def _tiny_png(seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (20, 20, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()

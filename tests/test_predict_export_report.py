@@ -309,3 +309,16 @@ def test_report_names_a_file_or_folder_in_its_way_before_drawing(trained, tmp_pa
     with pytest.raises(PetalError, match=rf"{name} is a {make}, where the report writes its "):
         build_report(run)
     assert not (run / "plots").is_dir()  # nothing drawn
+
+
+def test_predictions_of_a_file_with_a_newline_in_its_name_stay_on_one_line():
+    from petal.evaluation.predict import format_predictions
+
+    results = [
+        {"file": "new\nphoto.jpg", "predictions": [{"label": "roses", "probability": 0.9}]},
+        {"file": "tab\there.jpg", "predictions": [], "skipped": "empty file (0 bytes)"},
+    ]
+    assert format_predictions(results).splitlines() == [
+        "new\\nphoto.jpg: roses 0.900",
+        "tab\\there.jpg: skipped: empty file (0 bytes)",
+    ]

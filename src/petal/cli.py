@@ -22,7 +22,7 @@ import threading
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
-from petal.errors import PetalError, tf_message
+from petal.errors import PetalError, printable, tf_message
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
 # honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
@@ -104,7 +104,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     for item in summary.manifest["skipped"][:10]:
-        print(f"skipped {item['file']}: {item['reason']}", file=sys.stderr)
+        print(f"skipped {printable(item['file'])}: {item['reason']}", file=sys.stderr)
     if summary.skipped > 10:
         print(f"... {summary.skipped - 10} more skipped: see manifest.json", file=sys.stderr)
     print(str(summary).splitlines()[0])

@@ -7,6 +7,15 @@ class PetalError(ValueError):
     """Bad input or a refused operation. The message names the file or argument and the fix."""
 
 
+def printable(name) -> str:
+    """A file name for a line of output: control characters (a newline, an escape that would
+    drive the terminal) written as Python escapes, so one file stays on one line."""
+    text = str(name)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def first_line(err) -> str:
     """The first line of an exception's message (TensorFlow's ``.message`` where it has one),
     or the exception's type name when the message is empty."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
-from petal.errors import PetalError
+from petal.errors import PetalError, printable
 from petal.evaluation.metrics import top_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar
 
@@ -217,5 +217,6 @@ def format_predictions(results: list[dict]) -> str:
     lines = []
     for r in results:
         best = ", ".join(f"{q['label']} {q['probability']:.3f}" for q in r["predictions"])
-        lines.append(f"{r['file']}: " + (f"skipped: {r['skipped']}" if "skipped" in r else best))
+        shown = printable(r["file"])
+        lines.append(f"{shown}: " + (f"skipped: {r['skipped']}" if "skipped" in r else best))
     return "\n".join(lines)
