@@ -126,8 +126,13 @@ def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp
         f"petal train: error: --resume continues the run saved in {run}; --preset starts a "
         "new one: drop --preset (change fields with --set KEY=VALUE), or pass --overwrite.\n"
     )
-    # A config file's fields apply on top of the saved run, its "preset" key too ignored.
+    # A config file's fields apply on top of the saved run; a "preset" key of another
+    # preset is refused as --preset is (it was ignored without a word).
     (tmp_path / "more.json").write_text('{"preset": "codelab-squeezenet", "seed": 3}')
+    assert cli.main([*argv, "--config", str(tmp_path / "more.json")]) == 2
+    assert "names preset 'codelab-squeezenet', but the run being resumed is 'quick'" in (
+        capsys.readouterr().err)
+    (tmp_path / "more.json").write_text('{"preset": "quick", "seed": 3}')
     assert cli.main([*argv, "--config", str(tmp_path / "more.json")]) == 0
     cfg = given["cfg"]
     assert (cfg.data, cfg.epochs, cfg.seed, cfg.preset) == ("/photos", 7, 3, "quick")
