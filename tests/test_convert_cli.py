@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -246,6 +248,37 @@ def test_a_skipped_file_with_a_newline_in_its_name_stays_on_one_line(tmp_path, c
     err = capsys.readouterr().err.splitlines()
     assert "skipped a/bad\\nname\\x1b[2J.jpg: not an image (no known image format in the file)" \
         in err
+
+
+def test_ctrl_c_dropped_by_a_garbage_collector_callback_still_stops(small_flowers, tmp_path):
+    # Python drops the exception of a signal that lands in a gc callback (JAX, which
+    # TensorFlow imports, registers one): Ctrl-C during the import was often ignored.
+    out = tmp_path / "out"
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(
+        "import gc, signal, sys, time\n"
+        "from petal import cli\n"
+        "def start():\n"
+        "    def callback(phase, info):\n"
+        "        gc.callbacks.remove(callback)\n"
+        "        signal.raise_signal(signal.SIGINT)  # raised in here, then dropped\n"
+        "    gc.callbacks.append(callback)\n"
+        "    gc.collect()\n"
+        "    time.sleep(2)  # Ctrl-C delivered again ends this at once\n"
+        "cli.start_tensorflow_quietly = start\n"
+        f"sys.exit(cli.main(['convert', {str(small_flowers)!r}, {str(out)!r},\n"
+        "                   '--workers', '1', '--image-size', '16']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == "petal convert: interrupted"
+    assert not out.exists()
 
 
 def _tiny_png(seed: int) -> bytes:

@@ -4,6 +4,7 @@ what is tested)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -338,6 +339,74 @@ def test_workers_end_with_a_conversion_killed_outright(tmp_path):
     alive = [p for p in workers if os.path.exists(f"/proc/{p}")]
     for pid in alive:  # do not leave them behind when the test fails
         os.kill(pid, signal.SIGKILL)
+    assert not alive
+
+
+def test_workers_outlive_a_ctrl_c_that_the_converting_process_handles(tmp_path):
+    # Ctrl-C reaches the whole process group. A worker interrupted while writing a result
+    # left part of it in the result pipe, and the conversion hung in its clean-up: the
+    # workers leave Ctrl-C to the converting process, which stops them itself.
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(
+        "import os, signal\n"
+        "from petal.data import writer\n"
+        "writer._start_workers_server()\n"
+        "pool = writer._Mapper(2)\n"
+        "assert pool.submit(abs, [-1])() == [1]  # a worker is up\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)  # handled here, as convert does\n"
+        "os.killpg(0, signal.SIGINT)\n"
+        "print(sum(pool.imap(abs, range(-64, 0), chunk=1)), flush=True)\n"
+        "pool.close()\n"
+    )
+    # A session of its own: the SIGINT must reach only the script's process group.
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2080"]
+
+
+def test_ctrl_c_while_the_pool_starts_leaves_no_worker_to_wait_for(tmp_path):
+    # Ctrl-C after a submit started the first worker but before it started the pool's
+    # manager thread: shutdown() stopped no worker, and Python's exit waited for it for ever.
+    import signal
+
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import os, time\n"
+        "from concurrent.futures import process\n"
+        "from petal.data import writer\n"
+        "def interrupted(self, executor):\n"
+        "    (worker,) = executor._processes.values()\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while len(os.listdir(f'/proc/{worker.pid}/task')) < 2:  # its initializer ran\n"
+        "        assert time.monotonic() < deadline\n"
+        "        time.sleep(0.05)\n"
+        "    print(worker.pid, flush=True)\n"
+        "    raise KeyboardInterrupt\n"
+        "process._ExecutorManagerThread.__init__ = interrupted\n"
+        "pool = writer._Mapper(2)\n"
+        "try:\n"
+        "    pool.submit(abs, [-1])\n"
+        "except KeyboardInterrupt:\n"
+        "    pool.close()\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired as err:
+        done = err
+    worker = int(done.stdout.split()[0])
+    alive = os.path.exists(f"/proc/{worker}")
+    if alive:  # do not leave it behind when the test fails
+        os.kill(worker, signal.SIGKILL)
+    assert isinstance(done, subprocess.CompletedProcess), "hung at exit"
+    assert done.returncode == 0, done.stderr[-2000:]
     assert not alive
 
 
@@ -826,6 +895,33 @@ def test_interrupted_run_leaves_nothing_that_looks_complete(small_flowers, tmp_p
     monkeypatch.setattr(writer, "_convert", real)
     summary = convert(small_flowers, out, image_size=16, shards=3, workers=1, progress=False)
     assert summary.written == 60
+
+
+def test_interrupted_run_removes_the_pieces_workers_finish_late(
+    small_flowers, tmp_path, monkeypatch
+):
+    # Ctrl-C leaves the workers to finish the pieces they are writing (the converting
+    # process stops them): a piece written after the clean-up stayed in the output.
+    class LateWorker(writer._Mapper):
+        late = None
+
+        def imap(self, fn, items, chunk=None):
+            yield fn(items[0])
+            self.late = functools.partial(fn, items[1])  # in a worker when Ctrl-C comes
+            raise KeyboardInterrupt
+
+        def close(self):
+            if self.late is not None:
+                self.late()  # the worker ends its piece while the pool shuts down
+                self.late = None
+            super().close()
+
+    monkeypatch.setattr(writer, "_Mapper", LateWorker)
+    out = tmp_path / "out"
+    out.mkdir()  # a folder that existed stays
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=16, shards=1, workers=1, progress=False)
+    assert list(out.iterdir()) == []
 
 
 def test_failed_overwrite_keeps_the_complete_conversion(small_flowers, tmp_path, monkeypatch):

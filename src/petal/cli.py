@@ -8,6 +8,7 @@ inside the ``_run_`` functions so ``petal --help`` stays instant.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import math
 import os
@@ -669,6 +670,29 @@ def _terminate(signum, frame):
     raise _Terminated
 
 
+def _interrupting(hook):
+    """Wraps ``sys.unraisablehook`` ``hook`` so that a Ctrl-C or SIGTERM Python dropped is
+    delivered again.
+
+    A signal's exception is raised in whatever Python code runs next, and when that is a
+    callback of the garbage collector (JAX, which TensorFlow imports, registers one) or a
+    ``__del__``, Python prints it and carries on: Ctrl-C during TensorFlow's import was
+    often ignored, and the conversion ran to the end.
+    """
+
+    def unraisablehook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            hook(unraisable)
+            return
+        terminated = isinstance(unraisable.exc_value, _Terminated)
+        signum = signal.SIGTERM if terminated else signal.SIGINT
+        # Sent from a new thread, which runs once this one lets go of the GIL: raised in
+        # this hook (or the callback), the exception would be dropped again.
+        _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, signum))
+
+    return unraisablehook
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -676,8 +700,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     previous = signal.getsignal(signal.SIGTERM)
+    previous_hook = sys.unraisablehook
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        sys.unraisablehook = _interrupting(previous_hook)
     try:
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
@@ -694,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"petal {args.command}: interrupted", file=sys.stderr)
         return 130
     finally:
+        sys.unraisablehook = previous_hook
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
 

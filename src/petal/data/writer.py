@@ -43,6 +43,7 @@ import os
 import random
 import re
 import select
+import signal
 import struct
 import sys
 import threading
@@ -375,11 +376,25 @@ def _exit_with(pid: int) -> None:
 
 
 def _start_workers_server() -> None:
-    """Starts the forkserver now (if used), so its imports overlap the caller's work."""
-    if _context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+    """Starts the forkserver now (if used), so its imports overlap the caller's work.
 
-        forkserver.ensure_running()
+    The server, and every worker it forks, starts with SIGINT blocked. Ctrl-C reaches the
+    whole process group: it killed the server while it imported, and a worker while it
+    wrote a result, leaving part of one in the result pipe, where the pool's manager
+    thread then waited for the rest for ever (the conversion hung in its clean-up). The
+    converting process stops the workers itself, as it does on SIGTERM.
+    """
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver, resource_tracker
+
+        # The tracker unblocks SIGINT once it has started: start it first.
+        resource_tracker.ensure_running()
+        # Only this thread's mask: a Ctrl-C meanwhile still reaches this process.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _context():
@@ -489,8 +504,16 @@ class _Mapper:
 
     def close(self) -> None:
         if self._pool is not None:
+            workers = list((getattr(self._pool, "_processes", None) or {}).values())
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            # Ctrl-C between a submit's start of the first worker and its start of the
+            # pool's manager thread left no one to stop that worker, and Python's exit
+            # waited for it for ever: end what shutdown() did not.
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+                    worker.join()
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -1173,7 +1196,9 @@ def _write(
     except BaseException:
         # Interrupted or failed: leave nothing that a reader could mistake for output (a
         # complete earlier conversion is still whole unless the failure came after its
-        # removal above).
+        # removal above). The workers stop first: Ctrl-C leaves them to finish the pieces
+        # they are writing, which came after the clean-up and stayed.
+        mapper.close()
         try:
             for path in temp_paths:
                 if folders.exists(path):
