@@ -336,6 +336,27 @@ def test_an_unreadable_folder_file_is_named_by_evaluate_and_train(
     assert err.startswith(f"petal train: error: 1 image(s) in {folder} cannot be decoded: ")
 
 
+def test_evaluate_on_a_folder_sees_the_pixels_predict_sees(trained, originals_dir):
+    """The run's records are 64 px and its model 32 px: a new photo is fitted to 64 as the
+    converter did, then resized to 32 (predict, training, the export); evaluate once
+    fitted it straight to 32 (a mean difference of 4-13 levels on real photos)."""
+    from petal.data.pipeline import eval_dataset
+    from petal.evaluation.predict import _decode
+    from petal.evaluation.workdir import open_run
+
+    run = open_run(trained)
+    assert run.records_size == (64, 64) and run.image_size == (32, 32)
+    ds = eval_dataset(originals_dir, batch_size=100, image_size=run.image_size,
+                      normalization="raw", label_mode="sparse", split="all",
+                      resize=run.fit_mode, fit_size=run.records_size)
+    images = np.concatenate([np.asarray(x) for x, _ in ds])
+    from petal.data.reader import open_source
+
+    files = open_source(str(originals_dir)).files("all")
+    expected = np.stack([_decode(Path(f), run) for f in files[:8]]).astype(np.float32)
+    np.testing.assert_array_equal(images[:8], expected)
+
+
 def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 

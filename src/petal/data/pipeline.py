@@ -250,12 +250,16 @@ def eval_dataset(
     cache=None,
     dtype: str = "float32",
     resize: str = "fill",
+    fit_size=None,
 ) -> tf.data.Dataset:
     """The evaluation dataset: each image of ``split`` exactly once, in file order.
 
     No shuffle, no repeat, no augmentation; the last batch may be smaller. Arguments are
     those of :func:`train_dataset`; ``cache`` (default off) may be ``"ram"``/``"auto"`` to
-    keep decoded images across repeated evaluations.
+    keep decoded images across repeated evaluations. ``fit_size``, for an image folder:
+    fit each file to this size first (a model's records size, as ``petal convert`` did),
+    then resize it to ``image_size`` as records are, so new photos get the pixels the
+    model's own records (and ``petal predict``) give it.
 
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
@@ -282,7 +286,9 @@ def eval_dataset(
         input_context=input_context,
         skip_corrupt=skip_corrupt,
     )
-    ds = ds.map(_decoder(src, size, resize), num_parallel_calls=AUTOTUNE, deterministic=True)
+    fit = _as_size(fit_size) if fit_size is not None else None
+    decode = _decoder(src, size, resize, fit)
+    ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = _ignore_decode_errors(ds, skip_corrupt, src)
     if cache_to is not None:
         ds = ds.cache(cache_to)
@@ -480,14 +486,17 @@ def _read(
     return ds
 
 
-def _decoder(src: Source, size: tuple[int, int], resize: str = "fill"):
+def _decoder(src: Source, size: tuple[int, int], resize: str = "fill", fit=None):
     """``element -> (uint8 image [H, W, 3], int32 class)`` for this source; image-folder
-    files are fitted to ``size`` with ``resize``."""
+    files are fitted to ``size`` with ``resize`` (to ``fit`` first, then resized to
+    ``size`` as records are, when ``fit`` is another size)."""
     stored = src.image_size
     h, w = size
     if src.kind == "folder":
 
         def decode_file(data, label):
+            if fit is not None and tuple(fit) != tuple(size):
+                return resize_fill(fit_image(data, fit, resize), size), label
             return fit_image(data, size, resize), label
 
         return _graph(decode_file)

@@ -131,8 +131,10 @@ def evaluate(
         normalization=run.normalization,
         split=split,
         skip_corrupt=skip_corrupt,
-        # New photos in a folder are fitted as the run's records were, as predict does.
+        # New photos in a folder are fitted as the run's records were (at their size,
+        # then resized to the model's as records are), as predict does.
         resize=run.fit_mode,
+        fit_size=run.records_size,
     )
     model = load_model(run)
     skipped_before = SKIPPED.skipped
