@@ -24,8 +24,8 @@ class _Interrupt(Exception):
 def _interrupt_at(prefix: str):
     """A log function that raises when the line for ``prefix`` (e.g. "epoch 2/3") is logged.
 
-    The epoch line is written before that epoch's checkpoint, so this leaves the work
-    directory as a crash during the epoch would: history one row ahead of state.json.
+    The epoch line is printed once that epoch's checkpoint is saved (Ctrl-C just after a
+    line once lost its epoch): this leaves the work directory as Ctrl-C after the line.
     """
 
     def log(line: str) -> None:
@@ -46,7 +46,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     with pytest.raises(_Interrupt):
         train(cfg, workdir, log=_interrupt_at("epoch 2/3"))
     state = json.loads((workdir / "state.json").read_text())
-    assert state["epoch"] == 1 and (workdir / "last.keras").is_file()
+    assert state["epoch"] == 2 and (workdir / "last.keras").is_file()
     assert not (workdir / "model.keras").exists()
 
     # The work directory now holds a run: refused without --resume or --overwrite.
@@ -65,7 +65,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     history.write_text(text + "2,0.9")
     metrics = train(cfg, workdir, resume=True, **QUIET)
     rows = read_history(workdir / "history.csv")
-    assert [r["epoch"] for r in rows] == [1, 2, 3]  # the unfinished epoch 2 row was dropped
+    assert [r["epoch"] for r in rows] == [1, 2, 3]  # the row cut short was dropped
     assert set(rows[0]) == {
         "epoch",
         "loss",
@@ -331,7 +331,7 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     )
     # Stop after the head-only epoch, then resume into the fine-tuning phase.
     with pytest.raises(_Interrupt):
-        train(cfg, workdir, log=_interrupt_at("epoch 2/2"))
+        train(cfg, workdir, log=_interrupt_at("epoch 1/2"))
     head_only = keras.saving.load_model(workdir / "last.keras", safe_mode=True)
     np.testing.assert_array_equal(_part(head_only, "conv"), _part(start, "conv"))
     assert not np.allclose(_part(head_only, "head"), _part(start, "head"))

@@ -129,6 +129,8 @@ class MetricsWriter(keras.callbacks.Callback):
         steps_per_epoch: training steps per epoch.
         epochs: total epochs, for the ``epoch 3/35`` display.
         log: where lines go (``print`` to stdout by default).
+        defer: keep each epoch's line for :meth:`announcer` to print (placed after the
+            checkpoint, so a line on the console means its epoch is saved).
     """
 
     def __init__(
@@ -138,8 +140,11 @@ class MetricsWriter(keras.callbacks.Callback):
         steps_per_epoch: int,
         epochs: int,
         log: Callable[[str], None] | None = None,
+        defer: bool = False,
     ):
         super().__init__()
+        self.defer = defer
+        self._pending: str | None = None
         self.path = Path(path)
         self.images_per_epoch = images_per_step * steps_per_epoch
         self.epochs = epochs
@@ -177,7 +182,23 @@ class MetricsWriter(keras.callbacks.Callback):
             csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
                 {k: _fmt(row[k]) for k in HISTORY_FIELDS}
             )
-        self.log(format_epoch_line(row, self.epochs))
+        line = format_epoch_line(row, self.epochs)
+        if self.defer:
+            self._pending = line
+        else:
+            self.log(line)
+
+    def announcer(self) -> keras.callbacks.Callback:
+        """The callback that prints the kept epoch line (see ``defer``)."""
+        writer = self
+
+        class _Announce(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                if writer._pending is not None:
+                    writer.log(writer._pending)
+                    writer._pending = None
+
+        return _Announce()
 
 
 def _as_float(value) -> float:

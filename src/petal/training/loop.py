@@ -769,11 +769,16 @@ def train(
             # This session's (or phase's) first epoch includes tracing and compilation.
             first = max(phase.start, start_epoch) + 1
             state["compile_epochs"] = sorted({*state.get("compile_epochs", []), first})
-            writer = MetricsWriter(history_path, global_batch, steps, cfg.epochs, log=log)
+            writer = MetricsWriter(
+                history_path, global_batch, steps, cfg.epochs, log=log, defer=True
+            )
             callbacks = [
                 writer,
                 nan_guard,
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
+                # The epoch's line once it is saved: Ctrl-C just after a line seen used to
+                # lose that epoch (and name none to resume from).
+                writer.announcer(),
                 StepProgress(steps),
             ]
             if cfg.tensorboard:
