@@ -239,3 +239,18 @@ def make_records(tmp_path):
         return write_test_records(tmp_path / name, **kw)
 
     return make
+
+
+def run_script(script: Path, timeout: int = 120):
+    """Runs a Python script in a session (process group) of its own, so a signal it sends
+    to its group reaches no one else; returns the completed process (text output)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+from conftest import run_script
 from petal.cli import main
 
 
@@ -269,13 +268,7 @@ def test_ctrl_c_dropped_by_a_garbage_collector_callback_still_stops(small_flower
         f"sys.exit(cli.main(['convert', {str(small_flowers)!r}, {str(out)!r},\n"
         "                   '--workers', '1', '--image-size', '16']))\n"
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,
-    )
+    done = run_script(script)
     assert done.returncode == 130, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == "petal convert: interrupted"
     assert not out.exists()

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, JpegImagePlugin
 
+from conftest import run_script
 from petal.data import convert, images, read_manifest, schema, writer
 from petal.errors import PetalError
 
@@ -359,13 +360,7 @@ def test_workers_outlive_a_ctrl_c_that_the_converting_process_handles(tmp_path):
         "pool.close()\n"
     )
     # A session of its own: the SIGINT must reach only the script's process group.
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,
-    )
+    done = run_script(script)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["2080"]
 
