@@ -205,7 +205,8 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
         ({"image_size": 24}, "image_size 32x32 -> 24x24"),
         ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
         # Loss scaling wraps the optimizer: its state would not load (Keras only warned).
-        ({"precision": "mixed_float16"}, 'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),
+        ({"precision": "mixed_float16"},
+         'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),
     ):
         cfg = tiny_config(small_records, **{"model": "dense", "epochs": 2, **change})
         with pytest.raises(PetalError, match=f"holds a checkpoint that --resume cannot change: "

@@ -368,7 +368,8 @@ def find_images(
 
     Raises:
         PetalError: missing, unreachable or unlistable root, no candidate images, fewer
-            than ``min_classes`` classes, or an explicit class that does not exist or holds no images.
+            than ``min_classes`` classes, or an explicit class that does not exist or holds
+            no images.
     """
     root = str(root)
     if not exists(root):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
+from petal.data.folders import read_bytes
 from petal.errors import PetalError, printable
 from petal.evaluation.metrics import top_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar
@@ -24,8 +25,6 @@ class _Unreadable(Exception):
 
 
 def _decode(path: Path, run: RunInfo) -> np.ndarray:
-    from petal.data.folders import read_bytes
-
     try:
         # Refuses a FIFO or a device before opening it (the read would block or never end).
         data = read_bytes(str(path))

@@ -190,15 +190,12 @@ class MetricsWriter(keras.callbacks.Callback):
 
     def announcer(self) -> keras.callbacks.Callback:
         """The callback that prints the kept epoch line (see ``defer``)."""
-        writer = self
+        return keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: self._announce())
 
-        class _Announce(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                if writer._pending is not None:
-                    writer.log(writer._pending)
-                    writer._pending = None
-
-        return _Announce()
+    def _announce(self) -> None:
+        if self._pending is not None:
+            self.log(self._pending)
+            self._pending = None
 
 
 def _as_float(value) -> float:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -859,7 +859,7 @@ def _load_checkpoint(model, workdir: Path) -> None:
         model.load_weights(str(path))
     except (zipfile.BadZipFile, EOFError, OSError) as err:
         raise PetalError(
-            f"{path} cannot be read ({str(err).splitlines()[0][:200] or type(err).__name__}); "
+            f"{path} cannot be read ({first_line(err)[:200]}); "
             "it is damaged (a disk filled or a copy cut short): start a new run with "
             "--overwrite, or restore the file."
         ) from None
