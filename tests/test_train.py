@@ -4,6 +4,8 @@ fine-tuning from a saved weights file with a head-only warm-up, class weights.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -102,6 +104,21 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     # The optimizer state was restored, not restarted: 3 epochs x 2 steps in all.
     model = keras.saving.load_model(workdir / "model.keras", safe_mode=True)
     assert int(model.optimizer.iterations) == 6
+    # The README's recipe loads it compiled in a process that has imported no petal code but
+    # the schedule's registration.
+    script = tmp_path / "load.py"
+    script.write_text(
+        "import sys\nimport keras\nimport petal.training.schedules  # noqa: F401\n"
+        "model = keras.models.load_model(sys.argv[1])\n"
+        "opt = model.optimizer\n"
+        "print(int(opt.iterations), opt.get_config()['learning_rate']['class_name'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(workdir / "model.keras")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["6", "StepSchedule"]
 
 
 def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
