@@ -212,6 +212,10 @@ def test_inspect_grid_paths(small_records, tmp_path, capsys):
     assert main(["inspect", str(small_records), "--grid", str(tmp_path / "afile" / "g.png")]) == 2
     assert _error_line(capsys) == (f"petal inspect: error: --grid {tmp_path}/afile/g.png: "
                                    f"{tmp_path}/afile is a file, not a folder; pass another path.")
+    assert main(["inspect", str(small_records), "--grid", "/proc/petal/g.png"]) == 2
+    assert _error_line(capsys).startswith(
+        "petal inspect: error: --grid /proc/petal/g.png: nothing can be written in /proc ("
+    )
     assert main(["inspect", str(small_records), "--grid", ""]) == 2
     assert _error_line(capsys) == ("petal inspect: error: --grid needs a file name, such as "
                                    "grid.png. Received: --grid ''")

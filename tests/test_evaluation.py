@@ -244,6 +244,10 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     with pytest.raises(PetalError, match=r"photos holds classes the model in .* does not know: "
                        r"cactus; its classes are daisy, dandelion, roses, sunflowers, tulips"):
         evaluate(trained, photos, out_dir=tmp_path / "eval", log=lambda line: None)
+    # A refused evaluation leaves no empty folder behind.
+    with pytest.raises(PetalError, match=r"does not know: cactus"):
+        evaluate(trained, photos, out_dir=tmp_path / "new" / "eval", log=lambda line: None)
+    assert not (tmp_path / "new").exists()
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
@@ -550,7 +554,7 @@ def test_export_refuses_a_file_as_its_folder(trained, tmp_path):
     assert target.read_bytes() == b"keep me"
     # A file where a parent folder should be: one line naming the folder and the fix.
     with pytest.raises(PetalError, match=r"Cannot create export folder .*model.bin/export: "
-                       r"Not a directory; pass --out a folder path whose parents"):
+                       r".*model.bin is a file, not a folder; pass --out a folder path whose "):
         export(trained, out=target / "export")
     assert target.read_bytes() == b"keep me"
 
@@ -568,9 +572,13 @@ def test_evaluate_refuses_a_file_as_its_folder_before_evaluating(trained, tmp_pa
     with pytest.raises(PetalError, match=r"Evaluation folder .*eval.txt is a file; pass --out"):
         evaluate_module.evaluate(trained, tmp_path / "no-data", out_dir=target)
     with pytest.raises(PetalError, match=r"Cannot create evaluation folder .*eval.txt/eval: "
-                       r"Not a directory; pass --out a folder path whose parents"):
+                       r".*eval.txt is a file, not a folder; pass --out a folder path whose "):
         evaluate_module.evaluate(trained, tmp_path / "no-data", out_dir=target / "eval")
     assert target.read_bytes() == b"keep me"
+    # Where nothing can be created, whatever the permission bits say (root passes them).
+    with pytest.raises(PetalError, match=r"^Cannot create evaluation folder /proc/petal/eval: "
+                       r"nothing can be written in /proc \("):
+        evaluate_module.evaluate(trained, tmp_path / "no-data", out_dir="/proc/petal/eval")
 
 
 def test_evaluate_refuses_an_out_folder_inside_the_data(trained, tmp_path):

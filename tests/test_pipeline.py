@@ -406,6 +406,9 @@ def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path
         ("jpeg", ["--raw-records", "{tmp}/nope"], r"--raw-records .*nope: Data source not found"),
         ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
         ("jpeg", ["--png", "{tmp}/b.json/x.png"], r"--png .*b.json is a file, not a folder"),
+        # Where nothing can be created whatever the permission bits say (root passes them).
+        ("jpeg", ["--json", "/proc/petal/b.json"],
+         r"--json /proc/petal/b.json: nothing can be written in /proc \("),
         ("jpeg", ["--png", "{tmp}/bench.xyz"], r"--png must name an image file \(\.png, .*bench.xyz"),
         ("jpeg", ["--png", "{tmp}/bench.rgba"], r"--png must name an image file"),
         ("jpeg", ["--repeat", "0"], r"repeats \(--repeat\) must be >= 1"),

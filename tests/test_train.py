@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,9 +157,12 @@ def test_workdir_rules(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(PetalError, match="is a file"):
         prepare_workdir(tmp_path / "file", resume=False, overwrite=False)
-    with pytest.raises(PetalError, match=r"Work directory .*file/run cannot be created: "
-                       r".*file is a file; pass a --workdir whose parents are folders"):
+    with pytest.raises(PetalError, match=r"Work directory .*file/run cannot be written: "
+                       r".*file is a file, not a folder; pass a --workdir whose parents are "):
         prepare_workdir(tmp_path / "file" / "run", resume=False, overwrite=False, clear=False)
+    with pytest.raises(PetalError, match=r"^Work directory /proc/petal/run cannot be written: "
+                       r"nothing can be written in /proc \(.*\); pass a --workdir whose parents"):
+        prepare_workdir(Path("/proc/petal/run"), resume=False, overwrite=False, clear=False)
 
 
 def test_bad_model_fails_before_writing(small_records, tmp_path):

@@ -794,8 +794,12 @@ def test_an_output_that_is_a_file_or_under_one_names_the_fix(small_flowers, tmp_
                        r"empty folder as DST"):
         convert(small_flowers, target, workers=1, progress=False)
     with pytest.raises(PetalError, match=r"Cannot create the output folder .*records.txt/out "
-                       r"\(Not a directory\); pass a DST whose parents are folders"):
+                       r"\(.*records.txt is a file, not a folder\); pass a DST whose parents"):
         convert(small_flowers, target / "out", workers=1, progress=False)
+    # Nothing can be created in /proc, whatever the permission bits say (root passes them).
+    with pytest.raises(PetalError, match=r"^Cannot create the output folder /proc/petal/out "
+                       r"\(nothing can be written in /proc \("):
+        convert(small_flowers, "/proc/petal/out", workers=1, progress=False)
     assert target.read_text() == "keep me"
 
 

@@ -23,7 +23,7 @@ import threading
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
-from petal.errors import PetalError, printable, tf_message
+from petal.errors import PetalError, cannot_write, printable, tf_message
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
 # honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
@@ -244,13 +244,8 @@ def _check_output_file(path: str, option: str) -> None:
     """Raise unless ``path`` can be created or replaced as a file (its folder may be new)."""
     if os.path.isdir(path):
         raise PetalError(f"{option} {path} is a folder; pass a file path.")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise PetalError(f"{option} {path}: {parent} is a file, not a folder; pass another path.")
-    if not os.access(parent, os.W_OK):
-        raise PetalError(f"{option} {path}: no permission to write in {parent}.")
+    if reason := cannot_write(path, folder=False):
+        raise PetalError(f"{option} {path}: {reason}; pass another path.")
 
 
 COMMANDS.append(("bench", _add_bench, _run_bench, "benchmarks: `petal bench input RECORDS`"))

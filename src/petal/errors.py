@@ -1,6 +1,9 @@
 """Errors petal raises for bad input; the CLI prints them as one line and exits non-zero."""
 
+import os
 import re
+import tempfile
+from pathlib import Path
 
 
 class PetalError(ValueError):
@@ -14,6 +17,30 @@ def printable(name) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def cannot_write(path, folder: bool) -> str | None:
+    """Why ``path`` (a folder when ``folder``, else a file) cannot be created or written,
+    or None when it can.
+
+    Probes the nearest existing folder on the way (``path`` itself when it is a folder
+    already) by creating and removing a file there: permission bits alone say yes to root,
+    and on a read-only mount or in ``/proc``.
+    """
+    place = Path(os.path.abspath(path))
+    if not folder or not place.is_dir():
+        place = place.parent
+    while not place.exists():
+        place = place.parent
+    if not place.is_dir():
+        return f"{place} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".petal-probe-", dir=place)
+    except OSError as err:
+        return f"nothing can be written in {place} ({err.strerror or err})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def first_line(err) -> str:

@@ -55,7 +55,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
 
 from petal.data import folders, images, schema
-from petal.errors import PetalError
+from petal.errors import PetalError, cannot_write
 
 log = logging.getLogger(__name__)
 
@@ -667,7 +667,13 @@ def _is_ours(name: str) -> bool:
 
 
 def _check_output(output: str, overwrite: bool) -> None:
-    """Refuses to replace a complete conversion or to mix with foreign files."""
+    """Refuses to replace a complete conversion or to mix with foreign files, and (before
+    the scan, which reads every file) a local folder that cannot be written."""
+    if not folders.is_remote(output) and (reason := cannot_write(output, folder=True)):
+        raise PetalError(
+            f"Cannot create the output folder {output} ({reason}); pass a DST whose parents "
+            f"are folders you can write. Received: output={output}"
+        )
     names = _listdir(output)
     if schema.MANIFEST_NAME in names and not overwrite:
         raise PetalError(

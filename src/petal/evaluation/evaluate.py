@@ -20,6 +20,7 @@ from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
+    check_output_folder,
     class_index,
     denormalize_np,
     load_model,
@@ -101,7 +102,7 @@ def evaluate(
             "outside it."
         )
     # Before the evaluation, which may take minutes: a file in the way stops it now.
-    out = make_output_folder(out, "evaluation")
+    check_output_folder(out, "evaluation")  # created once there is something to write
     # New photos may be of one of the model's classes.
     source = open_source(str(data), min_classes=1)
     to_model = class_index(source.classes, run, str(data))  # labels by class name
@@ -187,6 +188,7 @@ def evaluate(
                 report["skipped_corrupt_files"] = [f"{p}: {reason}" for p, reason in undecodable]
         else:
             report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
+    out = make_output_folder(out, "evaluation")
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     for name, bucket in (("samples", samples), ("misclassified", wrong)):
         _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)

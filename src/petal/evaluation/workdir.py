@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.errors import PetalError, damage_reason, first_line
+from petal.errors import PetalError, cannot_write, damage_reason, first_line
 
 MODEL_FILE = "model.keras"
 CONFIG_FILE = "config.json"
@@ -69,8 +69,10 @@ def check_not_in_the_way(target: Path, folder: bool, writes: str, fix: str) -> N
         raise PetalError(f"{target} is a {'file' if folder else 'folder'}, where {writes}; {fix}")
 
 
-def make_output_folder(out: str | Path, what: str) -> Path:
-    """Creates the output folder ``out`` of a command (``--out``), parents included.
+def check_output_folder(out: str | Path, what: str) -> Path:
+    """Checks that the output folder ``out`` of a command (``--out``) can be created or
+    written, creating nothing: a command checks before its work and creates the folder only
+    to write into it, so a failure leaves no empty folder behind.
 
     Args:
         out: the folder.
@@ -85,10 +87,21 @@ def make_output_folder(out: str | Path, what: str) -> Path:
         raise PetalError(
             f"{what.capitalize()} folder {out} is a file; pass --out a folder path (new or not)."
         )
+    if reason := cannot_write(out, folder=True):
+        raise PetalError(
+            f"Cannot create {what} folder {out}: {reason}; pass --out a folder path whose "
+            "parents are folders you can write."
+        )
+    return out
+
+
+def make_output_folder(out: str | Path, what: str) -> Path:
+    """Creates the output folder ``out`` of a command (``--out``), parents included, after
+    :func:`check_output_folder`'s checks (same errors)."""
+    out = check_output_folder(out, what)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        # e.g. a file where a parent folder should be, or no permission to write there.
         raise PetalError(
             f"Cannot create {what} folder {out}: {err.strerror or err}; pass --out a folder "
             f"path whose parents are folders you can write."

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal.errors import PetalError, first_line
+from petal.errors import PetalError, cannot_write, first_line
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -173,13 +173,10 @@ def prepare_workdir(
         raise PetalError("Pass either --resume or --overwrite, not both.")
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(f"Work directory {workdir} is a file; pass a folder.")
-    parent = workdir.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
+    if reason := cannot_write(workdir, folder=True):
         raise PetalError(
-            f"Work directory {workdir} cannot be created: {parent} is a file; pass a --workdir "
-            "whose parents are folders."
+            f"Work directory {workdir} cannot be written: {reason}; pass a --workdir whose "
+            "parents are folders you can write."
         )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if resume:
