@@ -594,6 +594,28 @@ def test_images_outside_the_class_folders_are_listed_and_warned_about(tmp_path):
     assert f"warning: {summary.warnings[0]}" in str(summary)
 
 
+def test_class_folder_files_of_other_types_are_named(tmp_path):
+    """A TIFF, or a JPEG saved without an extension, is not read: named in a warning and
+    the manifest, not only counted. Hidden files and a class left out are not."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3)
+    (src / "c").mkdir()
+    (src / "a" / "scan.tiff").write_bytes(b"II*\x00")
+    (src / "b" / "IMG_0001").write_bytes((src / "a" / "00.jpg").read_bytes())
+    (src / "b" / ".DS_Store").write_bytes(b"\x00")
+    (src / "c" / "c.heic").write_bytes(b"x")
+    summary = convert(src, tmp_path / "out", image_size=8, classes="a,b", workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.manifest["other_files"] == ["a/scan.tiff", "b/IMG_0001"]
+    assert summary.written == 6
+    assert summary.warnings == [
+        "2 file(s) in the class folders are not of a type petal reads and were not converted "
+        "(a/scan.tiff, b/IMG_0001; listed in manifest.json as other_files): it reads .bmp, "
+        ".gif, .jpeg, .jpg, .png, .webp; save any photo among them as one of those (or add "
+        "the extension it lacks) and convert again"
+    ]
+
+
 def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     """Both copies are written (each is a file the user gave), but their labels contradict
     each other: listed in the manifest and named in a warning. Copies within one class are

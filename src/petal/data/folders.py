@@ -64,6 +64,20 @@ class ImageFolder:
             n for n in self.ignored if "/" not in n and _has_image_extension(n) and not is_hidden(n)
         ]
 
+    def other_files(self) -> list[str]:
+        """Files in the class folders without an accepted extension (``a/photo.tiff``,
+        ``a/IMG_0001`` saved without one): not read, so named rather than dropped unseen.
+        Hidden files (``.DS_Store``) and classes left out by a class list are not among them.
+        """
+        return [
+            n
+            for n in self.ignored
+            if "/" in n
+            and not n.endswith("/")
+            and n.split("/", 1)[0] in self.classes
+            and not is_hidden_entry(n)
+        ]
+
     def hidden(self) -> list[str]:
         """Hidden folders (``a/.ipynb_checkpoints/``) and hidden files with an image's
         extension (``a/._1.jpg``) that were not read: photos may hide in them."""

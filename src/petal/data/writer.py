@@ -1092,6 +1092,14 @@ def _warnings(manifest: dict) -> list[str]:
             f"class and were not converted ({_some(unclassified)}; listed in manifest.json "
             "as unclassified_images): move each into its class's sub-folder and convert again"
         )
+    other = manifest.get("other_files") or []
+    if other:
+        out.append(
+            f"{len(other)} file(s) in the class folders are not of a type petal reads and were "
+            f"not converted ({_some(other)}; listed in manifest.json as other_files): it reads "
+            f"{', '.join(folders.IMAGE_EXTENSIONS)}; save any photo among them as one of "
+            "those (or add the extension it lacks) and convert again"
+        )
     hidden = manifest.get("hidden_entries") or []
     if hidden:
         out.append(
@@ -1386,6 +1394,8 @@ def _manifest(
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
         "unclassified_images": folder.unclassified_images(),
+        # Class folders' files of other types (a.tiff, a photo without an extension).
+        "other_files": folder.other_files(),
         # Hidden folders and image-named hidden files, never read: listed, not converted.
         "hidden_entries": folder.hidden(),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
