@@ -41,6 +41,17 @@ def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     assert metrics == json.loads((run / "metrics.json").read_text())
     assert any(line.endswith("already completed 2 epochs; nothing to do (to train it further, "
                              "pass --epochs 3 or more)") for line in lines)
+    # Changes to a finished run would be ignored: refused instead, each named.
+    other = tmp_path / "other-records"
+    other.mkdir()
+    with pytest.raises(PetalError, match=r"already completed its 2 epochs, so nothing would "
+                       r"train and these changes would be ignored: data .*records\" -> "
+                       r".*other-records\"; model \"dense\" -> \"squeezenet\"\. Pass --epochs 3 "):
+        train(resume_config(run).replace(model="squeezenet", data=str(other)), run,
+              resume=True, **QUIET)
+    # The same data by another path is no change.
+    os.symlink(small_records, tmp_path / "link")
+    train(resume_config(run).replace(data=str(tmp_path / "link")), run, resume=True, **QUIET)
     # Fewer epochs than completed: refused, and config.json still matches history.csv.
     with pytest.raises(PetalError, match=r"already completed 2 epochs.*--epochs 3 or more"):
         train(resume_config(run).replace(epochs=1), run, resume=True, **QUIET)

@@ -262,6 +262,26 @@ def _check_resumed_data(cfg: TrainConfig, workdir: Path) -> None:
     )
 
 
+def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) -> None:
+    """A finished run resumed without more epochs trains nothing: settings that differ from
+    its own would be ignored, so they are refused instead (with what would apply them)."""
+    from petal.data.folders import same_place
+
+    saved = resume_config(workdir).to_dict()
+    now = cfg.to_dict()
+    if now["data"] and saved["data"] and same_place(now["data"], saved["data"]):
+        now["data"] = saved["data"]
+    changed = [f"{key} {_show(saved[key])} -> {_show(now[key])}" for key in now
+               if key in saved and now[key] != saved[key]]
+    if changed:
+        raise PetalError(
+            f"{workdir} already completed its {epochs_done} epochs, so nothing would train and "
+            f"these changes would be ignored: {'; '.join(changed)}. Pass --epochs "
+            f"{epochs_done + 1} or more to train it further (its model, image size and "
+            "optimizer stay), or start a new run in another --workdir."
+        )
+
+
 def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None:
     """The model's outputs are the run's classes in its order: resuming on data whose classes
     differ (another set, or the same names in another order) would train the wrong outputs."""
@@ -552,6 +572,7 @@ def train(
             f"--epochs out. Received: epochs={cfg.epochs}"
         )
     if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
+        _check_nothing_changed(workdir, cfg, start_epoch)
         log(
             f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do "
             f"(to train it further, pass --epochs {start_epoch + 1} or more)"
