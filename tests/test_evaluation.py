@@ -230,8 +230,17 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     assert report["per_class"]["daisy"]["support"] == 0
     present = [report["per_class"][c]["recall"] for c in ("roses", "tulips")]
     assert report["macro"]["recall"] == pytest.approx(np.mean(present))
-    assert warned == [f"{photos} holds 2 of the model's 5 classes (roses, tulips); the macro "
-                      "averages are over those"]
+    # Copies of photos it trained on (the same names and sizes as in the folder its records
+    # were converted from) are said to be so.
+    assert warned == [
+        f"5 of the 5 images of {photos} have the names and sizes of photos in {small_flowers}, "
+        "the folder the run's records were converted from: most likely copies of the images "
+        "the model trained on, so the score overstates how it does on new photos. For a "
+        "held-out score evaluate on the run's records (omit --data) or on new photos.",
+        f"{photos} holds 2 of the model's 5 classes (roses, tulips); the macro averages are "
+        "over those",
+    ]
+    assert report["warnings"] == warned
     # New photos of one class (a classifier needs two to train, not to be scored).
     shutil.rmtree(photos / "tulips")
     report = evaluate(trained, photos, out_dir=tmp_path / "eval1", log=lambda line: None,
@@ -248,6 +257,39 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     with pytest.raises(PetalError, match=r"does not know: cactus"):
         evaluate(trained, photos, out_dir=tmp_path / "new" / "eval", log=lambda line: None)
     assert not (tmp_path / "new").exists()
+
+
+def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
+    trained, small_flowers, tmp_path
+):
+    """A copy of the training folder converted again: its validation split is another
+    split of the same photos. Photos of other names (new ones) are not flagged."""
+    from petal.data import convert
+    from petal.evaluation.evaluate import evaluate
+
+    copy = tmp_path / "copy"
+    for cls in ("daisy", "roses"):
+        (copy / cls).mkdir(parents=True)
+        for i, f in enumerate(sorted((small_flowers / cls).iterdir())[:4]):
+            name = f.name if i < 3 else f"new-{f.name}"  # one renamed: not counted
+            (copy / cls / name).symlink_to(f.resolve())
+    convert(copy, tmp_path / "records", image_size=32, workers=1, progress=False)
+    warned = []
+    evaluate(trained, tmp_path / "records", out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    assert warned[0].startswith(
+        f"6 of the 8 images of {tmp_path / 'records'} (converted from {copy}) have the names "
+        f"and sizes of photos in {small_flowers}, the folder the run's records were converted "
+        "from: most likely copies"
+    )
+    for cls in ("daisy", "roses"):
+        for f in (copy / cls).iterdir():
+            if not f.name.startswith("new-"):
+                f.rename(f.with_name(f"new-{f.name}"))
+    warned.clear()
+    evaluate(trained, copy, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    assert not [w for w in warned if "most likely copies" in w]
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(

@@ -9,13 +9,14 @@ report can redraw them later without the data.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import is_within, same_place
+from petal.data.folders import find_images, is_remote, is_within, same_place
 from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
@@ -111,7 +112,14 @@ def evaluate(
     own_data = same_place(data, run.config.get("data") or "")
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
-    warnings = [w for w in [_resplit_warning(source, run, split, trained_on)] if w]
+    warnings = [
+        w
+        for w in (
+            _resplit_warning(source, run, split, trained_on),
+            None if own_data else _copy_warning(source, run, trained_on),
+        )
+        if w
+    ]
     if upscaled := upscale_warning(source, run.image_size):
         warnings.append(f"{upscaled}: the model may score lower on them")
     if to_model is not None and len(source.classes) < len(run.classes):
@@ -274,6 +282,46 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
         f"fraction {theirs.get('val_fraction')} vs {trained_on.get('val_fraction')}, or other "
         "images): its validation split may hold images the model trained on. For a held-out "
         f"score evaluate on {ours}."
+    )
+
+
+def _photos(root: str) -> set[tuple[str, int]] | None:
+    """(relative path, bytes) of each image in a local image folder, or None if it cannot
+    be listed (gone, remote: not worth a listing over the network)."""
+    if is_remote(root) or not os.path.isdir(root):
+        return None
+    try:
+        found = find_images(root, min_classes=1)
+        return {(f.relpath, os.stat(f.path).st_size) for f in found.files}
+    except (PetalError, OSError):
+        return None
+
+
+def _copy_warning(source, run, trained_on: dict | None) -> str | None:
+    """A warning when ``source`` holds copies of the photos the run's records were converted
+    from (a copied folder, or records converted from one): same names and sizes, so most
+    likely the images the model trained on. The folder itself is refused elsewhere."""
+    origin = run.config.get("resolved", {}).get("records_source")
+    origin = origin or (trained_on or {}).get("source")
+    if source.kind == "folder":
+        copy = source.path
+    elif source.kind == "records":
+        copy = (source.manifest or {}).get("source")
+    else:
+        return None
+    if not origin or not copy or same_place(copy, origin):
+        return None
+    theirs = _photos(copy)
+    ours = _photos(origin) if theirs else None
+    shared = len(theirs & ours) if theirs and ours else 0
+    if not shared:
+        return None
+    what = f"{source.path}" if source.kind == "folder" else f"{source.path} (converted from {copy})"
+    return (
+        f"{shared} of the {len(theirs)} images of {what} have the names and sizes of photos in "
+        f"{origin}, the folder the run's records were converted from: most likely copies of "
+        "the images the model trained on, so the score overstates how it does on new photos. "
+        "For a held-out score evaluate on the run's records (omit --data) or on new photos."
     )
 
 
