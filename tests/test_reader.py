@@ -173,9 +173,16 @@ def test_a_file_given_as_the_data_source(small_flowers, small_records, tmp_path)
                        r"need labelled images: .*use `petal predict RUN IMAGE`\.$"):
         open_source(str(image))
     shard = sorted(small_records.glob("train-*"))[0]
-    with pytest.raises(PetalError, match=rf"pass the folder that holds the shards \({small_records}\) "
-                       rf"or a glob such as {small_records}/\*\.tfrec\.$"):
+    # petal's shards are read with their manifest: only the folder is offered.
+    with pytest.raises(PetalError, match=rf"pass the folder that holds the shards "
+                       rf"\({small_records}\)\.$"):
         open_source(str(shard))
+    # Codelab shards (no manifest) may also be a glob.
+    (tmp_path / "codelab").mkdir()
+    (tmp_path / "codelab" / "flowers00-230.tfrec").write_bytes(shard.read_bytes())
+    with pytest.raises(PetalError, match=rf"pass the folder that holds the shards "
+                       rf"\({tmp_path}/codelab\) or a glob such as {tmp_path}/codelab/\*\.tfrec\.$"):
+        open_source(str(tmp_path / "codelab" / "flowers00-230.tfrec"))
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(PetalError, match=r"notes.txt; pass a records folder.*sub-folders\.$"):
         open_source(str(tmp_path / "notes.txt"))

@@ -218,10 +218,10 @@ def _file_given(path: str) -> PetalError:
         )
     elif path.endswith(schema.SHARD_SUFFIX):
         folder = posixpath.dirname(path) or "."
-        fix = (
-            f"pass the folder that holds the shards ({folder}) or a glob such as "
-            f"{folder}/*{schema.SHARD_SUFFIX}"
-        )
+        fix = f"pass the folder that holds the shards ({folder})"
+        if not _fs_for(folder).exists(posixpath.join(folder, schema.MANIFEST_NAME)):
+            # Codelab shards (no manifest) may also be given as a glob; petal's may not.
+            fix += f" or a glob such as {folder}/*{schema.SHARD_SUFFIX}"
     else:
         fix = (
             "pass a records folder (petal convert writes one), codelab shards or a folder of "
