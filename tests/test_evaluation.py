@@ -352,7 +352,7 @@ def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
     assert "2 corrupt files skipped" in printed.out
     # Named once up front, not in a Python traceback from inside tf.data for each file.
     assert f"petal evaluate: warning: --skip-corrupt: 2 of 17 files cannot be decoded and are " \
-        f"skipped: {folder}/daisy/zz-not-an-image.jpg (not an image" in printed.err
+        f"skipped: {folder}/daisy/zz-not-an-image.jpg: not an image" in printed.err
     assert "Traceback" not in printed.err
 
 

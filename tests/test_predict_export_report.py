@@ -142,6 +142,27 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     assert calls == [2, 1, 1] and [bool(r["predictions"]) for r in results] == [1, 1, 0, 1, 1, 0]
     with pytest.raises(PetalError, match=r"^Cannot read image .*bad2.jpg: "):
         predict_module.predict(trained, [tmp_path / "bad2.jpg"])
+    # Many: the first ten named, and where to see every one. An image over the pixel limit
+    # is not sent to `petal convert --max-pixels`, which predict does not have.
+    from PIL import Image
+
+    Image.new("1", (10_000, 9_000)).save(tmp_path / "bad0-huge.png")
+    many = [tmp_path / "bad0-huge.png"]
+    for i in range(11):
+        many.append(tmp_path / f"bad{i + 3:02d}.jpg")
+        many[-1].write_bytes(b"nope")
+    with pytest.raises(PetalError) as caught:
+        predict_module.predict(trained, [good[0], *many])
+    message = str(caught.value)
+    assert message.startswith(
+        "12 of 13 images cannot be read: "
+        f"{tmp_path}/bad0-huge.png: too many pixels (10000x9000 = 90,000,000 > max_pixels "
+        "89,478,485, a guard against decompression bombs); "
+    )
+    assert "petal convert" not in message
+    assert "bad12.jpg" not in message
+    assert f"{tmp_path}/bad11.jpg: not an image (no known image format in the file) (and 2 more: " \
+        "--skip-corrupt marks each skipped); replace or remove them" in message
 
 
 # --- a damaged work directory ----------------------------------------------------------------

@@ -751,6 +751,10 @@ def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
     assert set(skipped) == set(reasons)
     for file, reason in reasons.items():
         assert skipped[file].startswith(reason), (file, skipped[file])
+    assert skipped["b/bomb.png"] == (
+        "too many pixels (1500x1000 = 1,500,000 > max_pixels 1,000,000, a guard against "
+        "decompression bombs): --max-pixels N accepts larger images"
+    )
     assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
     assert summary.written == 12 and summary.skipped == 8 and m["ignored_files"] == 1
     by_name = {r["filename"]: r for r in _records(tmp_path / "out")}

@@ -43,6 +43,13 @@ def cannot_write(path, folder: bool) -> str | None:
     return None
 
 
+def some_files(bad, rest: str, limit: int = 10) -> str:
+    """``path: reason`` for the first ``limit`` of ``bad`` (pairs), ``; ``-separated, then
+    ``(and N more: {rest})`` where ``rest`` says where every one of them is listed."""
+    shown = "; ".join(f"{printable(path)}: {reason}" for path, reason in bad[:limit])
+    return shown + (f" (and {len(bad) - limit} more: {rest})" if len(bad) > limit else "")
+
+
 def first_line(err) -> str:
     """The first line of an exception's message (TensorFlow's ``.message`` where it has one),
     or the exception's type name when the message is empty."""

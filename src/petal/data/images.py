@@ -51,6 +51,11 @@ class ImageError(Exception):
     """An input that cannot become a record; the message is the reason in the manifest."""
 
 
+class PixelLimitError(ImageError):
+    """An image over the pixel limit; ``petal convert --max-pixels`` raises the limit (the
+    other commands keep the default)."""
+
+
 @dataclass(frozen=True)
 class Encoded:
     """One converted image.
@@ -119,9 +124,9 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
         Image.MAX_IMAGE_PIXELS = previous
     width, height = image.size
     if width * height > max_pixels:
-        raise ImageError(
+        raise PixelLimitError(
             f"too many pixels ({width}x{height} = {width * height:,} > max_pixels "
-            f"{max_pixels:,}; `petal convert --max-pixels N` accepts larger images)"
+            f"{max_pixels:,}, a guard against decompression bombs)"
         )
     return image
 

@@ -51,7 +51,7 @@ from petal.data import augment as augment_lib
 from petal.data import images as image_io
 from petal.data import reader, schema
 from petal.data.reader import Source, open_source
-from petal.errors import PetalError, tf_message
+from petal.errors import PetalError, some_files, tf_message
 
 log = logging.getLogger(__name__)
 
@@ -685,12 +685,15 @@ def _ignore_decode_errors(ds, skip_corrupt: bool, src: Source):
     return ds.ignore_errors(log_warning=src.kind != "folder") if skip_corrupt else ds
 
 
-def folder_skips(source, split: str = "all") -> tuple[list[tuple[str, str]] | None, str]:
+def folder_skips(
+    source, split: str = "all", listed_in: str = "the output's JSON"
+) -> tuple[list[tuple[str, str]] | None, str]:
     """For an image folder read with ``skip_corrupt``: the files the pipeline will drop
     (:func:`undecodable_files`) and a line naming them ("" when there are none).
 
     ``(None, "")`` for records (their skips are counted as they happen); ``(None, line)``
-    for a folder of more than :data:`MAX_DECODE_SCAN` files, not checked.
+    for a folder of more than :data:`MAX_DECODE_SCAN` files, not checked. ``listed_in``
+    names the file that will list every one (the line names the first ten).
     """
     src = open_source(source)
     if src.kind != "folder":
@@ -704,9 +707,8 @@ def folder_skips(source, split: str = "all") -> tuple[list[tuple[str, str]] | No
     bad = undecodable_files(src, split)
     if not bad:
         return bad, ""
-    names = ", ".join(f"{path} ({reason})" for path, reason in bad[:5])
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return bad, f"{len(bad)} of {total} files cannot be decoded and are skipped: {names}{more}"
+    names = some_files(bad, f"each listed in {listed_in} as skipped_corrupt_files")
+    return bad, f"{len(bad)} of {total} files cannot be decoded and are skipped: {names}"
 
 
 def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32"):

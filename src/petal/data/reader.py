@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
-from petal.errors import PetalError
+from petal.errors import PetalError, some_files
 
 log = logging.getLogger(__name__)
 
@@ -693,9 +693,8 @@ def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError
     bad = undecodable_files(src) if bad is None else bad
     if not bad:
         return PetalError(f"An image in {data} could not be decoded. {fix}")
-    shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])
-    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-    return PetalError(f"{len(bad)} image(s) in {data} cannot be decoded: {shown}{more}. {fix}")
+    shown = some_files(bad, f"{action} with --skip-corrupt lists each")
+    return PetalError(f"{len(bad)} image(s) in {data} cannot be decoded: {shown}. {fix}")
 
 
 def _report_skip(path, n, expected) -> bool:

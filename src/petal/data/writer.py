@@ -205,6 +205,8 @@ def _convert(task: tuple[str, int, str], options: _Options) -> bytes | str:
             quality=options.quality,
             max_pixels=options.max_pixels,
         )
+    except images.PixelLimitError as err:
+        return f"{err}: --max-pixels N accepts larger images"
     except images.ImageError as err:
         return str(err)
     return example_bytes(encoded, label, relpath, options.classes)

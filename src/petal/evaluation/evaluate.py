@@ -127,7 +127,7 @@ def evaluate(
             f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
             f"({', '.join(source.classes)}); the macro averages are over those"
         )
-    undecodable, line = folder_skips(source, split) if skip_corrupt else (None, "")
+    undecodable, line = folder_skips(source, split, "eval.json") if skip_corrupt else (None, "")
     if line:
         warnings.append(f"--skip-corrupt: {line}")
     for line in warnings:

@@ -15,7 +15,7 @@ import numpy as np
 
 from petal.data import images as image_io
 from petal.data.folders import read_bytes
-from petal.errors import PetalError, printable
+from petal.errors import PetalError, printable, some_files
 from petal.evaluation.metrics import top_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar
 
@@ -190,8 +190,7 @@ def predict(
     if len(images) == 1 and bad:
         raise _error(*bad[0])  # one file: its own message
     if bad:
-        shown = "; ".join(f"{path}: {reason}" for path, reason in bad[:3])
-        shown += f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        shown = some_files(bad, "--skip-corrupt marks each skipped")
         if len(bad) == len(images):
             raise PetalError(
                 f"None of the {len(images)} images can be read: {shown}; pass image files."

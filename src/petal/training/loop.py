@@ -897,7 +897,7 @@ def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, 
         return None
     from petal.data.pipeline import folder_skips
 
-    bad, line = folder_skips(source, "all")
+    bad, line = folder_skips(source, "all", "metrics.json")
     if line:
         log(f"petal train: --skip-corrupt: {line}")
     return bad
