@@ -90,6 +90,28 @@ def test_demo_offline_says_how_to_pass_data(tmp_path, monkeypatch):
     assert demo.resolve_data(None, log=lambda line: None) == tmp_path
 
 
+def test_demo_checks_its_settings_and_folder_before_the_download(tmp_path, monkeypatch):
+    from petal import demo
+    from petal.errors import PetalError
+
+    def download(*args, **kwargs):
+        raise AssertionError("the photos were downloaded before the settings were checked")
+
+    monkeypatch.delenv("PETAL_DATA", raising=False)
+    monkeypatch.setattr(demo, "download_flowers", download)
+    quiet = {"log": lambda line: None}
+    with pytest.raises(PetalError, match=r"epochs must be int"):
+        demo.run_demo(None, tmp_path / "demo", overrides=("epochs=x",), **quiet)
+    with pytest.raises(PetalError, match=r"batch_size must be >= 1|batch_size.*positive"):
+        demo.run_demo(None, tmp_path / "demo", overrides=("batch_size=0",), **quiet)
+    with pytest.raises(PetalError, match=r"Unknown model 'resnet9000'"):
+        demo.run_demo(None, tmp_path / "demo", overrides=("model=resnet9000",), **quiet)
+    with pytest.raises(PetalError, match=r"^Demo folder /proc/petal-demo cannot be written: "
+                       r"nothing can be written in /proc"):
+        demo.run_demo(None, "/proc/petal-demo", **quiet)
+    assert not (tmp_path / "demo").exists()
+
+
 def test_demo_refuses_to_replace_a_run_it_did_not_write(small_flowers, tmp_path, monkeypatch):
     from petal import demo
     from petal.errors import PetalError

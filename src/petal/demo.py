@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from petal.errors import PetalError
+from petal.errors import PetalError, cannot_write
 
 FLOWERS_URL = (
     "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -114,14 +114,20 @@ def run_demo(
     from petal.data import convert, read_manifest
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.report import build_report
+    from petal.models import model_info
     from petal.training.config import load_config
     from petal.training.loop import train
 
-    source = resolve_data(data, log)
     workdir = Path(workdir)
     records = workdir / "records"
+    # Settings and the work directory first: the photos may be a download.
+    config = load_config(preset, overrides=overrides, data=str(records)).validate()
+    model_info(config.model)
     _refuse_other_runs(workdir, records)
-    config = load_config(preset, overrides=overrides, data=str(records))
+    if reason := cannot_write(workdir, folder=True):
+        raise PetalError(f"Demo folder {workdir} cannot be written: {reason}; pass --workdir "
+                         "a folder you can write.")
+    source = resolve_data(data, log)
     size = config.image_size or 192
     manifest_path = records / "manifest.json"
     reuse = False
