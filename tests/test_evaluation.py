@@ -414,6 +414,27 @@ def test_predict_top_k(trained, originals_dir):
         assert len(probs) == 3 and probs == sorted(probs, reverse=True)
         assert 0.0 < sum(probs) <= 1.0 + 1e-5
     assert str(files[0]) in format_predictions(results)
+    # More than the 5 classes: all 5, and a word that it was reduced (the default says none).
+    warned = []
+    results = predict(trained, files[:1], top_k_count=7, warn=warned.append)
+    assert len(results[0]["predictions"]) == 5
+    assert warned == ["--top-k 7 is more than the model's 5 classes; using 5"]
+    warned.clear()
+    assert len(predict(trained, files[:1], warn=warned.append)[0]["predictions"]) == 3
+    assert warned == []
+
+
+def test_evaluate_top_k_above_the_class_count_is_said(trained, small_records, tmp_path):
+    from petal.evaluation.evaluate import evaluate
+
+    warned = []
+    report = evaluate(trained, small_records, top_k=9, out_dir=tmp_path / "eval",
+                      log=lambda line: None, warn=warned.append)  # fmt: skip
+    assert list(report["top_k_accuracy"]) == ["top_1", "top_5"]
+    assert report["top_k_accuracy"]["top_5"] == 1.0
+    assert warned == report["warnings"] == [
+        "--top-k 9 is more than the model's 5 classes; using 5"
+    ]
 
 
 def test_predict_takes_folders_of_images(trained, small_flowers, tmp_path, capsys):

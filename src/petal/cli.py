@@ -435,7 +435,8 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument(
-        "--top-k", type=int, default=3, help="k of the top-k accuracy (at most the class count)"
+        "--top-k", type=int, default=None,
+        help="k of the top-k accuracy (default 3; at most the class count)",
     )
     parser.add_argument("--json", action="store_true", help="print eval.json")
     parser.add_argument("--out", default=None, metavar="DIR", help="default WORKDIR/eval")
@@ -492,7 +493,7 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         "images", metavar="IMAGE", nargs="+", help="image files, or folders of them (recursive)"
     )
     parser.add_argument(
-        "--top-k", type=int, default=3, help="labels per image (at most the class count)"
+        "--top-k", type=int, default=None, help="labels per image (default 3; at most the class count)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(

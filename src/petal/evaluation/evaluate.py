@@ -28,6 +28,7 @@ from petal.evaluation.workdir import (
     make_output_folder,
     open_run,
     progress_bar,
+    top_k_for,
 )
 
 EVAL_DIR = "eval"
@@ -39,7 +40,7 @@ def evaluate(
     *,
     split: str | None = None,
     batch_size: int = 64,
-    top_k: int = 3,
+    top_k: int | None = None,
     max_misclassified: int = 24,
     num_samples: int = 12,
     out_dir: str | Path | None = None,
@@ -58,7 +59,8 @@ def evaluate(
             for the image folder the run trained on, ``all`` for any other image folder (a
             folder of new images is all test data).
         batch_size: images per forward pass.
-        top_k: the k of the top-k accuracy reported besides top-1.
+        top_k: the k of the top-k accuracy reported besides top-1 (default 3); at most the
+            class count (more is reduced to it, with a warning).
         max_misclassified: at most this many misclassified images in the grid.
         num_samples: images in the sample-predictions grid.
         out_dir: output folder; default ``WORKDIR/eval``.
@@ -87,6 +89,8 @@ def evaluate(
     warn = warn or (lambda line: print(f"petal evaluate: warning: {line}", file=sys.stderr))
     # Arguments first: a bad value is reported even when the data cannot be found.
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
+        if name == "top_k" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             flag = name.replace("_", "-")
             raise PetalError(f"{name} (--{flag}) must be an integer >= 1. Received: {value!r}")
@@ -95,6 +99,8 @@ def evaluate(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
     run = open_run(workdir)
+    warnings: list[str] = []
+    top_k = top_k_for(run, top_k, warnings.append)
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
@@ -112,7 +118,7 @@ def evaluate(
     own_data = same_place(data, run.config.get("data") or "")
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
-    warnings = [
+    warnings += [
         w
         for w in (
             _resplit_warning(source, run, split, trained_on),
@@ -174,7 +180,7 @@ def evaluate(
     y_true = np.concatenate(labels)
     y_prob = np.concatenate(probs)
 
-    ks = sorted({1, min(top_k, len(run.classes))})
+    ks = sorted({1, top_k})
     report = classification_report(y_true, y_prob, run.classes, ks=ks)
     report.update(
         {

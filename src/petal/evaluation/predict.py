@@ -17,7 +17,7 @@ from petal.data import images as image_io
 from petal.data.folders import read_bytes
 from petal.errors import PetalError, printable, some_files
 from petal.evaluation.metrics import top_k
-from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar
+from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
 
 
 class _Unreadable(Exception):
@@ -117,7 +117,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
 def predict(
     workdir: str | Path,
     images: Sequence[str | Path],
-    top_k_count: int = 3,
+    top_k_count: int | None = None,
     batch_size: int = 32,
     skip_corrupt: bool = False,
     warn=None,
@@ -129,7 +129,8 @@ def predict(
         workdir: a finished ``petal train`` work directory.
         images: image file paths (JPEG, PNG, GIF, BMP, WebP), or folders of them (every
             image below a folder, sorted; see :func:`expand_images`).
-        top_k_count: how many labels to return per image, best first.
+        top_k_count: how many labels to return per image, best first (default 3); at most
+            the class count (more is reduced to it, with a warning).
         batch_size: images per forward pass.
         skip_corrupt: skip files that cannot be read or decoded, instead of stopping
             (without it, the first one ends the predictions, and every file is still
@@ -151,12 +152,15 @@ def predict(
     """
     if not images:
         raise PetalError("No images given; pass one or more image files.")
-    if top_k_count < 1:
+    if top_k_count is not None and (
+        isinstance(top_k_count, bool) or not isinstance(top_k_count, int) or top_k_count < 1
+    ):
         raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k_count!r}")
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
     run = open_run(workdir)
+    top_k_count = top_k_for(run, top_k_count, warn)
     images = expand_images(images, warn=warn)
     model = None
     found: dict[Path, dict] = {}

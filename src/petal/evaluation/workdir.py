@@ -69,6 +69,21 @@ def check_not_in_the_way(target: Path, folder: bool, writes: str, fix: str) -> N
         raise PetalError(f"{target} is a {'file' if folder else 'folder'}, where {writes}; {fix}")
 
 
+DEFAULT_TOP_K = 3
+
+
+def top_k_for(run: RunInfo, k: int | None, warn) -> int:
+    """The k of a top-k for ``run``: ``k``, or :data:`DEFAULT_TOP_K`, at most the class
+    count; a ``k`` asked for above it is said (``warn``) to be reduced."""
+    count = len(run.classes)
+    if k is None:
+        return min(DEFAULT_TOP_K, count)
+    if k > count:
+        warn(f"--top-k {k} is more than the model's {count} classes; using {count}")
+        return count
+    return k
+
+
 def check_output_folder(out: str | Path, what: str) -> Path:
     """Checks that the output folder ``out`` of a command (``--out``) can be created or
     written, creating nothing: a command checks before its work and creates the folder only
