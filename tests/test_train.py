@@ -173,6 +173,16 @@ def test_bad_model_fails_before_writing(small_records, tmp_path):
         train(tiny_config(small_records, data=None), tmp_path / "run", **QUIET)
 
 
+def test_a_warm_up_longer_than_the_run_names_the_fix(small_records, tmp_path):
+    """squeezenet-plus warms up for 3 epochs: a 2-epoch try of it is told what to change."""
+    cfg = get_preset("squeezenet-plus").replace(data=str(small_records), epochs=2)
+    with pytest.raises(PetalError, match=r"^The learning-rate warm-up \(schedule_options."
+                       r"warmup_epochs=3\) is longer than the 2 epoch\(s\) to train: pass "
+                       r"--epochs 3 or more, or a shorter warm-up \(--set schedule_options"):
+        train(cfg, tmp_path / "run", **QUIET)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     small_flowers, make_records, tmp_path
 ):

@@ -445,6 +445,13 @@ def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, rep
     if cfg.schedule == "constant":
         return build_schedule("constant", steps_per_epoch=steps, lr=peak, **opts)
     if cfg.schedule == "warmup_cosine":
+        warmup = opts.get("warmup_epochs")
+        if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup > epochs:
+            raise PetalError(
+                f"The learning-rate warm-up (schedule_options.warmup_epochs={warmup}) is longer "
+                f"than the {epochs} epoch(s) to train: pass --epochs {math.ceil(warmup)} or "
+                f"more, or a shorter warm-up (--set schedule_options.warmup_epochs=N)."
+            )
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
     # codelab_ramp: max_lr from learning_rate, else the codelab's rule for this many replicas.
