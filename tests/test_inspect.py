@@ -300,3 +300,40 @@ def test_grid_without_extension_reports_the_png_written(small_records, tmp_path)
     assert f"grid: {tmp_path / 'grid.png'}" in str(report)
     with Image.open(tmp_path / "grid.png") as image:
         assert image.format == "PNG"
+
+
+def test_class_names_in_any_script_line_up_and_are_drawn(small_flowers, tmp_path, capfd):
+    """CJK names take two terminal columns a character; a plot labels a name that no
+    installed font can draw by its number, with one warning, not a box per glyph."""
+    import warnings
+
+    from petal.data import convert
+    from petal.display import can_draw, columns
+    from petal.evaluation.plots import plot_confusion_matrix
+
+    src = tmp_path / "src"
+    names = ["玫瑰", "tulips", "été"]
+    for name, folder in zip(names, ("roses", "tulips", "daisy"), strict=True):
+        (src / name).mkdir(parents=True)
+        for f in sorted((small_flowers / folder).iterdir())[:3]:
+            (src / name / f.name).symlink_to(f.resolve())
+    convert(src, tmp_path / "records", image_size=16, workers=1, progress=False)
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)"
+        report = inspect_records(tmp_path / "records", grid=tmp_path / "grid.png",
+                                 grid_per_class=2, progress=False)  # fmt: skip
+        classes = read_manifest(tmp_path / "records")["classes"]
+        assert classes == ["tulips", "été", "玫瑰"]
+        plot_confusion_matrix([[1, 0, 0], [0, 1, 0], [0, 0, 1]], classes, tmp_path / "cm.png")
+    table = [line for line in str(report).splitlines() if line.startswith(("class ", *names))]
+    assert len(table) == 4
+    # Each count ends at the same terminal column in every row.
+    ends = {columns(line) for line in table}
+    assert len(ends) == 1, table
+    err = capfd.readouterr().err
+    if can_draw("玫瑰"):  # a CJK font is installed: drawn as it is
+        assert "class name" not in err
+    else:
+        assert err.count("no installed font draws 1 class name(s)") == 1
+        assert "(玫瑰 as 'class 2')" in err

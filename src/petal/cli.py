@@ -23,6 +23,7 @@ import threading
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
+from petal.display import columns, ljust
 from petal.errors import PetalError, cannot_write, printable, tf_message
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
@@ -477,11 +478,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        width = max(len(c) for c in report["classes"])
-        print(f"{'class':<{width}}  precision  recall     f1  support")
+        width = max(5, *(columns(c) for c in report["classes"]))
+        print(f"{ljust('class', width)}  precision  recall     f1  support")
         for name, m in report["per_class"].items():
             print(
-                f"{name:<{width}}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
+                f"{ljust(name, width)}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
                 f"{m['support']:7d}"
             )
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
+from petal.display import can_draw, columns, ljust, plot_labels
 from petal.errors import PetalError, tf_message
 
 _MB = 1_000_000
@@ -218,13 +219,13 @@ def _format(report: InspectReport) -> list[str]:
         ]
     else:
         lines = _conversion_lines(report.path, m, size, quality)
-    width = max(10, *(len(c) for c in classes))
+    width = max(10, *(columns(c) for c in classes))
     lines.append(f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}")
     totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
     grand = max(1, sum(totals.values()))
     for c in classes:
         lines.append(
-            f"{c:<{width}} {splits['train']['per_class'].get(c, 0):>8} "
+            f"{ljust(c, width)} {splits['train']['per_class'].get(c, 0):>8} "
             f"{splits['validation']['per_class'].get(c, 0):>11} {totals[c]:>8} "
             f"{100 * totals[c] / grand:>6.1f}%"
         )
@@ -572,11 +573,12 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
         raise PetalError(f"grid_per_class must be at least 1. Received: {per_class}")
     classes = manifest["classes"]
     samples = _samples(path, manifest, per_class)
+    labels = plot_labels(classes)  # falls back to installed fonts, or to "class N"
     rows, cols = len(classes), per_class
     fig = Figure(figsize=(1.9 * cols + 0.4, 2.0 * rows + 0.5))
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False)
-    for r, name in enumerate(classes):
+    for r, name in enumerate(labels):
         for c in range(cols):
             ax = axes[r][c]
             ax.set_xticks([])
@@ -586,9 +588,11 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
             if c < len(samples[r]):
                 image, filename = samples[r][c]
                 ax.imshow(image)
-                ax.set_title(f"{name}\n{os.path.basename(filename)[:22]}", fontsize=7)
+                base = os.path.basename(filename)[:22]
+                ax.set_title(f"{name}\n{base if can_draw(base) else ''}", fontsize=7)
     size = "x".join(map(str, manifest["image_size"])) if manifest.get("image_size") else "orig."
-    fig.suptitle(f"{path} ({manifest['format']} {size})", fontsize=9)
+    shown = path if can_draw(path) else os.path.basename(path.rstrip("/"))
+    fig.suptitle(f"{shown if can_draw(shown) else ''} ({manifest['format']} {size})", fontsize=9)
     fig.tight_layout()
     if folders.is_remote(out):
         # matplotlib writes local files only: draw into memory, write through tf.io.gfile.

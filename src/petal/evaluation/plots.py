@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # headless: no display needed, same output everywhere
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from petal.display import plot_labels  # noqa: E402
 from petal.training.callbacks import read_history  # noqa: E402
 
 _DPI = 110
@@ -95,6 +96,7 @@ def plot_confusion_matrix(cm, classes: Sequence[str], out: str | Path, title: st
     rows = cm.sum(axis=1, keepdims=True)
     norm = np.divide(cm, rows, out=np.zeros(cm.shape, dtype=np.float64), where=rows > 0)
     n = len(classes)
+    classes = plot_labels(classes)
     size = max(4.0, 0.6 * n + 2)
     fig, ax = plt.subplots(figsize=(size, size * 0.85))
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
@@ -138,7 +140,7 @@ def plot_image_grid(
     images = data["images"]
     if len(images) == 0:
         return None
-    classes = [str(c) for c in data["classes"]]
+    classes = plot_labels([str(c) for c in data["classes"]])
     n = len(images)
     cols = min(cols, n)
     rows = math.ceil(n / cols)
