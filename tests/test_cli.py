@@ -47,6 +47,34 @@ def test_commands_start_tensorflow_without_its_start_up_lines():
     assert lines[-1] == "after\n"  # stderr works again afterwards
 
 
+def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end():
+    """Raised inside the import, KeyboardInterrupt left modules half-initialised (a
+    segfault, an ImportError or matplotlib's RuntimeError instead of "interrupted"). The
+    script sends itself SIGINT as Keras starts importing."""
+    code = (
+        "import builtins, os, signal, sys\n"
+        "from petal.cli import main\n"
+        "real = builtins.__import__\n"
+        "sent = []\n"
+        "def hook(name, *args, **kwargs):\n"
+        "    if name == 'keras' and not sent:\n"
+        "        sent.append(1)\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = hook\n"
+        "code = main(['models', '--json'])\n"
+        "builtins.__import__ = real\n"
+        "print(code, 'keras.models' in sys.modules, 'tensorflow' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        start_new_session=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["130", "True", "True"]
+    assert out.stderr.rstrip().endswith("petal models: interrupted")
+
+
 def test_listing_presets_does_not_start_tensorflow():
     out = subprocess.run(
         [sys.executable, "-c", "import sys; from petal.cli import main; main(['train', "

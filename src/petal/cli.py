@@ -625,9 +625,28 @@ def start_tensorflow_quietly() -> None:
     """Imports TensorFlow and Keras and finds the devices with TensorFlow's start-up lines
     (:data:`_STARTUP_NOISE`) dropped from stderr; everything else written meanwhile is kept.
 
-    ``TF_CPP_MIN_LOG_LEVEL=0`` shows everything. No-op once TensorFlow is imported.
+    Ctrl-C and SIGTERM wait until the import is over: raised inside it, their exception left
+    TensorFlow's or matplotlib's modules half-initialised (a crash or a traceback instead of
+    "interrupted"). ``TF_CPP_MIN_LOG_LEVEL=0`` shows everything. No-op once TensorFlow is
+    imported.
     """
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" or "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules:
+        return
+    held = threading.current_thread() is threading.main_thread()
+    signals = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if held else None
+    try:
+        _import_tensorflow()
+    finally:
+        if held:  # a signal that came meanwhile is delivered now
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _import_tensorflow() -> None:
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
         return
     try:
         sys.stderr.flush()
