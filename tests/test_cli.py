@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from petal import cli
 
 NOISE = [
@@ -47,7 +49,11 @@ def test_commands_start_tensorflow_without_its_start_up_lines():
     assert lines[-1] == "after\n"  # stderr works again afterwards
 
 
-def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end():
+@pytest.mark.parametrize(
+    ("signame", "status", "said"),
+    [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")],
+)
+def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end(signame, status, said):
     """Raised inside the import, KeyboardInterrupt left modules half-initialised (a
     segfault, an ImportError or matplotlib's RuntimeError instead of "interrupted"). The
     script sends itself SIGINT as Keras starts importing."""
@@ -59,7 +65,7 @@ def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end():
         "def hook(name, *args, **kwargs):\n"
         "    if name == 'keras' and not sent:\n"
         "        sent.append(1)\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        f"        os.kill(os.getpid(), signal.{signame})\n"
         "    return real(name, *args, **kwargs)\n"
         "builtins.__import__ = hook\n"
         "code = main(['models', '--json'])\n"
@@ -71,8 +77,8 @@ def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end():
         start_new_session=True,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["130", "True", "True"]
-    assert out.stderr.rstrip().endswith("petal models: interrupted")
+    assert out.stdout.split() == [str(status), "True", "True"]
+    assert out.stderr.rstrip().endswith(f"petal models: {said}")
 
 
 def test_listing_presets_does_not_start_tensorflow():
@@ -84,7 +90,6 @@ def test_listing_presets_does_not_start_tensorflow():
     assert out.returncode == 0, out.stderr
     assert "codelab-squeezenet" in out.stdout
     assert out.stdout.strip().endswith("False")
-
 
 
 def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monkeypatch, capsys):

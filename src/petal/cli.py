@@ -632,14 +632,23 @@ def start_tensorflow_quietly() -> None:
     """
     if "tensorflow" in sys.modules:
         return
-    held = threading.current_thread() is threading.main_thread()
-    signals = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if held else None
+    if threading.current_thread() is not threading.main_thread():  # no signals here
+        _import_tensorflow()
+        return
+    caught: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         _import_tensorflow()
     finally:
-        if held:  # a signal that came meanwhile is delivered now
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if signal.SIGTERM in caught:
+        raise _Terminated
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _import_tensorflow() -> None:
