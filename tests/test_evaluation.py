@@ -380,6 +380,16 @@ def test_an_unreadable_folder_file_is_named_by_evaluate_and_train(
     assert main(train_args) == 2
     err = capfd.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"petal train: error: 1 image(s) in {folder} cannot be decoded: ")
+    # New photos of one class: named the same way (it was a records message).
+    one = tmp_path / "one"
+    (one / "tulips").mkdir(parents=True)
+    for f in (folder / "tulips").iterdir():
+        (one / "tulips" / f.name).symlink_to(f.readlink())
+    args = ["evaluate", str(trained), "--data", str(one), "--out", str(tmp_path / "eval1")]
+    assert main(args) == 2
+    err = capfd.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"petal evaluate: error: 1 image(s) in {one} cannot be decoded: "
+                          f"{one}/tulips/loop.jpg: unreadable: ")
 
 
 def test_evaluate_on_a_folder_sees_the_pixels_predict_sees(trained, originals_dir):

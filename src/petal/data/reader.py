@@ -675,7 +675,7 @@ def input_error(err, data, action: str) -> PetalError | None:
 def _as_folder(data) -> Source | None:
     """``data`` opened, if it is an image folder (None for records or what does not open)."""
     try:
-        src = data if isinstance(data, Source) else open_source(str(data))
+        src = data if isinstance(data, Source) else open_source(str(data), min_classes=1)
     except PetalError:
         return None
     return src if src.kind == "folder" else None
