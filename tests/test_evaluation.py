@@ -292,6 +292,29 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
     assert not [w for w in warned if "most likely copies" in w]
 
 
+def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flowers, tmp_path):
+    from conftest import tiny_config
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    photos, copy = tmp_path / "photos", tmp_path / "copy"
+    for root in (photos, copy):
+        for cls in ("daisy", "roses"):
+            (root / cls).mkdir(parents=True)
+            for f in sorted((small_flowers / cls).iterdir())[:5]:
+                (root / cls / f.name).symlink_to(f.resolve())
+    run = tmp_path / "run"
+    train(tiny_config(photos, epochs=1, model="dense", batch_size=4), run, log=lambda line: None)
+    warned = []
+    evaluate(run, copy, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    assert warned == [
+        f"10 of the 10 images of {copy} have the names and sizes of photos in {photos}, the "
+        "image folder the run trained on: most likely copies of the images the model trained "
+        "on, so the score overstates how it does on new photos. For a held-out score "
+        "evaluate on its validation split (omit --data) or on new photos."
+    ]
+
+
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     trained, small_records, tmp_path, capsys
 ):

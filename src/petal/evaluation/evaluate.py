@@ -304,11 +304,14 @@ def _photos(root: str) -> set[tuple[str, int]] | None:
 
 
 def _copy_warning(source, run, trained_on: dict | None) -> str | None:
-    """A warning when ``source`` holds copies of the photos the run's records were converted
-    from (a copied folder, or records converted from one): same names and sizes, so most
-    likely the images the model trained on. The folder itself is refused elsewhere."""
-    origin = run.config.get("resolved", {}).get("records_source")
-    origin = origin or (trained_on or {}).get("source")
+    """A warning when ``source`` holds copies of the photos the run learned from (the image
+    folder its records were converted from, or the one it trained on): a copied folder, or
+    records converted from one, with the same names and sizes, so most likely the images the
+    model trained on. The folder itself is handled elsewhere."""
+    resolved = run.config.get("resolved", {})
+    origin = resolved.get("records_source") or (trained_on or {}).get("source")
+    if not origin and resolved.get("data_kind") == "folder":
+        origin = run.config.get("data")
     if source.kind == "folder":
         copy = source.path
     elif source.kind == "records":
@@ -323,11 +326,15 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
     if not shared:
         return None
     what = f"{source.path}" if source.kind == "folder" else f"{source.path} (converted from {copy})"
+    if resolved.get("data_kind") == "folder":
+        whence, own = "the image folder the run trained on", "its validation split"
+    else:
+        whence, own = "the folder the run's records were converted from", "the run's records"
     return (
         f"{shared} of the {len(theirs)} images of {what} have the names and sizes of photos in "
-        f"{origin}, the folder the run's records were converted from: most likely copies of "
-        "the images the model trained on, so the score overstates how it does on new photos. "
-        "For a held-out score evaluate on the run's records (omit --data) or on new photos."
+        f"{origin}, {whence}: most likely copies of the images the model trained on, so the "
+        f"score overstates how it does on new photos. For a held-out score evaluate on {own} "
+        "(omit --data) or on new photos."
     )
 
 
