@@ -614,6 +614,15 @@ def test_class_folder_files_of_other_types_are_named(tmp_path):
         ".gif, .jpeg, .jpg, .png, .webp; save any photo among them as one of those (or add "
         "the extension it lacks) and convert again"
     ]
+    # Without the class list, c holds only a HEIC photo: no class, and said so.
+    summary = convert(src, tmp_path / "out2", image_size=8, workers=1, progress=False)
+    assert summary.manifest["classes"] == ["a", "b"]
+    assert summary.manifest["other_files"] == ["a/scan.tiff", "b/IMG_0001", "c/c.heic"]
+    assert summary.warnings[0].startswith(
+        "3 file(s) in the class folders are not of a type petal reads and were not converted "
+        "(a/scan.tiff, b/IMG_0001, c/c.heic; listed in manifest.json as other_files; c held "
+        "nothing else, so is not a class): it reads "
+    )
 
 
 def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):

@@ -51,12 +51,14 @@ class ImageFolder:
         ignored: relative paths that are not candidates (other extensions, files directly
             in the root, classes left out by an explicit class list, hidden files, and
             hidden folders and links back to an enclosing folder as ``class/link/``).
+        left_out: sub-folders an explicit class list left out.
     """
 
     root: str
     classes: tuple[str, ...]
     files: tuple[ImageFile, ...]
     ignored: tuple[str, ...]
+    left_out: tuple[str, ...] = ()
 
     def unclassified_images(self) -> list[str]:
         """Image files lying directly in the root: they belong to no class."""
@@ -65,16 +67,17 @@ class ImageFolder:
         ]
 
     def other_files(self) -> list[str]:
-        """Files in the class folders without an accepted extension (``a/photo.tiff``,
-        ``a/IMG_0001`` saved without one): not read, so named rather than dropped unseen.
-        Hidden files (``.DS_Store``) and classes left out by a class list are not among them.
+        """Files in the sub-folders without an accepted extension (``a/photo.tiff``,
+        ``a/IMG_0001`` saved without one): not read, so named rather than dropped unseen. A
+        sub-folder holding only such files is no class: its files are named too. Hidden
+        files (``.DS_Store``) and sub-folders a class list left out are not among them.
         """
         return [
             n
             for n in self.ignored
             if "/" in n
             and not n.endswith("/")
-            and n.split("/", 1)[0] in self.classes
+            and n.split("/", 1)[0] not in self.left_out
             and not is_hidden_entry(n)
         ]
 
@@ -469,7 +472,11 @@ def find_images(
         for rel in by_class[name]
     ]
     return ImageFolder(
-        root=root, classes=tuple(chosen), files=tuple(files), ignored=tuple(sorted(ignored))
+        root=root,
+        classes=tuple(chosen),
+        files=tuple(files),
+        ignored=tuple(sorted(ignored)),
+        left_out=tuple(sorted(set(by_class) - set(chosen))) if classes is not None else (),
     )
 
 

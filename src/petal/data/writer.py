@@ -1096,11 +1096,14 @@ def _warnings(manifest: dict) -> list[str]:
         )
     other = manifest.get("other_files") or []
     if other:
+        # A sub-folder holding only such files is no class at all.
+        lost = sorted({n.split("/", 1)[0] for n in other} - set(manifest["classes"]))
+        lost_line = f"; {_some(lost)} held nothing else, so is not a class" if lost else ""
         out.append(
             f"{len(other)} file(s) in the class folders are not of a type petal reads and were "
-            f"not converted ({_some(other)}; listed in manifest.json as other_files): it reads "
-            f"{', '.join(folders.IMAGE_EXTENSIONS)}; save any photo among them as one of "
-            "those (or add the extension it lacks) and convert again"
+            f"not converted ({_some(other)}; listed in manifest.json as other_files"
+            f"{lost_line}): it reads {', '.join(folders.IMAGE_EXTENSIONS)}; save any photo "
+            "among them as one of those (or add the extension it lacks) and convert again"
         )
     hidden = manifest.get("hidden_entries") or []
     if hidden:
