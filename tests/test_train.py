@@ -235,6 +235,8 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
         ({"model": "convnet"}, 'model "dense" -> "convnet"'),
         ({"image_size": 24}, "image_size 32x32 -> 24x24"),
         ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
+        # Inputs scaled another way than the weights learned (the model's own: unit).
+        ({"normalization": "symmetric"}, 'normalization "unit" -> "symmetric"'),
         # Loss scaling wraps the optimizer: its state would not load (Keras only warned).
         ({"precision": "mixed_float16"},
          'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),

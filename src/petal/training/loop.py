@@ -337,6 +337,10 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             continue
         if was != new:
             changed.append(f"{key} {_show(was)} -> {_show(new)}")
+    # The weights learned inputs scaled one way: another scaling feeds them other numbers.
+    was = saved_resolved.get("normalization")
+    if was and was != resolved["normalization"]:
+        changed.append(f"normalization {_show(was)} -> {_show(resolved['normalization'])}")
     was = saved_resolved.get("precision")
     if was and (was == "mixed_float16") != (resolved["precision"] == "mixed_float16"):
         # Loss scaling wraps the optimizer: its saved state would not load (Keras only
