@@ -512,8 +512,9 @@ def train(
         resume: continue the run saved in ``workdir``; one that already completed
             ``config.epochs`` is left as it is (its ``metrics.json`` is returned), and fewer
             epochs than it completed are refused. What its checkpoint holds
-            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases) cannot change;
-            the rest may (epochs, data with the same classes, batch size, strategy): the
+            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
+            normalization its weights learned and float16 loss scaling cannot change; the
+            rest may (epochs, data with the same classes, batch size, strategy): the
             schedule continues from the saved epoch at the new steps per epoch.
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
