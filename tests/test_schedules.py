@@ -169,6 +169,19 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
 
 
+def test_history_keeps_accuracies_as_the_epoch_line_shows_them(tmp_path):
+    """216 of 593 right: float32 0.36424958 reads "val_acc 0.3642" in the epoch line; kept
+    to 6 digits (0.36425) it read "0.3643" in train's closing line and metrics.json."""
+    from petal.training.callbacks import _write_rows, format_epoch_line, read_history
+
+    acc = float(np.float32(216 / 593))
+    row = {"epoch": 1, "val_accuracy": acc, "lr": 1e-3, "images_per_sec": 1.0,
+           "epoch_seconds": 1.0}  # fmt: skip
+    _write_rows(tmp_path / "history.csv", [row])
+    kept = read_history(tmp_path / "history.csv")[0]["val_accuracy"]
+    assert "val_acc 0.3642" in format_epoch_line(row, 1)
+    assert f"{kept:.4f}" == "0.3642"
+
 
 def test_resume_drops_a_history_row_cut_short_by_the_interruption(tmp_path):
     """A run killed while writing its history leaves half a row: resume drops it (it read as

@@ -110,7 +110,7 @@ def _fmt(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return f"{value:.8g}"
     return str(value)
 
 
