@@ -182,7 +182,10 @@ def test_a_folder_of_images_says_convert_it_first(small_flowers):
 
 def test_petal_shards_without_their_manifest_are_not_codelab_shards(make_records):
     folder = make_records(counts={"train": [4], "validation": [2]}, manifest=False)
-    with pytest.raises(PetalError, match="No readable manifest.json"):
+    # Said as training and evaluate say it: what is missing and how to get it back.
+    with pytest.raises(PetalError, match=r"holds shards written by petal convert "
+                       r"\(train-00000-of-00001-4.tfrec, ...\) but no manifest.json: .* Copy "
+                       r"manifest.json beside them, or convert again"):
         inspect_records(folder, progress=False)
 
 

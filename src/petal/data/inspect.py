@@ -109,13 +109,15 @@ def _codelab_source(path: str):
     Raises:
         PetalError: ``path`` is a folder of images.
     """
-    from petal.data.reader import is_pattern, open_source
+    from petal.data.reader import ShardsWithoutManifest, is_pattern, open_source
 
     pattern = is_pattern(path)
     if not pattern and folders.exists(folders.join(path, schema.MANIFEST_NAME)):
         return None
     try:
         source = open_source(path, verify=False)
+    except ShardsWithoutManifest:
+        raise  # said as training says it
     except PetalError:
         if pattern or not folders.isdir(path):  # a glob, a file or nothing: say which
             raise

@@ -230,6 +230,10 @@ def _file_given(path: str) -> PetalError:
     return PetalError(f"Data source is a file, not a folder: {path}; {fix}.")
 
 
+class ShardsWithoutManifest(PetalError):
+    """Shards petal convert named, in a folder without their manifest."""
+
+
 def _refuse_split_shards(fs, path: str, shards: list[str]) -> None:
     """Shards that petal convert named are read through their folder's manifest only.
 
@@ -246,7 +250,7 @@ def _refuse_split_shards(fs, path: str, shards: list[str]) -> None:
             f"{path} matches shards of the records folder {folder}: pass the folder itself, "
             "whose manifest.json says which shards are training and which validation."
         )
-    raise PetalError(
+    raise ShardsWithoutManifest(
         f"{folder} holds shards written by petal convert ({posixpath.basename(named[0])}"
         f"{', ...' if len(named) > 1 else ''}) but no {schema.MANIFEST_NAME}: the conversion "
         "did not finish, or the manifest was not copied with the shards. Copy manifest.json "
