@@ -548,6 +548,27 @@ def test_the_exported_decoder_gives_predicts_pixels():
     Image.fromarray(rgba, "RGBA").save(png, "PNG")
     got = decode(tf.constant([png.getvalue()]))[0].numpy().astype(int)
     assert np.abs(got - images.decode_rgb(png.getvalue())[0]).max() <= 1
+    # PNGs of 1, 2 and 4 bits (TensorFlow gave them an alpha of 2**bits - 1: nearly
+    # white), and colour keys (tRNS: a palette entry, a grey level or an RGB colour that
+    # stands for transparent), which become white for both.
+    grey = (np.arange(24 * 40).reshape(24, 40) % 256).astype(np.uint8)
+    variants = {f"grey {bits}-bit": (Image.fromarray(grey), {"bits": bits}) for bits in (1, 2, 4)}
+    variants["black and white"] = (Image.fromarray(grey).convert("1"), {})
+    palette = Image.fromarray(pixels).convert("P", palette=Image.Palette.ADAPTIVE, colors=4)
+    variants["2-bit palette"] = (palette, {"bits": 2})
+    variants["2-bit palette, key"] = (palette, {"bits": 2, "transparency": 1})
+    variants["grey, key"] = (Image.fromarray(grey), {"transparency": int(grey[0, 5])})
+    variants["grey 2-bit, key"] = (Image.fromarray(grey), {"bits": 2, "transparency": 0})
+    variants["RGB, key"] = (Image.fromarray(pixels), {"transparency": (250, 0, 0)})
+    for name, (image, options) in variants.items():
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG", **options)
+        want = images.decode_rgb(buffer.getvalue())[0]
+        got = decode(tf.constant([buffer.getvalue()]))[0].numpy()
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        if "transparency" in options:
+            assert (want == 255).all(axis=-1).sum() > (np.asarray(image.convert("RGB")) == 255
+                                                       ).all(axis=-1).sum(), name
     for data in (b"", b"\xff\xd8", plain.getvalue(), png.getvalue()):
         assert int(exif_orientation(tf.constant(data))) == 1
 

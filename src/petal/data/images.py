@@ -134,11 +134,12 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any PIL mode -> RGB; transparent pixels become white, as on a web page."""
     mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode == "P" and "transparency" in image.info:
+    if "transparency" in image.info and mode in ("P", "L", "1", "RGB"):
+        # A palette's transparent entries, or a grey or RGB colour key (PNG tRNS).
         image = image.convert("RGBA")
         mode = "RGBA"
+    if mode == "RGB":
+        return image
     if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))

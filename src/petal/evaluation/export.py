@@ -116,6 +116,33 @@ def exif_orientation(data):
     return tf.where(valid, value, 1)
 
 
+_PNG_MAX_CHUNKS = 64
+
+
+def png_colour_key(data):
+    """Whether PNG bytes (scalar string) hold a ``tRNS`` chunk before their image data: a
+    palette's transparency, or a grey or RGB colour that stands for transparent."""
+    import tensorflow as tf
+
+    size = tf.strings.length(data)
+
+    def chunk(k, pos, found, done):
+        head = tf.strings.substr(tf.strings.join([data, b"\0" * 8]), pos, 8)
+        raw = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+        length = ((raw[0] * 256 + raw[1]) * 256 + raw[2]) * 256 + raw[3]
+        kind = tf.strings.substr(head, 4, 4)
+        found = tf.equal(kind, "tRNS")
+        done = found | tf.equal(kind, "IDAT") | tf.equal(kind, "IEND") | (pos + 8 > size)
+        after = tf.minimum(tf.cast(pos, tf.int64) + 12 + length, tf.cast(size, tf.int64))
+        return k + 1, tf.cast(after, tf.int32), found, done
+
+    def more(k, pos, found, done):
+        return tf.logical_not(done) & (k < _PNG_MAX_CHUNKS)
+
+    start = (tf.constant(0), tf.constant(len(_PNG_SIGNATURE)), tf.constant(False), size < 8)
+    return tf.while_loop(more, chunk, start)[2]
+
+
 def apply_orientation(image, orientation):
     """``image [H, W, C]`` turned upright for an EXIF ``orientation`` (1-8), as PIL's
     ``ImageOps.exif_transpose`` turns it."""
@@ -149,11 +176,34 @@ def decode_like_predict(data):
         image = tf.io.decode_jpeg(data, channels=3, dct_method=DCT_METHOD)
         return apply_orientation(image, exif_orientation(data))
 
+    def on_white(color, alpha):
+        alpha = tf.cast(alpha, tf.float32) / 255.0
+        mixed = tf.cast(color, tf.float32) * alpha + 255.0 * (1.0 - alpha)
+        return tf.cast(tf.round(mixed), tf.uint8)
+
     def png():
-        rgba = tf.cast(tf.io.decode_png(data, channels=4), tf.float32)
-        alpha = rgba[..., 3:] / 255.0
-        on_white = rgba[..., :3] * alpha + 255.0 * (1.0 - alpha)
-        return tf.cast(tf.round(on_white), tf.uint8)
+        # The channels as stored: grey, grey + alpha, RGB or RGBA (a palette expanded).
+        # Asked for 4 channels instead, a 1/2/4-bit PNG without transparency gets an alpha
+        # of 2**bits - 1, not 255: nearly transparent, so nearly white.
+        image = tf.io.decode_png(data)
+        channels = tf.shape(image)[-1]
+
+        def stored():
+            color = tf.cond(
+                channels < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3]
+            )
+            alpha = tf.cond(
+                tf.equal(channels % 2, 0),
+                lambda: image[..., -1:],
+                lambda: tf.fill(tf.shape(image[..., :1]), tf.constant(255, tf.uint8)),
+            )
+            return on_white(color, alpha)
+
+        def keyed():  # a tRNS colour key: made an alpha channel when 4 are asked for
+            rgba = tf.io.decode_png(data, channels=4)
+            return on_white(rgba[..., :3], rgba[..., 3:])
+
+        return tf.cond(png_colour_key(data) & tf.equal(channels % 2, 1), keyed, stored)
 
     def other():
         return tf.io.decode_image(data, channels=3, expand_animations=False)
