@@ -438,6 +438,31 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1
 
 
+def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
+    """A corrupt record ends its shard for the reader: one early in a training shard drops
+    most of it every epoch. Counted once, however many epochs, and said at the end."""
+    import shutil
+
+    from conftest import corrupt_record
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    shard = sorted(records.glob("train-*.tfrec"))[0]
+    in_shard = int(shard.name.rsplit("-", 1)[1].split(".")[0])
+    corrupt_record(shard, 1)
+    lines = []
+    cfg = tiny_config(records, epochs=2, model="dense", skip_corrupt=True)
+    metrics = train(cfg, tmp_path / "run", log=lines.append)
+    assert metrics["skipped_corrupt_records"] == metrics["skipped_corrupt_train_records"]
+    assert metrics["skipped_corrupt_train_records"] == in_shard - 1
+    assert (
+        f"petal train: warning: --skip-corrupt left {in_shard - 1} of the 50 training records "
+        f"({100 * (in_shard - 1) / 50:.0f}%) out of every epoch: after a corrupt record the "
+        "reader skips the rest of its shard. Restore the shard, or convert the photos again, "
+        "to train on all of them."
+    ) in lines
+
+
 def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, tmp_path):
     folder = tmp_path / "photos"
     for cls in sorted(p.name for p in small_flowers.iterdir()):

@@ -527,11 +527,21 @@ class SkipCounter:
         self._lock = threading.Lock()
         self.skipped = 0
         self.events: list[str] = []
+        self.shards: list[tuple[str, int]] = []  # (shard, records lost), per event
 
-    def add(self, n: int, message: str) -> None:
+    def add(self, n: int, message: str, shard: str = "") -> None:
         with self._lock:
             self.skipped += n
             self.events.append(message)
+            self.shards.append((shard, n))
+
+    def lost_since(self, mark: int) -> dict[str, int]:
+        """Records lost per shard in the events after the first ``mark`` (``len(shards)``
+        taken before): each shard once, however many epochs read it."""
+        lost: dict[str, int] = {}
+        for shard, n in self.shards[mark:]:
+            lost[shard] = max(lost.get(shard, 0), n)
+        return lost
 
 
 SKIPPED = SkipCounter()
@@ -710,7 +720,7 @@ def _report_skip(path, n, expected) -> bool:
         "truncation) and the reader cannot resume inside a shard"
     )
     log.warning("petal: %s", message)
-    SKIPPED.add(lost, message)
+    SKIPPED.add(lost, message, path)
     return False
 
 

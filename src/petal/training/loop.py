@@ -737,7 +737,7 @@ def train(
 
     from petal.data.reader import SKIPPED, input_error
 
-    skipped_before = SKIPPED.skipped
+    skip_mark = len(SKIPPED.shards)
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
     clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
@@ -857,7 +857,19 @@ def train(
         metrics["skipped_corrupt_records"] = len(undecodable)
         metrics["skipped_corrupt_files"] = [f"{path}: {reason}" for path, reason in undecodable]
     elif cfg.skip_corrupt:
-        metrics["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
+        # Records, each once however many epochs skipped it.
+        lost = SKIPPED.lost_since(skip_mark)
+        metrics["skipped_corrupt_records"] = sum(lost.values())
+        train_files = set(source.files("train"))
+        lost_train = sum(n for shard, n in lost.items() if shard in train_files)
+        metrics["skipped_corrupt_train_records"] = lost_train
+        if lost_train > 0.1 * train_count:
+            log(
+                f"petal train: warning: --skip-corrupt left {lost_train} of the {train_count} "
+                f"training records ({100 * lost_train / train_count:.0f}%) out of every epoch: "
+                "after a corrupt record the reader skips the rest of its shard. Restore the "
+                "shard, or convert the photos again, to train on all of them."
+            )
     if nan_guard.nan_epoch is not None:
         where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
             f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
