@@ -313,6 +313,19 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
         "on, so the score overstates how it does on new photos. For a held-out score "
         "evaluate on its validation split (omit --data) or on new photos."
     ]
+    # On its own folder: its validation split, as it was split for training; a run split
+    # the way earlier builds split folders is told that this may differ.
+    warned.clear()
+    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    assert warned == []
+    config = json.loads((run / "config.json").read_text())
+    del config["resolved"]["folder_split"]
+    (run / "config.json").write_text(json.dumps(config))
+    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    assert warned == [
+        f"{run} was trained when petal split image folders another way: the validation split "
+        "read now may hold images it trained on. Train it again for a held-out score."
+    ]
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(

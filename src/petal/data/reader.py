@@ -408,9 +408,7 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
         by_class.setdefault(item[2], []).append(item)
     val: set[str] = set()
     for items in by_class.values():
-        # Stable per-file hash: a file's side never changes when others are added or removed.
-        keyed = sorted(items, key=lambda it: hashlib.sha1(it[1].encode("utf-8")).hexdigest())
-        val.update(it[1] for it in keyed[: int(round(len(items) * fraction))])
+        val.update(_validation_files([it[1] for it in items], fraction))
     if not folders.is_remote(root):
         _keep_copies_together(pairs, val)
     source = Source(path=root, kind="folder", classes=tuple(names), image_size=None, format="files")
@@ -420,6 +418,28 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
         source._counts[split] = [1] * len(chosen)
         source._labels[split] = [it[2] for it in chosen]
     return source
+
+
+def _validation_files(relpaths: list[str], fraction: float) -> list[str]:
+    """The files of one class that validate: those whose name hashes below ``fraction``, so
+    a file's side depends on its own name only, and photos added to the folder later never
+    move a training image into validation (a run's held-out score stays held out). A class
+    of two or more files keeps one file on each side: the lowest hash validates, the
+    highest trains (only removing that file can move another)."""
+    if len(relpaths) < 2:
+        return []
+    ranked = sorted(relpaths, key=_name_hash)
+    chosen = [rel for rel in ranked if _name_hash(rel) < fraction]
+    if fraction > 0 and not chosen:
+        chosen = ranked[:1]
+    if len(chosen) == len(ranked):
+        chosen = chosen[:-1]
+    return chosen
+
+
+def _name_hash(relpath: str) -> float:
+    """A relative path's SHA-1 as a fraction in [0, 1)."""
+    return int(hashlib.sha1(relpath.encode("utf-8")).hexdigest()[:13], 16) / 16**13
 
 
 def _regular_files(root: str, pairs: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:

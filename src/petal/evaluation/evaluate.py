@@ -121,6 +121,7 @@ def evaluate(
     warnings += [
         w
         for w in (
+            _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
             _resplit_warning(source, run, split, trained_on),
             None if own_data else _copy_warning(source, run, trained_on),
         )
@@ -288,6 +289,20 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
         f"fraction {theirs.get('val_fraction')} vs {trained_on.get('val_fraction')}, or other "
         "images): its validation split may hold images the model trained on. For a held-out "
         f"score evaluate on {ours}."
+    )
+
+
+def _old_split_warning(run, split: str) -> str | None:
+    """A run trained on an image folder split another way than petal splits it now: the
+    validation split read now may hold images it trained on."""
+    from petal.training.loop import FOLDER_SPLIT
+
+    if split == "all" or run.config.get("resolved", {}).get("folder_split") == FOLDER_SPLIT:
+        return None
+    return (
+        f"{run.workdir} was trained when petal split image folders another way: the "
+        f"{split} split read now may hold images it trained on. Train it again for a "
+        "held-out score."
     )
 
 

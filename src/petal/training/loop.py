@@ -150,6 +150,11 @@ def _remove_run(workdir: Path) -> None:
         shutil.rmtree(workdir / name, ignore_errors=True)
 
 
+# An image folder's validation files: those whose own name hashes below the fraction (earlier
+# builds ranked a class's hashes instead, an order that photos added later could change).
+FOLDER_SPLIT = "by-name"
+
+
 def prepare_workdir(
     workdir: Path,
     resume: bool,
@@ -651,6 +656,8 @@ def train(
         "resize": resize,
         "normalization": normalization,
         "data_kind": source.kind,
+        # How an image folder was split (evaluate checks that it splits the same way).
+        "folder_split": FOLDER_SPLIT if source.kind == "folder" else None,
         # The image folder the records were converted from (evaluate refuses to score it
         # as held-out data: it holds the training images).
         "records_source": (source.manifest or {}).get("source"),
