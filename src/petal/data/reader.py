@@ -12,10 +12,11 @@ Three kinds of source, told apart by what the path holds:
   named (``train-00000-of-00013-230.tfrec``) are never opened this way: without their
   manifest the split is unknown, and they are refused.
 - ``folder``: a plain folder of class sub-folders of images: the slow per-file path, kept
-  for comparison and quick experiments. The split is a stable per-class hash of each
-  file's relative path, so it never depends on which other files exist, except that
-  byte-identical copies in a local folder all go to the side of the copy whose path sorts
-  first (for folders of up to ``MAX_COPY_SCAN`` files).
+  for comparison and quick experiments. A file validates when the hash of its relative
+  path falls below the validation fraction, so its side never depends on which other files
+  exist, except that a class keeps one file on each side (its lowest and highest hashes)
+  and byte-identical copies in a local folder all go to the side of the copy whose path
+  sorts first (for folders of up to ``MAX_COPY_SCAN`` files).
 
 Paths are local or anything ``tf.io.gfile`` reads (``gs://``); ``http://`` URLs go through
 :mod:`petal.data.remote`.
