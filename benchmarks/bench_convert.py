@@ -114,10 +114,10 @@ def parallel(src: Path, out: Path, size: tuple[int, int], workers: int) -> tuple
     return seconds, summary.written, cpu
 
 
-def _loop_share(paths: list[str], size: tuple[int, int]) -> tuple[int, float]:
+def _loop_share(paths: list[str], size: tuple[int, int], parent: int) -> tuple[int, float]:
     from petal.data import writer
 
-    writer._worker_setup()  # the allocator settings convert's workers use
+    writer._worker_setup(parent)  # the allocator settings convert's workers use
     cpu = time.process_time()
     return baseline(paths, size), time.process_time() - cpu
 
@@ -129,7 +129,10 @@ def independent(pool: ProcessPoolExecutor, paths: list[str], size: tuple[int, in
     """
     start = time.perf_counter()
     shares = list(
-        pool.map(functools.partial(_loop_share, size=size), [paths[i::n] for i in range(n)])
+        pool.map(
+            functools.partial(_loop_share, size=size, parent=os.getpid()),
+            [paths[i::n] for i in range(n)],
+        )
     )
     return time.perf_counter() - start, sum(d for d, _ in shares), sum(c for _, c in shares)
 
