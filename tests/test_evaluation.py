@@ -248,6 +248,15 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     assert report["count"] == 3 and [sum(row) for row in report["confusion_matrix"]] == [
         0, 0, 3, 0, 0]
     assert report["macro"]["recall"] == pytest.approx(report["per_class"]["roses"]["recall"])
+    # Files the folder holds that are not read are named (as convert names them).
+    (photos / "roses" / "scan.tiff").write_bytes(b"II*\x00")
+    (photos / "stray.jpg").write_bytes(b"x")
+    warned = []
+    evaluate(trained, photos, out_dir=tmp_path / "eval1", log=lambda line: None,
+             warn=warned.append)  # fmt: skip
+    assert f"{photos}: files not read: 1 directly in the folder, in no class (stray.jpg); 1 " \
+        "not of a type petal reads (roses/scan.tiff). Images are read from class sub-folders, " \
+        "with the extensions .bmp, .gif, .jpeg, .jpg, .png, .webp" in warned
     (photos / "cactus").mkdir()
     (photos / "cactus" / "c.jpg").symlink_to(next((small_flowers / "daisy").iterdir()).resolve())
     with pytest.raises(PetalError, match=r"photos holds classes the model in .* does not know: "

@@ -470,9 +470,13 @@ def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, t
         for f in sorted((small_flowers / cls).iterdir())[:6]:
             (folder / cls / f.name).symlink_to(f.resolve())
     (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
+    (folder / "tulips" / "IMG_0001.HEIC").write_bytes(b"not read")
     lines = []
     cfg = tiny_config(folder, epochs=1, steps_per_epoch=1, skip_corrupt=True, cache=False, model="dense")
     metrics = train(cfg, tmp_path / "run", log=lines.append)
+    assert f"petal train: warning: {folder}: files not read: 1 not of a type petal reads " \
+        "(tulips/IMG_0001.HEIC). Images are read from class sub-folders, with the " \
+        "extensions .bmp, .gif, .jpeg, .jpg, .png, .webp" in lines
     assert metrics["epochs_completed"] == 1
     assert metrics["skipped_corrupt_records"] == 1
     [entry] = metrics["skipped_corrupt_files"]

@@ -86,6 +86,25 @@ class ImageFolder:
         extension (``a/._1.jpg``) that were not read: photos may hide in them."""
         return hidden_entries(self.ignored)
 
+    def unread_note(self) -> str:
+        """One line naming the files that are not read (images outside any class, other
+        types, hidden entries: the lists ``petal convert`` keeps in its manifest), or ""."""
+        parts = []
+        for what, names in (
+            ("directly in the folder, in no class", self.unclassified_images()),
+            ("not of a type petal reads", self.other_files()),
+            ("hidden", self.hidden()),
+        ):
+            if names:
+                more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+                parts.append(f"{len(names)} {what} ({', '.join(names[:3])}{more})")
+        if not parts:
+            return ""
+        return (
+            f"{self.root}: files not read: {'; '.join(parts)}. Images are read from class "
+            f"sub-folders, with the extensions {', '.join(IMAGE_EXTENSIONS)}"
+        )
+
     def per_class(self) -> dict[str, int]:
         """Number of candidate files per class, in class order."""
         counts = dict.fromkeys(self.classes, 0)

@@ -62,6 +62,7 @@ class Source:
             (records written with resize mode ``none``, or an image folder).
         format: ``"jpeg"`` or ``"raw"`` for records, ``"files"`` for an image folder.
         manifest: the records folder's manifest, or None.
+        notes: for an image folder, lines naming the files it holds that are not read.
     """
 
     path: str
@@ -70,6 +71,7 @@ class Source:
     image_size: tuple[int, int] | None
     format: str
     manifest: dict | None = None
+    notes: tuple[str, ...] = ()
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -397,10 +399,12 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
 
 
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
+    notes: tuple[str, ...] = ()
     if _is_http(root):
         pairs, names = _list_http_folder(root, classes)
     else:
         found = folders.find_images(root, classes, min_classes=min_classes)
+        notes = tuple(note for note in [found.unread_note()] if note)
         names = list(found.classes)
         pairs = _regular_files(root, [(f.path, f.relpath, f.label) for f in found.files])
     fraction = FOLDER_VAL_FRACTION if val_fraction is None else float(val_fraction)
@@ -412,7 +416,14 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
         val.update(_validation_files([it[1] for it in items], fraction))
     if not folders.is_remote(root):
         _keep_copies_together(pairs, val)
-    source = Source(path=root, kind="folder", classes=tuple(names), image_size=None, format="files")
+    source = Source(
+        path=root,
+        kind="folder",
+        classes=tuple(names),
+        image_size=None,
+        format="files",
+        notes=notes,
+    )
     for split in schema.SPLITS:
         chosen = [it for it in pairs if (it[1] in val) == (split == "validation")]
         source._files[split] = [it[0] for it in chosen]

@@ -127,6 +127,7 @@ def evaluate(
         )
         if w
     ]
+    warnings += source.notes  # an image folder's files that are not read
     if upscaled := upscale_warning(source, run.image_size):
         warnings.append(f"{upscaled}: the model may score lower on them")
     if to_model is not None and len(source.classes) < len(run.classes):

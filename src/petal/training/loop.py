@@ -683,6 +683,8 @@ def train(
     if upscaled := upscale_warning(source, image_size):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
+    for note in source.notes:  # an image folder's files that are not read
+        log(f"petal train: warning: {note}")
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     log(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
