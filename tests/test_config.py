@@ -136,6 +136,12 @@ def test_base_config_is_used_without_a_preset():
         ({"class_weight": "inverse"}, "Unknown class_weight"),
         ({"fine_tune": "head_then_all", "head_epochs": 2}, "pretrained weights"),
         ({"fine_tune": "head_then_all", "weights": "imagenet", "head_epochs": 40}, "head_epochs"),
+        # Checked before the head trains (it failed after, as a schedule's peak_lr).
+        ({"fine_tune": "head_then_all", "weights": "imagenet", "head_epochs": 1,
+          "fine_tune_lr_factor": -1}, r"fine_tune_lr_factor .* must be a positive number"),
+        ({"fine_tune": "head_then_all", "weights": "imagenet", "head_epochs": 1,
+          "fine_tune_lr_factor": 0.0}, r"must be a positive number\. Received: "
+                                       r"fine_tune_lr_factor=0\.0"),
         ({"head_epochs": 1}, "only used with fine_tune"),
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"learning_rate": None}, "codelab_ramp"),

@@ -796,6 +796,16 @@ def test_nothing_readable(tmp_path):
 # --- refused operations: one line, nothing written ---------------------------------------------------
 
 
+def test_an_output_that_is_no_path_is_refused(small_flowers, tmp_path, monkeypatch):
+    """None once became a folder called 'None' in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    for output in (None, "", 3):
+        with pytest.raises(PetalError, match=r"^convert needs output as a folder path \(str or "
+                           rf"Path\)\. Received: output={output!r}$"):
+            convert(small_flowers, output, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

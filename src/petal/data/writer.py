@@ -943,6 +943,11 @@ def convert(
             empty train split. Nothing is left half-written.
     """
     started = time.perf_counter()
+    for name, value in (("source", source), ("output", output)):
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise PetalError(
+                f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
+            )
     source, output = str(source), str(output)
     options, recorded = _resolve_options(
         image_size,

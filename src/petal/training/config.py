@@ -188,6 +188,12 @@ class TrainConfig:
         _check_choice("class_weight", self.class_weight, CLASS_WEIGHTS)
         _check_choice("normalization", self.normalization, NORMALIZATIONS)
         if self.fine_tune == "head_then_all":
+            factor = self.fine_tune_lr_factor
+            if not (isinstance(factor, (int, float)) and 0 < factor < float("inf")):
+                raise PetalError(
+                    "fine_tune_lr_factor (the learning rate's multiplier once the backbone is "
+                    f"unfrozen) must be a positive number. Received: fine_tune_lr_factor={factor!r}"
+                )
             if not 0 < self.head_epochs < self.epochs:
                 raise PetalError(
                     "fine_tune='head_then_all' needs 0 < head_epochs < epochs. "
