@@ -462,7 +462,7 @@ def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 
     files = _image_files(originals_dir, 2)
-    results = predict(trained, files, top_k_count=3)
+    results = predict(trained, files, top_k=3)
     assert [r["file"] for r in results] == [str(f) for f in files]
     for r in results:
         probs = [p["probability"] for p in r["predictions"]]
@@ -471,7 +471,7 @@ def test_predict_top_k(trained, originals_dir):
     assert str(files[0]) in format_predictions(results)
     # More than the 5 classes: all 5, and a word that it was reduced (the default says none).
     warned = []
-    results = predict(trained, files[:1], top_k_count=7, warn=warned.append)
+    results = predict(trained, files[:1], top_k=7, warn=warned.append)
     assert len(results[0]["predictions"]) == 5
     assert warned == ["--top-k 7 is more than the model's 5 classes; using 5"]
     warned.clear()
@@ -503,7 +503,7 @@ def test_predict_takes_folders_of_images(trained, small_flowers, tmp_path, capsy
         (folder / name).write_bytes(src.read_bytes())
     (folder / "notes.txt").write_text("not an image")
     single = sources[0]
-    results = predict(trained, [single, folder], top_k_count=1)
+    results = predict(trained, [single, folder], top_k=1)
     assert [r["file"] for r in results] == [
         str(single), str(folder / "a.jpg"), str(folder / "b" / "c.jpeg"),
         str(folder / "b" / "deeper" / "x.JPG"),
@@ -623,7 +623,7 @@ def test_export_serves_encoded_bytes_like_predict(trained, originals_dir, tmp_pa
     classes = Path(out["labels"]).read_text().split()
     assert [s.decode() for s in got["label"].numpy()] == [classes[i] for i in probs.argmax(1)]
     # The same pixels as `petal predict`, so the same probabilities.
-    expected = predict(trained, files, top_k_count=5)
+    expected = predict(trained, files, top_k=5)
     for row, r in zip(probs, expected, strict=True):
         for p in r["predictions"]:
             assert row[p["index"]] == pytest.approx(p["probability"], abs=1e-4), r["file"]
@@ -780,7 +780,21 @@ def test_predict_names_the_top_k_option(trained, tmp_path):
     from petal.evaluation.predict import predict
 
     with pytest.raises(PetalError, match=r"top_k \(--top-k\) must be an integer >= 1. Received: 0"):
-        predict(trained, [tmp_path / "photo.jpg"], top_k_count=0)
+        predict(trained, [tmp_path / "photo.jpg"], top_k=0)
+    with pytest.raises(PetalError, match=r"^batch_size must be an integer >= 1. Received: 0$"):
+        predict(trained, [tmp_path / "photo.jpg"], batch_size=0)
+
+
+def test_predict_takes_one_path_as_a_str_or_path(trained, small_flowers, tmp_path, monkeypatch):
+    """A str is one path, not a sequence of one-character paths ('.' walked the working
+    folder, '/' the whole disk)."""
+    from petal.evaluation.predict import predict
+
+    photo = sorted((small_flowers / "roses").iterdir())[0]
+    monkeypatch.chdir(tmp_path)
+    for given in (str(photo), photo):
+        [result] = predict(trained, given, top_k=2)
+        assert result["file"] == str(photo) and len(result["predictions"]) == 2
 
 
 def test_report_on_a_history_without_epochs_or_damaged(trained, tmp_path):

@@ -510,7 +510,7 @@ def _run_predict(args: argparse.Namespace) -> int:
     from petal.evaluation.predict import format_predictions, predict
 
     results = predict(
-        args.workdir, args.images, top_k_count=args.top_k, skip_corrupt=args.skip_corrupt
+        args.workdir, args.images, top_k=args.top_k, skip_corrupt=args.skip_corrupt
     )
     print(json.dumps(results, indent=2) if args.json else format_predictions(results))
     return 0

@@ -7,6 +7,7 @@ resized to the model's input size when training used another size, then normaliz
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 from petal.data import images as image_io
 from petal.data.folders import read_bytes
 from petal.errors import PetalError, printable, some_files
-from petal.evaluation.metrics import top_k
+from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
 
 
@@ -78,6 +79,8 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files.
     """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]  # one path, not a sequence of its characters
     from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden_entry, walk_tree
 
     warn = warn or _warn
@@ -117,7 +120,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
 def predict(
     workdir: str | Path,
     images: Sequence[str | Path],
-    top_k_count: int | None = None,
+    top_k: int | None = None,
     batch_size: int = 32,
     skip_corrupt: bool = False,
     warn=None,
@@ -128,8 +131,9 @@ def predict(
     Args:
         workdir: a finished ``petal train`` work directory.
         images: image file paths (JPEG, PNG, GIF, BMP, WebP), or folders of them (every
-            image below a folder, sorted; see :func:`expand_images`).
-        top_k_count: how many labels to return per image, best first (default 3); at most
+            image below a folder, sorted; see :func:`expand_images`); one path alone may be
+            given as a str or Path.
+        top_k: how many labels to return per image, best first (default 3); at most
             the class count (more is reduced to it, with a warning).
         batch_size: images per forward pass.
         skip_corrupt: skip files that cannot be read or decoded, instead of stopping
@@ -150,17 +154,21 @@ def predict(
         PetalError: no images, missing or unreadable images (all of them named; without
             ``skip_corrupt``), or a run without a model.
     """
+    if isinstance(images, (str, os.PathLike)):
+        images = [images]  # one path, not a sequence of its characters
     if not images:
         raise PetalError("No images given; pass one or more image files.")
-    if top_k_count is not None and (
-        isinstance(top_k_count, bool) or not isinstance(top_k_count, int) or top_k_count < 1
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise PetalError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
     ):
-        raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k_count!r}")
+        raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k!r}")
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
     run = open_run(workdir)
-    top_k_count = top_k_for(run, top_k_count, warn)
+    top_k = top_k_for(run, top_k, warn)
     images = expand_images(images, warn=warn)
     model = None
     found: dict[Path, dict] = {}
@@ -181,7 +189,7 @@ def predict(
                 model = model or load_model(run)
                 batch = normalize(np.stack(pixels), run.normalization)
                 probs = np.asarray(model.predict_on_batch(batch), dtype=np.float64)
-                idx, p = top_k(probs, top_k_count)
+                idx, p = best_k(probs, top_k)
                 for n, path in enumerate(kept):
                     found[path] = {
                         "file": str(path),
