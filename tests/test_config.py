@@ -119,6 +119,24 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert load_config("codelab-dense", path).model == "dense"
 
 
+def test_a_batch_size_or_schedule_given_replaces_what_belonged_to_the_presets():
+    """codelab-squeezenet trains at 32 on one device: --batch-size 8 was ignored there (and
+    codelab-dense's 128 refused a small dataset, telling the user to lower batch_size);
+    --set schedule=constant failed on the preset schedule's warm-up option."""
+    cfg = load_config("codelab-squeezenet", batch_size=8)
+    assert (cfg.batch_size, cfg.single_device_batch_size) == (8, None)
+    assert load_config("codelab-squeezenet").single_device_batch_size == 32
+    both = load_config("codelab-dense", overrides=["batch_size=8", "single_device_batch_size=16"])
+    assert (both.batch_size, both.single_device_batch_size) == (8, 16)
+    assert load_config("quick", overrides=["schedule=constant"]).schedule_options == {}
+    assert load_config(
+        "quick", overrides=["schedule=constant", "schedule_options.lr=0.1"]
+    ).schedule_options == {"lr": 0.1}
+    # The same schedule keeps its options.
+    kept = load_config("quick", overrides=["schedule=warmup_cosine"]).schedule_options
+    assert kept == get_preset("quick").schedule_options
+
+
 def test_base_config_is_used_without_a_preset():
     base = get_preset("quick").replace(epochs=3)
     assert load_config(None, None, ["epochs=5"], base=base).epochs == 5

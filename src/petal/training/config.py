@@ -515,10 +515,21 @@ def parse_overrides(items: Iterable[str]) -> dict:
 
 
 def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "") -> TrainConfig:
-    """A copy of ``cfg`` with ``values`` applied; dotted keys set one key of a dict field."""
+    """A copy of ``cfg`` with ``values`` applied; dotted keys set one key of a dict field.
+
+    Setting ``batch_size`` drops a preset's ``single_device_batch_size``, and another
+    ``schedule`` starts from empty ``schedule_options``, unless ``values`` sets those too.
+    """
     hints = typing.get_type_hints(TrainConfig)
     data = cfg.to_dict()
     where = f" (from {source})" if source else ""
+    given = {key.partition(".")[0] for key in values}
+    # A batch size chosen replaces a preset's one-device batch; another schedule does not
+    # inherit the old one's options (the preset's warm-up is no option of "constant").
+    if "batch_size" in given and "single_device_batch_size" not in given:
+        data["single_device_batch_size"] = None
+    if values.get("schedule", cfg.schedule) != cfg.schedule and "schedule_options" not in values:
+        data["schedule_options"] = {}  # (its keys given one by one apply to the new one)
     for key, value in values.items():
         name, _, sub = key.partition(".")
         if name not in hints:
