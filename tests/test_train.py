@@ -173,6 +173,21 @@ def test_bad_model_fails_before_writing(small_records, tmp_path):
         train(tiny_config(small_records, data=None), tmp_path / "run", **QUIET)
 
 
+def test_steps_per_execution_divides_the_epoch(small_records, tmp_path):
+    """3 executions' worth of steps per call on 4 steps an epoch ran 6 steps an epoch, and
+    the schedule ran out early; the largest divisor at most 3 is used instead, and said."""
+    import keras
+
+    lines = []
+    cfg = tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=4, batch_size=4,
+                      steps_per_execution=3)  # fmt: skip
+    train(cfg, tmp_path / "run", log=lines.append)
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras", safe_mode=True)
+    assert int(model.optimizer.iterations) == 8
+    assert ("petal train: steps_per_execution 3 -> 2, the largest that divides the 4 steps per "
+            "epoch (Keras runs whole executions: the epochs would run extra steps)") in lines
+
+
 def test_a_warm_up_longer_than_the_run_names_the_fix(small_records, tmp_path):
     """squeezenet-plus warms up for 3 epochs: a 2-epoch try of it is told what to change."""
     cfg = get_preset("squeezenet-plus").replace(data=str(small_records), epochs=2)

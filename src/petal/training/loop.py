@@ -670,6 +670,11 @@ def train(
         "global_batch": global_batch,
         "eval_batch": eval_batch,
         "steps_per_epoch": steps,
+        # Keras runs whole executions: one that does not divide the epoch ran extra steps
+        # (the schedule ended early). The largest divisor of the steps at most the one asked.
+        "steps_per_execution": max(
+            d for d in range(1, min(cfg.steps_per_execution, steps) + 1) if steps % d == 0
+        ),
         "peak_lr": peak if peak is not None else codelab_max_lr(replicas),
         "class_weights": weights_by_class,
     }
@@ -686,6 +691,12 @@ def train(
     for note in source.notes:  # an image folder's files that are not read
         log(f"petal train: warning: {note}")
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    if resolved["steps_per_execution"] != cfg.steps_per_execution:
+        log(
+            f"petal train: steps_per_execution {cfg.steps_per_execution} -> "
+            f"{resolved['steps_per_execution']}, the largest that divides the {steps} steps "
+            "per epoch (Keras runs whole executions: the epochs would run extra steps)"
+        )
     log(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
         f"{cfg.schedule} peak lr {resolved['peak_lr']:.3g}"
@@ -791,7 +802,7 @@ def train(
                     loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),
                     metrics=["accuracy"],
                     jit_compile=cfg.jit_compile,
-                    steps_per_execution=cfg.steps_per_execution,
+                    steps_per_execution=resolved["steps_per_execution"],
                 )
                 if resume and start_epoch and not loaded:
                     # Same phase as the checkpoint: restore weights and optimizer state.
