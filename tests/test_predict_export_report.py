@@ -307,6 +307,27 @@ def test_report_names_an_eval_json_with_values_of_the_wrong_kind(trained, tmp_pa
     assert not (run / "report.html").exists()
 
 
+def test_report_says_when_the_evaluation_scored_an_earlier_model(trained, tmp_path, capsys):
+    """After a resume, eval/ still holds the scores of the model before it."""
+    import os
+
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    evaluate(run, json.loads((run / "config.json").read_text())["data"], log=lambda line: None)
+    build_report(run)
+    assert "scored an earlier model" not in (run / "report.html").read_text()
+    eval_time = (run / "eval" / "eval.json").stat().st_mtime
+    os.utime(run / "model.keras", (eval_time + 60, eval_time + 60))  # trained further since
+    capsys.readouterr()
+    build_report(run)
+    said = (f"{run / 'eval' / 'eval.json'} scored an earlier model: {run / 'model.keras'} was "
+            f"saved after it (the run was trained further); run `petal evaluate {run}` again.")
+    assert f"petal report: warning: {said}" in capsys.readouterr().err
+    assert "scored an earlier model" in (run / "report.html").read_text()
+
+
 def test_a_model_file_that_is_a_folder_is_named_as_such(trained, tmp_path):
     from petal.evaluation.workdir import open_run
 

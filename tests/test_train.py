@@ -66,7 +66,11 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
                        r"cell per column\); it cannot be resumed: start again with --overwrite"):
         train(cfg, workdir, resume=True, **QUIET)
     history.write_text(text + "2,0.9")
-    metrics = train(cfg, workdir, resume=True, **QUIET)
+    (workdir / "export").mkdir()  # an export of the model before the resume
+    lines = []
+    metrics = train(cfg, workdir, resume=True, log=lines.append)
+    assert lines[-2] == (f"petal train: {workdir / 'export'}/ holds the results of the model "
+                         "before this resume: run petal export again")
     rows = read_history(workdir / "history.csv")
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # the row cut short was dropped
     assert set(rows[0]) == {

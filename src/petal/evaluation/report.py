@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -204,6 +205,15 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     else:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
     if evaluation is not None:
+        model_file = workdir / "model.keras"
+        if model_file.is_file() and model_file.stat().st_mtime > eval_json.stat().st_mtime:
+            # Resumed since: the scores are an earlier model's.
+            stale = (
+                f"{eval_json} scored an earlier model: {model_file} was saved after it (the "
+                f"run was trained further); {evaluate_again}"
+            )
+            print(f"petal report: warning: {stale}", file=sys.stderr)
+            eval_parts.insert(1, f"<p><b>Warning:</b> {html.escape(stale)}</p>")
         parts += eval_parts
     if not epochs_done:
         parts.append("<p>No epoch has finished yet: no training curves.</p>")

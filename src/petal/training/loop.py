@@ -903,6 +903,13 @@ def train(
         )
     model.save(str(workdir / "model.keras"))
     write_json(workdir / "metrics.json", metrics)
+    earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
+    if earlier:
+        log(
+            f"petal train: {' and '.join(f'{workdir / n}/' for n in earlier)} "
+            f"{'hold' if len(earlier) > 1 else 'holds'} the results of the model before this "
+            f"resume: run petal {' and '.join(earlier)} again"
+        )
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
         f"{metrics['final_val_accuracy']:.4f}, mean of last 5 "
