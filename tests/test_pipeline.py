@@ -132,6 +132,34 @@ def test_cache_modes_yield_the_same_images(records, tmp_path):
     assert any(p.name.startswith("train-") for p in (tmp_path / "cache").iterdir())
 
 
+def test_a_folder_cache_holds_pixels_of_one_fitting_and_one_version_of_the_photos(
+    small_originals, tmp_path, monkeypatch
+):
+    """Keyed on the resize mode, the fitting size and an image folder's file sizes and times:
+    'fill' read 'pad' pixels from a cache written before, and edited photos their old ones.
+    "RAM" is the RAM cache, not a folder of that name."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    shutil.copytree(small_originals, photos, symlinks=False)
+    cache = tmp_path / "cache"
+
+    def read(resize, **options):
+        ds = eval_dataset(str(photos), batch_size=64, image_size=24, normalization="raw",
+                          split="all", resize=resize, **options)  # fmt: skip
+        return np.concatenate([np.asarray(x) for x, _ in ds])
+
+    for resize in ("pad", "fill"):
+        assert np.array_equal(read(resize, cache=str(cache)), read(resize))
+    first = sorted(p for p in photos.rglob("*") if p.is_file())[0]
+    second = sorted(p for p in photos.rglob("*") if p.is_file())[-1]
+    first.write_bytes(second.read_bytes())  # the photo edited: another one saved over it
+    assert np.array_equal(read("fill", cache=str(cache)), read("fill"))
+    monkeypatch.chdir(tmp_path)
+    read("fill", cache="RAM")
+    assert not (tmp_path / "RAM").exists()
+
+
 def test_jpeg_records_and_resize(make_records):
     folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
     images, _ = next(iter(eval_dataset(str(folder), batch_size=3, normalization="raw")))

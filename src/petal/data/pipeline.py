@@ -36,6 +36,7 @@ Why this shape:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import logging
@@ -48,8 +49,8 @@ import numpy as np
 import tensorflow as tf
 
 from petal.data import augment as augment_lib
+from petal.data import folders, reader, schema
 from petal.data import images as image_io
-from petal.data import reader, schema
 from petal.data.reader import Source, open_source
 from petal.errors import PetalError, some_files, tf_message
 
@@ -181,7 +182,7 @@ def train_dataset(
             f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
             f"nothing. Use a smaller batch_size. Received: batch_size={batch_size}"
         )
-    cache_to = _resolve_cache(cache, src, split, size, input_context)
+    cache_to = _resolve_cache(cache, src, split, size, input_context, resize)
 
     # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
     ds = _read(
@@ -275,7 +276,7 @@ def eval_dataset(
         others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
         fix = f"; choose a split that does: {', '.join(others)}" if others else ""
         raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
-    cache_to = _resolve_cache(cache, src, split, size, input_context)
+    cache_to = _resolve_cache(cache, src, split, size, input_context, f"{resize}|{fit_size}")
     # Read in file order, decode, batch without dropping anything.
     ds = _read(
         src,
@@ -915,15 +916,27 @@ def _available_memory() -> int:
         return 0
 
 
-def _cache_key(src: Source, split, size, input_context) -> str:
+def _cache_key(src: Source, split, size, input_context, how: str) -> str:
+    """What the cached pixels depend on: the data (a conversion's time; an image folder's
+    files, sizes and modification times: edited photos are read again), the split, the
+    size, how images are fitted (``how``) and the input pipeline."""
     created = (src.manifest or {}).get("created", "")
+    if src.kind == "folder" and not folders.is_remote(src.path):
+        stamp = hashlib.sha1()
+        for path in src.files(split):
+            with contextlib.suppress(OSError):
+                info = os.stat(path)
+                stamp.update(f"{path}|{info.st_size}|{info.st_mtime_ns}\n".encode())
+        created = stamp.hexdigest()
     pipe = input_context.input_pipeline_id if input_context is not None else 0
-    text = f"{src.path}|{created}|{split}|{size}|{pipe}|{src.count(split)}"
+    text = f"{src.path}|{created}|{split}|{size}|{how}|{pipe}|{src.count(split)}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None:
+def _resolve_cache(cache, src: Source, split, size, input_context, how: str = "") -> str | None:
     """None (no cache), "" (RAM) or a file prefix on local disk."""
+    if isinstance(cache, str) and cache.lower() in ("off", "none", "no", "ram", "memory"):
+        cache = cache.lower()  # "RAM" is no folder name
     if cache in (None, False, "off", "none", "no"):
         return None
     if cache in (True, "ram", "memory"):
@@ -939,10 +952,10 @@ def _resolve_cache(cache, src: Source, split, size, input_context) -> str | None
     if temporary:
         folder = os.path.join(tempfile.gettempdir(), "petal-cache")
         # A fresh name per dataset: two runs never share (or half-read) one cache file.
-        key = f"{_cache_key(src, split, size, input_context)}-{secrets.token_hex(4)}"
+        key = f"{_cache_key(src, split, size, input_context, how)}-{secrets.token_hex(4)}"
     elif isinstance(cache, str | os.PathLike):
         folder = os.fspath(cache)
-        key = _cache_key(src, split, size, input_context)
+        key = _cache_key(src, split, size, input_context, how)
     else:
         raise PetalError(
             f"cache must be 'auto', 'ram', 'disk', 'off' or a folder path. "
