@@ -430,6 +430,10 @@ def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path
         ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
         ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
         ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),
+        # Raw records of other images (or at another size): no comparison.
+        ("jpeg", ["--raw-records", "{fewer}"], r"--raw-records .*fewer are not RECORDS' images "
+         r"as raw pixels \(20 images at 16x16 from .* against 28 images at 16x16 from .*\); "
+         r"convert RECORDS' source with --format raw"),
         ("jpeg", ["--folder", "{tmp}/nope"], r"--folder .*nope: Data source not found"),
         ("jpeg", ["--raw-records", "{tmp}/nope"], r"--raw-records .*nope: Data source not found"),
         ("jpeg", ["--json", "{tmp}"], r"--json .* is a folder; pass a file path"),
@@ -455,7 +459,8 @@ def test_bench_input_checks_its_arguments_before_measuring(
         "images": small_flowers,
     }
     (tmp_path / "b.json").write_text("{}")
-    options = [o.format(jpeg=folders["jpeg"], tmp=tmp_path) for o in options]
+    fewer = make_records("fewer", counts={"train": [8, 8], "validation": [4]}, fmt="raw")
+    options = [o.format(jpeg=folders["jpeg"], fewer=fewer, tmp=tmp_path) for o in options]
     argv = ["bench", "input", str(folders[which]), "--batch-size", "4", "--seconds", "0.2"]
     assert main([*argv, *options]) == 2
     out, err = capsys.readouterr()

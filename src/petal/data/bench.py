@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from petal.data import folders
 from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,12 @@ def make_raw_copy(records: str, folder: str, split: str = "train") -> str:
 # --- the benchmark ---------------------------------------------------------------------------
 
 
+def _describe(source) -> str:
+    size = "x".join(map(str, source.image_size)) if source.image_size else "varying sizes"
+    origin = (source.manifest or {}).get("source") or "?"
+    return f"{source.count('all')} images at {size} from {origin}"
+
+
 def _opened(option: str, path: str):
     """``open_source(path)``, its error prefixed with the option that named the path."""
     from petal.data.reader import open_source
@@ -377,11 +384,22 @@ def run(
             "RECORDS came from (class sub-folders of photos)."
         )
     if raw_records is not None and "raw" in wanted:
-        raw_format = _opened("--raw-records", raw_records).format
-        if raw_format != schema.FORMAT_RAW:
+        raw = _opened("--raw-records", raw_records)
+        if raw.format != schema.FORMAT_RAW:
             raise PetalError(
-                f"--raw-records {raw_records} holds {raw_format} records, not raw ones; write "
+                f"--raw-records {raw_records} holds {raw.format} records, not raw ones; write "
                 f"them with `petal convert SRC DIR --format raw` or leave the option out."
+            )
+        # The comparison holds for the same images at the same size only.
+        origins = [(s.manifest or {}).get("source") for s in (raw, src)]
+        same_origin = None in origins or folders.same_place(*origins)
+        if (raw.image_size, raw.count("all")) != (src.image_size, src.count("all")) or not (
+            same_origin
+        ):
+            raise PetalError(
+                f"--raw-records {raw_records} are not RECORDS' images as raw pixels "
+                f"({_describe(raw)} against {_describe(src)}); convert RECORDS' source "
+                "with --format raw at the same --image-size, or leave the option out."
             )
     augment_lib.build(augment)  # an unknown name fails before the first case
     blobs = jpeg_bytes(src)
