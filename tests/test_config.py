@@ -119,6 +119,12 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert load_config("codelab-dense", path).model == "dense"
 
 
+def test_paths_as_path_objects_and_one_override_as_a_string(tmp_path):
+    cfg = get_preset("quick").replace(data=tmp_path / "records", weights=tmp_path / "w.h5")
+    assert cfg.data == str(tmp_path / "records") and cfg.weights == str(tmp_path / "w.h5")
+    assert load_config("quick", overrides="epochs=2").epochs == 2  # was read per character
+
+
 def test_a_batch_size_or_schedule_given_replaces_what_belonged_to_the_presets():
     """codelab-squeezenet trains at 32 on one device: --batch-size 8 was ignored there (and
     codelab-dense's 128 refused a small dataset, telling the user to lower batch_size);

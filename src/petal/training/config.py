@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -500,6 +501,8 @@ def parse_overrides(items: Iterable[str]) -> dict:
     Values are parsed as JSON when they parse (numbers, true/false, null, lists,
     objects), otherwise taken as plain strings.
     """
+    if isinstance(items, str):
+        items = [items]  # one override, not a sequence of its characters
     out: dict = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -564,6 +567,8 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             return float(value)
         if option is str and isinstance(value, str):
             return value
+        if option is str and name in ("data", "weights") and isinstance(value, os.PathLike):
+            return os.fspath(value)  # a path given as a Path
         if option is dict and isinstance(value, dict):
             return dict(value)
     expected = " or ".join("null" if o is type(None) else o.__name__ for o in options)
