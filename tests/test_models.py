@@ -100,6 +100,11 @@ def test_model_info_and_registry_errors():
         create_model("squeezenet", 5, 32, dropout=5)
     with pytest.raises(PetalError, match="Weights file not found: .*nope.weights.h5"):
         create_model("squeezenet", 5, 32, weights="nope.weights.h5")
+    # Loading into a built model: the same words (Keras' error read as a mismatch).
+    from petal.models import load_weights_file
+
+    with pytest.raises(PetalError, match="^Weights file not found: nope.weights.h5 "):
+        load_weights_file(create_model("dense", 5, 32), "nope.weights.h5")
 
 
 def test_rectangular_image_size():

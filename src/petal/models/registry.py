@@ -267,6 +267,11 @@ def load_weights_file(model: keras.Model, path: str | Path) -> str:
             f"Weights file {path} is not a Keras weights file: save one with "
             f"model.save_weights('name.weights.h5'). Received: weights={str(path)!r}"
         )
+    if not path.is_file():  # Keras would say it does not fit
+        raise PetalError(
+            f"Weights file not found: {path} (pass an existing .weights.h5 file). "
+            f"Received: weights={str(path)!r}"
+        )
     errors: list[str] = []
     targets: list[tuple[str, keras.Model]] = [("model", model)]
     backbone = get_backbone(model)
