@@ -174,6 +174,8 @@ def test_base_config_is_used_without_a_preset():
         # negative weight decay or clipnorm without a word.
         ({"optimizer": "sgd", "momentum": 2.0}, r"momentum must be in \[0, 1\]"),
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be >= 0"),
+        # Keras' Adam and RMSprop have no decoupled decay: it was ignored without a word.
+        ({"optimizer": "adam", "weight_decay": 0.05}, r"optimizer 'adam' takes no weight decay"),
         ({"weight_decay": float("nan")}, "weight_decay must be >= 0"),
         ({"clipnorm": -1.0}, "clipnorm must be > 0, or null"),
         ({"learning_rate": float("inf")}, "learning_rate must be > 0"),

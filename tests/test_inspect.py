@@ -103,6 +103,9 @@ def test_grid(small_records, tmp_path):
     assert report.grid == str(out) and "grid: " in str(report)
     with Image.open(out) as image:
         assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 500
+    with pytest.raises(PetalError, match=r"grid_per_class must be an integer >= 1\. "
+                       r"Received: '2'"):
+        inspect_records(small_records, grid=out, grid_per_class="2", progress=False)
 
 
 def test_skipped_files_are_listed(small_records, tmp_path):

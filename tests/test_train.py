@@ -169,6 +169,16 @@ def test_workdir_rules(tmp_path):
         prepare_workdir(Path("/proc/petal/run"), resume=False, overwrite=False, clear=False)
 
 
+def test_train_names_a_config_or_workdir_of_the_wrong_kind(small_records, tmp_path):
+    cfg = tiny_config(small_records)
+    with pytest.raises(PetalError, match=r"^train needs a TrainConfig .* Received: config of "
+                       r"type dict$"):
+        train(cfg.to_dict(), tmp_path / "run", **QUIET)
+    with pytest.raises(PetalError, match=r"^train needs workdir as a folder path\. Received: "
+                       r"workdir=None$"):
+        train(cfg, None, **QUIET)
+
+
 def test_bad_model_fails_before_writing(small_records, tmp_path):
     with pytest.raises(PetalError, match="Unknown model 'resnet9000'.*squeezenet"):
         train(tiny_config(small_records, model="resnet9000"), tmp_path / "run", **QUIET)

@@ -571,8 +571,8 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    if per_class < 1:
-        raise PetalError(f"grid_per_class must be at least 1. Received: {per_class}")
+    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
+        raise PetalError(f"grid_per_class must be an integer >= 1. Received: {per_class!r}")
     classes = manifest["classes"]
     samples = _samples(path, manifest, per_class)
     labels = plot_labels(classes)  # falls back to installed fonts, or to "class N"

@@ -94,6 +94,9 @@ def evaluate(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             flag = name.replace("_", "-")
             raise PetalError(f"{name} (--{flag}) must be an integer >= 1. Received: {value!r}")
+    for name, value in (("num_samples", num_samples), ("max_misclassified", max_misclassified)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PetalError(f"{name} must be an integer >= 0. Received: {name}={value!r}")
     if split is not None and split not in ("train", "validation", "all"):
         raise PetalError(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"

@@ -175,6 +175,12 @@ class TrainConfig:
             raise PetalError(
                 f"weight_decay must be >= 0 (0: none). Received: weight_decay={self.weight_decay}"
             )
+        if self.weight_decay and self.optimizer in ("adam", "rmsprop"):
+            raise PetalError(
+                f"optimizer {self.optimizer!r} takes no weight decay (it would be ignored): use "
+                "optimizer='adamw' (or 'sgd'), or weight_decay=0. Received: "
+                f"optimizer={self.optimizer!r}, weight_decay={self.weight_decay}"
+            )
         if self.clipnorm is not None and not 0.0 < self.clipnorm < math.inf:
             raise PetalError(
                 f"clipnorm must be > 0, or null for no clipping. Received: clipnorm={self.clipnorm}"

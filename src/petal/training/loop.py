@@ -549,6 +549,13 @@ def train(
     from petal.training.strategy import check_global_batch, describe, get_strategy
 
     log = log or _log_default
+    if not isinstance(config, TrainConfig):
+        raise PetalError(
+            "train needs a TrainConfig (from get_preset(...), load_config(...) or "
+            f"TrainConfig(...)). Received: config of type {type(config).__name__}"
+        )
+    if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
+        raise PetalError(f"train needs workdir as a folder path. Received: workdir={workdir!r}")
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
