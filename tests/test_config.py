@@ -119,6 +119,12 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert load_config("codelab-dense", path).model == "dense"
 
 
+def test_set_preset_is_refused():
+    with pytest.raises(PetalError, match=r"preset is chosen with --preset NAME, which sets every "
+                       r"field; --set preset=\.\.\. would only rename the run"):
+        load_config("quick", overrides=["preset=codelab-squeezenet"])
+
+
 def test_paths_as_path_objects_and_one_override_as_a_string(tmp_path):
     cfg = get_preset("quick").replace(data=tmp_path / "records", weights=tmp_path / "w.h5")
     assert cfg.data == str(tmp_path / "records") and cfg.weights == str(tmp_path / "w.h5")

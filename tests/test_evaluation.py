@@ -335,6 +335,13 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
         f"{run} was trained when petal split image folders another way: the validation split "
         "read now may hold images it trained on. Train it again for a held-out score."
     ]
+    # Resumed, it is told the same.
+    lines = []
+    train(tiny_config(photos, epochs=2, model="dense", batch_size=4), run, resume=True,
+          log=lines.append)  # fmt: skip
+    assert (f"petal train: warning: {run} began when petal split image folders another way: "
+            "from here on some of its validation images train, and some training images "
+            "validate (start a new run for a clean held-out split)") in lines
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(

@@ -484,7 +484,13 @@ def load_config(
     cfg = base if base is not None and not preset else get_preset(name or "default")
     cfg = apply_overrides(cfg, file_values, source=str(config_file))
     cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None}, source="flag")
-    cfg = apply_overrides(cfg, parse_overrides(overrides), source="--set")
+    values = parse_overrides(overrides)
+    if "preset" in values:
+        raise PetalError(
+            "preset is chosen with --preset NAME, which sets every field; --set preset=... "
+            f"would only rename the run. Received: preset={values['preset']!r}"
+        )
+    cfg = apply_overrides(cfg, values, source="--set")
     return cfg.validate()
 
 

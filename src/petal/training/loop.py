@@ -687,7 +687,14 @@ def train(
     }
     was_steps = steps
     if resume and start_epoch:
-        was_steps = _check_resumed_checkpoint(workdir, cfg, resolved).get("steps_per_epoch", steps)
+        saved_resolved = _check_resumed_checkpoint(workdir, cfg, resolved)
+        was_steps = saved_resolved.get("steps_per_epoch", steps)
+        if source.kind == "folder" and saved_resolved.get("folder_split") != FOLDER_SPLIT:
+            log(
+                f"petal train: warning: {workdir} began when petal split image folders another "
+                "way: from here on some of its validation images train, and some training "
+                "images validate (start a new run for a clean held-out split)"
+            )
     log(
         f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
         f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
