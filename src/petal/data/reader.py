@@ -432,6 +432,11 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
     return source
 
 
+# How _validation_files splits an image folder, kept in a run's config.json: earlier builds
+# ranked a class's hashes instead, an order that photos added later could change.
+FOLDER_SPLIT = "by-name"
+
+
 def _validation_files(relpaths: list[str], fraction: float) -> list[str]:
     """The files of one class that validate: those whose name hashes below ``fraction``, so
     a file's side depends on its own name only, and photos added to the folder later never

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from petal.data.folders import find_images, is_remote, is_within, same_place
+from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
@@ -299,8 +300,6 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
 def _old_split_warning(run, split: str) -> str | None:
     """A run trained on an image folder split another way than petal splits it now: the
     validation split read now may hold images it trained on."""
-    from petal.training.loop import FOLDER_SPLIT
-
     if split == "all" or run.config.get("resolved", {}).get("folder_split") == FOLDER_SPLIT:
         return None
     return (

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line
 from petal.training.callbacks import (
     Checkpointer,
@@ -148,11 +149,6 @@ def _remove_run(workdir: Path) -> None:
         (workdir / f".tmp-{name}").unlink(missing_ok=True)
     for name in RUN_DIRS:
         shutil.rmtree(workdir / name, ignore_errors=True)
-
-
-# An image folder's validation files: those whose own name hashes below the fraction (earlier
-# builds ranked a class's hashes instead, an order that photos added later could change).
-FOLDER_SPLIT = "by-name"
 
 
 def prepare_workdir(
