@@ -445,8 +445,9 @@ def _validation_files(relpaths: list[str], fraction: float) -> list[str]:
     highest trains (only removing that file can move another)."""
     if len(relpaths) < 2:
         return []
-    ranked = sorted(relpaths, key=_name_hash)
-    chosen = [rel for rel in ranked if _name_hash(rel) < fraction]
+    hashed = sorted((_name_hash(rel), rel) for rel in relpaths)
+    ranked = [rel for _, rel in hashed]
+    chosen = [rel for h, rel in hashed if h < fraction]
     if fraction > 0 and not chosen:
         chosen = ranked[:1]
     if len(chosen) == len(ranked):

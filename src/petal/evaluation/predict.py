@@ -154,8 +154,6 @@ def predict(
         PetalError: no images, missing or unreadable images (all of them named; without
             ``skip_corrupt``), or a run without a model.
     """
-    if isinstance(images, (str, os.PathLike)):
-        images = [images]  # one path, not a sequence of its characters
     if not images:
         raise PetalError("No images given; pass one or more image files.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
