@@ -19,6 +19,11 @@ def printable(name) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def is_int_at_least(value, minimum: int) -> bool:
+    """Whether ``value`` is an ``int`` (not a ``bool``) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def cannot_write(path, folder: bool) -> str | None:
     """Why ``path`` (a folder when ``folder``, else a file) cannot be created or written,
     or None when it can.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
 from petal.display import can_draw, columns, ljust, plot_labels
-from petal.errors import PetalError, tf_message
+from petal.errors import PetalError, is_int_at_least, tf_message
 
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
@@ -571,7 +571,7 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    if isinstance(per_class, bool) or not isinstance(per_class, int) or per_class < 1:
+    if not is_int_at_least(per_class, 1):
         raise PetalError(f"grid_per_class must be an integer >= 1. Received: {per_class!r}")
     classes = manifest["classes"]
     samples = _samples(path, manifest, per_class)

@@ -52,7 +52,7 @@ from petal.data import augment as augment_lib
 from petal.data import folders, reader, schema
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
-from petal.errors import PetalError, some_files, tf_message
+from petal.errors import PetalError, is_int_at_least, some_files, tf_message
 
 log = logging.getLogger(__name__)
 
@@ -779,7 +779,7 @@ class _Seed:
 def _resolve_seed(seed, input_context) -> _Seed:
     if seed is None:
         return _Seed(secrets.randbelow(2**31 - 1024), False)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int_at_least(seed, 0):
         raise PetalError(f"seed must be a non-negative int or None. Received: seed={seed!r}")
     value = int(seed) % (2**31 - 1024)
     if input_context is not None:
@@ -804,7 +804,7 @@ def _check_dtype(dtype, normalization) -> None:
 
 
 def _check_batch(batch_size) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+    if not is_int_at_least(batch_size, 1):
         raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
     return batch_size
 
@@ -823,7 +823,7 @@ def per_replica_batch(batch_size: int, replicas: int) -> int:
             names the nearest valid sizes.
     """
     batch_size = _check_batch(batch_size)
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+    if not is_int_at_least(replicas, 1):
         raise PetalError(f"replicas must be at least 1. Received: replicas={replicas!r}")
     if batch_size % replicas:
         lower = (batch_size // replicas) * replicas

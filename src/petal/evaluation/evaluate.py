@@ -18,7 +18,7 @@ import numpy as np
 
 from petal.data.folders import find_images, is_remote, is_within, same_place
 from petal.data.reader import FOLDER_SPLIT
-from petal.errors import PetalError
+from petal.errors import PetalError, is_int_at_least
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
@@ -92,11 +92,11 @@ def evaluate(
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
         if name == "top_k" and value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int_at_least(value, 1):
             flag = name.replace("_", "-")
             raise PetalError(f"{name} (--{flag}) must be an integer >= 1. Received: {value!r}")
     for name, value in (("num_samples", num_samples), ("max_misclassified", max_misclassified)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int_at_least(value, 0):
             raise PetalError(f"{name} must be an integer >= 0. Received: {name}={value!r}")
     if split is not None and split not in ("train", "validation", "all"):
         raise PetalError(

@@ -16,7 +16,7 @@ import numpy as np
 
 from petal.data import images as image_io
 from petal.data.folders import read_bytes
-from petal.errors import PetalError, printable, some_files
+from petal.errors import PetalError, is_int_at_least, printable, some_files
 from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
 
@@ -156,11 +156,9 @@ def predict(
     """
     if not images:
         raise PetalError("No images given; pass one or more image files.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int_at_least(batch_size, 1):
         raise PetalError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
-    if top_k is not None and (
-        isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
-    ):
+    if top_k is not None and not is_int_at_least(top_k, 1):
         raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k!r}")
     from petal.data.pipeline import normalize
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.errors import PetalError
+from petal.errors import PetalError, is_int_at_least
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 SCHEDULES = ("constant", "codelab_ramp", "warmup_cosine")
@@ -230,7 +230,7 @@ def _check_positive(cfg: TrainConfig, *names: str, allow_none: bool = False) -> 
         value = getattr(cfg, name)
         if value is None and allow_none:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if not is_int_at_least(value, 1):
             raise PetalError(f"{name} must be a positive integer. Received: {name}={value!r}")
 
 
