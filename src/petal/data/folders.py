@@ -96,8 +96,7 @@ class ImageFolder:
             ("hidden", self.hidden()),
         ):
             if names:
-                more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-                parts.append(f"{len(names)} {what} ({', '.join(names[:3])}{more})")
+                parts.append(f"{len(names)} {what} ({some_names(names, 3)})")
         if not parts:
             return ""
         return (
@@ -111,6 +110,12 @@ class ImageFolder:
         for f in self.files:
             counts[self.classes[f.label]] += 1
         return counts
+
+
+def some_names(names: Sequence[str], limit: int = 5) -> str:
+    """Up to ``limit`` names, comma-separated, and how many more."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def is_remote(path: str) -> bool:

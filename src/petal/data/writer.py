@@ -55,6 +55,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
 
 from petal.data import folders, images, schema
+from petal.data.folders import some_names
 from petal.errors import PetalError, cannot_write
 
 log = logging.getLogger(__name__)
@@ -743,7 +744,7 @@ def _prepare_output(output: str) -> list[str]:
             "of a conversion that did not finish: %s",
             len(shards),
             output,
-            _some(shards),
+            some_names(shards),
         )
     return sorted(kept, key=lambda n: n != schema.MANIFEST_NAME)
 
@@ -1056,12 +1057,6 @@ def convert(
     )
 
 
-def _some(names: list[str]) -> str:
-    """Up to five names, comma-separated, and how many more."""
-    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-    return ", ".join(names[:5]) + more
-
-
 def _warnings(manifest: dict) -> list[str]:
     """What makes the records less useful than asked for: an empty split or class, images
     outside any class or in hidden folders, the same photo under two classes."""
@@ -1083,46 +1078,47 @@ def _warnings(manifest: dict) -> list[str]:
     empty = [c for c in manifest["classes"] if train[c] + val[c] == 0]
     if empty:
         out.append(
-            f"no records for class {_some(empty)}: every one of its files was skipped "
+            f"no records for class {some_names(empty)}: every one of its files was skipped "
             "(see the skipped files in manifest.json)"
         )
     no_train = [c for c in manifest["classes"] if train[c] == 0 and val[c] > 0]
     if no_train:
         out.append(
-            f"no training images for class {_some(no_train)} (all went to validation): "
+            f"no training images for class {some_names(no_train)} (all went to validation): "
             "the model never sees it; lower --val-fraction or add images"
         )
     unclassified = manifest.get("unclassified_images") or []
     if unclassified:
         out.append(
             f"{len(unclassified)} image file(s) directly in the source folder belong to no "
-            f"class and were not converted ({_some(unclassified)}; listed in manifest.json "
+            f"class and were not converted ({some_names(unclassified)}; listed in manifest.json "
             "as unclassified_images): move each into its class's sub-folder and convert again"
         )
     other = manifest.get("other_files") or []
     if other:
         # A sub-folder holding only such files is no class at all.
         lost = sorted({n.split("/", 1)[0] for n in other} - set(manifest["classes"]))
-        lost_line = f"; {_some(lost)} held nothing else, so is not a class" if lost else ""
+        lost_line = f"; {some_names(lost)} held nothing else, so is not a class" if lost else ""
         out.append(
             f"{len(other)} file(s) in the class folders are not of a type petal reads and were "
-            f"not converted ({_some(other)}; listed in manifest.json as other_files"
+            f"not converted ({some_names(other)}; listed in manifest.json as other_files"
             f"{lost_line}): it reads {', '.join(folders.IMAGE_EXTENSIONS)}; save any photo "
             "among them as one of those (or add the extension it lacks) and convert again"
         )
     hidden = manifest.get("hidden_entries") or []
     if hidden:
         out.append(
-            f"{len(hidden)} hidden folder(s) or image file(s) were not read ({_some(hidden)}; "
+            f"{len(hidden)} hidden folder(s) or image file(s) were not read ({some_names(hidden)}; "
             "names starting with '.', or __MACOSX: notebook checkpoints, macOS metadata; "
             "listed in manifest.json as hidden_entries): rename any that hold photos to "
             "convert them"
         )
     conflicting = manifest.get("duplicates_across_classes") or []
     if conflicting:
+        groups = some_names([" = ".join(g) for g in conflicting])
         out.append(
             f"{len(conflicting)} image(s) are byte-identical copies filed under more than one "
-            f"class ({_some([' = '.join(g) for g in conflicting])}; listed in manifest.json as "
+            f"class ({groups}; listed in manifest.json as "
             "duplicates_across_classes): each copy was written with its own class, so the "
             "labels contradict each other; keep each photo in one class and convert again"
         )
@@ -1130,7 +1126,7 @@ def _warnings(manifest: dict) -> list[str]:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         if no_val:
             out.append(
-                f"no validation images for class {_some(no_val)} (too few images for "
+                f"no validation images for class {some_names(no_val)} (too few images for "
                 f"val_fraction {fraction}): its accuracy is not measured; raise "
                 "--val-fraction or add images"
             )
