@@ -13,6 +13,14 @@ Prints a table and writes JSON to ``benchmarks/results/train_speed.json``.
 BatchNormalization layers train with TensorFlow's fused kernel, as ``petal train`` does
 (``fused_batch_norm``); ``--batch-norm keras`` measures Keras' own composite ops.
 
+``--backend jax`` (or torch) times the same models on another Keras backend, with Keras' own
+batch normalization and no TensorFlow in the process: what an accelerator host that has JAX but
+no TensorFlow can train at (petal's models use Keras 3 APIs only). The batch is created on the
+backend's default device, so on a GPU the numbers are the accelerator's, not the input's:
+
+    KERAS_BACKEND=jax python benchmarks/bench_train_speed.py --backend jax \
+        --models squeezenet,xception --precisions mixed_bfloat16 --batch 256 --steps 20
+
 The machine is shared: numbers are noisy (other processes compete for the cores), so repeat a
 measurement before trusting a difference under ~15%.
 """
@@ -29,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+BACKENDS = ("tensorflow", "jax", "torch")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,6 +55,26 @@ PRESET_SIZE_BATCH = {
     "efficientnet_v2_b0": (224, 32),
     "convnext_tiny": (224, 16),
 }
+
+
+def accelerator_description(backend: str) -> str:
+    """The device the backend computes on: a GPU or TPU's name, else "cpu"."""
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return "cpu" if device.platform == "cpu" else f"{device.platform}: {device.device_kind}"
+    if backend == "torch":
+        import torch
+
+        return f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu"
+    details = tf.config.experimental.get_device_details(gpus[0])
+    return f"gpu: {details.get('device_name', gpus[0].name)}"
 
 
 def cpu_description() -> dict:
@@ -85,13 +114,14 @@ def measure(
     import numpy as np
 
     from petal.models import count_flops, create_model
-    from petal.training.fused_bn import use_fused_batch_norm
 
     keras.backend.clear_session()
     keras.mixed_precision.set_global_policy(precision)
     keras.utils.set_random_seed(0)
     model = create_model(name, num_classes=5, image_size=size)
     if batch_norm == "fused":
+        from petal.training.fused_bn import use_fused_batch_norm  # TensorFlow's kernel
+
         use_fused_batch_norm(model)
     jit_compile = {"auto": "auto", "on": True, "off": False}[jit]
     model.compile(keras.optimizers.Adam(1e-4), "categorical_crossentropy", jit_compile=jit_compile)
@@ -128,6 +158,10 @@ def measure(
         # cores than wall time, and the fairer way to compare precisions on a shared machine.
         "images_per_cpu_s": round(steps * batch / cpu_total, 2),
         "mflops_per_image": round(count_flops(model) / 1e6, 1),
+        # A training step costs about 3x the forward pass (forward, two backward products).
+        "train_tflops_per_s_estimate": round(
+            3 * count_flops(model) * steps * batch / total / 1e12, 2
+        ),
         "loss_finite": bool(np.isfinite(loss)),
     }
     keras.mixed_precision.set_global_policy("float32")
@@ -146,9 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: auto (Keras' choice: no XLA on CPU-only hosts), on, off",
     )
     parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=os.environ.get("KERAS_BACKEND", "tensorflow"),
+        help="Keras backend (default: $KERAS_BACKEND, else tensorflow, as petal train)",
+    )
+    parser.add_argument(
         "--batch-norm",
-        default="fused",
-        help="comma-separated: fused (TensorFlow's fused kernel, as petal train), keras",
+        default=None,
+        help="comma-separated: fused (TensorFlow's fused kernel, as petal train; the default "
+        "on tensorflow), keras (Keras' own ops; the default and only choice on jax and torch)",
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
@@ -156,10 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="override every model's batch")
     parser.add_argument("--out", type=Path, default=RESULTS / "train_speed.json")
     args = parser.parse_args(argv)
+    if args.batch_norm is None:
+        args.batch_norm = "fused" if args.backend == "tensorflow" else "keras"
+    if args.backend != "tensorflow" and "fused" in args.batch_norm.split(","):
+        parser.error(f"--batch-norm fused needs TensorFlow; on {args.backend} use keras")
 
+    # Keras reads its backend once, at its first import.
+    os.environ["KERAS_BACKEND"] = args.backend
     import keras
-    import tensorflow as tf
     from tqdm import tqdm
+
+    if keras.backend.backend() != args.backend:
+        parser.error(
+            f"Keras was already imported with the {keras.backend.backend()} backend; "
+            f"run this script in a fresh process with KERAS_BACKEND={args.backend}"
+        )
 
     from petal.models import list_models, model_info
 
@@ -178,12 +230,33 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"--batch-norm takes fused and/or keras. Received: {args.batch_norm}")
     host = cpu_description()
+    host["accelerator"] = accelerator_description(args.backend)
+    backend_version = _backend_version(args.backend)
     print(
         f"{host['cpu']} ({host['cores']} cores, avx512_bf16={host['avx512_bf16']}, "
         f"amx_bf16={host['amx_bf16']}, load {host['load_average_at_start']}); "
-        f"TF {tf.__version__}, Keras {keras.__version__}",
+        f"device {host['accelerator']}; {args.backend} {backend_version}, "
+        f"Keras {keras.__version__}",
         flush=True,
     )
+    payload = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(
+            [
+                "python benchmarks/bench_train_speed.py",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
+        "host": host,
+        "backend": args.backend,
+        "backend_version": backend_version,
+        "keras_version": keras.__version__,
+        "note": "synthetic data, one in-memory batch; shared machine, numbers are noisy",
+        "rows": [],
+    }
+    if args.backend == "tensorflow":
+        payload["tensorflow_version"] = backend_version
+    args.out.parent.mkdir(parents=True, exist_ok=True)
 
     rows = []
     for name, precision, jit, bn in tqdm(runs, desc="measurements", unit="run", file=sys.stderr):
@@ -192,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         batch = args.batch or batch
         rows.append(measure(name, precision, jit, size, batch, args.warmup, args.steps, bn))
         r = rows[-1]
+        payload["rows"] = rows  # written after every row: a run cut short keeps what it measured
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
         tqdm.write(
             f"  {name} {precision} jit={jit} bn={bn}: {r['images_per_s']} img/s", file=sys.stderr
         )
@@ -209,24 +284,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['step_ms_median']:>9.0f}{r['warmup_s']:>10.1f}"
         )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(
-            [
-                "python benchmarks/bench_train_speed.py",
-                *(argv if argv is not None else sys.argv[1:]),
-            ]
-        ),
-        "host": host,
-        "tensorflow_version": tf.__version__,
-        "keras_version": keras.__version__,
-        "note": "synthetic data, one in-memory batch; shared machine, numbers are noisy",
-        "rows": rows,
-    }
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
+
+
+def _backend_version(backend: str) -> str:
+    import importlib
+
+    return importlib.import_module(backend).__version__
 
 
 if __name__ == "__main__":

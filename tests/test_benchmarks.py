@@ -53,3 +53,22 @@ def test_bench_train_speed_runs(tmp_path):
          "--out", str(out))  # fmt: skip
     [row] = json.loads(out.read_text())["rows"]
     assert row["model"] == "dense" and row["precision"] == "float32"
+
+
+def test_bench_train_speed_on_jax_without_tensorflow(tmp_path):
+    pytest.importorskip("jax")
+    out = tmp_path / "speed.json"
+    _run("bench_train_speed.py", "--backend", "jax", "--models", "dense",
+         "--precisions", "float32", "--warmup", "1", "--steps", "1", "--image-size", "32",
+         "--batch", "4", "--out", str(out))  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["backend"] == "jax" and "tensorflow_version" not in result
+    [row] = result["rows"]
+    assert row["batch_norm"] == "keras" and row["loss_finite"] and row["images_per_s"] > 0
+    # TensorFlow's fused kernel is not on offer there: one line, not a traceback later.
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_train_speed.py"), "--backend", "jax",
+         "--batch-norm", "fused", "--out", str(tmp_path / "no.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--batch-norm fused needs TensorFlow" in done.stderr
