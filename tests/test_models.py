@@ -149,9 +149,27 @@ def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):
     for a, b in zip(from_model.weights, reference, strict=True):
         np.testing.assert_array_equal(a.numpy(), b)
 
-    # A whole-model file for another class count fits neither the model nor its backbone.
-    with pytest.raises(PetalError, match="model.weights.h5 does not match model 'mobilenet_v2'"):
-        create_model("mobilenet_v2", 3, 32, weights=model_file)
+    # A whole-model file for another class count fills everything but the classifier head,
+    # which keeps its fresh weights (fine-tuning one's own model on a new set of classes).
+    lines = []
+    keras.utils.set_random_seed(0)
+    fresh = create_model("mobilenet_v2", 3, 32)
+    fresh_head = [w.numpy() for w in fresh.layers[-1].weights]
+    keras.utils.set_random_seed(0)
+    three = create_model("mobilenet_v2", 3, 32, weights=model_file, log=lines.append)
+    assert lines == [f"weights from {model_file}: all but the 5-class head"]
+    for a, b in zip(three.weights[:-2], source.weights[:-2], strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert three.layers[-1].kernel.shape == (1280, 3)
+    for a, b in zip(three.layers[-1].weights, fresh_head, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b)  # the seeded fresh head, untouched
+
+    # Without a builder for other class counts (load_weights_file alone), it does not fit.
+    from petal.models import load_weights_file
+
+    with pytest.raises(PetalError, match=r"model.weights.h5 does not match model 'mobilenet_v2'"
+                       r".* same model and image size, and classes\.$"):  # fmt: skip
+        load_weights_file(create_model("mobilenet_v2", 3, 32), model_file)
 
 
 def test_weights_of_another_architecture_are_refused(tmp_path):
@@ -159,6 +177,10 @@ def test_weights_of_another_architecture_are_refused(tmp_path):
     create_model("squeezenet", 5, 32).save_weights(path)
     with pytest.raises(PetalError, match="squeeze.weights.h5 does not match model 'convnet'"):
         create_model("convnet", 5, 32, weights=path)
+    # Nor for another class count: only the head may differ, and every other layer must fit.
+    for name in ("convnet", "squeezenet_separable"):
+        with pytest.raises(PetalError, match=f"does not match model '{name}'.*any number of"):
+            create_model(name, 3, 32, weights=path)
     model = create_model("squeezenet", 5, 32, weights=path)  # same architecture loads
     assert model.name == "squeezenet"
 

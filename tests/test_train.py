@@ -422,6 +422,17 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind
 
 
+def test_a_runs_weights_start_a_run_on_other_classes(trained, make_records, tmp_path):
+    # Fine-tuning one's own 5-class flowers model on 3 new classes: all but the head loads.
+    records = make_records(classes=("cats", "dogs", "fish"), size=(32, 32))
+    lines: list[str] = []
+    weights = trained / "best.weights.h5"
+    cfg = tiny_config(records, weights=str(weights), epochs=1, steps_per_epoch=1, batch_size=4)
+    metrics = train(cfg, tmp_path / "run", log=lines.append)
+    assert metrics["epochs_completed"] == 1
+    assert f"petal train: weights from {weights}: all but the 5-class head" in lines
+
+
 def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
     """train_image_size: 24px random resized crops for training, 32px images for validation."""
     import keras

@@ -333,7 +333,12 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision", default=None, help="auto, float32, mixed_bfloat16, mixed_float16"
     )
-    parser.add_argument("--weights", default=None, help="'imagenet', a .weights.h5 file or 'none'")
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="'imagenet', a .weights.h5 file (the model's, its backbone's, or a run's "
+        "best.weights.h5 for other classes: all but the head loads) or 'none'",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",

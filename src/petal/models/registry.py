@@ -175,6 +175,7 @@ def create_model(
     num_classes: int,
     image_size: int | Sequence[int] | None = None,
     weights: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
     **kwargs,
 ) -> keras.Model:
     """Build a registered model with a float32 softmax head.
@@ -189,7 +190,10 @@ def create_model(
             default size.
         weights: ``None`` (random initialisation), ``"imagenet"`` (published weights, downloaded
             when online; pretrained models only) or the path of a local ``.weights.h5`` file
-            holding the weights of the whole model or of its backbone.
+            holding the weights of the whole model, of its backbone, or of the same model
+            for another number of classes (a run's ``best.weights.h5``: everything but the
+            classifier head loads, and the head starts from random weights).
+        log: Called with one line saying what a weights file filled, when one is given.
         **kwargs: Family-specific options, e.g. ``dropout`` or ``bn_frozen`` for backbones.
 
     Returns:
@@ -243,20 +247,33 @@ def create_model(
             "fix or drop the option."
         ) from err
     if weights_file is not None:
-        load_weights_file(model, weights_file)
+        part = load_weights_file(
+            model, weights_file, rebuild=lambda n: _BUILDERS[name](n, hw, None, **kwargs)
+        )
+        if log is not None:
+            log(f"weights from {weights_file}: {part}")
     return model
 
 
-def load_weights_file(model: keras.Model, path: str | Path) -> str:
-    """Load a local weights file into ``model`` or, failing that, into its backbone.
+def load_weights_file(
+    model: keras.Model,
+    path: str | Path,
+    rebuild: Callable[[int], keras.Model] | None = None,
+) -> str:
+    """Load a local weights file into ``model``, its backbone, or all of it but the head.
 
     Args:
         model: A model from :func:`create_model`.
         path: A ``.weights.h5`` file saved by ``model.save_weights`` from the same architecture
             (same classes and image channels), or from the backbone alone.
+        rebuild: Builds the same architecture for a given number of classes. With it, a file
+            saved from the same model for other classes fills every layer but the final
+            ``Dense`` classifier, which keeps its fresh weights (what timm and Keras users do
+            to fine-tune their own model on a new set of classes).
 
     Returns:
-        ``"model"`` or ``"backbone"``: which part the file filled.
+        ``"model"``, ``"backbone"``, or ``"all but the N-class head"`` (N the file's
+        classes): which part the file filled.
 
     Raises:
         PetalError: The file fits neither the model nor its backbone (the message names it).
@@ -289,10 +306,48 @@ def load_weights_file(model: keras.Model, path: str | Path) -> str:
             errors.append(f"{label}: {str(err).splitlines()[0][:160]}")
             continue
         return label
+    if rebuild is not None:
+        for classes in _head_sizes_in_file(model, path):
+            twin = rebuild(classes)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    twin.load_weights(str(path))
+            except (ValueError, KeyError, TypeError, OSError):
+                continue
+            # The same architecture but for the head: every other layer's weights carry over.
+            for mine, theirs in zip(model.layers[:-1], twin.layers[:-1], strict=True):
+                mine.set_weights(theirs.get_weights())
+            return f"all but the {classes}-class head"
     raise PetalError(
         f"Weights file {path} does not match model {model.name!r} "
-        f"({'; '.join(errors)}). Save the weights from the same model, classes and image size."
+        f"({'; '.join(errors)}). Save the weights from the same model and image size"
+        + (" (with any number of classes)." if rebuild is not None else ", and classes.")
     )
+
+
+def _head_sizes_in_file(model: keras.Model, path: Path) -> list[int]:
+    """Class counts a weights file's arrays could hold for ``model``'s final Dense kernel:
+    those of every array shaped like it but for the last axis (other than the model's own)."""
+    import h5py
+
+    head = model.layers[-1]
+    if not isinstance(head, keras.layers.Dense):
+        return []
+    kernel = tuple(head.kernel.shape)
+    sizes: set[int] = set()
+
+    def visit(_name: str, item) -> None:
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) == 2 and tuple(shape[:1]) == kernel[:1]:
+            sizes.add(int(shape[1]))
+
+    try:
+        with h5py.File(path, "r") as file:
+            file.visititems(visit)
+    except OSError:
+        return []
+    return sorted(n for n in sizes if n >= 2 and n != kernel[1])
 
 
 def get_backbone(model: keras.Model) -> keras.Model | None:

@@ -780,7 +780,12 @@ def train(
         keras.utils.set_random_seed(cfg.seed)
         with strategy.scope():
             model = create_model(
-                cfg.model, len(classes), image_size, weights=cfg.weights, **cfg.model_options
+                cfg.model,
+                len(classes),
+                image_size,
+                weights=cfg.weights,
+                log=lambda line: log(f"petal train: {line}"),
+                **cfg.model_options,
             )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
         if fused:
