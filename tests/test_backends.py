@@ -1,4 +1,5 @@
-"""petal's models and schedules on Keras' JAX backend (no TensorFlow in the process).
+"""petal's models and schedules on Keras' JAX backend (no TensorFlow in the process), and on
+its PyTorch backend where PyTorch is installed.
 
 ``petal.models`` and ``petal.training.schedules`` use Keras 3 APIs only, so a model trained by
 ``petal train`` (TensorFlow) can be rebuilt, fine-tuned or served with JAX, the recommended TPU
@@ -79,11 +80,11 @@ def jax_run(tmp_path_factory):
     np.save(folder / "images.npy", images)
     expected = model.predict(images, verbose=0)
     files = [str(folder / "model.keras"), str(folder / "images.npy")]
-    return _run_on_jax(SMALL, *files), expected
+    return _run_on_backend(SMALL, *files), expected
 
 
-def _run_on_jax(models, *files) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+def _run_on_backend(models, *files, backend: str = "jax") -> dict:
+    env = {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, "-", ",".join(models), *files],
         capture_output=True, text=True, env=env, timeout=900,
@@ -93,8 +94,8 @@ def _run_on_jax(models, *files) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _assert_trained_like_tensorflow(out: dict, models) -> None:
-    assert out["backend"] == "jax"
+def _assert_trained_like_tensorflow(out: dict, models, backend: str = "jax") -> None:
+    assert out["backend"] == backend
     assert not out["tensorflow_imported"]
     assert sorted(out["models"]) == sorted(models)
     for name, row in out["models"].items():
@@ -117,7 +118,7 @@ def test_petals_models_train_a_step_on_jax_without_tensorflow(jax_run):
 @pytest.mark.slow
 def test_the_other_models_train_a_step_on_jax():
     others = [name for name in list_models() if name not in SMALL]
-    _assert_trained_like_tensorflow(_run_on_jax(others), others)
+    _assert_trained_like_tensorflow(_run_on_backend(others), others)
 
 
 def test_per_step_schedule_drives_a_jax_optimizer(jax_run):
@@ -130,4 +131,22 @@ def test_per_step_schedule_drives_a_jax_optimizer(jax_run):
 
 def test_a_model_saved_by_petal_on_tensorflow_predicts_the_same_on_jax(jax_run):
     out, expected = jax_run
+    np.testing.assert_allclose(np.array(out["probabilities"]), expected, atol=1e-5)
+
+
+def test_petals_models_schedule_and_saved_model_on_torch(tmp_path):
+    """The same checks on Keras' PyTorch backend, where PyTorch is installed (not in CI's
+    dev extras: its CPU wheel alone is larger than everything else petal installs)."""
+    pytest.importorskip("torch")
+    model = create_model("squeezenet", num_classes=5, image_size=48)
+    images = np.random.default_rng(1).uniform(0, 1, (3, 48, 48, 3)).astype("float32")
+    model.save(tmp_path / "model.keras")
+    np.save(tmp_path / "images.npy", images)
+    expected = model.predict(images, verbose=0)
+    files = [str(tmp_path / "model.keras"), str(tmp_path / "images.npy")]
+    out = _run_on_backend(SMALL, *files, backend="torch")
+    _assert_trained_like_tensorflow(out, SMALL, backend="torch")
+    assert out["squeezenet_192_params"] == 120_613
+    assert out["schedule"][0] == 3
+    assert out["schedule"][1] == pytest.approx((8.8e-5 + 1.66e-4) / 2, rel=1e-5)
     np.testing.assert_allclose(np.array(out["probabilities"]), expected, atol=1e-5)
