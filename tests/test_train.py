@@ -433,6 +433,21 @@ def test_a_runs_weights_start_a_run_on_other_classes(trained, make_records, tmp_
     assert f"petal train: weights from {weights}: all but the 5-class head" in lines
 
 
+def test_resume_needs_only_the_checkpoint_not_the_starting_weights(trained, small_records, tmp_path):
+    import shutil
+
+    weights = tmp_path / "start.weights.h5"
+    shutil.copy(trained / "best.weights.h5", weights)
+    cfg = tiny_config(small_records, weights=str(weights), epochs=2, steps_per_epoch=1)
+    with pytest.raises(_Interrupt):
+        train(cfg, tmp_path / "run", log=_interrupt_at("epoch 1/2"))
+    weights.unlink()  # the checkpoint holds every weight from here on
+    lines: list[str] = []
+    metrics = train(cfg, tmp_path / "run", resume=True, log=lines.append)
+    assert metrics["epochs_completed"] == 2
+    assert not [line for line in lines if "weights from" in line]
+
+
 def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
     """train_image_size: 24px random resized crops for training, 32px images for validation."""
     import keras

@@ -783,7 +783,9 @@ def train(
                 cfg.model,
                 len(classes),
                 image_size,
-                weights=cfg.weights,
+                # A resumed run's checkpoint holds every weight: the file it started from
+                # may have moved since.
+                weights=None if resume and start_epoch else cfg.weights,
                 log=lambda line: log(f"petal train: {line}"),
                 **cfg.model_options,
             )
