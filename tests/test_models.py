@@ -255,3 +255,12 @@ def test_models_command(capsys, monkeypatch):
     assert "needs >= 71 px" in out  # xception cannot take 40x40
     assert main(["models", "--image-size", "-3"]) == 2
     assert "image_size=-3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "option"), [("squeezenet", "separable"), ("squeezenet_separable", "any_size"),
+                         ("mobilenet_v2", "bn_frozen"), ("mobilenet_v2", "backbone_trainable")],
+)  # fmt: skip
+def test_true_false_model_options_refuse_other_values(name, option):
+    with pytest.raises(PetalError, match=f"option {option} must be true or false.*'False'"):
+        create_model(name, 3, 32, **{option: "False"})

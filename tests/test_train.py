@@ -469,6 +469,19 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
 
     with pytest.raises(PetalError, match="needs the 'crop' augmentation"):
         train(tiny_config(small_records, train_image_size=24, augment="codelab"), tmp_path / "bad", **QUIET)
+    # A model of one input size cannot take the crops: said before anything is written (it
+    # was a Keras traceback in the first step, after config.json and history.csv).
+    fixed = tiny_config(small_records, train_image_size=24, augment="crop")
+    with pytest.raises(PetalError, match=r"needs a model that takes 24x24 crops as well as its "
+                       r"32x32 input: pass --set model_options.any_size=true"):  # fmt: skip
+        train(fixed, tmp_path / "bad", **QUIET)
+    with pytest.raises(PetalError, match="'dense' has no any_size option"):
+        train(fixed.replace(model="dense"), tmp_path / "bad", **QUIET)
+    assert not (tmp_path / "bad").exists()
+    # A model option meant as true/false and given as text (--set model_options.any_size=False
+    # keeps the string "False", which is truthy) is refused, not read as true.
+    with pytest.raises(PetalError, match="option any_size must be true or false"):
+        train(fixed.replace(model_options={"any_size": "False"}), tmp_path / "bad", **QUIET)
 
 
 def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_records, tmp_path):

@@ -19,7 +19,7 @@ from keras import layers
 
 from petal.errors import PetalError, first_line
 from petal.models.blocks import classifier_head, image_input
-from petal.models.registry import BACKBONE_NAME, freeze_batchnorm, register
+from petal.models.registry import BACKBONE_NAME, check_bool_options, freeze_batchnorm, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,7 @@ def build_application(
     Raises:
         PetalError: ImageNet weights were asked for but cannot be downloaded.
     """
+    check_bool_options(arch, bn_frozen=bn_frozen, backbone_trainable=backbone_trainable)
     spec = _BACKBONES[arch]
     try:
         with warnings.catch_warnings():

@@ -234,6 +234,8 @@ def create_model(
 
     try:
         model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
+    except PetalError:
+        raise
     except (TypeError, ValueError) as err:
         if "unexpected keyword argument" in str(err):
             raise PetalError(
@@ -253,6 +255,18 @@ def create_model(
         if log is not None:
             log(f"weights from {weights_file}: {part}")
     return model
+
+
+def check_bool_options(model: str, **options) -> None:
+    """Refuses a model option meant as true/false given as anything else: the string
+    ``"False"`` (``--set model_options.any_size=False``) is truthy and would do the opposite."""
+    for key, value in options.items():
+        if not isinstance(value, bool):
+            raise PetalError(
+                f"Model {model!r} option {key} must be true or false (on the command line: "
+                f"--set model_options.{key}=true or =false, lower case). "
+                f"Received: {key}={value!r}"
+            )
 
 
 def load_weights_file(

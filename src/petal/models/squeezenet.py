@@ -15,7 +15,7 @@ import keras
 from keras import layers
 
 from petal.models.blocks import classifier_head, conv_bn, fire, image_input
-from petal.models.registry import register
+from petal.models.registry import check_bool_options, register
 
 #: (squeeze, expand) per fire module; a 2x2 max-pool follows every module but the last.
 CODELAB_FIRES = ((24, 48), (48, 96), (64, 128), (48, 96), (24, 48))
@@ -54,6 +54,7 @@ def build_squeezenet(
         The uncompiled model.
     """
     del weights
+    check_bool_options(name, separable=separable, any_size=any_size)
     inputs = image_input((None, None) if any_size else image_size)
     x = conv_bn(inputs, stem_filters, 3, strides=stem_stride, name="stem")
     for i, (squeeze, expand) in enumerate(fires):

@@ -493,6 +493,26 @@ def _phases(cfg: TrainConfig, peak: float | None) -> list[_Phase]:
     return [_Phase("all", 0, cfg.epochs, peak, backbone_trainable=None)]
 
 
+def _check_takes_train_size(model, cfg: TrainConfig, image_size) -> None:
+    """Crops smaller than the evaluation size need a model that takes any input size."""
+    from petal.models import model_info
+
+    crop = (cfg.train_image_size,) * 2 if cfg.train_image_size else tuple(image_size)
+    fixed = tuple(model.input_shape[1:3])
+    if crop == tuple(image_size) or None in fixed:
+        return
+    how = (
+        "pass --set model_options.any_size=true"
+        if model_info(cfg.model).family == "squeezenet"
+        else f"{cfg.model!r} has no any_size option (squeezenet and squeezenet_separable do)"
+    )
+    raise PetalError(
+        f"train_image_size {cfg.train_image_size} needs a model that takes {crop[0]}x{crop[1]} "
+        f"crops as well as its {fixed[0]}x{fixed[1]} input: {how}, or drop train_image_size. "
+        f"Received: model={cfg.model!r}, train_image_size={cfg.train_image_size}"
+    )
+
+
 def train(
     config: TrainConfig,
     workdir: str | Path,
@@ -790,6 +810,7 @@ def train(
                 **cfg.model_options,
             )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
+        _check_takes_train_size(model, cfg, image_size)
         if fused:
             log(f"petal train: {fused} BatchNormalization layers train with the fused kernel")
         total_params, _ = count_params(model)
