@@ -160,6 +160,29 @@ def test_a_folder_cache_holds_pixels_of_one_fitting_and_one_version_of_the_photo
     assert not (tmp_path / "RAM").exists()
 
 
+def test_a_folder_cache_of_codelab_shards_is_read_again_once_they_are_rewritten(
+    make_records, tmp_path
+):
+    """Codelab shards have no manifest (no conversion time to key on): their files' sizes
+    and times are. Shards rewritten under the same names used to give the old pixels."""
+    folder = make_records("codelab", counts={"all": [4, 4, 4, 4, 4, 4]}, codelab=True, fmt="jpeg")
+    cache = tmp_path / "cache"
+
+    def read(**options):
+        ds = eval_dataset(str(folder), batch_size=64, normalization="raw", split="all", **options)
+        return np.concatenate([np.asarray(x) for x, _ in ds])
+
+    before = read(cache=str(cache))
+    assert np.array_equal(before, read())
+    shards = sorted(folder.glob("*.tfrec"))
+    first, last = shards[0].read_bytes(), shards[-1].read_bytes()
+    shards[0].write_bytes(last)  # same names and counts, other photos
+    shards[-1].write_bytes(first)
+    after = read()
+    assert not np.array_equal(after, before)
+    assert np.array_equal(read(cache=str(cache)), after)
+
+
 def test_jpeg_records_and_resize(make_records):
     folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
     images, _ = next(iter(eval_dataset(str(folder), batch_size=3, normalization="raw")))

@@ -917,12 +917,13 @@ def _available_memory() -> int:
 
 
 def _cache_key(src: Source, split, size, input_context, how: str) -> str:
-    """What the cached pixels depend on: the data (a conversion's time; an image folder's
-    files, sizes and modification times: edited photos are read again), the split, the
-    size, how images are fitted (``how``) and the input pipeline."""
+    """What the cached pixels depend on: the data (a conversion's time; the local files'
+    paths, sizes and modification times: edited photos and rewritten shards, codelab ones
+    too, are read again), the split, the size, how images are fitted (``how``) and the
+    input pipeline."""
     created = (src.manifest or {}).get("created", "")
-    if src.kind == "folder" and not folders.is_remote(src.path):
-        stamp = hashlib.sha1()
+    if not folders.is_remote(src.path):
+        stamp = hashlib.sha1(created.encode())
         for path in src.files(split):
             with contextlib.suppress(OSError):
                 info = os.stat(path)
