@@ -178,6 +178,27 @@ def test_codelab_shards_with_a_damaged_record(make_records):
     assert any(p.startswith("flowers01-4.tfrec: record 2: ") for p in verified.problems)
 
 
+def test_codelab_class_table_adds_up_when_records_cannot_be_read(make_records):
+    """Its "all" row counts the records read, as its classes do, and says how many the
+    file names promised. A validation shard holding fewer records than its name says is a
+    problem of its own, also after one in the train split."""
+    folder = make_records(
+        "codelab", counts={"all": [3] * 15 + [2]}, codelab=True, fmt="jpeg", size=(16, 16)
+    )  # validation: flowers00-02
+    shard = folder / "flowers05-3.tfrec"
+    data = bytearray(shard.read_bytes())
+    data[_record_offsets(shard)[1] + 40] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    (folder / "flowers00-3.tfrec").rename(folder / "flowers00-4.tfrec")
+    counted = inspect_records(folder, progress=False)
+    [row] = [line.split() for line in str(counted).splitlines() if line.startswith("all ")]
+    assert int(row[1]) + int(row[2]) == int(row[3])
+    assert int(row[1]) < 38 and int(row[2]) == 9
+    assert f"train {row[1]} of 38, validation 9 of 10 that the file names count" in str(counted)
+    assert "validation: the file names count 10 records, their classes 9 (--verify names the " \
+        "records)" in counted.problems
+
+
 def test_a_folder_of_images_says_convert_it_first(small_flowers):
     with pytest.raises(PetalError, match=r"is a folder of images; inspect reads records: conv"):
         inspect_records(small_flowers, progress=False)

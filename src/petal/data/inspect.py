@@ -147,6 +147,7 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         for split in schema.SPLITS:
             counts = np.zeros(len(classes), np.int64)
             shards = []
+            known = len(problems)  # a corrupt shard of this split explains its shortfall
             for file, count in zip(source.files(split), source.counts(split), strict=True):
                 name = posixpath.basename(file)
                 shards.append({"file": name, "count": count, "bytes": folders.file_size(file)})
@@ -162,7 +163,7 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
                                     "names the record)")
             total = sum(s["count"] for s in shards)
             per_class = {c: int(n) for c, n in zip(classes, counts, strict=True) if n}
-            if not problems and sum(per_class.values()) != total:
+            if len(problems) == known and sum(per_class.values()) != total:
                 problems.append(
                     f"{split}: the file names count {total} records, their classes "
                     f"{sum(per_class.values())} (--verify names the records)"
@@ -231,10 +232,18 @@ def _format(report: InspectReport) -> list[str]:
             f"{splits['validation']['per_class'].get(c, 0):>11} {totals[c]:>8} "
             f"{100 * totals[c] / grand:>6.1f}%"
         )
+    read = {s: sum(splits[s]["per_class"].get(c, 0) for c in classes) for s in schema.SPLITS}
     lines.append(
-        f"{'all':<{width}} {splits['train']['count']:>8} {splits['validation']['count']:>11} "
+        f"{'all':<{width}} {read['train']:>8} {read['validation']:>11} "
         f"{sum(totals.values()):>8} {100.0:>6.1f}%"
     )
+    short = [f"{s} {read[s]} of {splits[s]['count']}" for s in schema.SPLITS
+             if read[s] != splits[s]["count"]]  # fmt: skip
+    if short:
+        lines.append(
+            f"(classes of the records read: {', '.join(short)} that the file names count; "
+            "see the problems below)"
+        )
     big = max(classes, key=lambda c: totals[c])
     small = min(classes, key=lambda c: totals[c])
     ratio = totals[big] / totals[small] if totals[small] else float("inf")
