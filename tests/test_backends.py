@@ -73,14 +73,19 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory):
     """The script's results under KERAS_BACKEND=jax, with a squeezenet saved here (TF)."""
-    folder = tmp_path_factory.mktemp("jax")
+    return _run_with_a_saved_model(tmp_path_factory.mktemp("jax"), "jax")
+
+
+def _run_with_a_saved_model(folder, backend: str) -> tuple[dict, np.ndarray]:
+    """The script's results on ``backend`` given a squeezenet saved here by TensorFlow, and
+    that model's probabilities here."""
     model = create_model("squeezenet", num_classes=5, image_size=48)
     images = np.random.default_rng(1).uniform(0, 1, (3, 48, 48, 3)).astype("float32")
     model.save(folder / "model.keras")
     np.save(folder / "images.npy", images)
     expected = model.predict(images, verbose=0)
     files = [str(folder / "model.keras"), str(folder / "images.npy")]
-    return _run_on_backend(SMALL, *files), expected
+    return _run_on_backend(SMALL, *files, backend=backend), expected
 
 
 def _run_on_backend(models, *files, backend: str = "jax") -> dict:
@@ -138,13 +143,7 @@ def test_petals_models_schedule_and_saved_model_on_torch(tmp_path):
     """The same checks on Keras' PyTorch backend, where PyTorch is installed (not in CI's
     dev extras: its CPU wheel alone is larger than everything else petal installs)."""
     pytest.importorskip("torch")
-    model = create_model("squeezenet", num_classes=5, image_size=48)
-    images = np.random.default_rng(1).uniform(0, 1, (3, 48, 48, 3)).astype("float32")
-    model.save(tmp_path / "model.keras")
-    np.save(tmp_path / "images.npy", images)
-    expected = model.predict(images, verbose=0)
-    files = [str(tmp_path / "model.keras"), str(tmp_path / "images.npy")]
-    out = _run_on_backend(SMALL, *files, backend="torch")
+    out, expected = _run_with_a_saved_model(tmp_path, "torch")
     _assert_trained_like_tensorflow(out, SMALL, backend="torch")
     assert out["squeezenet_192_params"] == 120_613
     assert out["schedule"][0] == 3
