@@ -106,6 +106,10 @@ def test_demo_checks_its_settings_and_folder_before_the_download(tmp_path, monke
         demo.run_demo(None, tmp_path / "demo", overrides=("batch_size=0",), **quiet)
     with pytest.raises(PetalError, match=r"Unknown model 'resnet9000'"):
         demo.run_demo(None, tmp_path / "demo", overrides=("model=resnet9000",), **quiet)
+    # It converted --data but trained on these, then evaluated on its own records.
+    with pytest.raises(PetalError, match=r"--set data=... would train on other data than it "
+                       r"evaluates\. Pass the photos as --data"):  # fmt: skip
+        demo.run_demo(None, tmp_path / "demo", overrides=("data=/tmp/other",), **quiet)
     with pytest.raises(PetalError, match=r"^Demo folder /proc/petal-demo cannot be written: "
                        r"nothing can be written in /proc"):
         demo.run_demo(None, "/proc/petal-demo", **quiet)

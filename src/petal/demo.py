@@ -121,6 +121,16 @@ def run_demo(
     workdir = Path(workdir)
     records = workdir / "records"
     # Settings and the work directory first: the photos may be a download.
+    if isinstance(overrides, str):
+        overrides = (overrides,)
+    given = [item.partition("=")[0].strip() for item in overrides]
+    if "data" in given:
+        raise PetalError(
+            "petal demo trains on the records it converts from --data into WORKDIR/records; "
+            "--set data=... would train on other data than it evaluates. Pass the photos as "
+            "--data, or use petal train --data for records. "
+            f"Received: {[o for o in overrides if o.partition('=')[0].strip() == 'data']}"
+        )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
     model_info(config.model)
     _refuse_other_runs(workdir, records)
