@@ -245,3 +245,10 @@ def test_train_cli_flags_reach_the_config(monkeypatch, tmp_path):
     assert cfg.skip_corrupt and cfg.epochs == 3 and seen["overwrite"] and not seen["resume"]
     assert cfg.model_options == {"any_size": True, "stem_stride": 2}
     assert cli.main(argv[:-2]) == 0 and not seen["config"].skip_corrupt
+
+
+@pytest.mark.parametrize("key", ["name", "num_classes", "image_size", "weights", "log"])
+def test_model_options_that_are_create_models_own_arguments_are_refused(key):
+    # They reached create_model twice: a TypeError traceback from petal train.
+    with pytest.raises(PetalError, match=rf"^model_options\.{key} is not a model option"):
+        get_preset("quick").replace(model_options={key: 1}).validate()

@@ -442,6 +442,11 @@ def test_resume_needs_only_the_checkpoint_not_the_starting_weights(trained, smal
     with pytest.raises(_Interrupt):
         train(cfg, tmp_path / "run", log=_interrupt_at("epoch 1/2"))
     weights.unlink()  # the checkpoint holds every weight from here on
+    # Another starting file would be recorded in config.json but never loaded: refused.
+    with pytest.raises(PetalError, match=r"cannot change: weights .*other\.weights\.h5\" "
+                       r"\(loaded once, at the start\)"):  # fmt: skip
+        train(cfg.replace(weights=str(tmp_path / "other.weights.h5")), tmp_path / "run",
+              resume=True, **QUIET)  # fmt: skip
     lines: list[str] = []
     metrics = train(cfg, tmp_path / "run", resume=True, log=lines.append)
     assert metrics["epochs_completed"] == 2

@@ -169,6 +169,15 @@ class TrainConfig:
             )
         if self.seed < 0:
             raise PetalError(f"seed must be a non-negative integer. Received: seed={self.seed}")
+        reserved = {"name": "model", "num_classes": "the data's classes",
+                    "image_size": "image_size", "weights": "weights", "log": None}  # fmt: skip
+        for key in sorted(set(self.model_options or {}) & set(reserved)):
+            where = reserved[key]
+            raise PetalError(
+                f"model_options.{key} is not a model option"
+                + (f": it comes from {where} (set that instead)" if where else "")
+                + f". Received: model_options={self.model_options!r}"
+            )
         if not 0.0 <= self.momentum <= 1.0:
             raise PetalError(f"momentum must be in [0, 1]. Received: momentum={self.momentum}")
         if not 0.0 <= self.weight_decay < math.inf:

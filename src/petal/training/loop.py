@@ -338,6 +338,11 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             continue
         if was != new:
             changed.append(f"{key} {_show(was)} -> {_show(new)}")
+    # The starting weights were loaded once, at the start: the checkpoint holds every
+    # weight since, so another file would be recorded but never loaded.
+    was, new = saved.get("weights"), now["weights"]
+    if "weights" in saved and was != new and _weights_place(was) != _weights_place(new):
+        changed.append(f"weights {_show(was)} -> {_show(new)} (loaded once, at the start)")
     # The weights learned inputs scaled one way: another scaling feeds them other numbers.
     was = saved_resolved.get("normalization")
     if was and was != resolved["normalization"]:
@@ -357,6 +362,13 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             "--workdir, or --overwrite)."
         )
     return saved_resolved
+
+
+def _weights_place(weights):
+    """A weights file's absolute path ("imagenet" and None as they are)."""
+    if weights in (None, "imagenet"):
+        return weights
+    return str(Path(weights).expanduser().resolve())
 
 
 def _show(value) -> str:
