@@ -197,6 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="override every model's batch")
     parser.add_argument("--out", type=Path, default=RESULTS / "train_speed.json")
     args = parser.parse_args(argv)
+    for flag, value, least in (
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, 0),
+        ("--image-size", args.image_size, 1),
+        ("--batch", args.batch, 1),
+    ):
+        if value is not None and value < least:
+            parser.error(f"{flag} must be at least {least}. Received: {value}")
+    for flag, given, known in (
+        ("--precisions", args.precisions, ("float32", "mixed_bfloat16", "mixed_float16")),
+        ("--jit", args.jit, ("auto", "on", "off")),
+    ):
+        bad = [v for v in given.split(",") if v.strip() not in known]
+        if bad:
+            parser.error(f"{flag} takes {', '.join(known)} (comma-separated). Received: {given}")
     if args.batch_norm is None:
         args.batch_norm = "fused" if args.backend == "tensorflow" else "keras"
     if args.backend != "tensorflow" and "fused" in args.batch_norm.split(","):
@@ -213,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             f"run this script in a fresh process with KERAS_BACKEND={args.backend}"
         )
 
+    from petal.errors import PetalError
     from petal.models import list_models, model_info
 
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -261,9 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, precision, jit, bn in tqdm(runs, desc="measurements", unit="run", file=sys.stderr):
         size, batch = PRESET_SIZE_BATCH.get(name, (model_info(name).default_image_size, 32))
-        size = args.image_size or size
-        batch = args.batch or batch
-        rows.append(measure(name, precision, jit, size, batch, args.warmup, args.steps, bn))
+        size = args.image_size if args.image_size is not None else size
+        batch = args.batch if args.batch is not None else batch
+        try:
+            rows.append(measure(name, precision, jit, size, batch, args.warmup, args.steps, bn))
+        except PetalError as err:  # a size the model refuses, say
+            parser.error(str(err))
         r = rows[-1]
         payload["rows"] = rows  # written after every row: a run cut short keeps what it measured
         args.out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -72,3 +72,16 @@ def test_bench_train_speed_on_jax_without_tensorflow(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "--batch-norm fused needs TensorFlow" in done.stderr
+
+
+def test_bench_train_speed_refuses_bad_arguments_in_one_line(tmp_path):
+    for args, message in ((["--steps", "0"], "--steps must be at least 1"),
+                          (["--jit", "maybe"], "--jit takes auto, on, off"),
+                          (["--batch", "0"], "--batch must be at least 1")):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "bench_train_speed.py"), *args,
+             "--out", str(tmp_path / "no.json")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr

@@ -317,7 +317,7 @@ def load_weights_file(
                 target.load_weights(str(path))
         except (ValueError, KeyError, TypeError, OSError) as err:
             # Keras raises ValueError on shape/count mismatches, KeyError on missing groups.
-            errors.append(f"{label}: {str(err).splitlines()[0][:160]}")
+            errors.append(f"{label}: {_keras_reason(err)}")
             continue
         return label
     if rebuild is not None:
@@ -338,6 +338,18 @@ def load_weights_file(
         f"({'; '.join(errors)}). Save the weights from the same model and image size"
         + (" (with any number of classes)." if rebuild is not None else ", and classes.")
     )
+
+
+def _keras_reason(err: Exception) -> str:
+    """Keras' reason in one line: its first line, and the next where the first ends in a
+    colon ("Example error message for object <Conv2D ...>:" is followed by the shapes)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    reason = lines[0]
+    if reason.endswith(":") and len(lines) > 1:
+        reason = f"{reason} {lines[1]}"
+    return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
 def _head_sizes_in_file(model: keras.Model, path: Path) -> list[int]:
