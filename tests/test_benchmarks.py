@@ -55,6 +55,7 @@ def test_bench_train_speed_runs(tmp_path):
     assert row["model"] == "dense" and row["precision"] == "float32"
 
 
+@pytest.mark.slow  # JAX compiles the model: ~15 s on a slow 2-core host
 def test_bench_train_speed_on_jax_without_tensorflow(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "speed.json"
