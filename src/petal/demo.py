@@ -115,21 +115,17 @@ def run_demo(
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.report import build_report
     from petal.models import model_info
-    from petal.training.config import load_config
+    from petal.training.config import load_config, parse_overrides
     from petal.training.loop import train
 
     workdir = Path(workdir)
     records = workdir / "records"
     # Settings and the work directory first: the photos may be a download.
-    if isinstance(overrides, str):
-        overrides = (overrides,)
-    given = [item.partition("=")[0].strip() for item in overrides]
-    if "data" in given:
+    if "data" in (values := parse_overrides(overrides)):
         raise PetalError(
             "petal demo trains on the records it converts from --data into WORKDIR/records; "
             "--set data=... would train on other data than it evaluates. Pass the photos as "
-            "--data, or use petal train --data for records. "
-            f"Received: {[o for o in overrides if o.partition('=')[0].strip() == 'data']}"
+            f"--data, or use petal train --data for records. Received: data={values['data']!r}"
         )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
     model_info(config.model)

@@ -341,7 +341,7 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
     # The starting weights were loaded once, at the start: the checkpoint holds every
     # weight since, so another file would be recorded but never loaded.
     was, new = saved.get("weights"), now["weights"]
-    if "weights" in saved and was != new and _weights_place(was) != _weights_place(new):
+    if "weights" in saved and _weights_place(was) != _weights_place(new):
         changed.append(f"weights {_show(was)} -> {_show(new)} (loaded once, at the start)")
     # The weights learned inputs scaled one way: another scaling feeds them other numbers.
     was = saved_resolved.get("normalization")
