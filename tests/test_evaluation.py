@@ -268,37 +268,65 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     assert not (tmp_path / "new").exists()
 
 
+def _record_names(records: Path, split: str) -> set[str]:
+    """The ``filename`` of every record of a split of a petal records folder."""
+    import tensorflow as tf
+
+    spec = {"filename": tf.io.FixedLenFeature([], tf.string)}
+    shards = sorted(str(p) for p in records.glob(f"{split}-*.tfrec"))
+    return {
+        tf.io.parse_single_example(r, spec)["filename"].numpy().decode()
+        for r in tf.data.TFRecordDataset(shards)
+    }
+
+
 def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
-    trained, small_flowers, tmp_path
+    trained, small_records, small_flowers, tmp_path
 ):
     """A copy of the training folder converted again: its validation split is another
-    split of the same photos. Photos of other names (new ones) are not flagged."""
+    split of the same photos. Photos of other names (new ones) and of the run's validation
+    split are not counted: only what it trained on."""
     from petal.data import convert
     from petal.evaluation.evaluate import evaluate
 
+    held_out = _record_names(small_records, "validation")
     copy = tmp_path / "copy"
     for cls in ("daisy", "roses"):
         (copy / cls).mkdir(parents=True)
-        for i, f in enumerate(sorted((small_flowers / cls).iterdir())[:4]):
-            name = f.name if i < 3 else f"new-{f.name}"  # one renamed: not counted
+        photos = sorted((small_flowers / cls).iterdir())
+        # 3 training photos, 1 validation photo, 1 training photo under a new name.
+        picked = [f for f in photos if f"{cls}/{f.name}" not in held_out][:4]
+        picked.append(next(f for f in photos if f"{cls}/{f.name}" in held_out))
+        for i, f in enumerate(picked):
+            name = f"new-{f.name}" if i == 3 else f.name  # renamed: not counted
             (copy / cls / name).symlink_to(f.resolve())
     convert(copy, tmp_path / "records", image_size=32, workers=1, progress=False)
     warned = []
     evaluate(trained, tmp_path / "records", out_dir=tmp_path / "eval", log=lambda line: None,
              warn=warned.append)
     assert warned[0].startswith(
-        f"6 of the 8 images of {tmp_path / 'records'} (converted from {copy}) have the names "
-        f"and sizes of photos in {small_flowers}, the folder the run's records were converted "
-        "from: most likely copies"
+        f"6 of the 10 images of {tmp_path / 'records'} (converted from {copy}) have the names "
+        f"and sizes of training photos in {small_flowers}, the folder the run's records were "
+        "converted from: most likely copies"
     )
+    warned.clear()
+    evaluate(trained, copy, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    assert [w for w in warned if w.startswith(f"6 of the 10 images of {copy} have")]
+    # Renamed, they are new photos; a folder of the run's validation photos only is held
+    # out still: no warning.
     for cls in ("daisy", "roses"):
         for f in (copy / cls).iterdir():
             if not f.name.startswith("new-"):
                 f.rename(f.with_name(f"new-{f.name}"))
-    warned.clear()
-    evaluate(trained, copy, out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
-    assert not [w for w in warned if "most likely copies" in w]
+    for name in sorted(held_out)[:4]:
+        (tmp_path / "held_out" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "held_out" / name).symlink_to((small_flowers / name).resolve())
+    for folder in (copy, tmp_path / "held_out"):
+        warned.clear()
+        evaluate(trained, folder, out_dir=tmp_path / "eval", log=lambda line: None,
+                 warn=warned.append)
+        assert not [w for w in warned if "most likely copies" in w], folder
 
 
 def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flowers, tmp_path):
@@ -314,14 +342,28 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
                 (root / cls / f.name).symlink_to(f.resolve())
     run = tmp_path / "run"
     train(tiny_config(photos, epochs=1, model="dense", batch_size=4), run, log=lambda line: None)
+    from petal.data import open_source
+
+    trained_on = open_source(photos).files("train")
+    assert 0 < len(trained_on) < 10
     warned = []
     evaluate(run, copy, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
     assert warned == [
-        f"10 of the 10 images of {copy} have the names and sizes of photos in {photos}, the "
-        "image folder the run trained on: most likely copies of the images the model trained "
-        "on, so the score overstates how it does on new photos. For a held-out score "
-        "evaluate on its validation split (omit --data) or on new photos."
+        f"{len(trained_on)} of the 10 images of {copy} have the names and sizes of training "
+        f"photos in {photos}, the image folder the run trained on: most likely copies of the "
+        "images the model trained on, so the score overstates how it does on new photos. For "
+        "a held-out score evaluate on its validation split (omit --data) or on new photos."
     ]
+    # A copy of its validation photos only is held out still.
+    held_out = tmp_path / "held_out"
+    for path in open_source(photos).files("validation"):
+        rel = Path(path).relative_to(photos)
+        (held_out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (held_out / rel).symlink_to(Path(path).resolve())
+    warned.clear()
+    evaluate(run, held_out, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    assert warned == []
     # On its own folder: its validation split, as it was split for training; a run split
     # the way earlier builds split folders is told that this may differ.
     warned.clear()
@@ -335,6 +377,14 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
         f"{run} was trained when petal split image folders another way: the validation split "
         "read now may hold images it trained on. Train it again for a held-out score."
     ]
+    # Which photos it trained on is not known then: any copy of its photos is named.
+    warned.clear()
+    evaluate(run, held_out, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    n = 10 - len(trained_on)
+    assert len(warned) == 1 and warned[0].startswith(
+        f"{n} of the {n} images of {held_out} have the names and sizes of photos in {photos},"
+    )
     # Resumed, it is told the same.
     lines = []
     train(tiny_config(photos, epochs=2, model="dense", batch_size=4), run, resume=True,

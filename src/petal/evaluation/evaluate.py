@@ -33,6 +33,9 @@ from petal.evaluation.workdir import (
 )
 
 EVAL_DIR = "eval"
+# The run's training records are read for their file names (to tell which photos of a copy
+# of its image folder it trained on) up to this many bytes; beyond, any copy is named.
+MAX_NAME_READ = 1 << 30
 
 
 def evaluate(
@@ -340,7 +343,11 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
         return None
     theirs = _photos(copy)
     ours = _photos(origin) if theirs else None
-    shared = len(theirs & ours) if theirs and ours else 0
+    shared = theirs & ours if theirs and ours else set()
+    # Only the photos it trained on: a copy of its validation photos is held out still.
+    trained = _trained_names(run, origin) if shared else None
+    if trained is not None:
+        shared = {photo for photo in shared if photo[0] in trained}
     if not shared:
         return None
     what = f"{source.path}" if source.kind == "folder" else f"{source.path} (converted from {copy})"
@@ -349,11 +356,43 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
     else:
         whence, own = "the folder the run's records were converted from", "the run's records"
     return (
-        f"{shared} of the {len(theirs)} images of {what} have the names and sizes of photos in "
-        f"{origin}, {whence}: most likely copies of the images the model trained on, so the "
+        f"{len(shared)} of the {len(theirs)} images of {what} have the names and sizes of "
+        f"{'' if trained is None else 'training '}photos in {origin}, {whence}: most likely copies of the images the model trained on, so the "
         f"score overstates how it does on new photos. For a held-out score evaluate on {own} "
         "(omit --data) or on new photos."
     )
+
+
+def _trained_names(run, origin: str) -> set[str] | None:
+    """Paths relative to ``origin`` of the photos the run trained on: its image folder's
+    training split, or the ``filename`` of each record of its records' training split. None
+    when that cannot be known (records gone or unreadable, a folder split another way)."""
+    import tensorflow as tf
+
+    from petal.data import schema
+    from petal.data.reader import open_source
+
+    resolved = run.config.get("resolved", {})
+    try:
+        if resolved.get("data_kind") == "folder":
+            if resolved.get("folder_split") != FOLDER_SPLIT:
+                return None
+            files = open_source(origin).files("train")
+            return {os.path.relpath(path, origin).replace(os.sep, "/") for path in files}
+        if resolved.get("data_kind") != "records":
+            return None
+        shards = open_source(run.config["data"]).files("train")
+        if any(is_remote(f) for f in shards) or sum(map(os.path.getsize, shards)) > MAX_NAME_READ:
+            return None  # not worth reading every training record for a warning
+        spec = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
+        names = (
+            tf.data.TFRecordDataset(shards)
+            .batch(1024)
+            .map(lambda batch: tf.io.parse_example(batch, spec)[schema.FILENAME])
+        )
+        return {name.decode("utf-8") for batch in names.as_numpy_iterator() for name in batch}
+    except (PetalError, KeyError, ValueError, OSError, tf.errors.OpError):
+        return None
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:
