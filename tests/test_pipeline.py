@@ -410,7 +410,8 @@ def test_bench_input_names_an_undecodable_file_of_its_folder(
         for f in sorted((small_flowers / cls).iterdir())[:3]:
             (photos / cls / f.name).symlink_to(f.resolve())
     (photos / "roses" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest")
-    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg",
+                           classes=("daisy", "roses"))
     argv = ["bench", "input", str(records), "--folder", str(photos), "--cases", "folder",
             "--batch-size", "2", "--seconds", "0.2"]
     assert main(argv) == 2
@@ -421,6 +422,27 @@ def test_bench_input_names_an_undecodable_file_of_its_folder(
         "without them (petal convert skips them and lists them in its manifest)."
     ]
     assert "function_node" not in err[0] and "Iterator::" not in err[0]
+
+
+def test_bench_input_warns_when_the_folder_is_not_where_the_records_came_from(
+    small_records, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    photos = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    argv = ["bench", "input", str(small_records), "--cases", "folder", "--batch-size", "2",
+            "--seconds", "0.2"]
+    assert main([*argv, "--folder", str(photos)]) == 0
+    assert (f"warning: --folder {photos} is not {small_flowers}, the folder RECORDS were "
+            "converted from: the per-file case reads its photos, which may be others.") in (
+        capsys.readouterr().out.splitlines()
+    )
+    assert main([*argv, "--folder", str(small_flowers)]) == 0
+    assert "warning" not in capsys.readouterr().out
 
 
 def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path):
@@ -452,6 +474,10 @@ def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path
         ("jpeg", ["--seconds", "nan"], r"--seconds must be positive \(and finite\)"),
         ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
         ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
+        # Photos of other classes: the per-file case would measure other images.
+        ("jpeg", ["--folder", "{tmp}/pets"], r"--folder .*pets has no class daisy, dandelion, "
+         r"roses, sunflowers, tulips of RECORDS' classes \(cat, dog against daisy, .*\): pass "
+         r"the image folder RECORDS came from\.$"),
         ("jpeg", ["--raw-records", "{jpeg}"], r"--raw-records .* holds jpeg records, not raw"),
         # Raw records of other images (or at another size): no comparison.
         ("jpeg", ["--raw-records", "{fewer}"], r"--raw-records .*fewer are not RECORDS' images "
@@ -482,6 +508,11 @@ def test_bench_input_checks_its_arguments_before_measuring(
         "images": small_flowers,
     }
     (tmp_path / "b.json").write_text("{}")
+    from PIL import Image
+
+    for pet in ("cat", "dog"):
+        (tmp_path / "pets" / pet).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "pets" / pet / "a.jpg")
     fewer = make_records("fewer", counts={"train": [8, 8], "validation": [4]}, fmt="raw")
     options = [o.format(jpeg=folders["jpeg"], fewer=fewer, tmp=tmp_path) for o in options]
     argv = ["bench", "input", str(folders[which]), "--batch-size", "4", "--seconds", "0.2"]

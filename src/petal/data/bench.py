@@ -304,6 +304,30 @@ def _opened(option: str, path: str):
         raise PetalError(f"{option} {path}: {err}") from None
 
 
+def _check_folder(folder: str, opened, src, progress) -> None:
+    """``--folder`` must be an image folder of RECORDS' classes (else the per-file case
+    measures other images); another place than the one RECORDS were converted from is
+    named in a warning (a folder moved since is the same photos)."""
+    origin = (src.manifest or {}).get("source")
+    came_from = f" ({origin})" if origin else ""
+    if opened.kind != "folder":
+        raise PetalError(
+            f"--folder {folder} is not a folder of images; pass the image folder "
+            f"RECORDS came from{came_from} (class sub-folders of photos)."
+        )
+    if missing := [c for c in src.classes if c not in opened.classes]:
+        raise PetalError(
+            f"--folder {folder} has no class {', '.join(missing)} of RECORDS' classes "
+            f"({', '.join(opened.classes)} against {', '.join(src.classes)}): pass the image "
+            f"folder RECORDS came from{came_from}."
+        )
+    if origin and not folders.same_place(folder, origin):
+        progress(
+            f"warning: --folder {folder} is not {origin}, the folder RECORDS were converted "
+            "from: the per-file case reads its photos, which may be others."
+        )
+
+
 def run(
     records: str,
     *,
@@ -378,11 +402,8 @@ def run(
             f"remote_latency_ms={remote_latency_ms}"
         )
     uses_folder = "folder" in wanted or "remote" in wanted
-    if folder and uses_folder and _opened("--folder", folder).kind != "folder":
-        raise PetalError(
-            f"--folder {folder} is not a folder of images; pass the image folder "
-            "RECORDS came from (class sub-folders of photos)."
-        )
+    if folder and uses_folder:
+        _check_folder(folder, _opened("--folder", folder), src, progress)
     if raw_records is not None and "raw" in wanted:
         raw = _opened("--raw-records", raw_records)
         if raw.format != schema.FORMAT_RAW:
