@@ -233,10 +233,11 @@ def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowe
     # Copies of photos it trained on (the same names and sizes as in the folder its records
     # were converted from) are said to be so.
     assert warned == [
-        f"5 of the 5 images of {photos} have the names and sizes of photos in {small_flowers}, "
-        "the folder the run's records were converted from: most likely copies of the images "
-        "the model trained on, so the score overstates how it does on new photos. For a "
-        "held-out score evaluate on the run's records (omit --data) or on new photos.",
+        f"5 of the 5 images of {photos} have the names and sizes of training photos in "
+        f"{small_flowers}, the folder the run's records were converted from: most likely "
+        "copies of the images the model trained on, so the score overstates how it does on "
+        "new photos. For a held-out score evaluate on the run's records (omit --data) or on "
+        "new photos.",
         f"{photos} holds 2 of the model's 5 classes (roses, tulips); the macro averages are "
         "over those",
     ]

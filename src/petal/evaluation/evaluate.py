@@ -357,9 +357,9 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
         whence, own = "the folder the run's records were converted from", "the run's records"
     return (
         f"{len(shared)} of the {len(theirs)} images of {what} have the names and sizes of "
-        f"{'' if trained is None else 'training '}photos in {origin}, {whence}: most likely copies of the images the model trained on, so the "
-        f"score overstates how it does on new photos. For a held-out score evaluate on {own} "
-        "(omit --data) or on new photos."
+        f"{'' if trained is None else 'training '}photos in {origin}, {whence}: most likely "
+        "copies of the images the model trained on, so the score overstates how it does on "
+        f"new photos. For a held-out score evaluate on {own} (omit --data) or on new photos."
     )
 
 
