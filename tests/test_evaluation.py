@@ -649,8 +649,41 @@ def test_the_exported_decoder_gives_predicts_pixels():
         if "transparency" in options:
             assert (want == 255).all(axis=-1).sum() > (np.asarray(image.convert("RGB")) == 255
                                                        ).all(axis=-1).sum(), name
+    # WebP: RGBA on white (TensorFlow's decoder refused 3 channels of it: the whole batch
+    # failed), RGB as is.
+    for name, image, options in (
+        ("WebP RGBA", Image.fromarray(rgba, "RGBA"), {"lossless": True}),
+        ("WebP RGB", Image.fromarray(pixels), {"lossless": True}),
+        ("WebP RGB lossy", Image.fromarray(pixels), {"quality": 80}),
+    ):
+        buffer = io.BytesIO()
+        image.save(buffer, "WEBP", **options)
+        want = images.decode_rgb(buffer.getvalue())[0]
+        got = decode(tf.constant([buffer.getvalue()]))[0].numpy().astype(int)
+        assert np.abs(got - want).max() <= 1, name
     for data in (b"", b"\xff\xd8", plain.getvalue(), png.getvalue()):
         assert int(exif_orientation(tf.constant(data))) == 1
+
+
+@pytest.mark.parametrize("mode", ["pad", "fill", "stretch"])
+def test_the_exported_resize_fits_like_the_converter(mode):
+    """The SavedModel's resize has the converter's geometry, a 3000x10 strip included
+    (resize_with_pad made its short side 0 pixels and failed)."""
+    import tensorflow as tf
+
+    from petal.data import images
+    from petal.evaluation.export import _fit_tf
+
+    rng = np.random.default_rng(0)
+    fit = tf.function(lambda x: _fit_tf(x, (24, 32), mode),
+                      input_signature=[tf.TensorSpec([None, None, 3], tf.float32)])
+    for h, w in ((10, 3000), (3000, 10), (24, 32), (50, 41), (7, 9), (1, 1)):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        got = fit(tf.constant(pixels, tf.float32)).numpy()
+        got = np.clip(got, 0, 255).astype(np.uint8)  # truncated as the SavedModel does
+        want = images.resize(pixels, (24, 32), mode)
+        assert got.shape == want.shape == (24, 32, 3), (h, w)
+        assert np.abs(got.astype(int) - want).max() <= 1, (h, w)
 
 
 def test_export_serves_encoded_bytes_like_predict(trained, originals_dir, tmp_path):

@@ -9,8 +9,8 @@ scale to cover and crop the centre), resizes to the model's input, normalizes an
 stored sideways with an orientation tag, are classified upright. A second signature,
 ``serve_pixels(images)``, takes float pixels in 0..255 at the model's size; it is the one
 converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
-transparency in GIF, BMP and WebP (dropped, where predict composites it on white) and EXIF
-tags in formats other than JPEG.
+transparency in GIF and BMP (dropped, where predict composites it on white) and EXIF tags in
+formats other than JPEG. WebP transparency is composited on white as predict does.
 """
 
 from __future__ import annotations
@@ -39,12 +39,22 @@ def _fit_tf(image, size: tuple[int, int], mode: str):
     th, tw = size
     if mode == "stretch":
         return tf.image.resize(image, size)
-    if mode == "pad":
-        return tf.image.resize_with_pad(image, th, tw)
-    # fill: the limiting side becomes the target, the other the truncated exact quotient.
     hw = tf.shape(image, out_type=tf.int64)[:2]
     h, w = hw[0], hw[1]
     th64, tw64 = tf.constant(th, tf.int64), tf.constant(tw, tf.int64)
+    if mode == "pad":
+        # images.fit_geometry: inside the target, at least one pixel on the short side (a
+        # 3000x10 strip keeps a row; tf.image.resize_with_pad would make it 0 and fail).
+        taller = h * tw64 > w * th64
+        one = tf.constant(1, tf.int64)
+        new_h = tf.where(taller, th64, tf.minimum(th64, tf.maximum(one, h * tw64 // w)))
+        new_w = tf.where(taller, tf.minimum(tw64, tf.maximum(one, w * th64 // h)), tw64)
+        image = tf.image.resize(image, tf.cast(tf.stack([new_h, new_w]), tf.int32))
+        top, left = (th64 - new_h) // 2, (tw64 - new_w) // 2
+        return tf.pad(
+            image, [[top, th64 - new_h - top], [left, tw64 - new_w - left], [0, 0]]
+        )
+    # fill: the limiting side becomes the target, the other the truncated exact quotient.
     wider = h * tw64 < w * th64
     new_h = tf.where(wider, th64, tf.maximum(th64, h * tw64 // w))
     new_w = tf.where(wider, tf.maximum(tw64, w * th64 // h), tw64)
@@ -167,7 +177,7 @@ def apply_orientation(image, orientation):
 def decode_like_predict(data):
     """Encoded image bytes -> uint8 ``[H, W, 3]`` with TensorFlow ops, as
     :func:`petal.data.images.decode_rgb` (``petal predict``) decodes them: JPEG with the
-    accurate integer DCT and its EXIF orientation, PNG transparency on white."""
+    accurate integer DCT and its EXIF orientation, PNG and WebP transparency on white."""
     import tensorflow as tf
 
     from petal.data.pipeline import DCT_METHOD
@@ -181,36 +191,51 @@ def decode_like_predict(data):
         mixed = tf.cast(color, tf.float32) * alpha + 255.0 * (1.0 - alpha)
         return tf.cast(tf.round(mixed), tf.uint8)
 
+    def stored(image):
+        """Grey, grey + alpha, RGB or RGBA -> RGB, transparency on white."""
+        channels = tf.shape(image)[-1]
+        color = tf.cond(
+            channels < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3]
+        )
+        alpha = tf.cond(
+            tf.equal(channels % 2, 0),
+            lambda: image[..., -1:],
+            lambda: tf.fill(tf.shape(image[..., :1]), tf.constant(255, tf.uint8)),
+        )
+        return on_white(color, alpha)
+
     def png():
         # The channels as stored: grey, grey + alpha, RGB or RGBA (a palette expanded).
         # Asked for 4 channels instead, a 1/2/4-bit PNG without transparency gets an alpha
         # of 2**bits - 1, not 255: nearly transparent, so nearly white.
         image = tf.io.decode_png(data)
-        channels = tf.shape(image)[-1]
-
-        def stored():
-            color = tf.cond(
-                channels < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3]
-            )
-            alpha = tf.cond(
-                tf.equal(channels % 2, 0),
-                lambda: image[..., -1:],
-                lambda: tf.fill(tf.shape(image[..., :1]), tf.constant(255, tf.uint8)),
-            )
-            return on_white(color, alpha)
 
         def keyed():  # a tRNS colour key: made an alpha channel when 4 are asked for
             rgba = tf.io.decode_png(data, channels=4)
             return on_white(rgba[..., :3], rgba[..., 3:])
 
-        return tf.cond(png_colour_key(data) & tf.equal(channels % 2, 1), keyed, stored)
+        colour_key = png_colour_key(data) & tf.equal(tf.shape(image)[-1] % 2, 1)
+        return tf.cond(colour_key, keyed, lambda: stored(image))
+
+    def webp():
+        # As stored (RGB or RGBA): TensorFlow's WebP decoder refuses 3 channels of an RGBA
+        # file, and predict composites its transparency on white.
+        return stored(tf.io.decode_image(data, channels=0, expand_animations=False))
 
     def other():
         return tf.io.decode_image(data, channels=3, expand_animations=False)
 
     head = tf.strings.substr(data, 0, len(_PNG_SIGNATURE))
+    is_webp = tf.equal(tf.strings.substr(data, 0, 4), b"RIFF") & tf.equal(
+        tf.strings.substr(data, 8, 4), b"WEBP"
+    )
     image = tf.case(
-        [(tf.io.is_jpeg(data), jpeg), (tf.equal(head, _PNG_SIGNATURE), png)], default=other
+        [
+            (tf.io.is_jpeg(data), jpeg),
+            (tf.equal(head, _PNG_SIGNATURE), png),
+            (is_webp, webp),
+        ],
+        default=other,
     )
     return tf.ensure_shape(image, [None, None, 3])
 
