@@ -248,6 +248,14 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
         export_module.export(trained, out=out, tflite=True)
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "model.tflite", "saved_model"]
     assert [p.name for p in (out / "saved_model").iterdir()] == ["stale.pb"]
+    # Interrupted (Ctrl-C, SIGTERM) while writing into new folders: none is left behind.
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module, "_to_tflite", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_module.export(trained, out=tmp_path / "new" / "deeper" / "export", tflite=True)
+    assert not (tmp_path / "new").exists()
     monkeypatch.undo()
 
     # A new export replaces the earlier one: nothing stale mixed in, the old TFLite named.

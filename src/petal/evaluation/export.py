@@ -24,9 +24,12 @@ from petal.errors import PetalError, first_line
 from petal.evaluation.workdir import (
     RunInfo,
     check_not_in_the_way,
+    check_output_folder,
+    first_missing,
     load_model,
     make_output_folder,
     open_run,
+    remove_created,
 )
 
 EXPORT_DIR = "export"
@@ -296,7 +299,8 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
     run = open_run(workdir)
     # The model first: a damaged one leaves no empty export folder behind.
     model = load_model(run, float32=True)
-    out = make_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
+    # Checked now, created once the archive is built (the folder is what is made last).
+    out = check_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
     for name, is_dir in _OUTPUTS.items():
         elsewhere = "move it away or pass --out another folder."
         check_not_in_the_way(out / name, is_dir, f"the export writes its {name}", elsewhere)
@@ -334,8 +338,11 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
         fn=serve_pixels,
         input_signature=[tf.TensorSpec([None, h, w, 3], tf.float32, name="images")],
     )
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    created = first_missing(out)  # removed again if the export fails or is interrupted
+    out = make_output_folder(out, "export")
+    removed, staging = None, None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
         archive.write_out(str(staging / "saved_model"), verbose=False)
         (staging / "labels.txt").write_text("\n".join(classes) + "\n")
         if tflite:
@@ -352,7 +359,10 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
                 target.unlink()
                 removed.append(str(target))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if removed is None:
+            remove_created(out, created)
     return {
         "saved_model": str(out / "saved_model"),
         "labels": str(out / "labels.txt"),

@@ -124,6 +124,31 @@ def make_output_folder(out: str | Path, what: str) -> Path:
     return out
 
 
+def first_missing(path: str | Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what creating it creates),
+    or None when it exists."""
+    path, missing = Path(path).absolute(), None
+    while not path.exists() and path != path.parent:
+        missing, path = path, path.parent
+    return missing
+
+
+def remove_created(out: Path, created: Path | None) -> None:
+    """Removes ``out`` and its parents up to ``created`` (:func:`first_missing` before
+    ``out`` was made) where they are empty: a failed command leaves no empty folder."""
+    if created is None:
+        return
+    folder = Path(out).absolute()
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (or gone): leave it and its parents
+        if folder == created or folder == folder.parent:
+            return
+        folder = folder.parent
+
+
 def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
     """Read ``config.json`` of a training run.
 
