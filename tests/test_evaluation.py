@@ -301,15 +301,27 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
         for i, f in enumerate(picked):
             name = f"new-{f.name}" if i == 3 else f.name  # renamed: not counted
             (copy / cls / name).symlink_to(f.resolve())
-    convert(copy, tmp_path / "records", image_size=32, workers=1, progress=False)
+    records = tmp_path / "records"
+    convert(copy, records, image_size=32, workers=1, progress=False)
     warned = []
-    evaluate(trained, tmp_path / "records", out_dir=tmp_path / "eval", log=lambda line: None,
+    evaluate(trained, records, split="all", out_dir=tmp_path / "eval", log=lambda line: None,
              warn=warned.append)
     assert warned[0].startswith(
-        f"6 of the 10 images of {tmp_path / 'records'} (converted from {copy}) have the names "
+        f"6 of the 10 images of {records} (converted from {copy}) have the names "
         f"and sizes of training photos in {small_flowers}, the folder the run's records were "
         "converted from: most likely copies"
     )
+    # By default its validation split is scored: only those images are counted.
+    scored = _record_names(records, "validation")
+    n = len([name for name in scored if "new-" not in name and name not in held_out])
+    warned.clear()
+    evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append)
+    copies = [w for w in warned if "most likely copies" in w]
+    assert copies == ([] if n == 0 else [copies[0]])
+    if n:
+        assert copies[0].startswith(f"{n} of the {len(scored)} images of {records} (validation "
+                                    f"split, converted from {copy}) have the names and sizes")
     warned.clear()
     evaluate(trained, copy, out_dir=tmp_path / "eval", log=lambda line: None,
              warn=warned.append)
@@ -354,6 +366,20 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
         f"photos in {photos}, the image folder the run trained on: most likely copies of the "
         "images the model trained on, so the score overstates how it does on new photos. For "
         "a held-out score evaluate on its validation split (omit --data) or on new photos."
+    ]
+    # Records converted from the folder it trained on: split by petal convert, otherwise.
+    from petal.data import convert
+
+    convert(photos, tmp_path / "records", image_size=32, workers=1, progress=False)
+    warned.clear()
+    evaluate(run, tmp_path / "records", split="all", out_dir=tmp_path / "eval",
+             log=lambda line: None, warn=warned.append)
+    assert warned == [
+        f"{len(trained_on)} of the 10 images of {tmp_path / 'records'} (converted from "
+        f"{photos}) are photos the model trained on: petal convert split {photos}, the image "
+        "folder the run trained on, otherwise than training did; so the score overstates how "
+        "it does on new photos. For a held-out score evaluate on its validation split (omit "
+        "--data) or on new photos."
     ]
     # A copy of its validation photos only is held out still.
     held_out = tmp_path / "held_out"

@@ -130,7 +130,7 @@ def evaluate(
         for w in (
             _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
             _resplit_warning(source, run, split, trained_on),
-            None if own_data else _copy_warning(source, run, trained_on),
+            None if own_data else _copy_warning(source, run, trained_on, split),
         )
         if w
     ]
@@ -324,14 +324,18 @@ def _photos(root: str) -> set[tuple[str, int]] | None:
         return None
 
 
-def _copy_warning(source, run, trained_on: dict | None) -> str | None:
-    """A warning when ``source`` holds copies of the photos the run learned from (the image
-    folder its records were converted from, or the one it trained on): a copied folder, or
-    records converted from one, with the same names and sizes, so most likely the images the
-    model trained on. The folder itself is handled elsewhere."""
+def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | None:
+    """A warning when the ``split`` of ``source`` scored holds photos the run trained on:
+    a copy of the image folder its records were converted from (or of the one it trained
+    on), records converted from such a copy (same names and sizes: most likely the same
+    photos), or records converted from the very image folder it trained on (split by
+    ``petal convert``, not as training split it). Photos of its validation split are held
+    out still and not counted. The folder itself is refused by :func:`_split_for`; other
+    records of its records' folder are :func:`_resplit_warning`'s."""
     resolved = run.config.get("resolved", {})
+    trained_on_folder = resolved.get("data_kind") == "folder"
     origin = resolved.get("records_source") or (trained_on or {}).get("source")
-    if not origin and resolved.get("data_kind") == "folder":
+    if not origin and trained_on_folder:
         origin = run.config.get("data")
     if source.kind == "folder":
         copy = source.path
@@ -339,10 +343,16 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
         copy = (source.manifest or {}).get("source")
     else:
         return None
-    if not origin or not copy or same_place(copy, origin):
+    if not origin or not copy:
+        return None
+    same = same_place(copy, origin)
+    if same and (source.kind == "folder" or not trained_on_folder):
         return None
     theirs = _photos(copy)
-    ours = _photos(origin) if theirs else None
+    scored = _scored_names(source, split) if theirs else None
+    if theirs and scored is not None:
+        theirs = {photo for photo in theirs if photo[0] in scored}
+    ours = theirs if same else _photos(origin) if theirs else None
     shared = theirs & ours if theirs and ours else set()
     # Only the photos it trained on: a copy of its validation photos is held out still.
     trained = _trained_names(run, origin) if shared else None
@@ -350,26 +360,67 @@ def _copy_warning(source, run, trained_on: dict | None) -> str | None:
         shared = {photo for photo in shared if photo[0] in trained}
     if not shared:
         return None
-    what = f"{source.path}" if source.kind == "folder" else f"{source.path} (converted from {copy})"
-    if resolved.get("data_kind") == "folder":
+    notes = [f"{split} split"] if split != "all" else []
+    if source.kind == "records":
+        notes.append(f"converted from {copy}")
+    what = f"{source.path}" + (f" ({', '.join(notes)})" if notes else "")
+    if trained_on_folder:
         whence, own = "the image folder the run trained on", "its validation split"
     else:
         whence, own = "the folder the run's records were converted from", "the run's records"
+    advice = (
+        "so the score overstates how it does on new photos. For a held-out score evaluate on "
+        f"{own} (omit --data) or on new photos."
+    )
+    if same:
+        return (
+            f"{len(shared)} of the {len(theirs)} images of {what} are photos the model trained "
+            f"on: petal convert split {copy}, {whence}, otherwise than training did; {advice}"
+        )
     return (
         f"{len(shared)} of the {len(theirs)} images of {what} have the names and sizes of "
         f"{'' if trained is None else 'training '}photos in {origin}, {whence}: most likely "
-        "copies of the images the model trained on, so the score overstates how it does on "
-        f"new photos. For a held-out score evaluate on {own} (omit --data) or on new photos."
+        f"copies of the images the model trained on, {advice}"
     )
+
+
+def _record_names(shards: list[str]) -> set[str] | None:
+    """The ``filename`` of every record of ``shards`` (paths relative to the folder they
+    were converted from), or None when not worth it (remote, over MAX_NAME_READ bytes) or
+    unreadable."""
+    import tensorflow as tf
+
+    from petal.data import schema
+
+    try:
+        if any(is_remote(f) for f in shards) or sum(map(os.path.getsize, shards)) > MAX_NAME_READ:
+            return None  # not worth reading every record for a warning
+        spec = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
+        names = (
+            tf.data.TFRecordDataset(shards)
+            .batch(1024)
+            .map(lambda batch: tf.io.parse_example(batch, spec)[schema.FILENAME])
+        )
+        return {name.decode("utf-8") for batch in names.as_numpy_iterator() for name in batch}
+    except (OSError, ValueError, tf.errors.OpError):
+        return None
+
+
+def _scored_names(source, split: str) -> set[str] | None:
+    """Paths relative to the folder they came from of the images a split of ``source``
+    holds (an image folder's, or its records' ``filename``), or None if not known."""
+    if source.kind == "folder":
+        return {
+            os.path.relpath(path, source.path).replace(os.sep, "/")
+            for path in source.files(split)
+        }
+    return _record_names(source.files(split))
 
 
 def _trained_names(run, origin: str) -> set[str] | None:
     """Paths relative to ``origin`` of the photos the run trained on: its image folder's
     training split, or the ``filename`` of each record of its records' training split. None
     when that cannot be known (records gone or unreadable, a folder split another way)."""
-    import tensorflow as tf
-
-    from petal.data import schema
     from petal.data.reader import open_source
 
     resolved = run.config.get("resolved", {})
@@ -381,17 +432,8 @@ def _trained_names(run, origin: str) -> set[str] | None:
             return {os.path.relpath(path, origin).replace(os.sep, "/") for path in files}
         if resolved.get("data_kind") != "records":
             return None
-        shards = open_source(run.config["data"]).files("train")
-        if any(is_remote(f) for f in shards) or sum(map(os.path.getsize, shards)) > MAX_NAME_READ:
-            return None  # not worth reading every training record for a warning
-        spec = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
-        names = (
-            tf.data.TFRecordDataset(shards)
-            .batch(1024)
-            .map(lambda batch: tf.io.parse_example(batch, spec)[schema.FILENAME])
-        )
-        return {name.decode("utf-8") for batch in names.as_numpy_iterator() for name in batch}
-    except (PetalError, KeyError, ValueError, OSError, tf.errors.OpError):
+        return _record_names(open_source(run.config["data"]).files("train"))
+    except (PetalError, KeyError, OSError):
         return None
 
 
