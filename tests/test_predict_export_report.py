@@ -143,7 +143,7 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     with pytest.raises(PetalError, match=r"^Cannot read image .*bad2.jpg: "):
         predict_module.predict(trained, [tmp_path / "bad2.jpg"])
     # Many: the first ten named, and where to see every one. An image over the pixel limit
-    # is not sent to `petal convert --max-pixels`, which predict does not have.
+    # names predict's --max-pixels, which reads it.
     from PIL import Image
 
     Image.new("1", (10_000, 9_000)).save(tmp_path / "bad0-huge.png")
@@ -157,9 +157,13 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     assert message.startswith(
         "12 of 13 images cannot be read: "
         f"{tmp_path}/bad0-huge.png: too many pixels (10000x9000 = 90,000,000 > max_pixels "
-        "89,478,485, a guard against decompression bombs); "
+        "89,478,485, a guard against decompression bombs): --max-pixels N reads larger images; "
     )
     assert "petal convert" not in message
+    huge = predict_module.predict(trained, [tmp_path / "bad0-huge.png"], max_pixels=10**8)
+    assert len(huge) == 1 and huge[0]["predictions"]
+    with pytest.raises(PetalError, match=r"max_pixels \(--max-pixels\) must be an integer >= 1"):
+        predict_module.predict(trained, [good[0]], max_pixels=0)
     assert "bad12.jpg" not in message
     assert f"{tmp_path}/bad11.jpg: not an image (no known image format in the file) (and 2 more: " \
         "--skip-corrupt marks each skipped); replace or remove them" in message

@@ -507,15 +507,26 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip unreadable images, each named in a warning (default: stop, naming them)",
     )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="refuse images with more pixels (default 89478485, PIL's)",
+    )
 
 
 def _run_predict(args: argparse.Namespace) -> int:
     import json
 
+    from petal.data.images import DEFAULT_MAX_PIXELS
     from petal.evaluation.predict import format_predictions, predict
 
     results = predict(
-        args.workdir, args.images, top_k=args.top_k, skip_corrupt=args.skip_corrupt
+        args.workdir,
+        args.images,
+        top_k=args.top_k,
+        skip_corrupt=args.skip_corrupt,
+        max_pixels=DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels,
     )
     print(json.dumps(results, indent=2) if args.json else format_predictions(results))
     return 0

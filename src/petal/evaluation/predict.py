@@ -25,7 +25,7 @@ class _Unreadable(Exception):
     """An image file that cannot be read or decoded; the message is the reason."""
 
 
-def _decode(path: Path, run: RunInfo) -> np.ndarray:
+def _decode(path: Path, run: RunInfo, max_pixels: int) -> np.ndarray:
     try:
         # Refuses a FIFO or a device before opening it (the read would block or never end).
         data = read_bytes(str(path))
@@ -34,7 +34,9 @@ def _decode(path: Path, run: RunInfo) -> np.ndarray:
     except OSError as err:  # a folder, no permission, an I/O error
         raise _Unreadable(err.strerror or str(err)) from None
     try:
-        pixels, _, _ = image_io.decode_rgb(data)
+        pixels, _, _ = image_io.decode_rgb(data, max_pixels)
+    except image_io.PixelLimitError as err:
+        raise _Unreadable(f"{err}: --max-pixels N reads larger images") from None
     except image_io.ImageError as err:
         raise _Unreadable(str(err)) from None
     size = run.records_size or run.image_size
@@ -125,6 +127,7 @@ def predict(
     skip_corrupt: bool = False,
     warn=None,
     progress: bool | None = None,
+    max_pixels: int = image_io.DEFAULT_MAX_PIXELS,
 ) -> list[dict]:
     """Classify image files with the run's final model.
 
@@ -143,6 +146,8 @@ def predict(
         warn: receives the warning lines (default: printed to stderr).
         progress: a progress bar on stderr; default: for more than 256 images, on a
             terminal.
+        max_pixels: images with more pixels are not decoded (a guard against decompression
+            bombs; the default, PIL's, refuses some 108-megapixel phone photos).
 
     Returns:
         One dict per image, in input order:
@@ -160,6 +165,10 @@ def predict(
         raise PetalError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
     if top_k is not None and not is_int_at_least(top_k, 1):
         raise PetalError(f"top_k (--top-k) must be an integer >= 1. Received: {top_k!r}")
+    if not is_int_at_least(max_pixels, 1):
+        raise PetalError(
+            f"max_pixels (--max-pixels) must be an integer >= 1. Received: {max_pixels!r}"
+        )
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
@@ -177,7 +186,7 @@ def predict(
             pixels, kept = [], []
             for path in chunk:
                 try:
-                    pixels.append(_decode(path, run))
+                    pixels.append(_decode(path, run, max_pixels))
                     kept.append(path)
                 except _Unreadable as err:
                     bad.append((path, str(err)))
