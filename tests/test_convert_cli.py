@@ -267,7 +267,7 @@ def test_ctrl_c_dropped_by_a_garbage_collector_callback_still_stops(small_flower
         "        signal.raise_signal(signal.SIGINT)  # raised in here, then dropped\n"
         "    gc.callbacks.append(callback)\n"
         "    gc.collect()\n"
-        "    time.sleep(2)  # Ctrl-C delivered again ends this at once\n"
+        "    time.sleep(20)  # Ctrl-C delivered again ends this at once\n"
         "cli.start_tensorflow_quietly = start\n"
         f"sys.exit(cli.main(['convert', {str(small_flowers)!r}, {str(out)!r},\n"
         "                   '--workers', '1', '--image-size', '16']))\n"

@@ -39,9 +39,21 @@ def test_summary(small_records):
     assert [line.split() for line in text.splitlines() if line.startswith("all ")] == [
         ["all", "50", "10", "60", "100.0%"]
     ]
-    assert "balance: largest/smallest class 1.00" in text
+    assert "balance: every class 12 images" in text
     for shard in ("train-00000-of-00002-25.tfrec", "validation-00001-of-00002-5.tfrec"):
         assert shard in text
+
+
+def test_summary_names_the_largest_and_smallest_class(small_flowers, tmp_path):
+    from petal.data import convert
+
+    for cls, n in (("daisy", 6), ("roses", 4)):
+        (tmp_path / "photos" / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:n]:
+            (tmp_path / "photos" / cls / f.name).symlink_to(f.resolve())
+    convert(tmp_path / "photos", tmp_path / "records", image_size=16, workers=1, progress=False)
+    text = str(inspect_records(tmp_path / "records", progress=False))
+    assert "balance: largest/smallest class 1.50 (daisy 6 / roses 4)" in text
 
 
 def test_verify_ok(small_records):

@@ -436,6 +436,7 @@ def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
     assert f"petal train: weights from {weights}: all but the 5-class head" in lines
+    assert [line for line in lines if line.startswith("petal train: 1 steps/epoch x 1 epoch, ")]
 
     # A resume needs only the checkpoint, which holds every weight from here on: the file
     # may have moved. Another starting file would be recorded but never loaded: refused.

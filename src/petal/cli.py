@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 
 # TensorFlow's C++ INFO/WARNING lines (oneDNN, CUDA probing) drown the output users read;
 # errors still show. Set before any command imports TensorFlow.
@@ -727,11 +728,17 @@ def _interrupting(hook):
             return
         terminated = isinstance(unraisable.exc_value, _Terminated)
         signum = signal.SIGTERM if terminated else signal.SIGINT
-        # Sent from a new thread, which runs once this one lets go of the GIL: raised in
-        # this hook (or the callback), the exception would be dropped again.
-        _thread.start_new_thread(signal.pthread_kill, (threading.main_thread().ident, signum))
+        # Sent from a new thread a moment later: raised in this hook (or the callback), the
+        # exception would be dropped again, and a thread that runs at once can be given the
+        # GIL while this one is still in them.
+        _thread.start_new_thread(_send_later, (threading.main_thread().ident, signum))
 
     return unraisablehook
+
+
+def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
+    time.sleep(delay)
+    signal.pthread_kill(thread_id, signum)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,10 +247,12 @@ def _format(report: InspectReport) -> list[str]:
     big = max(classes, key=lambda c: totals[c])
     small = min(classes, key=lambda c: totals[c])
     ratio = totals[big] / totals[small] if totals[small] else float("inf")
-    lines += [
-        f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} {totals[small]})",
-        "",
-    ]
+    if totals[big] == totals[small]:
+        balance = f"balance: every class {totals[big]} images"
+    else:
+        balance = (f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} "
+                   f"{totals[small]})")
+    lines += [balance, ""]
     for split in schema.SPLITS:
         shards = splits[split]["shards"]
         total = sum(s["bytes"] for s in shards)

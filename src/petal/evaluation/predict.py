@@ -25,7 +25,9 @@ class _Unreadable(Exception):
     """An image file that cannot be read or decoded; the message is the reason."""
 
 
-def _decode(path: Path, run: RunInfo, max_pixels: int) -> np.ndarray:
+def _decode(
+    path: Path, run: RunInfo, max_pixels: int = image_io.DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     try:
         # Refuses a FIFO or a device before opening it (the read would block or never end).
         data = read_bytes(str(path))

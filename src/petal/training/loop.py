@@ -740,7 +740,8 @@ def train(
             "per epoch (Keras runs whole executions: the epochs would run extra steps)"
         )
     log(
-        f"petal train: {steps} steps/epoch x {cfg.epochs} epochs, {cfg.optimizer} "
+        f"petal train: {steps} steps/epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)}, "
+        f"{cfg.optimizer} "
         f"{cfg.schedule} peak lr {resolved['peak_lr']:.3g}"
         + (f", resuming after epoch {start_epoch}" if resume else "")
         + (f" (it ran {was_steps} steps/epoch)" if was_steps != steps else "")
