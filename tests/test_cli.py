@@ -90,6 +90,13 @@ def test_listing_presets_does_not_start_tensorflow():
     assert out.returncode == 0, out.stderr
     assert "codelab-squeezenet" in out.stdout
     assert out.stdout.strip().endswith("False")
+    # `python -m petal` is the petal command too.
+    out = subprocess.run([sys.executable, "-m", "petal", "train", "--list-presets"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "codelab-squeezenet" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-m", "petal", "train", "--epochs", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--epochs" in out.stderr, out.stderr
 
 
 def test_models_checks_num_classes_and_survives_a_model_too_large_to_build(monkeypatch, capsys):
