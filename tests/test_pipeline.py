@@ -427,13 +427,10 @@ def test_bench_input_names_an_undecodable_file_of_its_folder(
 def test_bench_input_warns_when_the_folder_is_not_where_the_records_came_from(
     small_records, small_flowers, tmp_path, capsys
 ):
+    from conftest import _link_subset
     from petal.cli import main
 
-    photos = tmp_path / "photos"
-    for cls in sorted(p.name for p in small_flowers.iterdir()):
-        (photos / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:2]:
-            (photos / cls / f.name).symlink_to(f.resolve())
+    photos = _link_subset(small_flowers, tmp_path / "photos", 2)
     argv = ["bench", "input", str(small_records), "--cases", "folder", "--batch-size", "2",
             "--seconds", "0.2"]
     assert main([*argv, "--folder", str(photos)]) == 0
