@@ -623,6 +623,26 @@ def test_class_folder_files_of_other_types_are_named(tmp_path):
         "(a/scan.tiff, b/IMG_0001, c/c.heic; listed in manifest.json as other_files; c held "
         "nothing else, so is not a class): it reads "
     )
+    assert summary.manifest["empty_folders"] == []  # c is named above, not as empty
+    # An empty sub-folder (or one of hidden files only): a class whose photos are still
+    # to come is named, not dropped unseen.
+    (src / "d" / "e").mkdir(parents=True)
+    (src / "f").mkdir()
+    (src / "f" / ".DS_Store").write_bytes(b"\x00")
+    summary = convert(src, tmp_path / "out3", image_size=8, workers=1, progress=False)
+    assert summary.manifest["empty_folders"] == ["d", "f"]
+    assert summary.manifest["classes"] == ["a", "b"]
+    assert (
+        "2 sub-folder(s) of the source hold no files and are not classes (d, f; listed in "
+        "manifest.json as empty_folders): the records have 2 classes; add their photos and "
+        "convert again if they are classes"
+    ) in summary.warnings
+    from petal.data import open_source
+
+    assert open_source(str(src)).notes[0].endswith(
+        "; 2 sub-folder(s) empty, so no class (d/, f/). Images are read from class sub-folders, "
+        "with the extensions .bmp, .gif, .jpeg, .jpg, .png, .webp"
+    )
 
 
 def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):

@@ -52,6 +52,8 @@ class ImageFolder:
             in the root, classes left out by an explicit class list, hidden files, and
             hidden folders and links back to an enclosing folder as ``class/link/``).
         left_out: sub-folders an explicit class list left out.
+        empty: sub-folders holding nothing (or only hidden files), so no class: a class
+            whose photos are still to come would otherwise go unnoticed.
     """
 
     root: str
@@ -59,6 +61,7 @@ class ImageFolder:
     files: tuple[ImageFile, ...]
     ignored: tuple[str, ...]
     left_out: tuple[str, ...] = ()
+    empty: tuple[str, ...] = ()
 
     def unclassified_images(self) -> list[str]:
         """Image files lying directly in the root: they belong to no class."""
@@ -94,6 +97,7 @@ class ImageFolder:
             ("directly in the folder, in no class", self.unclassified_images()),
             ("not of a type petal reads", self.other_files()),
             ("hidden", self.hidden()),
+            ("sub-folder(s) empty, so no class", [f"{name}/" for name in self.empty]),
         ):
             if names:
                 parts.append(f"{len(names)} {what} ({some_names(names, 3)})")
@@ -501,6 +505,13 @@ def find_images(
         files=tuple(files),
         ignored=tuple(sorted(ignored)),
         left_out=tuple(sorted(set(by_class) - set(chosen))) if classes is not None else (),
+        empty=tuple(
+            name
+            for name in sorted(by_class)
+            if classes is None
+            and not by_class[name]
+            and all(is_hidden_entry(n) for n in ignored if n.startswith(name + "/"))
+        ),
     )
 
 

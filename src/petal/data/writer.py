@@ -1113,6 +1113,13 @@ def _warnings(manifest: dict) -> list[str]:
             "listed in manifest.json as hidden_entries): rename any that hold photos to "
             "convert them"
         )
+    if empty_folders := manifest.get("empty_folders"):
+        out.append(
+            f"{len(empty_folders)} sub-folder(s) of the source hold no files and are not classes "
+            f"({some_names(empty_folders)}; listed in manifest.json as empty_folders): the "
+            f"records have {len(manifest['classes'])} classes; add their photos and convert "
+            "again if they are classes"
+        )
     conflicting = manifest.get("duplicates_across_classes") or []
     if conflicting:
         groups = some_names([" = ".join(g) for g in conflicting])
@@ -1404,6 +1411,8 @@ def _manifest(
         "other_files": folder.other_files(),
         # Hidden folders and image-named hidden files, never read: listed, not converted.
         "hidden_entries": folder.hidden(),
+        # Sub-folders with nothing in them: no classes (photos still to come?).
+        "empty_folders": list(folder.empty),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 
