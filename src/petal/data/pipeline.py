@@ -722,6 +722,8 @@ def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32
     """
 
     def to_dtype(images):
+        if dtype == "uint8" and images.dtype == tf.uint8:
+            return images  # augmentations that keep the dtype (a flip)
         if dtype == "uint8":
             return tf.cast(tf.clip_by_value(tf.round(images), 0.0, 255.0), tf.uint8)
         return normalize(images, normalization)
