@@ -64,6 +64,20 @@ def test_check_global_batch():
         check_global_batch(0, 1)
 
 
+def test_train_names_the_batch_setting_that_does_not_divide(small_records, tmp_path,
+                                                            monkeypatch):
+    # The evaluation batch (global) is checked too, under its own name.
+    from conftest import tiny_config
+    from petal.training import loop, strategy
+
+    monkeypatch.setattr(strategy, "get_strategy", lambda name: (None, {"replicas": 2}))
+    cfg = tiny_config(small_records, batch_size=8, eval_batch_size=15)
+    with pytest.raises(PetalError, match=r"Global batch size 15 does not divide across 2 "
+                       r"replicas; nearest valid sizes: 14 or 16 \(multiples of 2\). "
+                       r"Received: eval_batch_size=15"):
+        loop.train(cfg, tmp_path / "run", log=lambda line: None)
+
+
 def test_resolve_precision_per_platform(monkeypatch):
     assert resolve_precision("auto", {"tpu": True}) == "mixed_bfloat16"
     assert (

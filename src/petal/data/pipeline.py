@@ -817,8 +817,8 @@ def _per_replica_batch(batch_size, input_context) -> int:
     return per_replica_batch(batch_size, input_context.num_replicas_in_sync)
 
 
-def per_replica_batch(batch_size: int, replicas: int) -> int:
-    """The per-replica share of a global batch.
+def per_replica_batch(batch_size: int, replicas: int, name: str = "batch_size") -> int:
+    """The per-replica share of a global batch (``name``: the setting it came from).
 
     Raises:
         PetalError: ``batch_size`` is not a positive multiple of ``replicas``; the message
@@ -834,7 +834,7 @@ def per_replica_batch(batch_size: int, replicas: int) -> int:
         raise PetalError(
             f"Global batch size {batch_size} does not divide across {replicas} replicas; "
             f"nearest valid sizes: {nearest} (multiples of {replicas}). "
-            f"Received: batch_size={batch_size}"
+            f"Received: {name}={batch_size}"
         )
     return batch_size // replicas
 

@@ -647,7 +647,7 @@ def train(
     global_batch = _global_batch(cfg, replicas)
     check_global_batch(global_batch, replicas)
     eval_batch = cfg.eval_batch_size or global_batch
-    check_global_batch(eval_batch, replicas)
+    check_global_batch(eval_batch, replicas, "eval_batch_size")
     policy = resolve_precision(cfg.precision, sinfo, cfg.model)
     previous_policy = keras.mixed_precision.global_policy().name
 

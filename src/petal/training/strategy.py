@@ -133,12 +133,13 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
     return strategy, _info(strategy, "default", tpu=False)
 
 
-def check_global_batch(batch_size: int, replicas: int) -> int:
+def check_global_batch(batch_size: int, replicas: int, name: str = "batch_size") -> int:
     """Check that the global batch splits evenly across replicas.
 
     Args:
         batch_size: Global batch size (per-replica batch x replicas).
         replicas: Replicas in sync.
+        name: the setting the batch size came from, named in the error.
 
     Returns:
         The per-replica batch size.
@@ -149,7 +150,7 @@ def check_global_batch(batch_size: int, replicas: int) -> int:
     """
     from petal.data.pipeline import per_replica_batch
 
-    return per_replica_batch(batch_size, replicas)
+    return per_replica_batch(batch_size, replicas, name)
 
 
 def describe(
