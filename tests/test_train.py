@@ -590,6 +590,9 @@ def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tm
     [
         ({"schedule_options": {"warmup_epochs": "2"}}, "warmup_epochs must be a finite number"),
         ({"schedule_options": {"peak_lr": 0.1}}, "peak_lr is set by training from learning_rate"),
+        # It silently won over learning_rate, which the log and config.json reported.
+        ({"schedule": "codelab_ramp", "schedule_options": {"max_lr": 5e-4}},
+         "max_lr is set by training from learning_rate"),
         ({"schedule_options": {"steps_per_epoch": 5}}, "steps_per_epoch is set by training"),
         ({"augment": "flip+sharpen"}, "Unknown augmentation 'sharpen'"),
         ({"seed": -1}, "seed must be a non-negative integer"),

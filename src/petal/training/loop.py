@@ -453,6 +453,8 @@ def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, rep
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
+    if cfg.schedule == "codelab_ramp" and peak is not None:
+        given = "max_lr"  # else the codelab's rule for the replicas, or max_lr given here
     for key, source in (("steps_per_epoch", "the data and batch size"), (given, "learning_rate")):
         if key in opts:
             raise PetalError(
@@ -710,7 +712,9 @@ def train(
         "steps_per_execution": max(
             d for d in range(1, min(cfg.steps_per_execution, steps) + 1) if steps % d == 0
         ),
-        "peak_lr": peak if peak is not None else codelab_max_lr(replicas),
+        "peak_lr": peak
+        if peak is not None
+        else cfg.schedule_options.get("max_lr") or codelab_max_lr(replicas),
         "class_weights": weights_by_class,
     }
     was_steps = steps
