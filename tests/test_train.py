@@ -464,8 +464,10 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
         train_image_size=24,
         augment="crop+flip",
     )
-    metrics = train(cfg, tmp_path / "run", **QUIET)
+    lines = []
+    metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
+    assert lines[0].startswith("petal train: squeezenet 32x32 (training on 24x24 crops), 5 ")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["train_image_size"] == 24 and metrics["image_size"] == [32, 32]
     model = keras.models.load_model(tmp_path / "run" / "model.keras", compile=False)

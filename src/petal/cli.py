@@ -326,7 +326,11 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="batch per replica")
     parser.add_argument(
-        "--image-size", type=int, default=None, help="square training size in pixels"
+        "--image-size",
+        type=int,
+        default=None,
+        help="square model input size in pixels (evaluation; training too unless the preset "
+        "or --set train_image_size trains on other crops)",
     )
     parser.add_argument(
         "--strategy", default=None, help="auto, tpu, mirrored, multi-worker, one-device, cpu"

@@ -727,11 +727,14 @@ def train(
                 "way: from here on some of its validation images train, and some training "
                 "images validate (start a new run for a clean held-out split)"
             )
+    train_size = tuple(resolved["train_image_size"])
+    crops = f" (training on {train_size[0]}x{train_size[1]} crops)" if train_size != image_size else ""
     log(
-        f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}, {len(classes)} classes, "
-        f"{train_count} train / {val_count} validation images ({source.kind} {cfg.data})"
+        f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}{crops}, {len(classes)} "
+        f"classes, {train_count} train / {val_count} validation images ({source.kind} "
+        f"{cfg.data})"
     )
-    if upscaled := upscale_warning(source, image_size):
+    if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
     for note in source.notes:  # an image folder's files that are not read
