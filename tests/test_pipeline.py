@@ -442,6 +442,35 @@ def test_bench_input_warns_when_the_folder_is_not_where_the_records_came_from(
     assert "warning" not in capsys.readouterr().out
 
 
+def test_codelab_style_shards_of_only_image_and_class_are_read(tmp_path):
+    """Shards written with the image bytes and the class alone (Kaggle's flowers): JPEGs
+    carry their own size (a required size feature made every record 'corrupt')."""
+    import io
+
+    from PIL import Image
+
+    sizes = [(20, 30), (24, 24), (30, 18)]
+    for shard in range(2):
+        with tf.io.TFRecordWriter(str(tmp_path / f"flowers{shard:02d}-6.tfrec")) as writer:
+            for i in range(6):
+                buffer = io.BytesIO()
+                Image.new("RGB", sizes[i % 3][::-1], (40 * i, 0, 0)).save(buffer, "JPEG")
+                feature = {
+                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(
+                        value=[buffer.getvalue()])),
+                    "class": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=feature))
+                writer.write(example.SerializeToString())
+    src = open_source(str(tmp_path), classes=["a", "b"], val_fraction=0.5)
+    assert src.kind == "codelab" and src.count("all") == 12
+    for split in ("train", "validation"):
+        images = [x for x, _ in eval_dataset(src, batch_size=4, image_size=16, split=split)]
+        assert sum(len(x) for x in images) == 6 and images[0].shape[1:] == (16, 16, 3)
+    x, y = next(iter(train_dataset(src, batch_size=4, image_size=16)))
+    assert x.shape == (4, 16, 16, 3) and y.shape == (4, 2)
+
+
 def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path):
     # bench input's case 'raw' copies the records with decoded pixels; codelab shards have
     # no manifest to copy (it crashed with a TypeError).

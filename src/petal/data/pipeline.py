@@ -506,9 +506,11 @@ def _decoder(src: Source, size: tuple[int, int], resize: str = "fill", fit=None)
         schema.IMAGE: tf.io.FixedLenFeature([], tf.string),
         schema.CLASS: tf.io.FixedLenFeature([], tf.int64),
     }
-    if stored is None:
-        spec[schema.SIZE] = tf.io.FixedLenFeature([2], tf.int64)
     raw = src.format == schema.FORMAT_RAW
+    if stored is None and raw:
+        # Raw pixels of varying size need their shape; JPEG bytes carry it (shards written
+        # with only image and class, as Kaggle's flowers are, have no size feature).
+        spec[schema.SIZE] = tf.io.FixedLenFeature([2], tf.int64)
 
     def decode_record(record):
         return decode_parsed(tf.io.parse_single_example(record, spec))
