@@ -791,11 +791,12 @@ def train(
             cache="auto",
             skip_corrupt=cfg.skip_corrupt,
         )
-        if ctx is None:
+        if ctx is None and not cfg.skip_corrupt:
             import tensorflow as tf
 
             # Record reads have unknown length; telling Keras spares it a first pass that
-            # ends in a misleading "input ran out of data" warning.
+            # ends in a misleading "input ran out of data" warning. Not when corrupt records
+            # are skipped: their batches may be fewer (the assertion failed the run).
             ds = ds.apply(tf.data.experimental.assert_cardinality(-(-val_count // eval_batch)))
         return ds
 
