@@ -421,6 +421,32 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
             "validate (start a new run for a clean held-out split)") in lines
 
 
+def test_evaluate_counts_a_record_whose_image_does_not_decode(trained, make_records):
+    """A record with a sound CRC but an image that is no JPEG: the error says why (not
+    TensorFlow's op names); skipped, it is counted (it was dropped uncounted)."""
+    import tensorflow as tf
+
+    from petal.evaluation.evaluate import evaluate
+
+    records = make_records("bad-image", size=(32, 32), fmt="jpeg")  # validation: 5 records
+    shard = sorted(records.glob("validation-*.tfrec"))[0]
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
+        str(shard))]
+    image = examples[2].features.feature["image"].bytes_list.value
+    image[0] = b"x" * len(image[0])  # the shard keeps the size its manifest says
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+    quiet = dict(log=lambda line: None, warn=lambda line: None)
+    with pytest.raises(PetalError) as caught:
+        evaluate(trained, records, **quiet)
+    message = str(caught.value)
+    assert message.startswith(f"Corrupt input in {records}: ") and "Run `petal inspect" in message
+    assert "[[" not in message and "function_node" not in message
+    report = evaluate(trained, records, skip_corrupt=True, **quiet)
+    assert report["count"] == 4 and report["skipped_corrupt_records"] == 1
+
+
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     trained, small_records, tmp_path, capsys
 ):

@@ -694,8 +694,14 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
         return _folder_decode_error(folder, data, action)
     text = getattr(err, "message", None) or str(err)
     ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    reason = ours.group(1) if ours else (lines or ["unknown error"])[-1]
+    # TensorFlow's own reason, without its function names and stack of ops ("[[node]]").
+    lines = [
+        re.sub(r"\{\{function_node [^}]*\}\}\s*", "", ln).strip()
+        for ln in text.splitlines()
+        if ln.strip() and not ln.strip().startswith("[[")
+    ]
+    lines = [ln for ln in lines if ln]
+    reason = ours.group(1) if ours else (lines or ["unknown error"])[0]
     return PetalError(
         f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on it, reconvert, or "
         f"{action} with --skip-corrupt to skip and count bad records."

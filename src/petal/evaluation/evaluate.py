@@ -210,7 +210,11 @@ def evaluate(
             if undecodable is not None:
                 report["skipped_corrupt_files"] = [f"{p}: {reason}" for p, reason in undecodable]
         else:
-            report["skipped_corrupt_records"] = SKIPPED.skipped - skipped_before
+            # Records lost to a CRC failure (the rest of their shard) and records whose
+            # image does not decode (dropped one by one, uncounted by the reader).
+            report["skipped_corrupt_records"] = max(
+                SKIPPED.skipped - skipped_before, source.count(split) - len(y_true)
+            )
     out = make_output_folder(out, "evaluation")
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     for name, bucket in (("samples", samples), ("misclassified", wrong)):
