@@ -183,6 +183,32 @@ def test_a_folder_cache_of_codelab_shards_is_read_again_once_they_are_rewritten(
     assert np.array_equal(read(cache=str(cache)), after)
 
 
+def test_a_folder_cache_left_locked_by_a_killed_run_is_named(make_records, tmp_path):
+    """TensorFlow's lock file of a cache being written stays when the run is killed: every
+    later run failed with its traceback. It is named, with what to delete."""
+    folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
+    cache = tmp_path / "cache"
+
+    def read():
+        ds = eval_dataset(str(folder), batch_size=64, normalization="raw", cache=str(cache))
+        return np.concatenate([np.asarray(x) for x, _ in ds])
+
+    first = read()
+    (index,) = cache.glob("*.index")
+    prefix = index.with_suffix("")
+    for path in cache.iterdir():
+        path.unlink()
+    lock = cache / f"{prefix.name}_0.lockfile"
+    lock.write_text("")  # as a run killed while caching leaves it
+    with pytest.raises(PetalError, match=rf"The cache folder {cache} holds the lock of an "
+                       r"unfinished cache of this data \(.*_0.lockfile\): another run is "
+                       rf"filling it, or one was stopped while it did. If none is running, "
+                       rf"delete {prefix}_\* and run again, or pass cache='off'."):
+        read()
+    lock.unlink()
+    assert np.array_equal(read(), first)
+
+
 def test_jpeg_records_and_resize(make_records):
     folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
     images, _ = next(iter(eval_dataset(str(folder), batch_size=3, normalization="raw")))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import glob
 import hashlib
 import logging
 import math
@@ -977,6 +978,16 @@ def _resolve_cache(cache, src: Source, split, size, input_context, how: str = ""
     prefix = os.path.join(folder, f"{split}-{key}")
     if temporary:
         atexit.register(_remove_cache_files, prefix)
+    elif not os.path.exists(f"{prefix}.index") and (
+        locks := sorted(glob.glob(glob.escape(prefix) + "_*.lockfile"))
+    ):
+        # TensorFlow's lock of a cache being written: a run filling it now, or one killed
+        # while it did (the lock stays, and every later run failed with a traceback).
+        raise PetalError(
+            f"The cache folder {folder} holds the lock of an unfinished cache of this data "
+            f"({locks[0]}): another run is filling it, or one was stopped while it did. If "
+            f"none is running, delete {prefix}_* and run again, or pass cache='off'."
+        )
     return prefix
 
 
