@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -742,7 +743,8 @@ def _interrupting(hook):
 
 def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
     time.sleep(delay)
-    signal.pthread_kill(thread_id, signum)
+    with contextlib.suppress(OSError):  # the main thread ended meanwhile
+        signal.pthread_kill(thread_id, signum)
 
 
 def main(argv: list[str] | None = None) -> int:

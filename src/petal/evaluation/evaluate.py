@@ -364,7 +364,7 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
         shared = {photo for photo in shared if photo[0] in trained}
     if not shared:
         return None
-    notes = [f"{split} split"] if split != "all" else []
+    notes = [f"{split} split"] if split != "all" and scored is not None else []
     if source.kind == "records":
         notes.append(f"converted from {copy}")
     what = f"{source.path}" + (f" ({', '.join(notes)})" if notes else "")
