@@ -508,10 +508,11 @@ def find_images(
         empty=tuple(
             name
             for name in sorted(by_class)
-            if classes is None
-            and not by_class[name]
+            if not by_class[name]
             and all(is_hidden_entry(n) for n in ignored if n.startswith(name + "/"))
-        ),
+        )
+        if classes is None
+        else (),
     )
 
 

@@ -428,15 +428,14 @@ def _trained_names(run, origin: str) -> set[str] | None:
     from petal.data.reader import open_source
 
     resolved = run.config.get("resolved", {})
+    kind = resolved.get("data_kind")
+    if kind not in ("folder", "records") or (
+        kind == "folder" and resolved.get("folder_split") != FOLDER_SPLIT
+    ):
+        return None
     try:
-        if resolved.get("data_kind") == "folder":
-            if resolved.get("folder_split") != FOLDER_SPLIT:
-                return None
-            files = open_source(origin).files("train")
-            return {os.path.relpath(path, origin).replace(os.sep, "/") for path in files}
-        if resolved.get("data_kind") != "records":
-            return None
-        return _record_names(open_source(run.config["data"]).files("train"))
+        trained_on = open_source(origin if kind == "folder" else run.config["data"])
+        return _scored_names(trained_on, "train")
     except (PetalError, KeyError, OSError):
         return None
 

@@ -728,7 +728,9 @@ def train(
                 "images validate (start a new run for a clean held-out split)"
             )
     train_size = tuple(resolved["train_image_size"])
-    crops = f" (training on {train_size[0]}x{train_size[1]} crops)" if train_size != image_size else ""
+    crops = ""
+    if train_size != image_size:
+        crops = f" (training on {train_size[0]}x{train_size[1]} crops)"
     log(
         f"petal train: {cfg.model} {image_size[0]}x{image_size[1]}{crops}, {len(classes)} "
         f"classes, {train_count} train / {val_count} validation images ({source.kind} "
