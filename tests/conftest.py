@@ -127,6 +127,20 @@ def corrupt_record(path: Path, record: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def break_image(path: Path, record: int) -> None:
+    """Replace the image bytes of record number ``record`` of a TFRecord file with as many
+    bytes that are no image: the CRC is sound (the file is rewritten), the decode fails,
+    and the shard keeps the size its manifest says."""
+    import tensorflow as tf
+
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+    image = examples[record].features.feature["image"].bytes_list.value
+    image[0] = b"x" * len(image[0])
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+
+
 # --- input pipeline (B): synthetic records with known contents ------------------------------
 
 

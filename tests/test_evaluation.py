@@ -424,27 +424,28 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
 def test_evaluate_counts_a_record_whose_image_does_not_decode(trained, make_records):
     """A record with a sound CRC but an image that is no JPEG: the error says why (not
     TensorFlow's op names); skipped, it is counted (it was dropped uncounted)."""
-    import tensorflow as tf
-
+    from conftest import break_image
     from petal.evaluation.evaluate import evaluate
 
     records = make_records("bad-image", size=(32, 32), fmt="jpeg")  # validation: 5 records
     shard = sorted(records.glob("validation-*.tfrec"))[0]
-    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
-        str(shard))]
-    image = examples[2].features.feature["image"].bytes_list.value
-    image[0] = b"x" * len(image[0])  # the shard keeps the size its manifest says
-    with tf.io.TFRecordWriter(str(shard)) as writer:
-        for example in examples:
-            writer.write(example.SerializeToString())
+    break_image(shard, 2)
     quiet = dict(log=lambda line: None, warn=lambda line: None)
     with pytest.raises(PetalError) as caught:
         evaluate(trained, records, **quiet)
     message = str(caught.value)
-    assert message.startswith(f"Corrupt input in {records}: ") and "Run `petal inspect" in message
+    assert message.startswith(f"Corrupt input in {records}: 1 record(s) whose image cannot be "
+                              f"decoded: {shard}: record 2: Unknown image file format")
+    assert "Run `petal inspect" in message
     assert "[[" not in message and "function_node" not in message
-    report = evaluate(trained, records, skip_corrupt=True, **quiet)
+    warnings = []
+    report = evaluate(trained, records, skip_corrupt=True, log=lambda line: None,
+                      warn=warnings.append)
     assert report["count"] == 4 and report["skipped_corrupt_records"] == 1
+    # Named, with the shard and record, in the warning and in eval.json.
+    [named] = report["skipped_undecodable_records"]
+    assert named.startswith(f"{shard}: record 2: Unknown image file format. One of JPEG")
+    assert warnings == [f"--skip-corrupt: 1 of 5 records cannot be decoded and are skipped: {named}"]
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(

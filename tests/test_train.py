@@ -539,6 +539,43 @@ def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
     ) in lines
 
 
+def test_records_whose_image_does_not_decode_are_named_and_counted(small_records, tmp_path):
+    """A record with a sound CRC but an image that does not decode was dropped inside
+    tf.data every epoch without a count; it is named up front and counted."""
+    import shutil
+
+    from conftest import break_image, corrupt_record
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    train_shard = sorted(records.glob("train-*.tfrec"))[0]
+    val_shard, crc_shard = sorted(records.glob("validation-*.tfrec"))
+    break_image(train_shard, 3)
+    break_image(val_shard, 1)
+    cfg = tiny_config(records, epochs=2, model="dense")
+    # Without skip_corrupt: TensorFlow's error names neither; the message names both.
+    with pytest.raises(PetalError, match=rf"Corrupt input in {records}: 2 record\(s\) whose "
+                       rf"image cannot be decoded: {train_shard}: record 3: .*; {val_shard}: "
+                       r"record 1: .*--skip-corrupt"):  # fmt: skip
+        train(cfg, tmp_path / "run", **QUIET)
+    corrupt_record(crc_shard, 2)  # and a CRC failure: the rest of that shard is lost
+    crc_lost = int(crc_shard.stem.rsplit("-", 1)[1]) - 2
+    lines = []
+    metrics = train(cfg.replace(skip_corrupt=True), tmp_path / "run", log=lines.append)
+    train_entry, val_entry = metrics["skipped_undecodable_records"]
+    assert train_entry.startswith(f"{train_shard}: record 3: Unknown image file format")
+    assert val_entry.startswith(f"{val_shard}: record 1: Unknown image file format")
+    assert metrics["skipped_corrupt_records"] == 2 + crc_lost  # once, however many epochs
+    assert metrics["skipped_corrupt_train_records"] == 1
+    assert any(
+        line.startswith("petal train: --skip-corrupt: 2 of 60 records cannot be decoded and "
+                        f"are skipped: {train_entry}; {val_entry}")
+        for line in lines
+    )
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
+    assert (resolved["train_count"], resolved["val_count"]) == (49, 9)
+
+
 def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, tmp_path):
     folder = tmp_path / "photos"
     for cls in sorted(p.name for p in small_flowers.iterdir()):

@@ -689,30 +689,92 @@ def _ignore_decode_errors(ds, skip_corrupt: bool, src: Source):
     return ds.ignore_errors(log_warning=src.kind != "folder") if skip_corrupt else ds
 
 
-def folder_skips(
-    source, split: str = "all", listed_in: str = "the output's JSON"
-) -> tuple[list[tuple[str, str]] | None, str]:
-    """For an image folder read with ``skip_corrupt``: the files the pipeline will drop
-    (:func:`undecodable_files`) and a line naming them ("" when there are none).
+def undecodable_records(source, split: str = "all") -> list[tuple[str, str]] | None:
+    """``("SHARD: record I", reason)`` of each record whose frame is sound (its CRC checks)
+    but whose image the pipeline's decoder rejects, in shard and record order.
 
-    ``(None, "")`` for records (their skips are counted as they happen); ``(None, line)``
-    for a folder of more than :data:`MAX_DECODE_SCAN` files, not checked. ``listed_in``
-    names the file that will list every one (the line names the first ten).
+    The reader counts CRC failures as it meets them (:func:`reader.guarded_records`); these
+    records are dropped one by one inside tf.data with nothing counted, so a run with
+    ``skip_corrupt`` names them up front. Reads and decodes every record of ``split`` once,
+    in parallel; records after a CRC failure are not reached (the reader never reads them).
+    None, not checked, for image folders, records not on a local disk, and more than
+    :data:`MAX_DECODE_SCAN` records.
     """
     src = open_source(source)
-    if src.kind != "folder":
-        return None, ""
-    total = src.count(split)
-    if total > MAX_DECODE_SCAN:
-        return None, (
-            f"{total} files are too many to check up front; undecodable ones are dropped "
-            "without a count"
+    if src.kind == "folder" or folders.is_remote(src.path) or src.count(split) > MAX_DECODE_SCAN:
+        return None
+    # Any size will do: a record that decodes at one size decodes at every size.
+    decode = _decoder(src, tuple(src.image_size or (32, 32)))
+    # The smallest output that needs every pixel: an unused image would be pruned away.
+    check = _graph(lambda i, record: (i, tf.reduce_max(decode(record)[0])))
+    bad = []
+    for path in src.files(split):
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        read = int(records.batch(4096).reduce(tf.constant(0, tf.int64), _graph(
+            lambda n, block: n + tf.size(block, out_type=tf.int64))))
+        decoded = (
+            records.enumerate()
+            .map(check, num_parallel_calls=AUTOTUNE, deterministic=False)
+            .ignore_errors()
+            .map(_graph(lambda i, _: i))
+            .batch(4096)
         )
-    bad = undecodable_files(src, split)
+        ok = np.concatenate([np.zeros([0], np.int64), *(b.numpy() for b in decoded)])
+        missing = np.setdiff1d(np.arange(read), ok)
+        if not missing.size:
+            continue
+        for i, record in records.enumerate().filter(_graph(functools.partial(_among, missing))):
+            try:
+                decode(record)
+                reason = "does not decode in the pipeline"  # not seen: it failed there
+            except tf.errors.OpError as err:
+                reason = _op_reason(err)
+            bad.append((f"{path}: record {int(i)}", reason))
+    return bad
+
+
+def _among(wanted: np.ndarray, i, _record):
+    return tf.reduce_any(tf.equal(i, wanted))
+
+
+def skip_list_key(src: Source) -> str:
+    """The JSON key (metrics.json, eval.json) that lists what ``skip_corrupt`` dropped as
+    undecodable: files of an image folder, records otherwise."""
+    return "skipped_corrupt_files" if src.kind == "folder" else "skipped_undecodable_records"
+
+
+def decode_skips(
+    source, split: str = "all", listed_in: str = "the output's JSON", counted: bool = False
+) -> tuple[list[tuple[str, str]] | None, str]:
+    """For a source read with ``skip_corrupt``: what the pipeline will drop as undecodable,
+    and a line naming it ("" when nothing).
+
+    An image folder's files (:func:`undecodable_files`), or records whose image does not
+    decode (:func:`undecodable_records`). ``(None, line)`` when not checked (too many, or
+    records not on a local disk); the line then says so, and whether the caller still
+    counts what is dropped (``counted``). ``listed_in`` names the file that will list every
+    one (the line names the first ten).
+    """
+    src = open_source(source)
+    folder = src.kind == "folder"
+    what = "files" if folder else "records"
+    total = src.count(split)
+    not_named = "counted but not named" if counted else "dropped without a count"
+    if folder and total > MAX_DECODE_SCAN:
+        return None, (
+            f"{total} files are too many to check up front; undecodable ones are {not_named}"
+        )
+    bad = undecodable_files(src, split) if folder else undecodable_records(src, split)
+    if bad is None:
+        where = (
+            f"{total} records are too many to check" if total > MAX_DECODE_SCAN
+            else "records not on a local disk are not checked"
+        )
+        return None, f"{where} up front; records whose image does not decode are {not_named}"
     if not bad:
         return bad, ""
-    names = some_files(bad, f"each listed in {listed_in} as skipped_corrupt_files")
-    return bad, f"{len(bad)} of {total} files cannot be decoded and are skipped: {names}"
+    names = some_files(bad, f"each listed in {listed_in} as {skip_list_key(src)}")
+    return bad, f"{len(bad)} of {total} {what} cannot be decoded and are skipped: {names}"
 
 
 def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32"):

@@ -702,6 +702,11 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     ]
     lines = [ln for ln in lines if ln]
     reason = ours.group(1) if ours else (lines or ["unknown error"])[0]
+    if not ours and (bad := _undecodable_records(data)):
+        # A record whose frame is sound but whose image does not decode: TensorFlow's
+        # error names neither its shard nor the record.
+        shown = some_files(bad, f"{action} with --skip-corrupt lists each")
+        reason = f"{len(bad)} record(s) whose image cannot be decoded: {shown}."
     return PetalError(
         f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on it, reconvert, or "
         f"{action} with --skip-corrupt to skip and count bad records."
@@ -728,6 +733,17 @@ def input_error(err, data, action: str) -> PetalError | None:
 
     bad = undecodable_files(folder)
     return _folder_decode_error(folder, data, action, bad) if bad else None
+
+
+def _undecodable_records(data) -> list[tuple[str, str]]:
+    """:func:`petal.data.pipeline.undecodable_records` of ``data`` (empty when it is not
+    checked, or does not open)."""
+    from petal.data.pipeline import undecodable_records
+
+    try:
+        return undecodable_records(data) or []
+    except PetalError:
+        return []
 
 
 def _as_folder(data) -> Source | None:

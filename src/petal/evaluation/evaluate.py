@@ -86,7 +86,13 @@ def evaluate(
     """
     from tensorflow import errors as tf_errors
 
-    from petal.data.pipeline import eval_dataset, folder_skips, open_source, upscale_warning
+    from petal.data.pipeline import (
+        decode_skips,
+        eval_dataset,
+        open_source,
+        skip_list_key,
+        upscale_warning,
+    )
     from petal.data.reader import SKIPPED, input_error
 
     log = log or (lambda line: print(line, flush=True))
@@ -142,7 +148,9 @@ def evaluate(
             f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
             f"({', '.join(source.classes)}); the macro averages are over those"
         )
-    undecodable, line = folder_skips(source, split, "eval.json") if skip_corrupt else (None, "")
+    undecodable, line = (
+        decode_skips(source, split, "eval.json", counted=True) if skip_corrupt else (None, "")
+    )
     if line:
         warnings.append(f"--skip-corrupt: {line}")
     for line in warnings:
@@ -207,14 +215,14 @@ def evaluate(
         if source.kind == "folder":
             # Undecodable files are dropped one by one; every other file is counted once.
             report["skipped_corrupt_records"] = source.count(split) - len(y_true)
-            if undecodable is not None:
-                report["skipped_corrupt_files"] = [f"{p}: {reason}" for p, reason in undecodable]
         else:
             # Records lost to a CRC failure (the rest of their shard) and records whose
             # image does not decode (dropped one by one, uncounted by the reader).
             report["skipped_corrupt_records"] = max(
                 SKIPPED.skipped - skipped_before, source.count(split) - len(y_true)
             )
+        if undecodable is not None:
+            report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
     out = make_output_folder(out, "evaluation")
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     for name, bucket in (("samples", samples), ("misclassified", wrong)):

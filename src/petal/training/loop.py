@@ -569,6 +569,7 @@ def train(
         distributed_dataset,
         eval_dataset,
         open_source,
+        skip_list_key,
         train_dataset,
         upscale_warning,
     )
@@ -664,14 +665,13 @@ def train(
     else:
         image_size = (info_model.default_image_size,) * 2
     normalization = cfg.normalization or info_model.normalization
-    undecodable = _undecodable_folder_files(source, cfg, log)
+    undecodable = _undecodable(source, cfg, log)
     train_count, val_count = source.count("train"), source.count("validation")
     if undecodable:
-        # The pipeline drops these files: leave them out of the counts (the validation
-        # length Keras is told, the steps per epoch).
-        dropped = {path for path, _ in undecodable}
-        val_count -= len(dropped.intersection(source.files("validation")))
-        train_count -= len(dropped.intersection(source.files("train")))
+        # The pipeline drops these files or records: leave them out of the counts (the
+        # validation length Keras is told, the steps per epoch).
+        val_count -= _in_split(undecodable, source, "validation")
+        train_count -= _in_split(undecodable, source, "train")
     _check_splits(source, cfg.data, train_count, val_count)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
@@ -933,16 +933,19 @@ def train(
 
     rows = read_history(history_path)
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
-    if cfg.skip_corrupt and undecodable is not None:
-        # An image folder: the files dropped (each epoch), as evaluate counts them.
-        metrics["skipped_corrupt_records"] = len(undecodable)
-        metrics["skipped_corrupt_files"] = [f"{path}: {reason}" for path, reason in undecodable]
+    if undecodable is not None:
+        metrics[skip_list_key(source)] = [f"{where}: {reason}" for where, reason in undecodable]
+    if cfg.skip_corrupt and source.kind == "folder":
+        # The files dropped (each epoch), as evaluate counts them.
+        metrics["skipped_corrupt_records"] = len(undecodable or [])
     elif cfg.skip_corrupt:
-        # Records, each once however many epochs skipped it.
+        # Records lost to CRC failures, each once however many epochs skipped it, and
+        # records whose image does not decode (named up front).
         lost = SKIPPED.lost_since(skip_mark)
-        metrics["skipped_corrupt_records"] = sum(lost.values())
+        metrics["skipped_corrupt_records"] = sum(lost.values()) + len(undecodable or [])
         train_files = set(source.files("train"))
         lost_train = sum(n for shard, n in lost.items() if shard in train_files)
+        lost_train += _in_split(undecodable or [], source, "train")
         metrics["skipped_corrupt_train_records"] = lost_train
         if lost_train > 0.1 * train_count:
             log(
@@ -1001,18 +1004,27 @@ def _load_checkpoint(model, workdir: Path) -> None:
         ) from None
 
 
-def _undecodable_folder_files(source, cfg: TrainConfig, log) -> list[tuple[str, str]] | None:
-    """With ``skip_corrupt`` on an image folder: the files the pipeline will drop, named now
-    (the pipeline drops them inside tf.data, every epoch). None for records and without
+def _undecodable(source, cfg: TrainConfig, log) -> list[tuple[str, str]] | None:
+    """With ``skip_corrupt``: the image-folder files or records whose image the pipeline
+    will drop (inside tf.data, every epoch), named now. None when not checked and without
     ``skip_corrupt``."""
     if not cfg.skip_corrupt:
         return None
-    from petal.data.pipeline import folder_skips
+    from petal.data.pipeline import decode_skips
 
-    bad, line = folder_skips(source, "all", "metrics.json")
+    bad, line = decode_skips(source, "all", "metrics.json")
     if line:
         log(f"petal train: --skip-corrupt: {line}")
     return bad
+
+
+def _in_split(undecodable: list[tuple[str, str]], source, split: str) -> int:
+    """How many of :func:`_undecodable`'s files (or records, ``SHARD: record I``) are in
+    ``split``."""
+    files = set(source.files(split))
+    if source.kind == "folder":
+        return sum(path in files for path, _ in undecodable)
+    return sum(where.rsplit(": record ", 1)[0] in files for where, _ in undecodable)
 
 
 def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
