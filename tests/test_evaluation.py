@@ -548,6 +548,30 @@ def test_an_unreadable_folder_file_is_named_by_evaluate_and_train(
                           f"{one}/tulips/loop.jpg: unreadable: ")
 
 
+def test_a_folder_photo_over_the_pixel_limit_names_the_option_that_reads_it(
+    trained, small_flowers, tmp_path
+):
+    from PIL import Image
+
+    from petal.evaluation.evaluate import evaluate
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    Image.new("1", (10_000, 9_000)).save(folder / "daisy" / "huge.png")  # 90 MP, a few kB
+    with pytest.raises(PetalError) as caught:
+        evaluate(trained, folder, log=lambda line: None, warn=lambda line: None)
+    assert str(caught.value) == (
+        f"1 image(s) in {folder} cannot be decoded: {folder}/daisy/huge.png: too many pixels "
+        "(10000x9000 = 90,000,000 > max_pixels 89,478,485, a guard against decompression "
+        "bombs). Remove or replace them, convert the folder with `petal convert` (it skips "
+        "and lists unreadable files in manifest.json; its --max-pixels N converts larger "
+        "photos), or evaluate with --skip-corrupt."
+    )
+
+
 def test_evaluate_on_a_folder_sees_the_pixels_predict_sees(trained, originals_dir):
     """The run's records are 64 px and its model 32 px: a new photo is fitted to 64 as the
     converter did, then resized to 32 (predict, training, the export); evaluate once

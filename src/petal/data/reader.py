@@ -760,11 +760,15 @@ def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError
     already known)."""
     from petal.data.pipeline import undecodable_files
 
-    fix = (
-        f"Remove or replace them, convert the folder with `petal convert` (it skips and "
-        f"lists unreadable files in manifest.json), or {action} with --skip-corrupt."
-    )
     bad = undecodable_files(src) if bad is None else bad
+    # Photos over the pixel limit are no damage: the converter reads them when asked to.
+    big = any(reason.startswith("too many pixels") for _, reason in bad)
+    fix = (
+        "Remove or replace them, convert the folder with `petal convert` (it skips and "
+        "lists unreadable files in manifest.json"
+        + ("; its --max-pixels N converts larger photos" if big else "")
+        + f"), or {action} with --skip-corrupt."
+    )
     if not bad:
         return PetalError(f"An image in {data} could not be decoded. {fix}")
     shown = some_files(bad, f"{action} with --skip-corrupt lists each")
