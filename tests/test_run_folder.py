@@ -143,8 +143,15 @@ def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tm
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (run / RUNNING_FILE).write_text(json.dumps({"pid": live.pid, "host": socket.gethostname()}))
-        with pytest.raises(PetalError, match="already holds a training run"):
-            prepare_workdir(run, resume=False, overwrite=False)
+        # Nor may a second process resume it or overwrite it: both rewrote the live run's
+        # history (an epoch of one process was silently replaced by the other's).
+        in_use = (f"{run} is in use: process {live.pid} on {socket.gethostname()} is training "
+                  f"in it; wait for it to end or stop it, or pass another --workdir (if it is "
+                  f"not running, delete {run / RUNNING_FILE}).")
+        for resume, overwrite in ((False, False), (True, False), (False, True)):
+            with pytest.raises(PetalError) as caught:
+                prepare_workdir(run, resume=resume, overwrite=overwrite)
+            assert str(caught.value) == in_use
         assert (run / "config.json").exists()
     finally:
         live.kill()

@@ -66,6 +66,22 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
                        r"cell per column\); it cannot be resumed: start again with --overwrite"):
         train(cfg, workdir, resume=True, **QUIET)
     history.write_text(text + "2,0.9")
+    # So is a damaged state.json (it was a JSONDecodeError, TypeError or ValueError traceback).
+    state_path = workdir / "state.json"
+    saved_state = state_path.read_text()
+    for damaged, why in (('{"epoch": 2, "best', "Unterminated string"), ("[2]", "a JSON list"),
+                         ('{"epoch": "two"}', "epoch is 'two', not a whole number")):
+        state_path.write_text(damaged)
+        with pytest.raises(PetalError) as caught:
+            train(cfg, workdir, resume=True, **QUIET)
+        assert str(caught.value).startswith(f"{state_path} is damaged ({why}")
+        assert str(caught.value).endswith("restore the file, or start again with --overwrite.")
+    state_path.write_text(saved_state)
+    # Ended where it stopped (--epochs 2): other settings would train nothing and are
+    # refused, as for a finished run (they were taken, and metrics.json reported them).
+    with pytest.raises(PetalError, match=r"already completed its 2 epochs, so nothing would "
+                       r"train and these changes would be ignored: batch_size 10 -> 5\."):
+        train(cfg.replace(epochs=2, batch_size=5), workdir, resume=True, **QUIET)
     (workdir / "export").mkdir()  # an export of the model before the resume
     lines = []
     metrics = train(cfg, workdir, resume=True, log=lines.append)

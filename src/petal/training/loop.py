@@ -91,26 +91,28 @@ def _not_a_run(workdir: Path) -> PetalError:
 RUNNING_FILE = ".petal-running"
 
 
-def _running_elsewhere(workdir: Path) -> bool:
-    """Whether another live process (or one on another host) is training in ``workdir``."""
+def _running_elsewhere(workdir: Path) -> str | None:
+    """Who else is training in ``workdir`` (``"process PID on HOST"``), when another live
+    process (or one on another host) is; None otherwise."""
     try:
         holder = json.loads((workdir / RUNNING_FILE).read_text())
         pid, host = int(holder["pid"]), str(holder["host"])
     except FileNotFoundError:
-        return False
+        return None
     except (ValueError, KeyError, TypeError, OSError):
-        return True  # unreadable: assume someone holds it
+        return "an unknown process"  # unreadable: assume someone holds it
+    who = f"process {pid} on {host}"
     if host != socket.gethostname():
-        return True
+        return who
     if pid == os.getpid():
-        return False
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False  # left by a process that died
+        return None  # left by a process that died
     except PermissionError:
-        return True
-    return True
+        return who
+    return who
 
 
 def _mark_running(workdir: Path) -> Callable[[], None]:
@@ -180,6 +182,13 @@ def prepare_workdir(
             "parents are folders you can write."
         )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
+    if (found or resume or overwrite) and (who := _running_elsewhere(workdir)):
+        # Two processes in one run: each rewrites the other's history and checkpoints.
+        raise PetalError(
+            f"{workdir} is in use: {who} is training in it; wait for it to end or stop it, "
+            f"or pass another --workdir (if it is not running, delete "
+            f"{workdir / RUNNING_FILE})."
+        )
     if resume:
         if not (workdir / "config.json").is_file():
             raise _not_a_run(workdir)
@@ -270,6 +279,8 @@ def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) ->
 
     saved = resume_config(workdir).to_dict()
     now = cfg.to_dict()
+    if now["epochs"] == epochs_done:
+        now["epochs"] = saved["epochs"]  # ending a run stopped early where it stopped
     if now["data"] and saved["data"] and same_place(now["data"], saved["data"]):
         now["data"] = saved["data"]
     changed = [f"{key} {_show(saved[key])} -> {_show(now[key])}" for key in now
@@ -281,6 +292,22 @@ def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) ->
             f"{epochs_done + 1} or more to train it further (its model, image size and "
             "optimizer stay), or start a new run in another --workdir."
         )
+
+
+def _read_state(path: Path) -> dict:
+    """A run's ``state.json``, checked: a damaged one is named in one line."""
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict):
+            raise ValueError(f"a JSON {type(state).__name__}, not an object")
+        if not isinstance(state.get("epoch", 0), int) or isinstance(state.get("epoch"), bool):
+            raise ValueError(f"epoch is {state['epoch']!r}, not a whole number")
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise PetalError(
+            f"{path} is damaged ({first_line(err)[:200]}); the run cannot be resumed: restore "
+            "the file, or start again with --overwrite."
+        ) from None
+    return state
 
 
 def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None:
@@ -610,7 +637,7 @@ def train(
         "compile_epochs": [],
     }
     if resume and (workdir / "state.json").is_file():
-        state.update(json.loads((workdir / "state.json").read_text()))
+        state.update(_read_state(workdir / "state.json"))
     start_epoch = int(state["epoch"])
     if resume and start_epoch and not (workdir / "last.keras").is_file():
         raise PetalError(
@@ -626,8 +653,10 @@ def train(
             f"asked for; pass --epochs {start_epoch + 1} or more to train it further, or leave "
             f"--epochs out. Received: epochs={cfg.epochs}"
         )
-    if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
+    if finished:
+        # Also a run stopped early and ended now (--epochs as many as it completed).
         _check_nothing_changed(workdir, cfg, start_epoch)
+    if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
         log(
             f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do "
             f"(to train it further, pass --epochs {start_epoch + 1} or more)"
