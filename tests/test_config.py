@@ -201,6 +201,19 @@ def test_unknown_key_lists_valid_keys(tmp_path):
         load_config(None, bad)
     with pytest.raises(PetalError, match="not found"):
         load_config(None, tmp_path / "missing.json")
+    # Not UTF-8 (a UnicodeDecodeError traceback): the same one line, with the fix.
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(PetalError, match=r"Config file .*bad.json is not valid JSON: 'utf-8' "
+                       r"codec can't decode .*\. Pass a JSON file of TrainConfig fields"):
+        load_config(None, bad)
+    # A run's damaged config.json says what mends it.
+    from petal.training.loop import resume_config
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"epochs": ')
+    with pytest.raises(PetalError, match=r"is not valid JSON: .*\. The run's config.json is "
+                       r"damaged: restore it, or start again with --overwrite\.$"):
+        resume_config(tmp_path / "run")
 
 
 def test_int_given_for_float_and_integral_float_for_int():

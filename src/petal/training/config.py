@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.errors import PetalError, is_int_at_least
+from petal.errors import PetalError, first_line, is_int_at_least
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 SCHEDULES = ("constant", "codelab_ramp", "warmup_cosine")
@@ -503,14 +503,21 @@ def load_config(
     return cfg.validate()
 
 
-def read_config_file(path: str | Path) -> dict:
+def read_config_file(
+    path: str | Path, fix: str = "Pass a JSON file of TrainConfig fields (UTF-8 text)."
+) -> dict:
+    """The JSON object of a config file; ``fix`` ends the error for a file that is no JSON."""
     path = Path(path)
     if not path.is_file():
         raise PetalError(f"Config file not found: {path}. Pass a JSON file of TrainConfig fields.")
     try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise PetalError(f"Config file {path} is not valid JSON: {err}") from None
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PetalError(
+            f"Config file {path} is not valid JSON: {first_line(err)[:200]}. {fix}"
+        ) from None
+    except OSError as err:
+        raise PetalError(f"Config file {path} cannot be read: {first_line(err)}.") from None
     if not isinstance(values, dict):
         raise PetalError(f"Config file {path} must hold a JSON object of TrainConfig fields.")
     return values
@@ -610,6 +617,8 @@ def save_config(cfg: TrainConfig, path: str | Path, **extra: Any) -> None:
 
 def config_from_json(path: str | Path) -> TrainConfig:
     """Read a ``config.json`` written by :func:`save_config` (ignores ``resolved``)."""
-    values = read_config_file(path)
+    values = read_config_file(
+        path, "The run's config.json is damaged: restore it, or start again with --overwrite."
+    )
     values.pop("resolved", None)
     return apply_overrides(TrainConfig(), values, source=str(path))
