@@ -101,3 +101,94 @@ def test_image_folder_over_http_one_request_per_file(small_flowers, tmp_path):
         labels = np.concatenate([y.numpy() for _, y in ds])
         assert len(labels) == src.count("validation")
         assert server.requests - before == src.count("validation")
+
+
+def test_a_failed_request_is_the_stores_fault_not_corrupt_data(make_records, tmp_path):
+    """An object gone from the store mid-read: with skip_corrupt the stream ended quietly
+    (the rest counted as corrupt, or training went on with half its records); without, a
+    FileNotFoundError traceback. Now one line names the URL and the cause."""
+    from conftest import tiny_config
+    from petal.training.loop import train
+
+    folder = make_records(counts={"train": [7, 6, 7], "validation": [5, 4]}, size=(32, 32))
+    with remote.ObjectServer({"records": folder}) as server:
+        url = server.url("records")
+        gone = sorted(folder.glob("train-*.tfrec"))[1]
+        # Listed, but a GET answers 404 (an object deleted after the listing was read).
+        served = server.resolve
+        server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
+        expected = (rf"Reading the store failed: HTTP 404 \(Not found: {url}/{gone.name}\)\. "
+                    r"The data were not read to the end \(nothing was counted as corrupt\): "
+                    r"check the store and the network, then train again\.$")
+        for skip in (False, True):
+            cfg = tiny_config(url, epochs=1, steps_per_epoch=None, model="dense", batch_size=4,
+                              skip_corrupt=skip)
+            with pytest.raises(PetalError, match=expected):
+                train(cfg, tmp_path / f"run-{skip}", log=lambda line: None)
+
+
+class _BadBody:
+    """A server whose one object promises more bytes than it sends, or trickles them."""
+
+    def __init__(self, mode):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "5000")
+                self.end_headers()
+                if mode == "short":
+                    self.wfile.write(b"x" * 3000)  # then the connection closes
+                    return
+                for _ in range(40):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}/shard.tfrec"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_body_cut_short_or_trickling_fails_naming_the_url(tmp_path, monkeypatch):
+    # Cut short: it read as a short shard, blamed on the data ("corrupt or truncated").
+    with _BadBody("short") as url:
+        for read in (lambda: remote.get_bytes(url),
+                     lambda: remote.download_to_file(url, str(tmp_path / "x"))):
+            with pytest.raises(PetalError, match=rf"^The connection closed after 3,000 of "
+                               rf"5,000 bytes reading {url}$"):
+                read()
+    # A byte now and then: no socket timeout fires, and the read never ended.
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.5)
+    with _BadBody("trickle") as url, pytest.raises(PetalError) as caught:
+        remote.download_to_file(url, str(tmp_path / "y"))
+    assert str(caught.value).startswith("The store is stalling: ")
+    assert f" bytes of {url} in " in str(caught.value)
+
+
+def test_evaluate_stops_at_a_failed_request_even_when_skipping_corrupt(trained, small_records):
+    from petal.evaluation.evaluate import evaluate
+
+    with remote.ObjectServer({"records": small_records}) as server:
+        url = server.url("records")
+        gone = sorted(small_records.glob("validation-*.tfrec"))[0]
+        served = server.resolve
+        server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
+        for skip in (False, True):
+            # It scored the other shard and counted this one's records as corrupt.
+            with pytest.raises(PetalError, match=rf"Reading the store failed: HTTP 404 \(Not "
+                               rf"found: {url}/{gone.name}\).*then evaluate again\.$"):
+                evaluate(trained, url, skip_corrupt=skip, log=lambda line: None,
+                         warn=lambda line: None)

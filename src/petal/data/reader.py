@@ -713,9 +713,12 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     )
 
 
-def input_error(err, data, action: str) -> PetalError | None:
+def input_error(err, data, action: str, store_mark: int | None = None) -> PetalError | None:
     """:func:`corrupt_input_error` for a TensorFlow error that stopped ``action``, or None
     when the input is not to blame (the caller re-raises).
+
+    ``store_mark`` (:meth:`petal.data.remote.StoreErrors.mark`, taken before ``action``
+    read anything): a request to the store that failed since is the cause, not the data.
 
     A corrupt record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image
     folder's file that cannot be read at all (a looping link, no permission, removed while
@@ -723,6 +726,11 @@ def input_error(err, data, action: str) -> PetalError | None:
     """
     import tensorflow as tf
 
+    if store_mark is not None:
+        from petal.data.remote import store_error
+
+        if (error := store_error(store_mark, action)) is not None:
+            return error
     if isinstance(err, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
         return corrupt_input_error(err, data, action)
     unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)

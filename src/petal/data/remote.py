@@ -26,6 +26,7 @@ import collections
 import contextlib
 import http.client
 import http.server
+import io
 import json
 import logging
 import os
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 PARALLEL_REQUESTS = 8
 # Shards are fetched in byte ranges of this size, in parallel, like cloud storage clients do.
 TIMEOUT_S = 60.0
+# A body still arriving after TIMEOUT_S at less than this average rate is a stalled store
+# (a socket timeout never fires while a byte comes every few seconds).
+MIN_BYTES_PER_S = 16 * 1024
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -286,7 +290,9 @@ def _request(
         req = urllib.request.Request(url, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-                return resp.read()
+                body = io.BytesIO()
+                _copy_body(resp, url, body.write)
+                return body.getvalue()
         except urllib.error.HTTPError as err:
             if err.code == 503 and attempt < retries:
                 time.sleep(0.05 * (attempt + 1))
@@ -407,16 +413,8 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
                 raise FileNotFoundError(f"Not found: {url}")
             if resp.status != 200:
                 raise PetalError(f"HTTP {resp.status} reading {url}: {resp.reason}")
-            buffer = memoryview(bytearray(block))
-            size = 0
             with open(path, "wb") as f:
-                while True:
-                    n = resp.readinto(buffer)
-                    if not n:
-                        break
-                    f.write(buffer[:n])
-                    size += n
-            return size
+                return _copy_body(resp, url, f.write, block)
         except OSError as err:
             if isinstance(err, FileNotFoundError):
                 raise
@@ -424,6 +422,79 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
         finally:
             conn.close()
     raise PetalError(f"Server stayed busy reading {url}")
+
+
+def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
+    """Copies a response's body to ``write``; returns its size.
+
+    A body shorter than its ``Content-Length`` (the connection closed part-way: Python reads
+    that as the end) and one that keeps trickling in (no socket timeout fires while a byte
+    comes every few seconds) fail here, naming the URL, instead of passing as a short or
+    never-ending file.
+    """
+    length = resp.getheader("Content-Length")
+    buffer = memoryview(bytearray(block))
+    size = 0
+    start = time.monotonic()
+    while True:
+        try:
+            n = resp.readinto(buffer)
+        except http.client.IncompleteRead:
+            n = 0
+        if not n:
+            break
+        write(buffer[:n])
+        size += n
+        elapsed = time.monotonic() - start
+        if elapsed > TIMEOUT_S and size < MIN_BYTES_PER_S * elapsed:
+            raise PetalError(
+                f"The store is stalling: {size:,} bytes of {url} in {elapsed:.0f} s"
+            )
+    if length is not None and length.isdigit() and size != int(length):
+        raise PetalError(
+            f"The connection closed after {size:,} of {int(length):,} bytes reading {url}"
+        )
+    return size
+
+
+class StoreErrors:
+    """Failed requests of remote streams, in order (shared across pipelines).
+
+    A request that fails inside a tf.data stream ends the stream: TensorFlow's error names
+    neither the URL nor the cause, and ``ignore_errors`` (``skip_corrupt``) would end the
+    stream without a word, leaving the rest unread as if it were corrupt. Each failure is
+    kept here: :func:`store_error` turns the first one since a mark into the error to show.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.messages: list[str] = []
+
+    def add(self, err: BaseException) -> None:
+        text = str(err).strip().splitlines()
+        message = text[0] if text else type(err).__name__
+        if isinstance(err, FileNotFoundError):
+            message = f"HTTP 404 ({message})"
+        with self._lock:
+            self.messages.append(message)
+
+    def mark(self) -> int:
+        return len(self.messages)
+
+
+STORE_ERRORS = StoreErrors()
+
+
+def store_error(mark: int, action: str) -> PetalError | None:
+    """The error for the first request that failed since ``mark`` (:meth:`StoreErrors.mark`
+    taken before ``action`` read anything), or None."""
+    if len(STORE_ERRORS.messages) <= mark:
+        return None
+    first = STORE_ERRORS.messages[mark].rstrip(".")
+    return PetalError(
+        f"Reading the store failed: {first}. The data were not read to the end (nothing was "
+        f"counted as corrupt): check the store and the network, then {action} again."
+    )
 
 
 def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False):
@@ -447,14 +518,21 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
                 if not repeat:
                     return
 
+        def result(future):
+            try:
+                return future.result()
+            except Exception as err:
+                STORE_ERRORS.add(err)
+                raise
+
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
             for i in order():
                 pending.append(pool.submit(fetch, items[i]))
                 if len(pending) >= parallel:
-                    yield pending.popleft().result()
+                    yield result(pending.popleft())
             while pending:
-                yield pending.popleft().result()
+                yield result(pending.popleft())
 
     return generate
 

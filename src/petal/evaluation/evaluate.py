@@ -94,6 +94,7 @@ def evaluate(
         upscale_warning,
     )
     from petal.data.reader import SKIPPED, input_error
+    from petal.data.remote import STORE_ERRORS, store_error
 
     log = log or (lambda line: print(line, flush=True))
     warn = warn or (lambda line: print(f"petal evaluate: warning: {line}", file=sys.stderr))
@@ -170,6 +171,7 @@ def evaluate(
     )
     model = load_model(run)
     skipped_before = SKIPPED.skipped
+    store_mark = STORE_ERRORS.mark()
 
     start = time.perf_counter()
     labels, probs = [], []
@@ -188,9 +190,11 @@ def evaluate(
                                num_samples, max_misclassified)
                 bar.update(len(y))
     except tf_errors.OpError as err:
-        if (error := input_error(err, data, "evaluate")) is None:
+        if (error := input_error(err, data, "evaluate", store_mark)) is None:
             raise
         raise error from err
+    if (error := store_error(store_mark, "evaluate")) is not None:
+        raise error  # a failed request ended the stream, and skip_corrupt took it quietly
     seconds = time.perf_counter() - start
     if not labels:
         raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")

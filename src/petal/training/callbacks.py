@@ -316,6 +316,24 @@ def write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+class StoreGuard(keras.callbacks.Callback):
+    """Stops training when a request to a remote store failed since ``mark``
+    (:data:`petal.data.remote.STORE_ERRORS`): with ``skip_corrupt`` the stream ends quietly
+    and training would go on with what was read before."""
+
+    def __init__(self, mark: int, action: str):
+        super().__init__()
+        self.mark, self.action = mark, action
+
+    def _check(self, *_, **__):
+        from petal.data.remote import store_error
+
+        if (error := store_error(self.mark, self.action)) is not None:
+            raise error
+
+    on_train_batch_end = on_test_batch_end = on_epoch_end = _check
+
+
 class StepProgress(keras.callbacks.Callback):
     """A tqdm bar over the steps of each epoch, only when stderr is a terminal."""
 

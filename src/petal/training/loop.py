@@ -43,6 +43,7 @@ from petal.training.callbacks import (
     NanGuard,
     ScalarLogger,
     StepProgress,
+    StoreGuard,
     read_history,
     truncate_history,
     write_json,
@@ -838,8 +839,10 @@ def train(
         train_ds, val_ds = train_fn(), eval_fn()
 
     from petal.data.reader import SKIPPED, input_error
+    from petal.data.remote import STORE_ERRORS
 
     skip_mark = len(SKIPPED.shards)
+    store_mark = STORE_ERRORS.mark()
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
     clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
@@ -913,6 +916,9 @@ def train(
                 history_path, global_batch, steps, cfg.epochs, log=log, defer=True
             )
             callbacks = [
+                # First: a failed request to the store ends training before the epoch that
+                # missed data is saved or reported.
+                *([StoreGuard(store_mark, "train")] if source.remote else []),
                 writer,
                 nan_guard,
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
@@ -946,7 +952,7 @@ def train(
                 except tf_errors.OpError as err:
                     # A corrupt record (CRC or decode failure) surfaces here, and an image
                     # folder's file that cannot be read.
-                    if (error := input_error(err, cfg.data, "train")) is None:
+                    if (error := input_error(err, cfg.data, "train", store_mark)) is None:
                         raise
                     raise error from err
             if nan_guard.nan_epoch is not None:
