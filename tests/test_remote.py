@@ -192,3 +192,30 @@ def test_evaluate_stops_at_a_failed_request_even_when_skipping_corrupt(trained, 
                                rf"found: {url}/{gone.name}\).*then evaluate again\.$"):
                 evaluate(trained, url, skip_corrupt=skip, log=lambda line: None,
                          warn=lambda line: None)
+
+
+def test_an_undecodable_file_of_a_folder_over_http_is_named_alone(trained, small_flowers,
+                                                                   tmp_path):
+    """The culprit was looked for with tf.io.read_file, which cannot read http: every file
+    was named unreadable (and with --skip-corrupt, training refused a healthy folder)."""
+    from petal.evaluation.evaluate import evaluate
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
+    with remote.ObjectServer({"photos": folder}) as server:
+        url = server.url("photos")
+        quiet = dict(log=lambda line: None)
+        with pytest.raises(PetalError) as caught:
+            evaluate(trained, url, warn=lambda line: None, **quiet)
+        assert str(caught.value).startswith(
+            f"1 image(s) in {url} cannot be decoded: {url}/daisy/zz-bad.jpg: not an image")
+        warnings = []
+        report = evaluate(trained, url, skip_corrupt=True, warn=warnings.append, **quiet)
+        assert report["count"] == 15 and report["skipped_corrupt_records"] == 1
+        assert "skipped_corrupt_files" not in report
+        assert warnings == ["--skip-corrupt: files not on a local disk are not checked up "
+                            "front; undecodable ones are counted but not named"]

@@ -53,7 +53,7 @@ from petal.data import augment as augment_lib
 from petal.data import folders, reader, schema
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
-from petal.errors import PetalError, is_int_at_least, some_files, tf_message
+from petal.errors import PetalError, first_line, is_int_at_least, some_files, tf_message
 
 log = logging.getLogger(__name__)
 
@@ -662,7 +662,15 @@ def undecodable_files(source, split: str = "all") -> list[tuple[str, str]]:
     bad = []
     for path in files:
         try:
-            data = tf.io.read_file(path).numpy()
+            if src.remote:
+                from petal.data import remote
+
+                data = remote.get_bytes(path)
+            else:
+                data = tf.io.read_file(path).numpy()
+        except (OSError, PetalError) as err:  # over http: the request failed
+            bad.append((path, f"unreadable: {first_line(err)}"))
+            continue
         except tf.errors.OpError as err:
             # ReadFile names the path again: "{{function_node ...}} PATH; No such file ..."
             reason = _op_reason(err)
@@ -760,10 +768,12 @@ def decode_skips(
     what = "files" if folder else "records"
     total = src.count(split)
     not_named = "counted but not named" if counted else "dropped without a count"
-    if folder and total > MAX_DECODE_SCAN:
-        return None, (
-            f"{total} files are too many to check up front; undecodable ones are {not_named}"
+    if folder and (total > MAX_DECODE_SCAN or src.remote):
+        # Over http the check would fetch every file once more, one request each.
+        where = f"{total} files are too many to check" if total > MAX_DECODE_SCAN else (
+            "files not on a local disk are not checked"
         )
+        return None, f"{where} up front; undecodable ones are {not_named}"
     bad = undecodable_files(src, split) if folder else undecodable_records(src, split)
     if bad is None:
         where = (
