@@ -219,3 +219,23 @@ def test_an_undecodable_file_of_a_folder_over_http_is_named_alone(trained, small
         assert "skipped_corrupt_files" not in report
         assert warnings == ["--skip-corrupt: files not on a local disk are not checked up "
                             "front; undecodable ones are counted but not named"]
+
+
+def test_names_with_spaces_unicode_and_hashes_are_read_over_http(small_flowers, make_records,
+                                                                 tmp_path):
+    """They were sent as they are: http.client refused spaces and non-ASCII letters (an
+    InvalidURL or UnicodeEncodeError traceback), and a ``#`` cut the name short."""
+    folder = tmp_path / "photos"
+    for i, cls in enumerate(["daisy blüte", "rosé#2"]):
+        (folder / cls).mkdir(parents=True)
+        for j, f in enumerate(sorted((small_flowers / "daisy").iterdir())[:5]):
+            (folder / cls / f"ä {j}#{i}.jpg").symlink_to(f.resolve())
+    records = make_records(counts={"train": [4], "validation": [3]})
+    with remote.ObjectServer({"my photos ü": folder, "recs ü": records}) as server:
+        src = open_source(server.url("my photos ü"))
+        assert list(src.classes) == ["daisy blüte", "rosé#2"] and src.count("all") == 10
+        ds = eval_dataset(src, batch_size=4, image_size=16, label_mode="sparse", split="all")
+        assert sorted(np.concatenate([y.numpy() for _, y in ds])) == [0] * 5 + [1] * 5
+        ids = image_ids(eval_dataset(open_source(server.url("recs ü")), batch_size=4,
+                                     normalization="raw"))
+        assert sorted(ids) == [4, 5, 6]

@@ -543,7 +543,9 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
             f"(extensions {', '.join(folders.IMAGE_EXTENSIONS)}; "
             f"found: {', '.join(sorted(by_class))})."
         )
-    pairs = [(f"{root}/{key}", key, i) for i, c in enumerate(names) for key in by_class[c]]
+    pairs = [
+        (remote.key_url(root, key), key, i) for i, c in enumerate(names) for key in by_class[c]
+    ]
     return pairs, names
 
 

@@ -279,6 +279,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 # --- client ----------------------------------------------------------------------------------
 
 
+def requote(url: str) -> str:
+    """``url`` with what may not stand in a URL (spaces, non-ASCII letters, control
+    characters, quotes) percent-encoded; escapes already there, and the characters that
+    give a URL its structure, are kept. ``http.client`` refuses the former outright."""
+    return urllib.parse.quote(url, safe="!#$%&'()*+,/:;=?@[]~")
+
+
+def key_url(root: str, key: str) -> str:
+    """The URL of object ``key`` (a listing's relative name, as stored) under ``root``:
+    every character of the name that means something in a URL is encoded (a ``#`` in a
+    file name began a fragment, and the request lost the rest of the name)."""
+    return f"{root.rstrip('/')}/{urllib.parse.quote(key, safe='/')}"
+
+
 def _request(
     url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None, retries: int = 3
 ) -> bytes:
@@ -287,7 +301,7 @@ def _request(
     if byte_range is not None:
         headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
     for attempt in range(retries + 1):
-        req = urllib.request.Request(url, method=method, headers=headers)
+        req = urllib.request.Request(requote(url), method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
                 body = io.BytesIO()
@@ -312,7 +326,7 @@ def get_bytes(url: str) -> bytes:
 
 def object_size(url: str) -> int:
     """Size of the object at ``url`` from a HEAD request."""
-    req = urllib.request.Request(url, method="HEAD")
+    req = urllib.request.Request(requote(url), method="HEAD")
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
             return int(resp.headers["Content-Length"])
@@ -396,14 +410,14 @@ _STAGING: str | None = None
 
 def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
     """Stream the object at ``url`` into ``path`` with one request; returns its size."""
-    parts = urllib.parse.urlsplit(url)
+    parts = urllib.parse.urlsplit(requote(url))
     conn_cls = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
     for attempt in range(4):
         conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
         try:
-            conn.request("GET", parts.path or "/")
+            conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
             resp = conn.getresponse()
             if resp.status == 503 and attempt < 3:
                 resp.read()
