@@ -239,3 +239,24 @@ def test_names_with_spaces_unicode_and_hashes_are_read_over_http(small_flowers, 
         ids = image_ids(eval_dataset(open_source(server.url("recs ü")), batch_size=4,
                                      normalization="raw"))
         assert sorted(ids) == [4, 5, 6]
+
+
+def test_credentials_in_a_url_are_refused_without_being_shown(make_records, capsys):
+    """They were printed in the error ("Cannot reach http://alice:hunter2@...") and read as
+    part of the host name; config.json would have kept them."""
+    from petal.cli import main
+
+    folder = make_records(counts={"train": [4], "validation": [3]})
+    with remote.ObjectServer({"records": folder}) as server:
+        url = server.url("records").replace("http://", "http://alice:hunter2@")
+        with pytest.raises(PetalError) as caught:
+            open_source(url)
+        message = str(caught.value)
+        assert "hunter2" not in message and "alice" not in message
+        assert message.startswith(f"http://***@127.0.0.1:{server.port}/records carries "
+                                  "credentials in the URL")
+        # Every command's error hides them, also where another message names the URL.
+        capsys.readouterr()
+        assert main(["inspect", url]) == 2
+        err = capsys.readouterr().err
+        assert f"http://***@127.0.0.1:{server.port}/records" in err and "hunter2" not in err

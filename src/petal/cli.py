@@ -765,7 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PetalError, OSError) as err:
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full); its message names the file.
-        print(f"petal {args.command}: error: {err}", file=sys.stderr)
+        # A URL's user and password are never shown, whatever message carries them.
+        shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", str(err))
+        print(f"petal {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         if isinstance(err, _Terminated):

@@ -32,6 +32,7 @@ import os
 import posixpath
 import stat
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
@@ -869,5 +870,15 @@ def _fs_for(path: str):
     if _is_http(path):
         from petal.data import remote
 
+        parts = urllib.parse.urlsplit(path)
+        if parts.username is not None or parts.password is not None:
+            # urllib sends no userinfo (it read "user:password@host" as the host name),
+            # and the URL would be printed in messages and saved in config.json.
+            shown = parts._replace(netloc=f"***@{parts.hostname or ''}" + (
+                f":{parts.port}" if parts.port else "")).geturl()
+            raise PetalError(
+                f"{shown} carries credentials in the URL, which petal neither sends nor "
+                "keeps secret; serve the data without them (e.g. a local proxy that adds them)."
+            )
         return remote.HttpFS()
     return _GFileFS()
