@@ -664,3 +664,21 @@ def test_bad_settings_are_refused_before_the_data_is_opened(tmp_path, values, ma
     with pytest.raises(PetalError, match=match):
         train(cfg, tmp_path / "run", log=lambda line: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_a_run_without_a_saved_epoch_says_it_starts_over(small_records, tmp_path):
+    """It said "resuming after epoch 0"; and "already completed 1 epochs"."""
+    workdir = tmp_path / "run"
+    cfg = tiny_config(small_records, epochs=1, model="dense")
+    with pytest.raises(_Interrupt):
+        train(cfg, workdir, log=_interrupt_at("epoch 1/1"))
+    for name in ("state.json", "last.keras", "best.weights.h5"):  # as if killed in epoch 1
+        (workdir / name).unlink()
+    lines = []
+    train(cfg, workdir, resume=True, log=lines.append)
+    assert any(line.endswith(", resuming a run that completed no epoch: from the start")
+               for line in lines)
+    lines.clear()
+    train(cfg, workdir, resume=True, log=lines.append)
+    assert lines == [f"petal train: {workdir} already completed 1 epoch; nothing to do (to "
+                     "train it further, pass --epochs 2 or more)"]

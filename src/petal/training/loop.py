@@ -295,6 +295,10 @@ def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) ->
         )
 
 
+def _epochs(n: int) -> str:
+    return f"{n} epoch{'s' * (n != 1)}"
+
+
 def _read_state(path: Path) -> dict:
     """A run's ``state.json``, checked: a damaged one is named in one line."""
     try:
@@ -659,7 +663,7 @@ def train(
         _check_nothing_changed(workdir, cfg, start_epoch)
     if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
         log(
-            f"petal train: {workdir} already completed {start_epoch} epochs; nothing to do "
+            f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to do "
             f"(to train it further, pass --epochs {start_epoch + 1} or more)"
         )
         return json.loads((workdir / "metrics.json").read_text())
@@ -782,7 +786,9 @@ def train(
         f"petal train: {steps} steps/epoch x {cfg.epochs} epoch{'s' * (cfg.epochs != 1)}, "
         f"{cfg.optimizer} "
         f"{cfg.schedule} peak lr {resolved['peak_lr']:.3g}"
-        + (f", resuming after epoch {start_epoch}" if resume else "")
+        + (f", resuming after epoch {start_epoch}" if resume and start_epoch else "")
+        + (", resuming a run that completed no epoch: from the start" if resume and not start_epoch
+           else "")
         + (f" (it ran {was_steps} steps/epoch)" if was_steps != steps else "")
     )
 
@@ -959,7 +965,7 @@ def train(
                 break
         if resume and start_epoch and not loaded:
             # Every epoch was already done: the final model is the last checkpoint.
-            log(f"petal train: {workdir} already completed {start_epoch} epochs")
+            log(f"petal train: {workdir} already completed {_epochs(start_epoch)}")
             _load_checkpoint(model, workdir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
