@@ -467,6 +467,16 @@ def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
     assert metrics["epochs_completed"] == 2
     assert not [line for line in lines if "weights from" in line]
 
+    # Five other classes: the head's size fits, but its outputs mean other flowers. Read
+    # from the run folder the file lies in, the head starts fresh (it loaded).
+    five = make_records("five", classes=("k0", "k1", "k2", "k3", "k4"), size=(32, 32))
+    lines.clear()
+    own = trained / "best.weights.h5"
+    train(cfg.replace(data=str(five), weights=str(own)), tmp_path / "five-run", log=lines.append)
+    assert (f"petal train: {own} comes from a run on other classes (daisy, dandelion, roses, "
+            "sunflowers, tulips): its classifier head is not loaded") in lines
+    assert f"petal train: weights from {own}: all but the 5-class head" in lines
+
 
 def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
     """train_image_size: 24px random resized crops for training, 32px images for validation."""

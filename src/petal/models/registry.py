@@ -176,6 +176,7 @@ def create_model(
     image_size: int | Sequence[int] | None = None,
     weights: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    fresh_head: bool = False,
     **kwargs,
 ) -> keras.Model:
     """Build a registered model with a float32 softmax head.
@@ -194,6 +195,8 @@ def create_model(
             for another number of classes (a run's ``best.weights.h5``: everything but the
             classifier head loads, and the head starts from random weights).
         log: Called with one line saying what a weights file filled, when one is given.
+        fresh_head: A weights file's classifier head is never loaded, even when its number
+            of classes fits (it was trained on other classes, or on the same in another order).
         **kwargs: Family-specific options, e.g. ``dropout`` or ``bn_frozen`` for backbones.
 
     Returns:
@@ -250,7 +253,10 @@ def create_model(
         ) from err
     if weights_file is not None:
         part = load_weights_file(
-            model, weights_file, rebuild=lambda n: _BUILDERS[name](n, hw, None, **kwargs)
+            model,
+            weights_file,
+            rebuild=lambda n: _BUILDERS[name](n, hw, None, **kwargs),
+            fresh_head=fresh_head,
         )
         if log is not None:
             log(f"weights from {weights_file}: {part}")
@@ -273,6 +279,7 @@ def load_weights_file(
     model: keras.Model,
     path: str | Path,
     rebuild: Callable[[int], keras.Model] | None = None,
+    fresh_head: bool = False,
 ) -> str:
     """Load a local weights file into ``model``, its backbone, or all of it but the head.
 
@@ -284,6 +291,8 @@ def load_weights_file(
             saved from the same model for other classes fills every layer but the final
             ``Dense`` classifier, which keeps its fresh weights (what timm and Keras users do
             to fine-tune their own model on a new set of classes).
+        fresh_head: Never fill the classifier head, even from a file whose head fits (with
+            ``rebuild``): the file's classes are not the model's.
 
     Returns:
         ``"model"``, ``"backbone"``, or ``"all but the N-class head"`` (N the file's
@@ -304,7 +313,7 @@ def load_weights_file(
             f"Received: weights={str(path)!r}"
         )
     errors: list[str] = []
-    targets: list[tuple[str, keras.Model]] = [("model", model)]
+    targets: list[tuple[str, keras.Model]] = [] if fresh_head else [("model", model)]
     backbone = get_backbone(model)
     if backbone is not None:
         targets.append(("backbone", backbone))
@@ -321,7 +330,7 @@ def load_weights_file(
             continue
         return label
     if rebuild is not None:
-        for classes in _head_sizes_in_file(model, path):
+        for classes in _head_sizes_in_file(model, path, own=fresh_head):
             twin = rebuild(classes)
             try:
                 with warnings.catch_warnings():
@@ -335,7 +344,7 @@ def load_weights_file(
             return f"all but the {classes}-class head"
     raise PetalError(
         f"Weights file {path} does not match model {model.name!r} "
-        f"({'; '.join(errors)}). Save the weights from the same model and image size"
+        f"({'; '.join(errors) or 'no layers but the head fit'}). Save the weights from the same model and image size"
         + (" (with any number of classes)." if rebuild is not None else ", and classes.")
     )
 
@@ -352,9 +361,10 @@ def _keras_reason(err: Exception) -> str:
     return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
-def _head_sizes_in_file(model: keras.Model, path: Path) -> list[int]:
+def _head_sizes_in_file(model: keras.Model, path: Path, own: bool = False) -> list[int]:
     """Class counts a weights file's arrays could hold for ``model``'s final Dense kernel:
-    those of every array shaped like it but for the last axis (other than the model's own)."""
+    those of every array shaped like it but for the last axis (other than the model's own,
+    unless ``own``)."""
     import h5py
 
     head = model.layers[-1]
@@ -373,7 +383,7 @@ def _head_sizes_in_file(model: keras.Model, path: Path) -> list[int]:
             file.visititems(visit)
     except OSError:
         return []
-    return sorted(n for n in sizes if n >= 2 and n != kernel[1])
+    return sorted(n for n in sizes if n >= 2 and (own or n != kernel[1]))
 
 
 def get_backbone(model: keras.Model) -> keras.Model | None:

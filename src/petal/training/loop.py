@@ -295,6 +295,25 @@ def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) ->
         )
 
 
+def _other_classes(weights: str | None, classes: list[str], log) -> list[str] | None:
+    """The classes of the run a weights file comes from (its folder's ``config.json``), when
+    they are not ``classes`` in this order: its head must not load even if its size fits."""
+    if not weights or weights == "imagenet" or "://" in weights:
+        return None
+    try:
+        saved = json.loads((Path(weights).parent / "config.json").read_text())
+        theirs = saved["resolved"]["classes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not in a run folder: the head loads when its size fits
+    if not isinstance(theirs, list) or theirs == list(classes):
+        return None
+    log(
+        f"petal train: {weights} comes from a run on other classes ({', '.join(theirs)}): "
+        "its classifier head is not loaded"
+    )
+    return theirs
+
+
 def _epochs(n: int) -> str:
     return f"{n} epoch{'s' * (n != 1)}"
 
@@ -868,6 +887,8 @@ def train(
                 # may have moved since.
                 weights=None if resume and start_epoch else cfg.weights,
                 log=lambda line: log(f"petal train: {line}"),
+                fresh_head=not (resume and start_epoch)
+                and _other_classes(cfg.weights, classes, log) is not None,
                 **cfg.model_options,
             )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
