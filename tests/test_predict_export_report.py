@@ -340,6 +340,26 @@ def test_report_says_when_the_evaluation_scored_an_earlier_model(trained, tmp_pa
     assert "scored an earlier model" in (run / "report.html").read_text()
 
 
+def test_report_says_when_a_resume_did_not_finish(trained, tmp_path, capsys):
+    """Resumed for more epochs and interrupted: the curves showed the new epochs, the table
+    the old metrics.json as if current."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    done = json.loads((run / "metrics.json").read_text())["epochs_completed"]
+    history = run / "history.csv"
+    last = history.read_text().strip().splitlines()[-1].split(",")
+    last[0] = str(done + 1)  # one more epoch, trained by the resume
+    history.write_text(history.read_text() + ",".join(last) + "\n")
+    capsys.readouterr()
+    build_report(run)
+    said = (f"{run / 'metrics.json'} describes the run after epoch {done}; it was resumed and "
+            f"trained 1 more epoch(s) without finishing (history.csv and the curves hold "
+            f"them): finish it with `petal train --workdir {run} --resume`.")
+    assert f"petal report: warning: {said}" in capsys.readouterr().err
+    assert "<b>Not finished:</b>" in (run / "report.html").read_text()
+
+
 def test_a_model_file_that_is_a_folder_is_named_as_such(trained, tmp_path):
     from petal.evaluation.workdir import open_run
 

@@ -200,6 +200,17 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             shown["image_size"] = "x".join(map(str, shown["image_size"]))
         rows = [(label, shown[key]) for label, key in _METRIC_ROWS if key in shown]
         parts += ["<h2>Training</h2>", _table(rows)]
+        if isinstance(completed, int) and len(epochs_done) > completed:
+            # Resumed for more epochs and stopped before the end: metrics.json is the end
+            # of the run before the resume.
+            unfinished = (
+                f"{workdir / 'metrics.json'} describes the run after epoch {completed}; it was "
+                f"resumed and trained {len(epochs_done) - completed} more epoch(s) without "
+                f"finishing (history.csv and the curves hold them): finish it with `petal "
+                f"train --workdir {workdir} --resume`."
+            )
+            print(f"petal report: warning: {unfinished}", file=sys.stderr)
+            parts.append(f"<p><b>Not finished:</b> {html.escape(unfinished)}</p>")
         if metrics.get("stopped"):
             parts.append(f"<p><b>Stopped:</b> {html.escape(str(metrics['stopped']))}</p>")
     else:
