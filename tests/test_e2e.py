@@ -260,3 +260,45 @@ def test_demo_errors_name_its_own_options(small_flowers, tmp_path, demo_without_
     err = capsys.readouterr().err
     assert err.startswith("petal demo: error: Demo folder ") and len(err.splitlines()) == 1
 
+
+def _archive(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_demo_deletes_a_damaged_cached_archive(tmp_path, monkeypatch):
+    from petal import demo
+    from petal.errors import PetalError
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test downloaded the archive")
+
+    monkeypatch.setattr(demo.urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("PETAL_CACHE", str(tmp_path))
+    archive = tmp_path / "flower_photos.tgz"
+    good = {"flower_photos/roses/a.jpg": b"a", "flower_photos/tulips/b.jpg": b"b"}
+    full = _archive(tmp_path / "full.tgz", good).read_bytes()
+    quiet = {"log": lambda line: None}
+    for content, reason in (
+        (b"garbage\n", r"is damaged \(not a tar archive\)"),
+        (full[: len(full) // 2], r"is damaged \("),
+        (_archive(tmp_path / "other.tgz", {"photos/roses/a.jpg": b"a"}).read_bytes(),
+         r"is not the tf_flowers archive \(no flower_photos/roses/ in it\)"),
+    ):  # fmt: skip
+        archive.write_bytes(content)
+        with pytest.raises(PetalError, match=rf"^The cached (tf_flowers )?archive {archive} "
+                           rf"{reason}.*; it was deleted, so the next petal demo downloads it "
+                           r"again \(or pass --data FOLDER\)\.$"):  # fmt: skip
+            demo.download_flowers(**quiet)
+        assert not archive.exists() and not (tmp_path / "flower_photos").exists()
+    archive.write_bytes(full)
+    folder = demo.download_flowers(**quiet)
+    assert folder == tmp_path / "flower_photos"
+    assert (folder / "roses" / "a.jpg").read_bytes() == b"a"

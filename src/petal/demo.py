@@ -7,6 +7,7 @@ else ``$PETAL_DATA``, else the tf_flowers archive (218 MB) downloaded once into
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -14,10 +15,11 @@ import shutil
 import tarfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from petal.errors import PetalError, cannot_write
+from petal.errors import PetalError, cannot_write, first_line
 
 FLOWERS_URL = (
     "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -33,8 +35,9 @@ def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) 
     """The tf_flowers photos as a folder of class sub-folders, downloaded once.
 
     Raises:
-        PetalError: the archive cannot be downloaded (offline, blocked), in one line
-            saying how to pass local photos instead.
+        PetalError: the archive cannot be downloaded (offline, blocked), or the cached one
+            is damaged or not the flowers archive (it is deleted, so the next call downloads
+            it again), in one line saying how to pass local photos instead.
     """
     root = cache_dir()
     folder = root / "flower_photos"
@@ -62,8 +65,33 @@ def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) 
     log(f"petal demo: extracting {archive}")
     tmp = root / "flower_photos.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
+        # A download cut short or replaced: delete it, or every run would fail on it.
+        shutil.rmtree(tmp, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        # tarfile.open's error lists each compression it tried: not a .tgz at all.
+        reason = "not a tar archive" if "opened successfully" in str(err) else first_line(err)
+        raise PetalError(
+            f"The cached tf_flowers archive {archive} is damaged ({reason}); it was "
+            "deleted, so the next petal demo downloads it again (or pass --data FOLDER)."
+        ) from None
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PetalError(
+            f"Cannot extract {archive} into {root} ({err.strerror or err}); free some space "
+            "there or set PETAL_CACHE to another folder, or pass --data FOLDER."
+        ) from None
+    if not (tmp / "flower_photos" / "roses").is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        raise PetalError(
+            f"The cached archive {archive} is not the tf_flowers archive (no "
+            "flower_photos/roses/ in it); it was deleted, so the next petal demo downloads "
+            "it again (or pass --data FOLDER)."
+        )
     shutil.rmtree(folder, ignore_errors=True)
     (tmp / "flower_photos").replace(folder)
     shutil.rmtree(tmp, ignore_errors=True)
