@@ -286,3 +286,18 @@ def test_a_config_built_in_python_is_checked_for_types(values, match):
         TrainConfig(**values).validate()
     assert TrainConfig(learning_rate=1, momentum=0).validate().learning_rate == 1  # ints pass
 
+
+def test_the_train_workdir_defaults_to_the_config_files_preset(monkeypatch, tmp_path):
+    from petal import cli
+    from petal.training import loop
+
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda config, workdir, **kw: seen.update(workdir=workdir))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.json").write_text(json.dumps({"preset": "quick", "epochs": 2}))
+    assert cli.main(["train", "--config", "quick.json", "--data", str(tmp_path)]) == 0
+    assert seen["workdir"] == "runs/quick"
+    assert cli.main(["train", "--data", str(tmp_path)]) == 0
+    assert seen["workdir"] == "runs/default"
+    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "quick.json"]) == 0
+    assert seen["workdir"] == "runs/codelab-convnet"
