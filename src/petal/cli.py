@@ -581,7 +581,11 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
         help="folder of class sub-folders (default $PETAL_DATA, else tf_flowers)",
     )
     parser.add_argument(
-        "--workdir", default="petal-demo", metavar="DIR", help="default ./petal-demo"
+        "--workdir",
+        default="petal-demo",
+        metavar="DIR",
+        help="default ./petal-demo, outside --data; the records go to DIR/records and are reused "
+        "while the photos are unchanged (records or a run no demo wrote are never replaced)",
     )
     parser.add_argument(
         "--set",
