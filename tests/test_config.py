@@ -265,3 +265,39 @@ def test_model_options_that_are_create_models_own_arguments_are_refused(key):
     # They reached create_model twice: a TypeError traceback from petal train.
     with pytest.raises(PetalError, match=rf"^model_options\.{key} is not a model option"):
         get_preset("quick").replace(model_options={key: 1}).validate()
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"learning_rate": "x"}, r"^learning_rate must be float or null\. Received: "
+                                 r"learning_rate='x'$"),
+        ({"momentum": "0.9"}, r"^momentum must be float\. Received: momentum='0\.9'$"),
+        ({"seed": "1"}, r"^seed must be int\. Received: seed='1'$"),
+        ({"label_smoothing": None}, r"^label_smoothing must be float\."),
+        ({"clipnorm": True}, r"^clipnorm must be float or null\."),
+        ({"model": 3}, r"^model must be str\. Received: model=3$"),
+    ],
+)  # fmt: skip
+def test_a_config_built_in_python_is_checked_for_types(values, match):
+    # Built without apply_overrides: the type of each field was never checked, and a string
+    # for a number failed as a TypeError from a comparison.
+    with pytest.raises(PetalError, match=match):
+        TrainConfig(**values).validate()
+    assert TrainConfig(learning_rate=1, momentum=0).validate().learning_rate == 1  # ints pass
+
+
+def test_the_train_workdir_defaults_to_the_config_files_preset(monkeypatch, tmp_path):
+    from petal import cli
+    from petal.training import loop
+
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda config, workdir, **kw: seen.update(workdir=workdir))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quick.json").write_text(json.dumps({"preset": "quick", "epochs": 2}))
+    assert cli.main(["train", "--config", "quick.json", "--data", str(tmp_path)]) == 0
+    assert seen["workdir"] == "runs/quick"
+    assert cli.main(["train", "--data", str(tmp_path)]) == 0
+    assert seen["workdir"] == "runs/default"
+    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "quick.json"]) == 0
+    assert seen["workdir"] == "runs/codelab-convnet"

@@ -136,3 +136,169 @@ def test_demo_refuses_to_replace_a_run_it_did_not_write(small_flowers, tmp_path,
     with pytest.raises(PetalError, match=r"Demo data .*photo.jpg is a file; pass --data a folder"):
         (tmp_path / "photo.jpg").write_bytes(b"")
         demo.resolve_data(tmp_path / "photo.jpg")
+
+
+def _photos(src: Path, dst: Path, classes: int, per_class: int) -> Path:
+    """``per_class`` of ``src``'s photos in each of its first ``classes`` classes, as links."""
+    for cls in sorted(p.name for p in src.iterdir())[:classes]:
+        (dst / cls).mkdir(parents=True)
+        for f in sorted((src / cls).iterdir())[:per_class]:
+            (dst / cls / f.name).symlink_to(f.resolve())
+    return dst
+
+
+@pytest.fixture
+def demo_without_training(monkeypatch):
+    """``run_demo`` converting for real (one worker) but neither training nor evaluating;
+    yields the list of conversions' sources and a function that runs the demo and
+    returns its log."""
+    from petal import demo
+    from petal.data import writer
+
+    converted = []
+
+    def convert(source, output, **kwargs):
+        converted.append(Path(source))
+        return writer.convert(source, output, **kwargs, workers=1, progress=False)
+
+    monkeypatch.setattr("petal.data.convert", convert)
+    monkeypatch.setattr("petal.training.loop.train", lambda *a, **k: {})
+    monkeypatch.setattr("petal.evaluation.evaluate.evaluate", lambda *a, **k: {})
+    monkeypatch.setattr("petal.evaluation.report.build_report", lambda workdir: "report.html")
+
+    def run(data, workdir):
+        lines = []
+        demo.run_demo(data, workdir, overrides=("image_size=32",), log=lines.append)
+        return "\n".join(lines)
+
+    return converted, run
+
+
+def test_demo_never_replaces_records_it_did_not_write(
+    small_records, small_flowers, tmp_path, demo_without_training
+):
+    import shutil
+
+    from petal.errors import PetalError
+
+    converted, run_demo = demo_without_training
+    # Someone's 64 px records of the same photos, where the demo wants 32 px ones.
+    workdir = tmp_path / "demo"
+    shutil.copytree(small_records, workdir / "records")
+    before = (workdir / "records" / "manifest.json").read_text()
+    with pytest.raises(PetalError, match=r"^\S+/records holds records that petal demo did not "
+                       r"write \(converted from \S+small_flowers\S*\); the demo would replace "
+                       r"them \(they are 64x64, the demo needs 32x32\)\. Pass another "
+                       r"--workdir, or delete \S+/records\.$"):  # fmt: skip
+        run_demo(small_flowers, workdir)
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    with pytest.raises(PetalError, match=r"would replace them \(with records of \S+photos\)"):
+        run_demo(photos, workdir)
+    assert (workdir / "records" / "manifest.json").read_text() == before
+    assert not converted
+    # Files that are no records at all are no more the demo's.
+    (tmp_path / "notes" / "records").mkdir(parents=True)
+    (tmp_path / "notes" / "records" / "notes.txt").write_text("mine")
+    with pytest.raises(PetalError, match=r"records holds files that petal demo did not write"):
+        run_demo(photos, tmp_path / "notes")
+    assert not converted
+    # A demo from before demo.json: its run trained on the records, so they are the demo's.
+    (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
+    assert "converted from other photos" in run_demo(photos, workdir)
+    assert converted == [photos]
+
+
+def test_demo_converts_again_when_the_photos_change(small_flowers, tmp_path, demo_without_training):
+    converted, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=3, per_class=5)
+    workdir = tmp_path / "demo"
+    assert "converting" in run_demo(photos, workdir) and len(converted) == 1
+    assert "reusing the records" in run_demo(photos, workdir) and len(converted) == 1
+    extra = sorted((small_flowers / "roses").iterdir())[-1]
+    (photos / "daisy" / extra.name).symlink_to(extra.resolve())
+    log = run_demo(photos, workdir)
+    assert "the photos changed: 16 image files now, 15 when they were converted" in log
+    assert json.loads((workdir / "records" / "manifest.json").read_text())["written"] == 16
+    for f in (photos / "daisy").iterdir():
+        f.unlink()
+    (photos / "daisy").rmdir()
+    log = run_demo(photos, workdir)
+    assert "the photos changed: their classes are now dandelion, roses" in log
+    assert json.loads((workdir / "records" / "manifest.json").read_text())["classes"] == [
+        "dandelion",
+        "roses",
+    ]
+    # Records the demo converted from other photos are its own to replace.
+    assert "converted from other photos" in run_demo(small_flowers, workdir)
+    assert converted == [photos] * 3 + [small_flowers]
+
+
+def test_demo_errors_name_its_own_options(small_flowers, tmp_path, demo_without_training, capsys):
+    from petal.errors import PetalError
+
+    converted, run_demo = demo_without_training
+    (tmp_path / "q.json").write_text("{}")
+    with pytest.raises(PetalError, match=r"^Demo folder \S+q\.json is a file; pass --workdir"):
+        run_demo(small_flowers, tmp_path / "q.json")
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    for workdir in (photos, photos / "roses" / "demo"):
+        with pytest.raises(PetalError, match=r"the photos folder \S+photos: its records would be "
+                           r"read as a class\. Pass a --workdir outside --data\.$"):  # fmt: skip
+            run_demo(photos, workdir)
+    one = _photos(small_flowers, tmp_path / "one", classes=1, per_class=5)
+    needs_two = r"holds one class sub-folder \('daisy'\); petal demo trains a classifier and "
+    with pytest.raises(PetalError, match=needs_two + r"needs at least two: pass --data a folder"):
+        run_demo(one, tmp_path / "demo")
+    assert not converted
+    two = _photos(small_flowers, tmp_path / "two", classes=2, per_class=1)
+    with pytest.raises(PetalError, match=r"too few for petal demo: it keeps 0\.19 of each "
+                       r"class's photos \(rounded\) to validate on, none here\. Add photos to a "
+                       r"class sub-folder of --data \(at least 3 photos\)"):  # fmt: skip
+        run_demo(two, tmp_path / "demo")
+    # Through the command line: one line, no option that petal demo lacks.
+    assert main(["demo", "--data", str(photos), "--workdir", str(photos / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("petal demo: error: Demo folder ") and len(err.splitlines()) == 1
+
+
+def _archive(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_demo_deletes_a_damaged_cached_archive(tmp_path, monkeypatch):
+    from petal import demo
+    from petal.errors import PetalError
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test downloaded the archive")
+
+    monkeypatch.setattr(demo.urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("PETAL_CACHE", str(tmp_path))
+    archive = tmp_path / "flower_photos.tgz"
+    good = {"flower_photos/roses/a.jpg": b"a", "flower_photos/tulips/b.jpg": b"b"}
+    full = _archive(tmp_path / "full.tgz", good).read_bytes()
+    quiet = {"log": lambda line: None}
+    for content, reason in (
+        (b"garbage\n", r"is damaged \(not a tar archive\)"),
+        (full[: len(full) // 2], r"is damaged \("),
+        (_archive(tmp_path / "other.tgz", {"photos/roses/a.jpg": b"a"}).read_bytes(),
+         r"is not the tf_flowers archive \(no flower_photos/roses/ in it\)"),
+    ):  # fmt: skip
+        archive.write_bytes(content)
+        with pytest.raises(PetalError, match=rf"^The cached (tf_flowers )?archive {archive} "
+                           rf"{reason}.*; it was deleted, so the next petal demo downloads it "
+                           r"again \(or pass --data FOLDER\)\.$"):  # fmt: skip
+            demo.download_flowers(**quiet)
+        assert not archive.exists() and not (tmp_path / "flower_photos").exists()
+    archive.write_bytes(full)
+    folder = demo.download_flowers(**quiet)
+    assert folder == tmp_path / "flower_photos"
+    assert (folder / "roses" / "a.jpg").read_bytes() == b"a"

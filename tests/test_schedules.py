@@ -110,8 +110,19 @@ def test_step_schedule_serialises_and_drives_the_optimizer_per_step():
 def test_unknown_schedule():
     with pytest.raises(PetalError, match="Unknown learning-rate schedule 'step'.*codelab_ramp"):
         build_schedule("step")
-    with pytest.raises(PetalError, match="'constant' takes no option 'gamma'; its options are: lr"):
-        build_schedule("constant", lr=1e-3, gamma=0.1)
+    # Only options one may choose are offered: training sets the rate from learning_rate.
+    with pytest.raises(PetalError, match=r"^Schedule 'constant' takes no option 'warmup_epochs'; "
+                       r"it has no options besides its rate lr \(petal train sets it from "
+                       r"learning_rate\)\. Received: warmup_epochs=1$"):  # fmt: skip
+        build_schedule("constant", lr=1e-3, warmup_epochs=1)
+    with pytest.raises(PetalError, match=r"'warmup_cosine' takes no option 'gamma'; its options "
+                       r"are: total_epochs, warmup_epochs, start_lr, end_lr, besides its rate "
+                       r"peak_lr \(petal train sets it from learning_rate\)\."):  # fmt: skip
+        build_schedule("warmup_cosine", steps_per_epoch=2, peak_lr=1.0, total_epochs=2, gamma=1)
+    with pytest.raises(PetalError, match=r"options are: start_lr, min_lr, rampup_epochs, "
+                       r"sustain_epochs, decay, replicas, interpolate, besides its rate max_lr "
+                       r"\(petal train sets it from learning_rate when that is set\)"):  # fmt: skip
+        build_schedule("codelab_ramp", steps_per_epoch=2, gamma=0.1)
 
 
 @pytest.mark.parametrize(

@@ -321,7 +321,11 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help="records folder from petal convert, codelab shards or an image folder",
     )
     parser.add_argument(
-        "--workdir", default=None, metavar="DIR", help="output folder (default runs/PRESET)"
+        "--workdir",
+        default=None,
+        metavar="DIR",
+        help="output folder (default runs/PRESET: the preset of --preset, else of the --config "
+        "file, else runs/default)",
     )
     parser.add_argument("--model", default=None, help="registered model name (petal models)")
     parser.add_argument("--epochs", type=int, default=None)
@@ -371,10 +375,8 @@ def _run_train(args: argparse.Namespace) -> int:
         for name in list_presets():
             print(f"{name:<20}{preset_doc(name)}")
         return 0
-    if args.workdir is None:
-        if args.resume:
-            raise PetalError("--resume needs the --workdir of the run to continue.")
-        args.workdir = str(Path("runs") / (args.preset or "default"))
+    if args.workdir is None and args.resume:
+        raise PetalError("--resume needs the --workdir of the run to continue.")
     base = None
     if args.resume:
         if args.preset:
@@ -405,6 +407,8 @@ def _run_train(args: argparse.Namespace) -> int:
         precision=args.precision,
         weights=weights,
     )
+    if args.workdir is None:  # the preset resolved: --preset's, else the --config file's
+        args.workdir = str(Path("runs") / config.preset)
 
     from petal.training.loop import train
 
@@ -577,7 +581,11 @@ def _add_demo(parser: argparse.ArgumentParser) -> None:
         help="folder of class sub-folders (default $PETAL_DATA, else tf_flowers)",
     )
     parser.add_argument(
-        "--workdir", default="petal-demo", metavar="DIR", help="default ./petal-demo"
+        "--workdir",
+        default="petal-demo",
+        metavar="DIR",
+        help="default ./petal-demo, outside --data; the records go to DIR/records and are reused "
+        "while the photos are unchanged (records or a run no demo wrote are never replaced)",
     )
     parser.add_argument(
         "--set",

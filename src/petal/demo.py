@@ -7,16 +7,19 @@ else ``$PETAL_DATA``, else the tf_flowers archive (218 MB) downloaded once into
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import os
 import shutil
 import tarfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from petal.errors import PetalError, cannot_write
+from petal.errors import PetalError, cannot_write, first_line
 
 FLOWERS_URL = (
     "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -32,8 +35,9 @@ def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) 
     """The tf_flowers photos as a folder of class sub-folders, downloaded once.
 
     Raises:
-        PetalError: the archive cannot be downloaded (offline, blocked), in one line
-            saying how to pass local photos instead.
+        PetalError: the archive cannot be downloaded (offline, blocked), or the cached one
+            is damaged or not the flowers archive (it is deleted, so the next call downloads
+            it again), in one line saying how to pass local photos instead.
     """
     root = cache_dir()
     folder = root / "flower_photos"
@@ -61,8 +65,33 @@ def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) 
     log(f"petal demo: extracting {archive}")
     tmp = root / "flower_photos.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
+        # A download cut short or replaced: delete it, or every run would fail on it.
+        shutil.rmtree(tmp, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        # tarfile.open's error lists each compression it tried: not a .tgz at all.
+        reason = "not a tar archive" if "opened successfully" in str(err) else first_line(err)
+        raise PetalError(
+            f"The cached tf_flowers archive {archive} is damaged ({reason}); it was "
+            "deleted, so the next petal demo downloads it again (or pass --data FOLDER)."
+        ) from None
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PetalError(
+            f"Cannot extract {archive} into {root} ({err.strerror or err}); free some space "
+            "there or set PETAL_CACHE to another folder, or pass --data FOLDER."
+        ) from None
+    if not (tmp / "flower_photos" / "roses").is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+        raise PetalError(
+            f"The cached archive {archive} is not the tf_flowers archive (no "
+            "flower_photos/roses/ in it); it was deleted, so the next petal demo downloads "
+            "it again (or pass --data FOLDER)."
+        )
     shutil.rmtree(folder, ignore_errors=True)
     (tmp / "flower_photos").replace(folder)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -105,13 +134,14 @@ def run_demo(
     """Convert ``data`` into ``WORKDIR/records``, train ``preset`` into ``WORKDIR``, evaluate
     on the validation split and write ``WORKDIR/report.html``.
 
-    Records already in ``WORKDIR/records`` from the same photos are reused; a previous demo
-    run in ``WORKDIR`` is replaced.
+    Records already in ``WORKDIR/records`` from the same photos (same classes and number of
+    files) are reused; records a demo converted from other photos, and a previous demo run in
+    ``WORKDIR``, are replaced. Records or a run that no demo wrote are never replaced.
 
     Returns:
         ``{"metrics": ..., "evaluation": ..., "report": path}``.
     """
-    from petal.data import convert, read_manifest
+    from petal.data import convert
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.report import build_report
     from petal.models import model_info
@@ -129,31 +159,172 @@ def run_demo(
         )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
     model_info(config.model)
+    if workdir.exists() and not workdir.is_dir():
+        raise PetalError(
+            f"Demo folder {workdir} is a file; pass --workdir a folder (a new one, or one "
+            "petal demo wrote)."
+        )
     _refuse_other_runs(workdir, records)
     if reason := cannot_write(workdir, folder=True):
         raise PetalError(f"Demo folder {workdir} cannot be written: {reason}; pass --workdir "
                          "a folder you can write.")
     source = resolve_data(data, log)
+    if source.resolve() in (workdir.resolve(), *workdir.resolve().parents):
+        where = "is" if source.resolve() == workdir.resolve() else "is inside"
+        raise PetalError(
+            f"Demo folder {workdir} {where} the photos folder {source}: its records would be "
+            "read as a class. Pass a --workdir outside --data."
+        )
     size = config.image_size or 192
-    manifest_path = records / "manifest.json"
-    reuse = False
-    if manifest_path.is_file():
-        manifest = read_manifest(records)
-        reuse = Path(
-            str(manifest.get("source", ""))
-        ).resolve() == source.resolve() and manifest.get("image_size") == [size, size]
-    if reuse:
+    photos = _find_photos(source)
+    manifest = _records_manifest(records)
+    stale = _why_not_reuse(manifest, source, size, photos)
+    if manifest is not None and stale is None:
         log(f"petal demo: reusing the records in {records}")
+        _check_validation(manifest, source)
     else:
+        _refuse_other_records(workdir, records, manifest, source, stale)
+        if manifest is not None:
+            log(f"petal demo: not reusing the records in {records}: {stale}")
         log(f"petal demo: converting {source} -> {records} at {size}x{size}")
+        _write_marker(workdir, source, None)  # converting: the records are the demo's
         summary = convert(source, records, image_size=size, overwrite=True)
-        for line in str(summary).splitlines():  # the summary, then any warnings
+        manifest = summary.manifest
+        _write_marker(workdir, source, manifest.get("created"))
+        first, *warnings = str(summary).splitlines()
+        log(f"petal demo: {first}")
+        _check_validation(manifest, source)  # before warnings that name convert's options
+        for line in warnings:
             log(f"petal demo: {line}")
     metrics = train(config, workdir, overwrite=True, log=log)
     evaluation = evaluate(workdir, records, log=log)
     report = build_report(workdir)
     log(f"petal demo: report written to {report}")
     return {"metrics": metrics, "evaluation": evaluation, "report": str(report)}
+
+
+def _find_photos(source: Path):
+    """The photos' classes and files, or one line saying what the demo needs of ``--data``."""
+    from petal.data import find_images
+
+    photos = find_images(str(source), min_classes=1)
+    if len(photos.classes) < 2:
+        (name,) = photos.classes
+        # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
+        inner = {f.relpath.split("/")[1] for f in photos.files if f.relpath.count("/") > 1}
+        hint = f"; did you mean --data {source / name}?" if len(inner) > 1 else "."
+        raise PetalError(
+            f"Demo data {source} holds one class sub-folder ({name!r}); petal demo trains a "
+            "classifier and needs at least two: pass --data a folder with a sub-folder of "
+            f"photos per class{hint}"
+        )
+    return photos
+
+
+def _records_manifest(records: Path) -> dict | None:
+    """The manifest of ``records``, or None when there is none or it is damaged."""
+    from petal.data import read_manifest
+
+    if not (records / "manifest.json").is_file():
+        return None
+    try:
+        return read_manifest(records)
+    except PetalError:
+        return None
+
+
+def _why_not_reuse(manifest: dict | None, source: Path, size: int, photos) -> str | None:
+    """Why the records of ``manifest`` are not those of the photos in ``source`` at ``size``
+    (they were converted from other photos, at another size, or the photos changed since);
+    None when they are."""
+    if manifest is None:
+        return "no finished conversion"
+    converted = str(manifest.get("source", ""))
+    if not converted or Path(converted).resolve() != source.resolve():
+        return f"they were converted from other photos ({converted or 'unknown'})"
+    if manifest.get("image_size") != [size, size]:
+        shown = "x".join(map(str, manifest.get("image_size") or ["?"]))
+        return f"they are {shown}, the demo needs {size}x{size}"
+    classes = list(photos.classes)
+    if manifest.get("classes") != classes:
+        return (
+            f"the photos changed: their classes are now {', '.join(classes)} (the records "
+            f"have {', '.join(map(str, manifest.get('classes') or []))})"
+        )
+    if manifest.get("images_found") != len(photos.files):
+        return (
+            f"the photos changed: {len(photos.files)} image files now, "
+            f"{manifest.get('images_found')} when they were converted"
+        )
+    return None
+
+
+MARKER = "demo.json"  # in WORKDIR: the demo converted WORKDIR/records (which conversion)
+
+
+def _write_marker(workdir: Path, source: Path, created: str | None) -> None:
+    """Record that the demo writes ``WORKDIR/records`` (``created``: None while converting,
+    then the manifest's ``created``), so a later demo may replace them but no others."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"records": "records", "source": str(source.resolve()), "created": created})
+    (workdir / MARKER).write_text(text + "\n")
+
+
+def _demo_wrote(workdir: Path, records: Path, manifest: dict | None) -> bool:
+    """Whether ``records`` are the demo's to replace: its marker names this conversion (or a
+    conversion it began), or (a demo from before the marker) the run in ``workdir``, which
+    :func:`_refuse_other_runs` found to be a demo's, trained on them."""
+    try:
+        marker = json.loads((workdir / MARKER).read_text())
+    except (OSError, ValueError):
+        marker = None
+    if isinstance(marker, dict) and "created" in marker:
+        created = marker["created"]
+        return created is None or (manifest is not None and manifest.get("created") == created)
+    return (workdir / "config.json").is_file()
+
+
+def _refuse_other_records(
+    workdir: Path, records: Path, manifest: dict | None, source: Path, stale: str | None
+) -> None:
+    """Raise when converting would replace records (or other files) in ``records`` that no
+    demo wrote: someone's conversion of other photos, hours of work."""
+    if records.exists() and not records.is_dir():
+        raise PetalError(
+            f"{records} is a file, where petal demo writes its records; pass another "
+            f"--workdir, or delete {records}."
+        )
+    if not records.is_dir() or not any(records.iterdir()):
+        return
+    if _demo_wrote(workdir, records, manifest):
+        return
+    if manifest is None:
+        raise PetalError(
+            f"{records} holds files that petal demo did not write; the demo would convert "
+            f"into that folder. Pass another --workdir, or delete {records}."
+        )
+    converted = manifest.get("source")
+    if converted and Path(str(converted)).resolve() != source.resolve():
+        stale = f"with records of {source}"
+    raise PetalError(
+        f"{records} holds records that petal demo did not write (converted from {converted}); "
+        f"the demo would replace them ({stale}). Pass another --workdir, or delete {records}."
+    )
+
+
+def _check_validation(manifest: dict, source: Path) -> None:
+    """Raise when the records have no validation image: the demo validates every epoch and
+    evaluates on them, and its photos are all it can change."""
+    if manifest["splits"]["validation"]["count"] > 0:
+        return
+    fraction = manifest["val_fraction"]
+    need = math.ceil(0.5 / fraction) if fraction > 0 else None
+    enough = f" (at least {need} photos)" if need else ""
+    raise PetalError(
+        f"The photos in {source} are too few for petal demo: it keeps {fraction} of each "
+        "class's photos (rounded) to validate on, none here. Add photos to a class "
+        f"sub-folder of --data{enough} and run petal demo again."
+    )
 
 
 def _refuse_other_runs(workdir: Path, records: Path) -> None:

@@ -146,6 +146,11 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Check values that need no TensorFlow; raises PetalError naming the field."""
+        # Types first (a config built in Python skips apply_overrides' checks): a string
+        # where a number goes would otherwise fail below as Python's comparison TypeError.
+        hints = typing.get_type_hints(TrainConfig)
+        for item in dataclasses.fields(self):
+            _coerce(item.name, getattr(self, item.name), hints[item.name], "")
         _check_positive(self, "epochs", "batch_size", "shuffle_buffer", "steps_per_execution")
         _check_positive(
             self,

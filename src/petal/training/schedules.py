@@ -66,7 +66,8 @@ def scale_lr(
     """
     if batch_size < 1 or reference_batch < 1:
         raise PetalError(
-            f"Batch sizes must be positive. Received: batch_size={batch_size}, reference_batch={reference_batch}"
+            "Batch sizes must be positive. "
+            f"Received: batch_size={batch_size}, reference_batch={reference_batch}"
         )
     ratio = batch_size / reference_batch
     if rule == "linear":
@@ -212,6 +213,9 @@ SCHEDULES: dict[str, Callable[..., StepFn]] = {
     "constant": constant,
 }
 
+# Each schedule's peak (or only) rate: training sets it from ``learning_rate``.
+RATE_OPTIONS = {"codelab_ramp": "max_lr", "warmup_cosine": "peak_lr", "constant": "lr"}
+
 
 @keras.saving.register_keras_serializable(package="petal")
 class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -255,9 +259,8 @@ def _check_options(name: str, kwargs: dict) -> None:
     params = inspect.signature(SCHEDULES[name]).parameters
     for key, value in kwargs.items():
         if key not in params:
-            accepted = ", ".join(p for p in params if p != "steps_per_epoch")
             raise PetalError(
-                f"Schedule {name!r} takes no option {key!r}; its options are: {accepted}. "
+                f"Schedule {name!r} takes no option {key!r}; {_options_line(name)}. "
                 f"Received: {key}={value!r}"
             )
         if params[key].annotation in ("bool", bool):
@@ -278,6 +281,19 @@ def _check_options(name: str, kwargs: dict) -> None:
             )
         if value < 0:
             raise PetalError(f"Schedule option {key} must be >= 0. Received: {key}={value!r}")
+
+
+def _options_line(name: str) -> str:
+    """The options of schedule ``name`` one may choose, apart from the length of an epoch and
+    the rate, which training sets (from the data and ``learning_rate``)."""
+    rate = RATE_OPTIONS[name]
+    chosen = [p for p in inspect.signature(SCHEDULES[name]).parameters
+              if p not in ("steps_per_epoch", rate)]  # fmt: skip
+    where = " when that is set" if name == "codelab_ramp" else ""
+    besides = f"its rate {rate} (petal train sets it from learning_rate{where})"
+    if not chosen:
+        return f"it has no options besides {besides}"
+    return f"its options are: {', '.join(chosen)}, besides {besides}"
 
 
 def build_schedule(name: str, **kwargs) -> StepSchedule:
