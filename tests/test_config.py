@@ -52,6 +52,8 @@ def test_codelab_presets_follow_the_codelab():
     assert (xc.model, xc.weights, xc.image_size, xc.epochs) == ("xception", "imagenet", 331, 12)
     assert xc.schedule == "codelab_ramp" and xc.fine_tune == "all"
     assert xc.schedule_options["rampup_epochs"] == 5 and xc.schedule_options["decay"] == 0.8
+    # The codelab feeds /255 pixels (codelab.md 1.3), not the [-1, 1] of the weights.
+    assert xc.normalization == "unit"
     conv = get_preset("codelab-convnet")
     assert (conv.model, conv.epochs, conv.single_device_batch_size, conv.augment) == (
         "convnet",

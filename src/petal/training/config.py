@@ -342,7 +342,10 @@ def codelab_xception() -> TrainConfig:
     Reproduces ``07_Keras_Flowers_TPU_xception_fine_tuned_best.ipynb`` (mean-of-last-5 val
     accuracy 0.96-0.97). All layers trainable from epoch 1 (BatchNorm too, as the codelab);
     Adam with the codelab's ramp 1e-5 -> 5e-5 x replicas over 5 epochs (2e-4 on one
-    replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch 16 x replicas; flip+saturation; no cache. Needs the ImageNet
+    replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch
+    16 x replicas; flip+saturation; no cache; pixels in [0, 1] as the codelab feeds them,
+    although Keras' Xception weights were trained on [-1, 1] (``--set
+    normalization=symmetric`` matches them). Needs the ImageNet
     weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
     in the codelab); hours on a 2-core CPU.
     """
@@ -351,7 +354,7 @@ def codelab_xception() -> TrainConfig:
         model="xception",
         weights="imagenet",
         image_size=331,
-        normalization="symmetric",
+        normalization="unit",  # the codelab's /255, not the weights' [-1, 1]
         epochs=12,
         batch_size=16,
         optimizer="adam",
