@@ -260,3 +260,18 @@ def test_credentials_in_a_url_are_refused_without_being_shown(make_records, caps
         assert main(["inspect", url]) == 2
         err = capsys.readouterr().err
         assert f"http://***@127.0.0.1:{server.port}/records" in err and "hunter2" not in err
+
+
+def test_evaluate_on_the_training_photos_over_http_warns(trained, small_flowers):
+    """Served over http, the folder the run's records came from was scored without a word
+    (locally it gets the names-and-sizes warning)."""
+    from petal.evaluation.evaluate import evaluate
+
+    with remote.ObjectServer({"photos": small_flowers}) as server:
+        url = server.url("photos")
+        warnings = []
+        report = evaluate(trained, url, log=lambda line: None, warn=warnings.append)
+        assert report["count"] == 60
+        [copy] = [w for w in warnings if "most likely copies" in w]
+        assert copy.startswith(f"50 of the 60 images of {url} have the names and sizes of "
+                               f"training photos in {small_flowers}")

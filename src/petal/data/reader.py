@@ -521,17 +521,25 @@ def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> N
                     (val.add if validated else val.discard)(rel)
 
 
+def http_images(root: str) -> dict[str, int]:
+    """``{relative key: bytes}`` of the image files under an http folder (one listing
+    request). Hidden entries are not read, as in a local folder (:func:`folders.is_hidden`)."""
+    from petal.data import remote
+
+    return {
+        k: size
+        for k, size in remote.list_objects(root).items()
+        if k.lower().endswith(folders.IMAGE_EXTENSIONS)
+        and not any(map(folders.is_hidden, k.split("/")))
+    }
+
+
 def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
     """(url, relpath, label) of every image under an http folder, and the class names.
     Hidden entries are not read, as in a local folder (:func:`folders.is_hidden`)."""
     from petal.data import remote
 
-    keys = sorted(
-        k
-        for k in remote.list_objects(root)
-        if k.lower().endswith(folders.IMAGE_EXTENSIONS)
-        and not any(map(folders.is_hidden, k.split("/")))
-    )
+    keys = sorted(http_images(root))
     by_class: dict[str, list[str]] = {}
     for key in keys:
         if "/" in key:

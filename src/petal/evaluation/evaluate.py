@@ -329,8 +329,15 @@ def _old_split_warning(run, split: str) -> str | None:
 
 
 def _photos(root: str) -> set[tuple[str, int]] | None:
-    """(relative path, bytes) of each image in a local image folder, or None if it cannot
-    be listed (gone, remote: not worth a listing over the network)."""
+    """(relative path, bytes) of each image in a local or http image folder, or None if it
+    cannot be listed (gone; gs://: a request per file is not worth it)."""
+    if str(root).startswith(("http://", "https://")):
+        from petal.data.reader import http_images
+
+        try:
+            return {(key, size) for key, size in http_images(root).items() if "/" in key}
+        except (PetalError, OSError, ValueError, KeyError):
+            return None
     if is_remote(root) or not os.path.isdir(root):
         return None
     try:
