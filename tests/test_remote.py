@@ -275,3 +275,16 @@ def test_evaluate_on_the_training_photos_over_http_warns(trained, small_flowers)
         [copy] = [w for w in warnings if "most likely copies" in w]
         assert copy.startswith(f"50 of the 60 images of {url} have the names and sizes of "
                                f"training photos in {small_flowers}")
+
+
+def test_messages_about_http_data_name_what_can_be_done(trained, tmp_path):
+    from petal.data.reader import corrupt_input_error
+    from petal.evaluation.predict import predict
+
+    # petal inspect cannot read http: a corrupt record points at a local copy.
+    message = str(corrupt_input_error(ValueError("bad"), "http://127.0.0.1:1/recs", "train"))
+    assert "Run `petal inspect --verify` on a local copy, reconvert" in message
+    # predict took the URL for a path ("Image not found: http:/127.0.0.1...").
+    with pytest.raises(PetalError, match=r"^petal predict reads local files; "
+                       r"http://127\.0\.0\.1:1/a\.jpg is a URL: download the images"):
+        predict(trained, ["http://127.0.0.1:1/a.jpg"], progress=False)

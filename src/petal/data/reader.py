@@ -718,9 +718,11 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
         # error names neither its shard nor the record.
         shown = some_files(bad, f"{action} with --skip-corrupt lists each")
         reason = f"{len(bad)} record(s) whose image cannot be decoded: {shown}."
+    # petal inspect reads local and gs:// records, not http.
+    on = "a local copy" if _is_http(str(getattr(data, "path", data))) else "it"
     return PetalError(
-        f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on it, reconvert, or "
-        f"{action} with --skip-corrupt to skip and count bad records."
+        f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on {on}, reconvert, "
+        f"or {action} with --skip-corrupt to skip and count bad records."
     )
 
 

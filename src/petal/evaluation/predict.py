@@ -174,6 +174,12 @@ def predict(
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
+    if urls := [str(i) for i in images if "://" in str(i)]:
+        # A path would have mangled it ("http:/host/..."), then called it not found.
+        raise PetalError(
+            f"petal predict reads local files; {urls[0]} is a URL: download the images and "
+            "pass their paths."
+        )
     run = open_run(workdir)
     top_k = top_k_for(run, top_k, warn)
     images = expand_images(images, warn=warn)
