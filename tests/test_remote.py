@@ -288,3 +288,15 @@ def test_messages_about_http_data_name_what_can_be_done(trained, tmp_path):
     with pytest.raises(PetalError, match=r"^petal predict reads local files; "
                        r"http://127\.0\.0\.1:1/a\.jpg is a URL: download the images"):
         predict(trained, ["http://127.0.0.1:1/a.jpg"], progress=False)
+
+
+def test_bench_input_refuses_http_records_in_one_line(make_records, capsys):
+    from petal.cli import main
+
+    folder = make_records(counts={"train": [4], "validation": [3]})
+    with remote.ObjectServer({"records": folder}) as server:
+        assert main(["bench", "input", server.url("records")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # It was TensorFlow's "File system scheme 'http' not implemented".
+    assert err[-1].startswith("petal bench: error: bench input measures records on a local "
+                              "disk or gs://;")

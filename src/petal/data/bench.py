@@ -369,6 +369,12 @@ def run(
     from petal.data.reader import open_source
 
     src = open_source(records)
+    if src.remote:
+        raise PetalError(
+            f"bench input measures records on a local disk or gs://; {records} is read over "
+            "http: pass a local copy (--remote-latency-ms MS measures http reads on a loopback "
+            "store)."
+        )
     if src.kind == "folder":
         raise PetalError(
             f"{records} is a folder of images; bench input measures records: convert it first "
