@@ -300,3 +300,23 @@ def test_bench_input_refuses_http_records_in_one_line(make_records, capsys):
     # It was TensorFlow's "File system scheme 'http' not implemented".
     assert err[-1].startswith("petal bench: error: bench input measures records on a local "
                               "disk or gs://;")
+
+
+def test_an_http_folder_names_the_files_it_does_not_read_as_a_local_one(small_flowers,
+                                                                        tmp_path):
+    folder = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "stray.jpg").write_bytes(b"x")
+    (folder / "daisy" / "img.tiff").write_bytes(b"x")
+    (folder / "daisy" / ".ipynb_checkpoints").mkdir()
+    (folder / "daisy" / ".ipynb_checkpoints" / "a-checkpoint.jpg").write_bytes(b"x")
+    (folder / "roses" / ".DS_Store").write_bytes(b"x")
+    local = open_source(str(folder)).notes
+    assert len(local) == 1 and "stray.jpg" in local[0]
+    with remote.ObjectServer({"photos": folder}) as server:
+        url = server.url("photos")
+        # They were dropped without a word over http.
+        assert open_source(url).notes == (local[0].replace(str(folder), url, 1),)

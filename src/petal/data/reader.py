@@ -402,7 +402,8 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
     notes: tuple[str, ...] = ()
     if _is_http(root):
-        pairs, names = _list_http_folder(root, classes)
+        pairs, names, note = _list_http_folder(root, classes)
+        notes = (note,) if note else ()
     else:
         found = folders.find_images(root, classes, min_classes=min_classes)
         notes = tuple(note for note in [found.unread_note()] if note)
@@ -521,25 +522,53 @@ def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> N
                     (val.add if validated else val.discard)(rel)
 
 
-def http_images(root: str) -> dict[str, int]:
+def http_images(root: str, objects: dict[str, int] | None = None) -> dict[str, int]:
     """``{relative key: bytes}`` of the image files under an http folder (one listing
-    request). Hidden entries are not read, as in a local folder (:func:`folders.is_hidden`)."""
+    request, unless its ``objects`` are given). Hidden entries are not read, as in a local
+    folder (:func:`folders.is_hidden`)."""
     from petal.data import remote
 
     return {
         k: size
-        for k, size in remote.list_objects(root).items()
+        for k, size in (remote.list_objects(root) if objects is None else objects).items()
         if k.lower().endswith(folders.IMAGE_EXTENSIONS)
         and not any(map(folders.is_hidden, k.split("/")))
     }
 
 
-def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], list[str]]:
-    """(url, relpath, label) of every image under an http folder, and the class names.
-    Hidden entries are not read, as in a local folder (:func:`folders.is_hidden`)."""
+def _http_unread_note(root: str, objects: dict[str, int], classes) -> str:
+    """:meth:`folders.ImageFolder.unread_note` for an http folder's listing: the objects
+    that are not read, named as a local folder's files are (an object store has no empty
+    folders)."""
+    ignored = set()
+    for key in objects:
+        parts = key.split("/")
+        hidden = next((i for i, part in enumerate(parts) if folders.is_hidden(part)), None)
+        if hidden is not None:  # a hidden folder as "a/.folder/", a hidden file as itself
+            ignored.add("/".join(parts[: hidden + 1]) + ("/" if hidden < len(parts) - 1 else ""))
+        elif len(parts) == 1 or not key.lower().endswith(folders.IMAGE_EXTENSIONS):
+            ignored.add(key)
+    left_out = {k.split("/", 1)[0] for k in objects if "/" in k} - set(classes)
+    found = folders.ImageFolder(
+        root=root,
+        classes=tuple(classes),
+        files=(),
+        ignored=tuple(sorted(ignored)),
+        left_out=tuple(sorted(left_out)),
+    )
+    return found.unread_note()
+
+
+def _list_http_folder(
+    root: str, classes
+) -> tuple[list[tuple[str, str, int]], list[str], str]:
+    """(url, relpath, label) of every image under an http folder, the class names, and the
+    line naming the objects not read ("" when none). Hidden entries are not read, as in a
+    local folder (:func:`folders.is_hidden`)."""
     from petal.data import remote
 
-    keys = sorted(http_images(root))
+    objects = remote.list_objects(root)
+    keys = sorted(http_images(root, objects))
     by_class: dict[str, list[str]] = {}
     for key in keys:
         if "/" in key:
@@ -555,7 +584,7 @@ def _list_http_folder(root: str, classes) -> tuple[list[tuple[str, str, int]], l
     pairs = [
         (remote.key_url(root, key), key, i) for i, c in enumerate(names) for key in by_class[c]
     ]
-    return pairs, names
+    return pairs, names, _http_unread_note(root, objects, names)
 
 
 def _check_split(split: str) -> str:
