@@ -320,3 +320,41 @@ def test_an_http_folder_names_the_files_it_does_not_read_as_a_local_one(small_fl
         url = server.url("photos")
         # They were dropped without a word over http.
         assert open_source(url).notes == (local[0].replace(str(folder), url, 1),)
+
+
+def test_shard_downloads_follow_redirects_and_stop_a_loop(tmp_path):
+    """Shards were not redirected at all ("HTTP 302"), while urllib's requests were; a
+    redirect loop ran over three lines."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if self.path == "/real":
+                self.send_response(200)
+                self.send_header("Content-Length", "5")
+                self.end_headers()
+                self.wfile.write(b"hello")
+                return
+            self.send_response(302)
+            self.send_header("Location", "/real" if self.path == "/moved" else "/loop")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert remote.download_to_file(f"{base}/moved", str(tmp_path / "x")) == 5
+        assert (tmp_path / "x").read_bytes() == b"hello"
+        with pytest.raises(PetalError, match=rf"^More than 5 redirects reading {base}/loop$"):
+            remote.download_to_file(f"{base}/loop", str(tmp_path / "y"))
+        with pytest.raises(PetalError) as caught:
+            remote.get_bytes(f"{base}/loop")
+        assert "\n" not in str(caught.value) and str(caught.value).startswith("HTTP 302")
+    finally:
+        server.shutdown()
+        server.server_close()

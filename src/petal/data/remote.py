@@ -313,7 +313,9 @@ def _request(
                 continue
             if err.code == 404:
                 raise FileNotFoundError(f"Not found: {url}") from err
-            raise PetalError(f"HTTP {err.code} reading {url}: {err.reason}") from err
+            # A redirect loop's reason runs over three lines.
+            reason = str(err.reason).strip().splitlines()[0] if str(err.reason).strip() else ""
+            raise PetalError(f"HTTP {err.code} reading {url}: {reason}") from err
         except urllib.error.URLError as err:
             raise PetalError(f"Cannot reach {url}: {err.reason}") from err
     raise PetalError(f"Server stayed busy reading {url}")
@@ -408,23 +410,39 @@ def _staging_dir() -> str:
 _STAGING: str | None = None
 
 
+# Redirects followed per object, as urllib does for the other requests.
+MAX_REDIRECTS = 5
+
+
 def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
-    """Stream the object at ``url`` into ``path`` with one request; returns its size."""
-    parts = urllib.parse.urlsplit(requote(url))
-    conn_cls = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    for attempt in range(4):
+    """Stream the object at ``url`` into ``path`` with one request (following redirects);
+    returns its size."""
+    target, redirects, attempt = url, 0, 0
+    while True:
+        parts = urllib.parse.urlsplit(requote(target))
+        conn_cls = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
         conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
         try:
             conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
             resp = conn.getresponse()
             if resp.status == 503 and attempt < 3:
                 resp.read()
-                time.sleep(0.05 * (attempt + 1))
+                attempt += 1
+                time.sleep(0.05 * attempt)
+                continue
+            if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+                resp.read()
+                redirects += 1
+                if redirects > MAX_REDIRECTS:
+                    raise PetalError(f"More than {MAX_REDIRECTS} redirects reading {url}")
+                target = urllib.parse.urljoin(target, resp.getheader("Location"))
                 continue
             if resp.status == 404:
                 raise FileNotFoundError(f"Not found: {url}")
+            if resp.status == 503:
+                raise PetalError(f"Server stayed busy reading {url}")
             if resp.status != 200:
                 raise PetalError(f"HTTP {resp.status} reading {url}: {resp.reason}")
             with open(path, "wb") as f:
@@ -435,7 +453,6 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
             raise PetalError(f"Cannot read {url}: {err}") from err
         finally:
             conn.close()
-    raise PetalError(f"Server stayed busy reading {url}")
 
 
 def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
