@@ -255,6 +255,10 @@ def test_credentials_in_a_url_are_refused_without_being_shown(make_records, caps
         assert "hunter2" not in message and "alice" not in message
         assert message.startswith(f"http://***@127.0.0.1:{server.port}/records carries "
                                   "credentials in the URL")
+        # A query string was taken for a glob ("HTTP 403 reading http://127.0.0.1:P/?list").
+        with pytest.raises(PetalError, match=r"/records\?token=abc: petal reads http folders by "
+                           r"their path alone \(a query or fragment"):
+            open_source(server.url("records") + "?token=abc")
         # Every command's error hides them, also where another message names the URL.
         capsys.readouterr()
         assert main(["inspect", url]) == 2

@@ -919,5 +919,11 @@ def _fs_for(path: str):
                 f"{shown} carries credentials in the URL, which petal neither sends nor "
                 "keeps secret; serve the data without them (e.g. a local proxy that adds them)."
             )
+        if parts.query or parts.fragment:
+            # "?" would be taken for a glob, and the listing request put after the query.
+            raise PetalError(
+                f"{path}: petal reads http folders by their path alone (a query or fragment, "
+                "as in a signed URL, is not supported); pass the folder's URL without it."
+            )
         return remote.HttpFS()
     return _GFileFS()
