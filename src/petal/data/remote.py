@@ -464,6 +464,8 @@ def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
     never-ending file.
     """
     length = resp.getheader("Content-Length")
+    if length is not None and length.isdigit():
+        block = max(1, min(block, int(length)))  # a photo needs no 1 MiB buffer
     buffer = memoryview(bytearray(block))
     size = 0
     start = time.monotonic()
