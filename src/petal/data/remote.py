@@ -464,20 +464,19 @@ def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
     never-ending file.
     """
     length = resp.getheader("Content-Length")
-    if length is not None and length.isdigit():
-        block = max(1, min(block, int(length)))  # a photo needs no 1 MiB buffer
-    buffer = memoryview(bytearray(block))
     size = 0
     start = time.monotonic()
     while True:
+        # read1: what has arrived, up to block (readinto waits for a full block, so a
+        # trickle was checked only at its end).
         try:
-            n = resp.readinto(buffer)
+            chunk = resp.read1(block)
         except http.client.IncompleteRead:
-            n = 0
-        if not n:
+            chunk = b""
+        if not chunk:
             break
-        write(buffer[:n])
-        size += n
+        write(chunk)
+        size += len(chunk)
         elapsed = time.monotonic() - start
         if elapsed > TIMEOUT_S and size < MIN_BYTES_PER_S * elapsed:
             raise PetalError(
