@@ -370,3 +370,41 @@ def test_shard_downloads_follow_redirects_and_stop_a_loop(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_undecodable_http_records_and_files_say_what_was_not_searched(
+    trained, small_records, small_flowers, tmp_path
+):
+    import shutil
+
+    from conftest import break_image, tiny_config
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    break_image(sorted(records.glob("validation-*.tfrec"))[0], 0)
+    photos = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:4]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    (photos / "tulips" / "broken.jpg").write_bytes(b"not a JPEG")
+    with remote.ObjectServer({"records": records, "photos": photos}) as server:
+        # TensorFlow's pipeline text ("Error in user-defined function passed to
+        # ParallelMapDatasetV2:3 transformation with iterator: Iterator::Root::...") is gone,
+        # and the message says why the record is not named.
+        with pytest.raises(PetalError) as caught:
+            evaluate(trained, server.url("records"), log=lambda line: None,
+                     warn=lambda line: None)
+        message = str(caught.value)
+        assert "Iterator::" not in message and "user-defined function" not in message
+        assert message.startswith(f"Corrupt input in {server.url('records')}: ")
+        assert "(the record is not named: petal searches local records only" in message
+        # A folder not checked up front: its count is unknown (it said 0).
+        lines = []
+        cfg = tiny_config(server.url("photos"), epochs=1, steps_per_epoch=1, model="dense",
+                          batch_size=4, skip_corrupt=True, cache=False)
+        metrics = train(cfg, tmp_path / "run", log=lines.append)
+        assert metrics["skipped_corrupt_records"] is None
+        assert any("undecodable ones are dropped without a count" in line for line in lines)

@@ -70,7 +70,11 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     state_path = workdir / "state.json"
     saved_state = state_path.read_text()
     for damaged, why in (('{"epoch": 2, "best', "Unterminated string"), ("[2]", "a JSON list"),
-                         ('{"epoch": "two"}', "epoch is 'two', not a whole number")):
+                         ('{"epoch": "two"}', "epoch is 'two', not a whole number"),
+                         ('{"epoch": -1}', "epoch is -1, not a whole number >= 0"),
+                         # A traceback at the start, and one after a whole epoch trained:
+                         ('{"epoch": 2, "wall_seconds": "a"}', "wall_seconds is 'a', not a "),
+                         ('{"epoch": 2, "best_val_accuracy": "x"}', "best_val_accuracy is 'x'")):
         state_path.write_text(damaged)
         with pytest.raises(PetalError) as caught:
             train(cfg, workdir, resume=True, **QUIET)
@@ -545,21 +549,23 @@ def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
     most of it every epoch. Counted once, however many epochs, and said at the end."""
     import shutil
 
-    from conftest import corrupt_record
+    from conftest import break_image, corrupt_record
 
     records = tmp_path / "records"
     shutil.copytree(small_records, records)
-    shard = sorted(records.glob("train-*.tfrec"))[0]
+    shard, other = sorted(records.glob("train-*.tfrec"))
     in_shard = int(shard.name.rsplit("-", 1)[1].split(".")[0])
     corrupt_record(shard, 1)
+    break_image(other, 0)  # and an image that does not decode: one record more, of 50 still
     lines = []
     cfg = tiny_config(records, epochs=2, model="dense", skip_corrupt=True)
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["skipped_corrupt_records"] == metrics["skipped_corrupt_train_records"]
-    assert metrics["skipped_corrupt_train_records"] == in_shard - 1
+    assert metrics["skipped_corrupt_train_records"] == in_shard
+    assert metrics["undecodable_records_counted"] is True
     assert (
-        f"petal train: warning: --skip-corrupt left {in_shard - 1} of the 50 training records "
-        f"({100 * (in_shard - 1) / 50:.0f}%) out of every epoch: after a corrupt record the "
+        f"petal train: warning: --skip-corrupt left {in_shard} of the 50 training records "
+        f"({100 * in_shard / 50:.0f}%) out of every epoch: after a corrupt record the "
         "reader skips the rest of its shard. Restore the shard, or convert the photos again, "
         "to train on all of them."
     ) in lines

@@ -720,7 +720,7 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
     )
 
 
-def corrupt_input_error(err, data, action: str) -> PetalError:
+def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalError:
     """A one-line error for a corrupt record or image that stopped ``action`` on ``data``.
 
     ``err`` is the ``DataLossError`` or ``InvalidArgumentError`` TensorFlow raised; when it
@@ -742,11 +742,21 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     ]
     lines = [ln for ln in lines if ln]
     reason = ours.group(1) if ours else (lines or ["unknown error"])[0]
-    if not ours and (bad := _undecodable_records(data)):
+    # "Error in user-defined function passed to ParallelMapDatasetV2:3 transformation with
+    # iterator: Iterator::Root::...: jpeg::Uncompress failed." -> the last part.
+    reason = re.sub(r"^Error in user-defined function passed to .*? with iterator: \S+: ", "",
+                    reason)
+    bad = None if ours else _undecodable_records(data, split)
+    if bad:
         # A record whose frame is sound but whose image does not decode: TensorFlow's
         # error names neither its shard nor the record.
         shown = some_files(bad, f"{action} with --skip-corrupt lists each")
         reason = f"{len(bad)} record(s) whose image cannot be decoded: {shown}."
+    elif bad is None and not ours:
+        reason = (
+            f"{reason.rstrip('.')} (the record is not named: petal searches local records only, "
+            "up to 50,000)."
+        )
     # petal inspect reads local and gs:// records, not http.
     on = "a local copy" if _is_http(str(getattr(data, "path", data))) else "it"
     return PetalError(
@@ -755,7 +765,9 @@ def corrupt_input_error(err, data, action: str) -> PetalError:
     )
 
 
-def input_error(err, data, action: str, store_mark: int | None = None) -> PetalError | None:
+def input_error(
+    err, data, action: str, store_mark: int | None = None, split: str = "all"
+) -> PetalError | None:
     """:func:`corrupt_input_error` for a TensorFlow error that stopped ``action``, or None
     when the input is not to blame (the caller re-raises).
 
@@ -774,7 +786,7 @@ def input_error(err, data, action: str, store_mark: int | None = None) -> PetalE
         if (error := store_error(store_mark, action)) is not None:
             return error
     if isinstance(err, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
-        return corrupt_input_error(err, data, action)
+        return corrupt_input_error(err, data, action, split)
     unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)
     folder = _as_folder(data) if isinstance(err, unreadable) else None
     if folder is None:
@@ -785,15 +797,15 @@ def input_error(err, data, action: str, store_mark: int | None = None) -> PetalE
     return _folder_decode_error(folder, data, action, bad) if bad else None
 
 
-def _undecodable_records(data) -> list[tuple[str, str]]:
-    """:func:`petal.data.pipeline.undecodable_records` of ``data`` (empty when it is not
-    checked, or does not open)."""
+def _undecodable_records(data, split: str = "all") -> list[tuple[str, str]] | None:
+    """:func:`petal.data.pipeline.undecodable_records` of ``split`` of ``data`` (None when it
+    is not checked: not on a local disk, too many, or it does not open)."""
     from petal.data.pipeline import undecodable_records
 
     try:
-        return undecodable_records(data) or []
+        return undecodable_records(data, split)
     except PetalError:
-        return []
+        return None
 
 
 def _as_folder(data) -> Source | None:

@@ -190,7 +190,7 @@ def evaluate(
                                num_samples, max_misclassified)
                 bar.update(len(y))
     except tf_errors.OpError as err:
-        if (error := input_error(err, data, "evaluate", store_mark)) is None:
+        if (error := input_error(err, data, "evaluate", store_mark, split)) is None:
             raise
         raise error from err
     if (error := store_error(store_mark, "evaluate")) is not None:

@@ -320,12 +320,30 @@ def _epochs(n: int) -> str:
 
 def _read_state(path: Path) -> dict:
     """A run's ``state.json``, checked: a damaged one is named in one line."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    checks = {
+        "epoch": (count, "a whole number >= 0"),
+        "best_epoch": (count, "a whole number >= 0"),
+        "best_val_accuracy": (number, "a number"),
+        "wall_seconds": (lambda v: number(v) and v >= 0, "a number >= 0"),
+        "phase": (lambda v: v is None or isinstance(v, str), "a name or null"),
+        "compile_epochs": (
+            lambda v: isinstance(v, list) and all(count(e) for e in v),
+            "a list of epochs",
+        ),
+    }
     try:
         state = json.loads(path.read_text())
         if not isinstance(state, dict):
             raise ValueError(f"a JSON {type(state).__name__}, not an object")
-        if not isinstance(state.get("epoch", 0), int) or isinstance(state.get("epoch"), bool):
-            raise ValueError(f"epoch is {state['epoch']!r}, not a whole number")
+        for key, (ok, what) in checks.items():
+            if key in state and not ok(state[key]):
+                raise ValueError(f"{key} is {state[key]!r}, not {what}")
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise PetalError(
             f"{path} is damaged ({first_line(err)[:200]}); the run cannot be resumed: restore "
@@ -998,8 +1016,9 @@ def train(
     if undecodable is not None:
         metrics[skip_list_key(source)] = [f"{where}: {reason}" for where, reason in undecodable]
     if cfg.skip_corrupt and source.kind == "folder":
-        # The files dropped (each epoch), as evaluate counts them.
-        metrics["skipped_corrupt_records"] = len(undecodable or [])
+        # The files dropped (each epoch), as evaluate counts them; null when they were not
+        # checked (too many, or not on a local disk), as the log said.
+        metrics["skipped_corrupt_records"] = None if undecodable is None else len(undecodable)
     elif cfg.skip_corrupt:
         # Records lost to CRC failures, each once however many epochs skipped it, and
         # records whose image does not decode (named up front).
@@ -1009,10 +1028,14 @@ def train(
         lost_train = sum(n for shard, n in lost.items() if shard in train_files)
         lost_train += _in_split(undecodable or [], source, "train")
         metrics["skipped_corrupt_train_records"] = lost_train
-        if lost_train > 0.1 * train_count:
+        # False: records whose image does not decode were not looked for (too many, or not
+        # on a local disk) and are not in these counts, as the log said.
+        metrics["undecodable_records_counted"] = undecodable is not None
+        stored = source.count("train")  # train_count leaves the undecodable ones out
+        if lost_train > 0.1 * stored:
             log(
-                f"petal train: warning: --skip-corrupt left {lost_train} of the {train_count} "
-                f"training records ({100 * lost_train / train_count:.0f}%) out of every epoch: "
+                f"petal train: warning: --skip-corrupt left {lost_train} of the {stored} "
+                f"training records ({100 * lost_train / stored:.0f}%) out of every epoch: "
                 "after a corrupt record the reader skips the rest of its shard. Restore the "
                 "shard, or convert the photos again, to train on all of them."
             )
