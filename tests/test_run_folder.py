@@ -14,6 +14,7 @@ from petal.errors import PetalError
 from petal.training.callbacks import read_history
 from petal.training.loop import (
     RUNNING_FILE,
+    _mark_running,
     absolute_data,
     prepare_workdir,
     resume_config,
@@ -153,6 +154,17 @@ def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tm
                 prepare_workdir(run, resume=resume, overwrite=overwrite)
             assert str(caught.value) == in_use
         assert (run / "config.json").exists()
+        # Before it wrote any file of its run too (it was let in, and took the marker over).
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        (fresh / RUNNING_FILE).write_text((run / RUNNING_FILE).read_text())
+        with pytest.raises(PetalError, match=rf"^{fresh} is in use: process {live.pid} "):
+            prepare_workdir(fresh, resume=False, overwrite=False)
+        # The marker is created exclusively: a process that got past the check meanwhile
+        # is refused there, and the live process's marker stays.
+        with pytest.raises(PetalError, match=rf"^{fresh} is in use: process {live.pid} "):
+            _mark_running(fresh)
+        assert json.loads((fresh / RUNNING_FILE).read_text())["pid"] == live.pid
     finally:
         live.kill()
         live.wait()
@@ -164,6 +176,12 @@ def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tm
     (run / RUNNING_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     prepare_workdir(run, resume=False, overwrite=False)
     assert not (run / "config.json").exists()
+    # A dead process's marker is taken over; its removal leaves another process's marker.
+    unmark = _mark_running(fresh)
+    assert json.loads((fresh / RUNNING_FILE).read_text())["pid"] == os.getpid()
+    (fresh / RUNNING_FILE).write_text('{"pid": 1, "host": "elsewhere"}')
+    unmark()
+    assert (fresh / RUNNING_FILE).exists()
 
 
 def test_empty_splits_name_the_fix(make_records, tmp_path):

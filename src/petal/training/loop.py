@@ -22,6 +22,7 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -117,10 +118,37 @@ def _running_elsewhere(workdir: Path) -> str | None:
 
 
 def _mark_running(workdir: Path) -> Callable[[], None]:
-    """Writes :data:`RUNNING_FILE`; returns the function that removes it."""
+    """Writes :data:`RUNNING_FILE` (created exclusively: of two processes starting at once,
+    one is refused); returns the function that removes it, if it is still this process's."""
     path = workdir / RUNNING_FILE
-    path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-    return lambda: path.unlink(missing_ok=True)
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            if who := _running_elsewhere(workdir):
+                raise _in_use(workdir, who) from None
+            path.unlink(missing_ok=True)  # left by a process that died: take it over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(mine)
+        break
+    else:
+        raise _in_use(workdir, "another process")
+
+    def unmark() -> None:
+        with contextlib.suppress(OSError):
+            if path.read_text() == mine:
+                path.unlink()
+
+    return unmark
+
+
+def _in_use(workdir: Path, who: str) -> PetalError:
+    return PetalError(
+        f"{workdir} is in use: {who} is training in it; wait for it to end or stop it, or "
+        f"pass another --workdir (if it is not running, delete {workdir / RUNNING_FILE})."
+    )
 
 
 def _failed_start(workdir: Path, found: list[str]) -> bool:
@@ -183,13 +211,9 @@ def prepare_workdir(
             "parents are folders you can write."
         )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
-    if (found or resume or overwrite) and (who := _running_elsewhere(workdir)):
+    if who := _running_elsewhere(workdir):
         # Two processes in one run: each rewrites the other's history and checkpoints.
-        raise PetalError(
-            f"{workdir} is in use: {who} is training in it; wait for it to end or stop it, "
-            f"or pass another --workdir (if it is not running, delete "
-            f"{workdir / RUNNING_FILE})."
-        )
+        raise _in_use(workdir, who)
     if resume:
         if not (workdir / "config.json").is_file():
             raise _not_a_run(workdir)
