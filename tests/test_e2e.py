@@ -203,7 +203,19 @@ def test_demo_never_replaces_records_it_did_not_write(
         run_demo(photos, tmp_path / "notes")
     assert not converted
     # A demo from before demo.json: its run trained on the records, so they are the demo's.
-    (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
+    manifest = json.loads(before)
+    resolved = {"records_source": manifest["source"], "classes": manifest["classes"],
+                "records_size": manifest["image_size"],
+                "train_count": manifest["splits"]["train"]["count"],
+                "val_count": manifest["splits"]["validation"]["count"]}
+    config = {"data": str(workdir / "records"), "resolved": resolved}
+    # Not when records were put there by hand since (any config.json let them be replaced).
+    (workdir / "config.json").write_text(json.dumps({**config, "resolved": {
+        **resolved, "classes": manifest["classes"][::-1]}}))
+    with pytest.raises(PetalError, match=r"holds records that petal demo did not write"):
+        run_demo(photos, workdir)
+    assert not converted
+    (workdir / "config.json").write_text(json.dumps(config))
     assert "converted from other photos" in run_demo(photos, workdir)
     assert converted == [photos]
 

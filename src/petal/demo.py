@@ -281,7 +281,21 @@ def _demo_wrote(workdir: Path, records: Path, manifest: dict | None) -> bool:
     if isinstance(marker, dict) and "created" in marker:
         created = marker["created"]
         return created is None or (manifest is not None and manifest.get("created") == created)
-    return (workdir / "config.json").is_file()
+    # No marker: the run must have trained on these very records (records put there by
+    # hand since have other photos, classes or a size of their own).
+    try:
+        resolved = json.loads((workdir / "config.json").read_text())["resolved"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if manifest is None or not isinstance(resolved, dict):
+        return False
+    counts = [manifest["splits"][s]["count"] for s in ("train", "validation")]
+    return (
+        resolved.get("records_source") == manifest.get("source")
+        and resolved.get("classes") == manifest.get("classes")
+        and resolved.get("records_size") == manifest.get("image_size")
+        and [resolved.get("train_count"), resolved.get("val_count")] == counts
+    )
 
 
 def _refuse_other_records(
