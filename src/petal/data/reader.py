@@ -935,7 +935,8 @@ def _fs_for(path: str):
             # "?" would be taken for a glob, and the listing request put after the query.
             raise PetalError(
                 f"{path}: petal reads http folders by their path alone (a query or fragment, "
-                "as in a signed URL, is not supported); pass the folder's URL without it."
+                "as in a signed URL, is not supported); pass the folder's URL without it (a "
+                "'?' or '#' in a folder's name is written %3F or %23)."
             )
         return remote.HttpFS()
     return _GFileFS()

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -433,8 +434,10 @@ def _scored_names(source, split: str) -> set[str] | None:
     """Paths relative to the folder they came from of the images a split of ``source``
     holds (an image folder's, or its records' ``filename``), or None if not known."""
     if source.kind == "folder":
+        # An http folder's file URLs are percent-encoded; the names they stand for are not.
+        name = urllib.parse.unquote if source.remote else str
         return {
-            os.path.relpath(path, source.path).replace(os.sep, "/")
+            name(os.path.relpath(path, source.path).replace(os.sep, "/"))
             for path in source.files(split)
         }
     return _record_names(source.files(split))
