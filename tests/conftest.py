@@ -127,6 +127,16 @@ def corrupt_record(path: Path, record: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def link_photos(src: Path, dst: Path, per_class: int, classes: int | None = None) -> Path:
+    """A folder ``dst`` of ``per_class`` of ``src``'s photos in each of its first ``classes``
+    classes (all by default), as links to them."""
+    for cls in sorted(p.name for p in src.iterdir())[:classes]:
+        (dst / cls).mkdir(parents=True)
+        for f in sorted((src / cls).iterdir())[:per_class]:
+            (dst / cls / f.name).symlink_to(f.resolve())
+    return dst
+
+
 def break_image(path: Path, record: int) -> None:
     """Replace the image bytes of record number ``record`` of a TFRecord file with as many
     bytes that are no image: the CRC is sound (the file is rewritten), the decode fails,

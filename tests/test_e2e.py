@@ -139,12 +139,9 @@ def test_demo_refuses_to_replace_a_run_it_did_not_write(small_flowers, tmp_path,
 
 
 def _photos(src: Path, dst: Path, classes: int, per_class: int) -> Path:
-    """``per_class`` of ``src``'s photos in each of its first ``classes`` classes, as links."""
-    for cls in sorted(p.name for p in src.iterdir())[:classes]:
-        (dst / cls).mkdir(parents=True)
-        for f in sorted((src / cls).iterdir())[:per_class]:
-            (dst / cls / f.name).symlink_to(f.resolve())
-    return dst
+    from conftest import link_photos
+
+    return link_photos(src, dst, per_class, classes)
 
 
 @pytest.fixture

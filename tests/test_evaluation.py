@@ -555,13 +555,10 @@ def test_a_folder_photo_over_the_pixel_limit_names_the_option_that_reads_it(
 ):
     from PIL import Image
 
+    from conftest import link_photos
     from petal.evaluation.evaluate import evaluate
 
-    folder = tmp_path / "photos"
-    for cls in sorted(p.name for p in small_flowers.iterdir()):
-        (folder / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:2]:
-            (folder / cls / f.name).symlink_to(f.resolve())
+    folder = link_photos(small_flowers, tmp_path / "photos", 2)
     Image.new("1", (10_000, 9_000)).save(folder / "daisy" / "huge.png")  # 90 MP, a few kB
     with pytest.raises(PetalError) as caught:
         evaluate(trained, folder, log=lambda line: None, warn=lambda line: None)

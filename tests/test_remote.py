@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import image_ids
+from conftest import image_ids, link_photos
 from petal.data import remote
 from petal.data.pipeline import eval_dataset, train_dataset
 from petal.data.reader import open_source
@@ -208,11 +208,7 @@ def test_an_undecodable_file_of_a_folder_over_http_is_named_alone(trained, small
     was named unreadable (and with --skip-corrupt, training refused a healthy folder)."""
     from petal.evaluation.evaluate import evaluate
 
-    folder = tmp_path / "photos"
-    for cls in sorted(p.name for p in small_flowers.iterdir()):
-        (folder / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:3]:
-            (folder / cls / f.name).symlink_to(f.resolve())
+    folder = link_photos(small_flowers, tmp_path / "photos", 3)
     (folder / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
     with remote.ObjectServer({"photos": folder}) as server:
         url = server.url("photos")
@@ -322,16 +318,12 @@ def test_bench_input_refuses_http_records_in_one_line(make_records, capsys):
 
 def test_an_http_folder_names_the_files_it_does_not_read_as_a_local_one(small_flowers,
                                                                         tmp_path):
-    folder = tmp_path / "photos"
-    for cls in ("daisy", "roses"):
-        (folder / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:3]:
-            (folder / cls / f.name).symlink_to(f.resolve())
+    folder = link_photos(small_flowers, tmp_path / "photos", 3, classes=2)
     (folder / "stray.jpg").write_bytes(b"x")
     (folder / "daisy" / "img.tiff").write_bytes(b"x")
     (folder / "daisy" / ".ipynb_checkpoints").mkdir()
     (folder / "daisy" / ".ipynb_checkpoints" / "a-checkpoint.jpg").write_bytes(b"x")
-    (folder / "roses" / ".DS_Store").write_bytes(b"x")
+    (folder / "dandelion" / ".DS_Store").write_bytes(b"x")
     local = open_source(str(folder)).notes
     assert len(local) == 1 and "stray.jpg" in local[0]
     with remote.ObjectServer({"photos": folder}) as server:
@@ -390,11 +382,7 @@ def test_undecodable_http_records_and_files_say_what_was_not_searched(
     records = tmp_path / "records"
     shutil.copytree(small_records, records)
     break_image(sorted(records.glob("validation-*.tfrec"))[0], 0)
-    photos = tmp_path / "photos"
-    for cls in sorted(p.name for p in small_flowers.iterdir()):
-        (photos / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:4]:
-            (photos / cls / f.name).symlink_to(f.resolve())
+    photos = link_photos(small_flowers, tmp_path / "photos", 4)
     (photos / "tulips" / "broken.jpg").write_bytes(b"not a JPEG")
     with remote.ObjectServer({"records": records, "photos": photos}) as server:
         # TensorFlow's pipeline text ("Error in user-defined function passed to
