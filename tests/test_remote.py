@@ -302,6 +302,8 @@ def test_messages_about_http_data_name_what_can_be_done(trained, tmp_path):
     with pytest.raises(PetalError, match=r"^petal predict reads local files; "
                        r"http://127\.0\.0\.1:1/a\.jpg is a URL: download the images"):
         predict(trained, ["http://127.0.0.1:1/a.jpg"], progress=False)
+    with pytest.raises(PetalError, match=r"^petal predict reads local files; "):
+        predict(trained, "http://127.0.0.1:1/a.jpg", progress=False)  # one path, as a str
 
 
 def test_bench_input_refuses_http_records_in_one_line(make_records, capsys):

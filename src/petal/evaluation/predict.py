@@ -174,7 +174,8 @@ def predict(
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
-    if urls := [str(i) for i in images if "://" in str(i)]:
+    given = [images] if isinstance(images, (str, os.PathLike)) else images  # one path
+    if urls := [str(i) for i in given if "://" in str(i)]:
         # A path would have mangled it ("http:/host/..."), then called it not found.
         raise PetalError(
             f"petal predict reads local files; {urls[0]} is a URL: download the images and "
