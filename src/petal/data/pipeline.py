@@ -767,20 +767,20 @@ def decode_skips(
     folder = src.kind == "folder"
     what = "files" if folder else "records"
     total = src.count(split)
-    not_named = "counted but not named" if counted else "dropped without a count"
-    if folder and (total > MAX_DECODE_SCAN or src.remote):
-        # Over http the check would fetch every file once more, one request each.
-        where = f"{total} files are too many to check" if total > MAX_DECODE_SCAN else (
-            "files not on a local disk are not checked"
-        )
-        return None, f"{where} up front; undecodable ones are {not_named}"
-    bad = undecodable_files(src, split) if folder else undecodable_records(src, split)
+    if not folder:
+        bad = undecodable_records(src, split)
+    elif total > MAX_DECODE_SCAN or src.remote:
+        bad = None  # over http the check would fetch every file once more, one request each
+    else:
+        bad = undecodable_files(src, split)
     if bad is None:
         where = (
-            f"{total} records are too many to check" if total > MAX_DECODE_SCAN
-            else "records not on a local disk are not checked"
+            f"{total} {what} are too many to check" if total > MAX_DECODE_SCAN
+            else f"{what} not on a local disk are not checked"
         )
-        return None, f"{where} up front; records whose image does not decode are {not_named}"
+        dropped = "undecodable ones" if folder else "records whose image does not decode"
+        not_named = "counted but not named" if counted else "dropped without a count"
+        return None, f"{where} up front; {dropped} are {not_named}"
     if not bad:
         return bad, ""
     names = some_files(bad, f"each listed in {listed_in} as {skip_list_key(src)}")

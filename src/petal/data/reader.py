@@ -753,9 +753,11 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
         shown = some_files(bad, f"{action} with --skip-corrupt lists each")
         reason = f"{len(bad)} record(s) whose image cannot be decoded: {shown}."
     elif bad is None and not ours:
+        from petal.data.pipeline import MAX_DECODE_SCAN
+
         reason = (
             f"{reason.rstrip('.')} (the record is not named: petal searches local records only, "
-            "up to 50,000)."
+            f"up to {MAX_DECODE_SCAN:,})."
         )
     # petal inspect reads local and gs:// records, not http.
     on = "a local copy" if _is_http(str(getattr(data, "path", data))) else "it"

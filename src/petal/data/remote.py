@@ -464,6 +464,7 @@ def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
     never-ending file.
     """
     length = resp.getheader("Content-Length")
+    expected = int(length) if length is not None and length.isdigit() else None
     size = 0
     start = time.monotonic()
     while True:
@@ -482,9 +483,9 @@ def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
             raise PetalError(
                 f"The store is stalling: {size:,} bytes of {url} in {elapsed:.0f} s"
             )
-    if length is not None and length.isdigit() and size != int(length):
+    if expected is not None and size != expected:
         raise PetalError(
-            f"The connection closed after {size:,} of {int(length):,} bytes reading {url}"
+            f"The connection closed after {size:,} of {expected:,} bytes reading {url}"
         )
     return size
 

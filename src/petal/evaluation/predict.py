@@ -81,10 +81,16 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         warn: receives the warning lines (default: printed to stderr).
 
     Raises:
-        PetalError: a folder holds no image files.
+        PetalError: a folder holds no image files, or a path is a URL.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
+    if urls := [str(p) for p in paths if "://" in str(p)]:
+        # A Path would have mangled it ("http:/host/..."), then called it not found.
+        raise PetalError(
+            f"petal predict reads local files; {urls[0]} is a URL: download the images and "
+            "pass their paths."
+        )
     from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden_entry, walk_tree
 
     warn = warn or _warn
@@ -174,13 +180,6 @@ def predict(
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
-    given = [images] if isinstance(images, (str, os.PathLike)) else images  # one path
-    if urls := [str(i) for i in given if "://" in str(i)]:
-        # A path would have mangled it ("http:/host/..."), then called it not found.
-        raise PetalError(
-            f"petal predict reads local files; {urls[0]} is a URL: download the images and "
-            "pass their paths."
-        )
     run = open_run(workdir)
     top_k = top_k_for(run, top_k, warn)
     images = expand_images(images, warn=warn)

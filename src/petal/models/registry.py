@@ -344,7 +344,8 @@ def load_weights_file(
             return f"all but the {classes}-class head"
     raise PetalError(
         f"Weights file {path} does not match model {model.name!r} "
-        f"({'; '.join(errors) or 'no layers but the head fit'}). Save the weights from the same model and image size"
+        f"({'; '.join(errors) or 'no layers but the head fit'}). Save the weights from the "
+        "same model and image size"
         + (" (with any number of classes)." if rebuild is not None else ", and classes.")
     )
 
