@@ -270,6 +270,19 @@ def test_demo_errors_name_its_own_options(small_flowers, tmp_path, demo_without_
     assert err.startswith("petal demo: error: Demo folder ") and len(err.splitlines()) == 1
 
 
+def test_demo_warnings_name_no_option_it_lacks(small_flowers, tmp_path, demo_without_training):
+    """convert's warnings about the split tell a demo user what the demo can change."""
+    _, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=8)
+    for extra in sorted((photos / "dandelion").iterdir())[2:]:
+        extra.unlink()  # 2 dandelions: 0.19 of them rounds to no validation image
+    log = run_demo(photos, tmp_path / "demo")
+    assert "no validation images for class dandelion" in log, log
+    assert "raise --val-fraction" not in log and "lower --val-fraction" not in log
+    assert "its accuracy is not measured; add photos to it (petal demo keeps 0.19 of each " in log
+    assert "petal convert --val-fraction sets another share)" in log
+
+
 def _archive(path: Path, members: dict[str, bytes]) -> Path:
     import io
     import tarfile

@@ -11,6 +11,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import tarfile
 import urllib.error
@@ -195,7 +196,7 @@ def run_demo(
         log(f"petal demo: {first}")
         _check_validation(manifest, source)  # before warnings that name convert's options
         for line in warnings:
-            log(f"petal demo: {line}")
+            log(f"petal demo: {_demo_warning(line, manifest['val_fraction'])}")
     metrics = train(config, workdir, overwrite=True, log=log)
     evaluation = evaluate(workdir, records, log=log)
     report = build_report(workdir)
@@ -323,6 +324,17 @@ def _refuse_other_records(
     raise PetalError(
         f"{records} holds records that petal demo did not write (converted from {converted}); "
         f"the demo would replace them ({stale}). Pass another --workdir, or delete {records}."
+    )
+
+
+def _demo_warning(line: str, fraction: float) -> str:
+    """A warning of ``petal convert`` about the split, told as the demo's (it has no
+    ``--val-fraction``: its photos are what a demo user changes)."""
+    return re.sub(
+        r"(?:raise|lower) --val-fraction or add images",
+        f"add photos to it (petal demo keeps {fraction} of each class to validate on; "
+        "petal convert --val-fraction sets another share)",
+        line,
     )
 
 

@@ -127,6 +127,11 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def is_http(path: str) -> bool:
+    """True for ``http(s)://`` paths, which petal reads itself (not through ``tf.io.gfile``)."""
+    return str(path).startswith(("http://", "https://"))
+
+
 def is_within(path, folder) -> bool:
     """Whether local ``path`` is ``folder`` or lies below it (links resolved); False for
     remote paths and a ``folder`` that is not a local folder (a glob of shards)."""

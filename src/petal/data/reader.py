@@ -84,7 +84,7 @@ class Source:
     @property
     def remote(self) -> bool:
         """True for ``http(s)://`` sources, read through :mod:`petal.data.remote`."""
-        return _is_http(self.path)
+        return folders.is_http(self.path)
 
     def files(self, split: str = "train") -> list[str]:
         """Shard files (records, codelab) or image files (folder) of a split, in a fixed order."""
@@ -401,7 +401,7 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
 
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
     notes: tuple[str, ...] = ()
-    if _is_http(root):
+    if folders.is_http(root):
         pairs, names, note = _list_http_folder(root, classes)
         notes = (note,) if note else ()
     else:
@@ -629,7 +629,7 @@ def _record_dataset(files: list[str], buffer_size: int = 1 << 20):
     """Plain TFRecord reader for local/gfile paths, or the remote one for http URLs."""
     import tensorflow as tf
 
-    if files and _is_http(files[0]):
+    if files and folders.is_http(files[0]):
         from petal.data import remote
 
         return remote.records_dataset(files)
@@ -760,7 +760,7 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
             f"up to {MAX_DECODE_SCAN:,})."
         )
     # petal inspect reads local and gs:// records, not http.
-    on = "a local copy" if _is_http(str(getattr(data, "path", data))) else "it"
+    on = "a local copy" if folders.is_http(str(getattr(data, "path", data))) else "it"
     return PetalError(
         f"Corrupt input in {data}: {reason} Run `petal inspect --verify` on {on}, reconvert, "
         f"or {action} with --skip-corrupt to skip and count bad records."
@@ -855,12 +855,8 @@ def _report_skip(path, n, expected) -> bool:
 # --- file systems ----------------------------------------------------------------------------
 
 
-def _is_http(path: str) -> bool:
-    return str(path).startswith(("http://", "https://"))
-
-
 def _join(*parts: str) -> str:
-    return posixpath.join(*parts) if _is_http(parts[0]) else _gfile_join(*parts)
+    return posixpath.join(*parts) if folders.is_http(parts[0]) else _gfile_join(*parts)
 
 
 def _gfile_join(*parts: str) -> str:
@@ -920,7 +916,7 @@ class _GFileFS:
 
 
 def _fs_for(path: str):
-    if _is_http(path):
+    if folders.is_http(path):
         from petal.data import remote
 
         parts = urllib.parse.urlsplit(path)

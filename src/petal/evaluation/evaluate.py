@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import find_images, is_remote, is_within, same_place
+from petal.data.folders import find_images, is_http, is_remote, is_within, same_place
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, is_int_at_least
 from petal.evaluation import plots
@@ -332,7 +332,7 @@ def _old_split_warning(run, split: str) -> str | None:
 def _photos(root: str) -> set[tuple[str, int]] | None:
     """(relative path, bytes) of each image in a local or http image folder, or None if it
     cannot be listed (gone; gs://: a request per file is not worth it)."""
-    if str(root).startswith(("http://", "https://")):
+    if is_http(root):
         from petal.data.reader import http_images
 
         try:
