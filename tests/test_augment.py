@@ -131,3 +131,29 @@ def test_build_with_size_crops_to_the_training_size(batch):
         assert images.shape == (4, 6, 5, 3)
     with pytest.raises(PetalError, match="needs the 'crop' augmentation.*codelab"):
         augment.build("codelab", size=(6, 5))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: augment.flip_left_right(2), r"flip probability must be in \[0, 1\]"),
+        (lambda: augment.brightness(-0.5), r"brightness max_delta must be in \[0, 1\]"),
+        (lambda: augment.contrast(1.5, 0.5), r"contrast needs 0 <= lower <= upper"),
+        (lambda: augment.hue(0.7), r"hue max_delta must be in \[0, 0\.5\]"),
+        (lambda: augment.random_resized_crop(scale=(2, 3)), r"crop scale needs 0 < "),
+        (lambda: augment.random_resized_crop(ratio=(0, 1)), r"crop ratio needs 0 < "),
+        (lambda: augment.rotation(fill_mode="bogus"), r"rotation fill_mode must be one of "),
+        (lambda: augment.rotation(-5), r"rotation max_degrees must be >= 0"),
+        (lambda: augment.mixup("x"), r"mixup alpha must be a number > 0"),
+    ],
+)
+def test_factories_check_their_arguments(make, message):
+    with pytest.raises(PetalError, match=message):
+        make()
+
+
+def test_mixing_ops_refuse_class_ids(batch):
+    labels = tf.constant([0, 1, 2, 3])
+    for op in (augment.mixup(), augment.cutmix()):
+        with pytest.raises(PetalError, match=r"needs one-hot labels \[batch, classes\]"):
+            op(batch, labels, SEED)

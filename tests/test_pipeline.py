@@ -209,6 +209,93 @@ def test_a_folder_cache_left_locked_by_a_killed_run_is_named(make_records, tmp_p
     assert np.array_equal(read(), first)
 
 
+def test_a_folder_cache_is_one_per_layout_of_input_pipelines(records, tmp_path):
+    """Pipeline 0 of 2 and a single pipeline read different shares: one cache file for both
+    lost images (or counted some twice) without a word."""
+    cache = str(tmp_path / "cache")
+
+    def ids(pipelines, index=0):
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=pipelines, input_pipeline_id=index, num_replicas_in_sync=pipelines
+        )
+        kw = dict(batch_size=pipelines, normalization="raw", cache=cache)
+        return _all_ids(eval_dataset(str(records), input_context=ctx, **kw))
+
+    halves = ids(2, 0) + ids(2, 1)
+    assert sorted(halves) == list(range(19, 28))
+    assert sorted(ids(1)) == list(range(19, 28))  # all 9, not pipeline 0's share
+
+
+def test_a_folder_cache_is_refused_with_skip_corrupt(records, tmp_path):
+    """A kept cache written while corrupt records were skipped holds fewer images, and a
+    later run reading it neither fails nor counts them."""
+    with pytest.raises(PetalError, match=r"^skip_corrupt=True with the cache folder \S+cache: "
+                       r"records skipped while it is written would not be counted by the runs "
+                       r"that read it again; pass cache='ram', 'disk' or 'off'"):  # fmt: skip
+        train_dataset(str(records), batch_size=4, cache=str(tmp_path / "cache"), skip_corrupt=True)
+    for cache in ("ram", "disk", "off"):  # kept for this run only: its own count stands
+        train_dataset(str(records), batch_size=4, cache=cache, skip_corrupt=True)
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named(records, tmp_path):
+    (tmp_path / "file").write_text("x")
+    for path, why in [
+        (tmp_path / "file", "is a file, not a folder"),
+        (tmp_path / "file" / "cache", "is a file, not a folder"),
+        ("/proc/petal-cache", "nothing can be written in /proc"),
+    ]:
+        with pytest.raises(PetalError, match=rf"^The cache folder {path} cannot be written: "
+                           rf".*{why}.*; pass another folder or cache='off'"):  # fmt: skip
+            eval_dataset(str(records), batch_size=4, cache=str(path))
+
+
+def test_more_bad_arguments_are_named(records):
+    src = open_source(str(records))
+    bad = [
+        (dict(shuffle_buffer="big"), r"shuffle_buffer must be an int >= 0\. Received: "
+         r"shuffle_buffer='big'"),  # fmt: skip
+        (dict(shuffle_buffer=2.5), r"shuffle_buffer=2\.5"),
+        (dict(deterministic="no"), r"deterministic must be True, False or None\. Received: "
+         r"deterministic='no'"),  # fmt: skip
+        (dict(skip_corrupt="yes"), r"skip_corrupt must be True or False"),
+        (dict(input_context="x"), r"input_context must be a tf\.distribute\.InputContext or "
+         r"None\. Received: input_context='x'"),  # fmt: skip
+    ]
+    for kw, message in bad:
+        with pytest.raises(PetalError, match=message):
+            train_dataset(src, batch_size=2, **kw)
+    with pytest.raises(PetalError, match=r"fit_size must be .*Received: fit_size='x'"):
+        eval_dataset(src, batch_size=2, fit_size="x")
+    # numpy integers are ints; choices are not case-sensitive (as augment names are).
+    images, _ = next(iter(eval_dataset(src, batch_size=np.int64(3), normalization="Raw")))
+    assert images.shape[0] == 3 and float(tf.reduce_max(images)) > 1
+
+
+def test_records_without_a_size_feature_are_named_as_such(make_records):
+    """Shards that record no size (the codelab's with only image and class) are not
+    "of mixed sizes"."""
+    folder = make_records("cl", counts={"all": [5, 5]}, codelab=True)
+    spec = {"image": tf.io.FixedLenFeature([], tf.string),
+            "class": tf.io.FixedLenFeature([], tf.int64)}  # fmt: skip
+    for shard in folder.iterdir():
+        examples = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(shard))]
+        with tf.io.TFRecordWriter(str(shard)) as writer:
+            for ex in examples:
+                feats = {
+                    "image": tf.train.Feature(
+                        bytes_list=tf.train.BytesList(value=[ex["image"].numpy()])
+                    ),
+                    "class": tf.train.Feature(
+                        int64_list=tf.train.Int64List(value=[int(ex["class"])])
+                    ),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=feats))
+                writer.write(example.SerializeToString())
+    with pytest.raises(PetalError, match=r"record no image size \(no 'size' feature\); pass "
+                       r"image_size"):  # fmt: skip
+        eval_dataset(str(folder), batch_size=2, split="all")
+
+
 def test_jpeg_records_and_resize(make_records):
     folder = make_records("jpeg", counts=COUNTS, fmt="jpeg")
     images, _ = next(iter(eval_dataset(str(folder), batch_size=3, normalization="raw")))

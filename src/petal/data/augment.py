@@ -28,6 +28,7 @@ one :class:`Augment` callable as ``fn(images, labels, seed) -> (images, labels)`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -52,6 +53,31 @@ def _seeds(seed, n: int) -> tf.Tensor:
 
 def _uniform(n, seed, lo=0.0, hi=1.0) -> tf.Tensor:
     return tf.random.stateless_uniform(tf.reshape(n, [1]), seed, lo, hi)
+
+
+def _number(what: str, value, lo: float, hi: float = math.inf) -> float:
+    """``value``, a real number in [lo, hi], else a PetalError naming ``what``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (ok and lo <= value <= hi):
+        bounds = f">= {lo:g}" if hi == math.inf else f"in [{lo:g}, {hi:g}]"
+        raise PetalError(f"{what} must be {bounds}. Received: {value!r}")
+    return float(value)
+
+
+def _range(what: str, pair, lo: float, hi: float = math.inf, open_lo: bool = False):
+    """A (lower, upper) pair with ``lo <= lower <= upper <= hi`` (``lo < lower`` when
+    ``open_lo``), else a PetalError naming ``what``."""
+    try:
+        lower, upper = pair
+        ok = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair)
+    except (TypeError, ValueError):
+        ok = False
+    ok = ok and (lo < lower if open_lo else lo <= lower) and lower <= upper <= hi
+    if not ok:
+        first = f"{lo:g} {'<' if open_lo else '<='} lower <= upper"
+        last = "" if hi == math.inf else f" <= {hi:g}"
+        raise PetalError(f"{what} needs {first}{last}. Received: {pair!r}")
+    return float(lower), float(upper)
 
 
 def _col(v) -> tf.Tensor:
@@ -102,6 +128,7 @@ class _Fn(ImageOp):
 
 def flip_left_right(probability: float = 0.5) -> ImageOp:
     """Mirror each image left-right with ``probability`` (keeps the dtype)."""
+    probability = _number("flip probability", probability, 0.0, 1.0)
     return _Fn(
         "flip",
         lambda n, seed: {"flip": _uniform(n, seed) < probability},
@@ -117,10 +144,7 @@ def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
     ``v - (v - c) * k``, so scaling saturation by ``f`` (clipped at 1) scales ``v - c`` by
     ``min(f, v / (v - min))``: a few element-wise ops over the whole batch.
     """
-    if not 0.0 <= lower <= upper:
-        raise PetalError(
-            f"saturation needs 0 <= lower <= upper. Received: lower={lower}, upper={upper}"
-        )
+    lower, upper = _range("saturation", (lower, upper), 0.0)
 
     def apply(x, p):
         x = _float(x)
@@ -139,6 +163,7 @@ def saturation(lower: float = 0.0, upper: float = 2.0) -> ImageOp:
 
 def brightness(max_delta: float = 0.2) -> ImageOp:
     """Add a per-image offset uniform in [-max_delta, max_delta) x 255, then clip."""
+    max_delta = _number("brightness max_delta", max_delta, 0.0, 1.0)
     return _Fn(
         "brightness",
         lambda n, seed: {"delta": _uniform(n, seed, -max_delta, max_delta) * 255.0},
@@ -148,6 +173,7 @@ def brightness(max_delta: float = 0.2) -> ImageOp:
 
 def contrast(lower: float = 0.8, upper: float = 1.2) -> ImageOp:
     """Scale each image's deviation from its per-channel mean by a factor in [lower, upper)."""
+    lower, upper = _range("contrast", (lower, upper), 0.0)
 
     def apply(x, p):
         x = _float(x)
@@ -159,6 +185,7 @@ def contrast(lower: float = 0.8, upper: float = 1.2) -> ImageOp:
 
 def hue(max_delta: float = 0.05) -> ImageOp:
     """Rotate each image's hue by a fraction of the circle uniform in [-max_delta, max_delta)."""
+    max_delta = _number("hue max_delta", max_delta, 0.0, 0.5)
 
     def apply(x, p):
         hsv = tf.image.rgb_to_hsv(_float(x) / 255.0)
@@ -186,6 +213,8 @@ def random_resized_crop(
     One ``crop_and_resize`` call for the whole batch, each image with its own box.
     ``size`` defaults to the input size, so shapes stay static.
     """
+    scale = _range("crop scale", scale, 0.0, 1.0, open_lo=True)
+    ratio = _range("crop ratio", ratio, 0.0, open_lo=True)
 
     def draw(n, seed):
         s_area, s_ratio, s_x, s_y = tf.unstack(_seeds(seed, 4))
@@ -216,8 +245,18 @@ def random_resized_crop(
     return _Fn("crop", draw, apply, xla=False)
 
 
+FILL_MODES = ("reflect", "wrap", "constant", "nearest")
+
+
 def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
-    """Rotate each image by an angle uniform in [-max_degrees, max_degrees), bilinear."""
+    """Rotate each image by an angle uniform in [-max_degrees, max_degrees), bilinear;
+    ``fill_mode`` (as ``keras.layers.RandomRotation``'s) fills the corners."""
+    max_degrees = _number("rotation max_degrees", max_degrees, 0.0)
+    if fill_mode not in FILL_MODES:
+        raise PetalError(
+            f"rotation fill_mode must be one of {', '.join(FILL_MODES)}. "
+            f"Received: {fill_mode!r}"
+        )
 
     def apply(x, p):
         x = _float(x)
@@ -303,11 +342,22 @@ class MixOp:
         return self._apply(images, labels, params)
 
     def __call__(self, images, labels, seed):
-        images = tf.convert_to_tensor(images)
+        images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
+        if labels.shape.rank != 2:
+            raise PetalError(
+                f"{self.name} mixes labels and needs one-hot labels [batch, classes]. "
+                f"Received: labels of shape {labels.shape}"
+            )
         return self.apply(images, labels, self.draw(tf.shape(images)[0], seed))
 
     def __repr__(self):
         return f"MixOp({self.name})"
+
+
+def _alpha(name: str, alpha) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
+        raise PetalError(f"{name} alpha must be a number > 0. Received: alpha={alpha!r}")
+    return float(alpha)
 
 
 def _beta(n, seed, alpha) -> tf.Tensor:
@@ -324,8 +374,7 @@ def _permutation(n, seed) -> tf.Tensor:
 
 def mixup(alpha: float = 0.2) -> MixOp:
     """Blend each image (and label) with another of the batch, weight ~ Beta(alpha, alpha)."""
-    if alpha <= 0:
-        raise PetalError(f"mixup alpha must be > 0. Received: alpha={alpha}")
+    alpha = _alpha("mixup", alpha)
 
     def draw(n, seed):
         s_lam, s_perm = tf.unstack(_seeds(seed, 2))
@@ -343,8 +392,7 @@ def mixup(alpha: float = 0.2) -> MixOp:
 
 def cutmix(alpha: float = 1.0) -> MixOp:
     """Paste a random box from another image of the batch; labels mixed by pasted area."""
-    if alpha <= 0:
-        raise PetalError(f"cutmix alpha must be > 0. Received: alpha={alpha}")
+    alpha = _alpha("cutmix", alpha)
 
     def draw(n, seed):
         s_lam, s_y, s_x, s_perm = tf.unstack(_seeds(seed, 4))
@@ -473,7 +521,8 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
     """
     if size is not None:
         parts = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
-        ops = [op for part in parts for op in PRESETS.get(part.strip(), part.strip()).split("+")]
+        given = [part.strip().lower() for part in parts]
+        ops = [op for name in given for op in PRESETS.get(name, name).split("+")]
         if "crop" not in ops:
             raise PetalError(
                 "A training size different from the records' needs the 'crop' augmentation, "

@@ -53,7 +53,14 @@ from petal.data import augment as augment_lib
 from petal.data import folders, reader, schema
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
-from petal.errors import PetalError, first_line, is_int_at_least, some_files, tf_message
+from petal.errors import (
+    PetalError,
+    cannot_write,
+    first_line,
+    is_int_at_least,
+    some_files,
+    tf_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +137,8 @@ def train_dataset(
             ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function.
         cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
             ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
-            path (kept and reused by later runs on the same data), or ``"off"``/None.
+            path (kept and reused by later runs on the same data and input pipelines; not
+            with ``skip_corrupt``), or ``"off"``/None.
         shuffle_buffer: elements in the shuffle buffer.
         seed: makes shuffling and augmentation reproducible; None draws one.
         deterministic: keep element order fixed; default True when ``seed`` is given.
@@ -159,16 +167,23 @@ def train_dataset(
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
     """
     src = open_source(source)
+    _check_context(input_context, skip_corrupt)
     decoder = _check_choice("decoder", decoder, DECODERS)
     resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
-    _check_dtype(dtype, normalization)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+    dtype = _check_dtype(dtype, normalization)
     size = _resolve_size(src, image_size)
     per_replica = _per_replica_batch(batch_size, input_context)
-    if shuffle_buffer is None or int(shuffle_buffer) < 0:
-        raise PetalError(f"shuffle_buffer must be >= 0. Received: shuffle_buffer={shuffle_buffer}")
+    if not is_int_at_least(_plain_int(shuffle_buffer), 0):
+        raise PetalError(
+            f"shuffle_buffer must be an int >= 0. Received: shuffle_buffer={shuffle_buffer!r}"
+        )
     seed = _resolve_seed(seed, input_context)
+    if deterministic not in (None, True, False):
+        raise PetalError(
+            f"deterministic must be True, False or None. Received: deterministic={deterministic!r}"
+        )
     deterministic = seed.given if deterministic is None else bool(deterministic)
     aug = augment_lib.build(augment)
     if aug is not None and getattr(aug, "mixes_labels", False) and label_mode != "one_hot":
@@ -183,7 +198,7 @@ def train_dataset(
             f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
             f"nothing. Use a smaller batch_size. Received: batch_size={batch_size}"
         )
-    cache_to = _resolve_cache(cache, src, split, size, input_context, resize)
+    cache_to = _resolve_cache(cache, src, split, size, input_context, resize, skip_corrupt)
 
     # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
     ds = _read(
@@ -267,17 +282,20 @@ def eval_dataset(
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
     """
     src = open_source(source)
+    _check_context(input_context, skip_corrupt)
     resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
-    _check_dtype(dtype, normalization)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+    dtype = _check_dtype(dtype, normalization)
     size = _resolve_size(src, image_size)
+    fit = _as_size(fit_size, "fit_size") if fit_size is not None else None
     per_replica = _per_replica_batch(batch_size, input_context)
     if src.count(split) == 0:
         others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
         fix = f"; choose a split that does: {', '.join(others)}" if others else ""
         raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
-    cache_to = _resolve_cache(cache, src, split, size, input_context, f"{resize}|{fit_size}")
+    how = f"{resize}|{fit_size}"
+    cache_to = _resolve_cache(cache, src, split, size, input_context, how, skip_corrupt)
     # Read in file order, decode, batch without dropping anything.
     ds = _read(
         src,
@@ -288,7 +306,6 @@ def eval_dataset(
         input_context=input_context,
         skip_corrupt=skip_corrupt,
     )
-    fit = _as_size(fit_size) if fit_size is not None else None
     decode = _decoder(src, size, resize, fit)
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = _ignore_decode_errors(ds, skip_corrupt, src)
@@ -866,24 +883,45 @@ def _resolve_seed(seed, input_context) -> _Seed:
 
 
 def _check_choice(name, value, choices):
+    if isinstance(value, str) and value.lower() in choices:
+        return value.lower()  # as augment names: "Unit" is "unit"
     if value not in choices:
         raise PetalError(f"{name} must be one of {', '.join(choices)}. Received: {name}={value!r}")
     return value
 
 
-def _check_dtype(dtype, normalization) -> None:
-    _check_choice("dtype", dtype, DTYPES)
+def _check_dtype(dtype, normalization) -> str:
+    dtype = _check_choice("dtype", dtype, DTYPES)
     if dtype == "uint8" and normalization != "raw":
         raise PetalError(
             "dtype='uint8' batches hold raw 0..255 pixels: pass normalization='raw' and "
             f"normalise in the model. Received: normalization={normalization!r}"
         )
+    return dtype
+
+
+def _plain_int(value):
+    """A numpy integer as an int (``np.int64(8)`` counts as 8); anything else as it is."""
+    return int(value) if isinstance(value, np.integer) else value
 
 
 def _check_batch(batch_size) -> int:
+    batch_size = _plain_int(batch_size)
     if not is_int_at_least(batch_size, 1):
         raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
     return batch_size
+
+
+def _check_context(input_context, skip_corrupt) -> None:
+    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
+        raise PetalError(
+            "input_context must be a tf.distribute.InputContext or None. "
+            f"Received: input_context={input_context!r}"
+        )
+    if not isinstance(skip_corrupt, bool | np.bool_):
+        raise PetalError(
+            f"skip_corrupt must be True or False. Received: skip_corrupt={skip_corrupt!r}"
+        )
 
 
 def _per_replica_batch(batch_size, input_context) -> int:
@@ -926,7 +964,7 @@ def _pipeline_count(src: Source, split: str, input_context) -> int:
     return sum(src.counts(split)[index::n])
 
 
-def _as_size(image_size) -> tuple[int, int]:
+def _as_size(image_size, name: str = "image_size") -> tuple[int, int]:
     if isinstance(image_size, str):
         parts = image_size.lower().split("x")
         try:
@@ -944,8 +982,8 @@ def _as_size(image_size) -> tuple[int, int]:
             values = []
     if len(values) != 2 or min(values) <= 0:
         raise PetalError(
-            f"image_size must be a positive int, (height, width) or 'HxW'. "
-            f"Received: image_size={image_size!r}"
+            f"{name} must be a positive int, (height, width) or 'HxW'. "
+            f"Received: {name}={image_size!r}"
         )
     return values[0], values[1]
 
@@ -959,6 +997,12 @@ def _resolve_size(src: Source, image_size) -> tuple[int, int]:
         raise PetalError(
             f"Reading the image folder {src.path} needs an image_size to resize "
             "to (e.g. image_size=192). Received: image_size=None"
+        )
+    if not src.size_recorded:
+        raise PetalError(
+            f"The shards in {src.path} record no image size (no 'size' feature); pass "
+            "image_size, the size of their images (e.g. image_size=192). "
+            "Received: image_size=None"
         )
     raise PetalError(
         f"Records in {src.path} have mixed image sizes (converted with resize mode 'none'); "
@@ -997,7 +1041,7 @@ def _cache_key(src: Source, split, size, input_context, how: str) -> str:
     """What the cached pixels depend on: the data (a conversion's time; the local files'
     paths, sizes and modification times: edited photos and rewritten shards, codelab ones
     too, are read again), the split, the size, how images are fitted (``how``) and the
-    input pipeline."""
+    input pipeline (which share of the data it reads: its index and how many there are)."""
     created = (src.manifest or {}).get("created", "")
     if not folders.is_remote(src.path):
         stamp = hashlib.sha1(created.encode())
@@ -1006,12 +1050,18 @@ def _cache_key(src: Source, split, size, input_context, how: str) -> str:
                 info = os.stat(path)
                 stamp.update(f"{path}|{info.st_size}|{info.st_mtime_ns}\n".encode())
         created = stamp.hexdigest()
-    pipe = input_context.input_pipeline_id if input_context is not None else 0
+    pipe = (
+        f"{input_context.input_pipeline_id}/{input_context.num_input_pipelines}"
+        if input_context is not None
+        else "0/1"
+    )
     text = f"{src.path}|{created}|{split}|{size}|{how}|{pipe}|{src.count(split)}"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _resolve_cache(cache, src: Source, split, size, input_context, how: str = "") -> str | None:
+def _resolve_cache(
+    cache, src: Source, split, size, input_context, how: str = "", skip_corrupt: bool = False
+) -> str | None:
     """None (no cache), "" (RAM) or a file prefix on local disk."""
     if isinstance(cache, str) and cache.lower() in ("off", "none", "no", "ram", "memory"):
         cache = cache.lower()  # "RAM" is no folder name
@@ -1034,12 +1084,21 @@ def _resolve_cache(cache, src: Source, split, size, input_context, how: str = ""
     elif isinstance(cache, str | os.PathLike):
         folder = os.fspath(cache)
         key = _cache_key(src, split, size, input_context, how)
+        if skip_corrupt:
+            # The skipped records are counted as they are read, and a kept cache is not read
+            # again from the records.
+            raise PetalError(
+                f"skip_corrupt=True with the cache folder {folder}: records skipped while it "
+                "is written would not be counted by the runs that read it again; pass "
+                "cache='ram', 'disk' or 'off' (kept for one run), or repair the records "
+                "(petal inspect --verify names them)."
+            )
     else:
         raise PetalError(
             f"cache must be 'auto', 'ram', 'disk', 'off' or a folder path. "
             f"Received: cache={cache!r}"
         )
-    os.makedirs(folder, exist_ok=True)
+    _make_cache_folder(folder)
     free = _disk_free(folder)
     if free and needed > 0.9 * free:
         raise PetalError(
@@ -1061,6 +1120,22 @@ def _resolve_cache(cache, src: Source, split, size, input_context, how: str = ""
             f"none is running, delete {prefix}_* and run again, or pass cache='off'."
         )
     return prefix
+
+
+def _make_cache_folder(folder: str) -> None:
+    """Creates ``folder``, or says in one line why it cannot hold a cache."""
+    reason = f"{folder} is a file, not a folder" if os.path.isfile(folder) else None
+    reason = reason or cannot_write(folder, folder=True)
+    if reason is None:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as err:
+            reason = err.strerror or str(err)
+    if reason is not None:
+        raise PetalError(
+            f"The cache folder {folder} cannot be written: {reason}; pass another folder "
+            "or cache='off'."
+        )
 
 
 def _remove_cache_files(prefix: str) -> None:

@@ -64,6 +64,8 @@ class Source:
         format: ``"jpeg"`` or ``"raw"`` for records, ``"files"`` for an image folder.
         manifest: the records folder's manifest, or None.
         notes: for an image folder, lines naming the files it holds that are not read.
+        size_recorded: False for codelab shards whose records carry no ``size`` feature
+            (``image_size`` is None then, though they may all have one size).
     """
 
     path: str
@@ -73,6 +75,7 @@ class Source:
     format: str
     manifest: dict | None = None
     notes: tuple[str, ...] = ()
+    size_recorded: bool = True
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -340,23 +343,24 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
     # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
     n_val = int(len(shards) * fraction)
-    peek = _peek_codelab(shards)
-    found_classes, image_size = peek
+    found_classes, sizes = _peek_codelab(shards)
     names = tuple(classes) if classes is not None else found_classes
     source = Source(
         path=root.rstrip("/"),
         kind="codelab",
         classes=names,
-        image_size=image_size,
+        image_size=next(iter(sizes)) if len(sizes) == 1 else None,
         format=schema.FORMAT_JPEG,
+        size_recorded=bool(sizes),
     )
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
     return source
 
 
-def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] | None]:
-    """Classes and image size from the first record of each shard (one small read each)."""
+def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], set[tuple[int, int]]]:
+    """Classes and the image sizes recorded, from the first records of each shard (one
+    small read each)."""
     import tensorflow as tf
 
     spec = {
@@ -395,8 +399,7 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], tuple[int, int] |
     num_classes = max(num_classes, len(CODELAB_CLASSES) if not names else 0)
     defaults = dict(enumerate(CODELAB_CLASSES))
     classes = tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes))
-    image_size = sizes.pop() if len(sizes) == 1 else None
-    return classes, image_size
+    return classes, sizes
 
 
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
