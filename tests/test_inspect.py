@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from conftest import break_image, corrupt_record, link_photos
 from petal.data import inspect_records, read_manifest, schema
 from petal.errors import PetalError
 
@@ -376,3 +377,147 @@ def test_class_names_in_any_script_line_up_and_are_drawn(small_flowers, tmp_path
     else:
         assert err.count("no installed font draws 1 class name(s)") == 1
         assert "(玫瑰 as 'class 2')" in err
+
+
+def _rewrite(folder, name: str, change) -> None:
+    """Shard ``name`` written again with ``change(examples)`` applied, sound CRCs, and its
+    manifest entry updated to the new file: damage that only reading the records finds."""
+    import hashlib
+
+    path = folder / name
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+    change(examples)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            if shard["file"] == name:
+                shard["bytes"] = path.stat().st_size
+                shard["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_grid_draws_the_records_that_read_and_names_the_others(damaged, tmp_path, capsys):
+    """Each damage that --verify names once raised out of --grid as a traceback."""
+    from petal import cli
+
+    corrupt_record(damaged / "train-00000-of-00002-25.tfrec", 1)  # a bad frame ends the shard
+    break_image(damaged / "train-00001-of-00002-25.tfrec", 0)  # sound CRC, no JPEG
+    _rewrite(damaged, "train-00001-of-00002-25.tfrec",
+             lambda ex: ex[2].features.feature.pop(schema.FILENAME))  # fmt: skip
+    (damaged / "validation-00000-of-00002-5.tfrec").unlink()  # named by the check alone
+    out = tmp_path / "grid.png"
+    report = inspect_records(damaged, grid=out, grid_per_class=2, progress=False)
+    assert report.problems[0] == "validation-00000-of-00002-5.tfrec: missing"
+    assert report.problems[1].startswith(
+        "train-00000-of-00002-25.tfrec: record 1: corrupted record at "
+    )
+    assert report.problems[2:] == [
+        "train-00001-of-00002-25.tfrec: record 0: Unknown image file format. One of JPEG, "
+        "JPEG XL, PNG, GIF, BMP, WebP required.",
+        "train-00001-of-00002-25.tfrec: record 2: Feature: filename (data type: string) is "
+        "required but could not be found.",
+    ]
+    assert report.grid == str(out) and Image.open(out).size[0] > 100
+    assert "check: 4 problems (shard files and the records read for the grid; " in str(report)
+    # --verify names the same records in the same words, and the grid adds no second line.
+    verified = inspect_records(damaged, verify=True, grid=out, progress=False)
+    assert verified.problems == [
+        "train-00000-of-00002-25.tfrec: sha256 differs from the manifest",
+        *report.problems[1:],
+        report.problems[0],
+    ]
+    # The command: the report, exit 1, no traceback.
+    assert cli.main(["inspect", str(damaged), "--grid", str(out)]) == 1
+    assert "record 2: Feature: filename" in capsys.readouterr().out
+
+
+def test_grid_names_a_raw_record_whose_bytes_do_not_fit_its_size(make_records, tmp_path):
+    folder = make_records(counts={"train": [6]}, fmt="raw", size=(16, 16))
+
+    def shorten(examples):
+        examples[3].features.feature[schema.IMAGE].bytes_list.value[0] = b"x" * 10
+
+    _rewrite(folder, "train-00000-of-00001-6.tfrec", shorten)
+    issue = (
+        "train-00000-of-00001-6.tfrec: record 3: raw image holds 10 bytes, size [16, 16] needs 768"
+    )
+    report = inspect_records(folder, grid=tmp_path / "grid.png", grid_per_class=2, progress=False)
+    assert report.problems == [issue]  # said as --verify says it
+    assert inspect_records(folder, verify=True, progress=False).problems == [issue]
+
+
+def test_verify_takes_a_shard_name_without_a_count(damaged):
+    """check_manifest and training take a count from the manifest where the name has none."""
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["file"] = "train_part0.tfrec"
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    (damaged / "train-00000-of-00002-25.tfrec").rename(damaged / "train_part0.tfrec")
+    report = inspect_records(damaged, verify=True, progress=False)
+    assert report.ok and report.verified == 60, report.problems
+
+
+def test_verify_names_a_folder_where_a_shard_should_be(damaged):
+    shard = damaged / "validation-00001-of-00002-5.tfrec"
+    shard.unlink()
+    shard.mkdir()
+    for verify in (False, True):
+        report = inspect_records(damaged, verify=verify, progress=False)
+        assert report.problems == [
+            "validation-00001-of-00002-5.tfrec: unreadable (not a regular file)"
+        ]
+    assert report.verified == 55
+
+
+def test_a_manifest_without_shard_sizes_lists_its_shards_without(damaged):
+    """Sizes are optional in a manifest (check_manifest); inspect once raised KeyError."""
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            del shard["bytes"], shard["sha256"]
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    text = str(inspect_records(damaged, progress=False))
+    assert "train: 2 shards, 50 records, sizes not in the manifest" in text
+    assert "  train-00000-of-00002-25.tfrec  25 records\n" in text
+    assert inspect_records(damaged, verify=True, progress=False).ok
+    manifest["splits"]["train"]["shards"][0]["bytes"] = -1
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PetalError, match=r"a record 'count' and, if it gives one, a size in "
+                       r"'bytes'; it has file='train-00000-of-00002-25.tfrec', count=25, "
+                       r"bytes=-1; convert"):  # fmt: skip
+        inspect_records(damaged, progress=False)
+
+
+def test_a_glob_across_folders_reads_each_shard_where_it_lies(make_records, tmp_path):
+    """Shards were once looked up by name in the first one's folder: reported missing, or
+    one read twice in place of its namesake."""
+    # Labels are record index % 5: cl holds 0-4, cl2 0-4, 0, 1; flowers01-2 in both.
+    make_records("cl", counts={"all": [3, 2]}, codelab=True, fmt="jpeg")
+    make_records("cl2", counts={"all": [5, 2]}, codelab=True, fmt="jpeg")
+    pattern = tmp_path / "cl*" / "*.tfrec"
+    for verify in (False, True):
+        report = inspect_records(pattern, verify=verify, progress=False)
+        assert report.ok, report.problems
+    assert report.verified == 12 and report.path == str(tmp_path)
+    train = report.manifest["splits"]["train"]  # 4 files: none validate
+    assert [s["file"] for s in train["shards"]] == [
+        "cl/flowers00-3.tfrec", "cl/flowers01-2.tfrec", "cl2/flowers00-5.tfrec",
+        "cl2/flowers01-2.tfrec",
+    ]
+    assert list(train["per_class"].values()) == [3, 3, 2, 2, 2]
+    assert "\n  cl2/flowers01-2.tfrec  2 records" in str(report)
+
+
+def test_control_characters_in_class_and_file_names_stay_on_one_line(small_flowers, tmp_path):
+    """A newline once split a skipped entry; an escape in a class name reached the terminal."""
+    from petal.data import convert
+
+    photos = link_photos(small_flowers, tmp_path / "photos", per_class=3, classes=2)
+    (photos / "daisy").rename(photos / "c\x1b[2Jd")
+    (photos / "dandelion" / "bad\nname.jpg").write_bytes(b"")
+    convert(photos, tmp_path / "records", image_size=16, workers=1, progress=False)
+    text = str(inspect_records(tmp_path / "records", progress=False))
+    assert "\x1b" not in text and "\n  dandelion/bad\\nname.jpg: " in text
+    assert "\nc\\x1b[2Jd " in text

@@ -6,12 +6,14 @@ file names, classes from the records, split by file; their per-class counts take
 of every record's class. ``verify`` reads every record with
 its CRC checked, parses it with the full feature spec, decodes the image and checks the
 fields against the manifest, naming the shard and record index of the first problem in
-each shard. ``grid`` draws a labelled grid of sample images (headless, Agg).
+each shard. ``grid`` draws a labelled grid of sample images (headless, Agg) from the
+records that read, and names those that do not (in shards no other problem names).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import posixpath
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
 from petal.display import can_draw, columns, ljust, plot_labels
-from petal.errors import PetalError, is_int_at_least, tf_message
+from petal.errors import PetalError, is_int_at_least, printable, tf_message
 
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
@@ -33,12 +35,14 @@ class InspectReport:
     """The result of ``inspect_records``; ``str()`` is the text ``petal inspect`` prints.
 
     Attributes:
-        path: the records folder (for a glob of shards: their folder).
+        path: the records folder (for a glob of shards: their folder, or the folder that
+            holds theirs; the manifest's shard names are relative to it).
         manifest: its manifest; for shards without one, the same fields built from them
             (``"origin": "codelab"``).
         verified: records read and checked by ``verify``, or None when not verifying.
         problems: one line per problem found (shard, record index, what): by ``verify``, or
-            else by comparing the shard files with the manifest (present, size, listed).
+            else by comparing the shard files with the manifest (present, size, listed); and
+            records the grid could not read or draw.
         grid: path of the sample grid written, if any.
     """
 
@@ -98,7 +102,8 @@ def inspect_records(
     if source is None:  # a glob of shards may leave others beside them out on purpose
         report.problems += _unlisted(path, manifest)
     if grid is not None:
-        report.grid = _draw_grid(path, manifest, grid, grid_per_class)
+        report.grid, unread = _draw_grid(path, manifest, grid, grid_per_class, report.problems)
+        report.problems += unread
     return report
 
 
@@ -133,6 +138,8 @@ def _codelab_source(path: str):
 def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
     """(the shards' folder, a manifest of what training reads, problems met counting).
 
+    The folder is the one that holds every shard (a glob may match several folders); the
+    manifest names each shard by its path from there, so each is read where it lies.
     Per-class counts need every record's class: one read of all the shards.
     """
     import numpy as np
@@ -143,13 +150,14 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
     spec = {schema.CLASS: tf.io.FixedLenFeature([], tf.int64)}
     problems: list[str] = []
     splits = {}
+    folder = _common_folder(source.files("all"))
     with tqdm(total=source.count("all"), desc="count", unit="rec", disable=not progress) as bar:
         for split in schema.SPLITS:
             counts = np.zeros(len(classes), np.int64)
             shards = []
             known = len(problems)  # a corrupt shard of this split explains its shortfall
             for file, count in zip(source.files(split), source.counts(split), strict=True):
-                name = posixpath.basename(file)
+                name = file[len(folder) :].lstrip("/") if folder else file
                 shards.append({"file": name, "count": count, "bytes": folders.file_size(file)})
                 batches = tf.data.TFRecordDataset(file).batch(1024)
                 try:
@@ -176,8 +184,20 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         "splits": splits,
         "origin": "codelab",
     }
-    folder = posixpath.dirname(source.files("all")[0]) or "."
-    return folder, _complete(manifest), problems
+    return folder or ".", _complete(manifest), problems
+
+
+def _common_folder(files: list[str]) -> str:
+    """The deepest folder that holds every one of ``files`` ("" for relative paths under
+    different top folders); ``/``-separated, as globs and remote paths are."""
+    common = posixpath.dirname(files[0]).split("/")
+    for file in files[1:]:
+        parts = posixpath.dirname(file).split("/")
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return "/".join(common) or ("/" if files[0].startswith("/") else "")
 
 
 def _complete(manifest: dict) -> dict:
@@ -208,20 +228,25 @@ def _size(n: int) -> str:
 
 def _format(report: InspectReport) -> list[str]:
     m = report.manifest
-    classes = m["classes"]
-    splits = m["splits"]
+    # Names as they appear on one line each: a newline or a terminal escape in a class or
+    # file name is written as its Python escape.
+    classes = [printable(c) for c in m["classes"]]
+    splits = {
+        split: {**info, "per_class": {printable(c): n for c, n in info["per_class"].items()}}
+        for split, info in m["splits"].items()
+    }
     size = "x".join(map(str, m["image_size"])) if m.get("image_size") else "original sizes"
     quality = f", quality {m['quality']}" if m.get("quality") is not None else ""
     if m.get("origin") == "codelab":
         lines = [
-            f"{report.path}: {m['written']} records, {m['format']} {size}, "
+            f"{printable(report.path)}: {m['written']} records, {m['format']} {size}, "
             f"{len(classes)} classes",
             "no manifest.json (the codelab's shards): counts from the file names, classes "
             "from the records, split by file as petal train reads them",
             "",
         ]
     else:
-        lines = _conversion_lines(report.path, m, size, quality)
+        lines = _conversion_lines(printable(report.path), m, size, quality)
     width = max(10, *(columns(c) for c in classes))
     lines.append(f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}")
     totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
@@ -255,31 +280,32 @@ def _format(report: InspectReport) -> list[str]:
     lines += [balance, ""]
     for split in schema.SPLITS:
         shards = splits[split]["shards"]
-        total = sum(s["bytes"] for s in shards)
         lines.append(
             f"{split}: {len(shards)} shard{'s' if len(shards) != 1 else ''}, "
-            f"{splits[split]['count']} records, {_size(total)}"
-            + (
-                f" (shards {_size(min(s['bytes'] for s in shards))} to "
-                f"{_size(max(s['bytes'] for s in shards))})"
-                if len(shards) > 1
-                else ""
-            )
+            f"{splits[split]['count']} records, {_sizes(shards)}"
         )
         for shard in shards[:_LIST_SHARDS]:
-            lines.append(f"  {shard['file']}  {shard['count']} records  {_size(shard['bytes'])}")
+            lines.append(
+                f"  {printable(shard['file'])}  {shard['count']} records"
+                + (f"  {_size(shard['bytes'])}" if "bytes" in shard else "")
+            )
         if len(shards) > _LIST_SHARDS:
             lines.append(f"  ... and {len(shards) - _LIST_SHARDS} more")
     if m["skipped"]:
         lines += ["", f"skipped ({len(m['skipped'])}):"]
-        lines += [f"  {s['file']}: {s['reason']}" for s in m["skipped"][:_LIST_SKIPPED]]
+        lines += [f"  {printable(s['file'])}: {printable(s['reason'])}"
+                  for s in m["skipped"][:_LIST_SKIPPED]]  # fmt: skip
         if len(m["skipped"]) > _LIST_SKIPPED:
             lines.append(f"  ... and {len(m['skipped']) - _LIST_SKIPPED} more (see manifest.json)")
     if report.verified is None and not report.ok:
+        # (The grid reads records until it has its images.)
+        checked = "shard files and the records read for the grid" if report.grid else (
+            "shard files against the manifest"
+        )
         lines += [
             "",
             f"check: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
-            " (shard files against the manifest; --verify reads every record):",
+            f" ({checked}; --verify reads every record):",
         ]
         lines += _listed(report.problems)
     if report.verified is not None:
@@ -297,8 +323,17 @@ def _format(report: InspectReport) -> list[str]:
             )
             lines += _listed(report.problems)
     if report.grid:
-        lines.append(f"grid: {report.grid}")
+        lines.append(f"grid: {printable(report.grid)}")
     return lines
+
+
+def _sizes(shards: list[dict]) -> str:
+    """The size of a split's shards, and their range; a manifest may leave them out."""
+    if not all("bytes" in s for s in shards):
+        return "sizes not in the manifest"
+    sizes = [s["bytes"] for s in shards]
+    spread = f" (shards {_size(min(sizes))} to {_size(max(sizes))})" if len(sizes) > 1 else ""
+    return _size(sum(sizes)) + spread
 
 
 def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
@@ -307,7 +342,7 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
         f"{path}: {m['written']} records, {m['format']} {size} "
         f"(resize {m['resize']}{quality}), {len(m['classes'])} classes, seed {m['seed']}",
         f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
-        f"(TensorFlow {m.get('tensorflow_version', '?')}) from {m.get('source', '?')}",
+        f"(TensorFlow {m.get('tensorflow_version', '?')}) from {printable(m.get('source', '?'))}",
         f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
         + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else "")
         + (
@@ -323,7 +358,7 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
 def _listed(problems: list[str]) -> list[str]:
     """The first problems, indented, then how many more (every one is in
     ``InspectReport.problems``): a manifest that does not fit its shards fails every record."""
-    shown = [f"  {p}" for p in problems[:_LIST_PROBLEMS]]
+    shown = [f"  {printable(p)}" for p in problems[:_LIST_PROBLEMS]]
     if len(problems) > _LIST_PROBLEMS:
         shown.append(f"  ... and {len(problems) - _LIST_PROBLEMS} more")
     return shown
@@ -338,17 +373,22 @@ def _check_files(path: str, manifest: dict) -> list[str]:
     for split in schema.SPLITS:
         for shard in manifest["splits"][split]["shards"]:
             name = shard["file"]
-            try:
-                size = folders.file_size(folders.join(path, name))
-            except FileNotFoundError:
-                problems.append(f"{name}: missing")
-                continue
-            except OSError as err:
-                problems.append(f"{name}: unreadable ({err.strerror or err})")
-                continue
-            if "bytes" in shard and size != shard["bytes"]:
-                problems.append(f"{name}: {size} bytes, the manifest says {shard['bytes']}")
+            size, problem = _shard_size(folders.join(path, name), name)
+            if problem is None and "bytes" in shard and size != shard["bytes"]:
+                problem = f"{name}: {size} bytes, the manifest says {shard['bytes']}"
+            if problem is not None:
+                problems.append(problem)
     return problems
+
+
+def _shard_size(file: str, name: str) -> tuple[int | None, str | None]:
+    """(size, None) of a shard file, or (None, the problem) where there is no file to read."""
+    try:
+        return folders.file_size(file), None
+    except FileNotFoundError:
+        return None, f"{name}: missing"
+    except OSError as err:
+        return None, f"{name}: unreadable ({err.strerror or err})"
 
 
 def _unlisted(path: str, manifest: dict) -> list[str]:
@@ -426,10 +466,15 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
             for shard in manifest["splits"][split]["shards"]:
                 name = shard["file"]
                 file = folders.join(path, name)
-                if not folders.exists(file):
-                    problems.append(f"{name}: missing")
+                _, problem = _shard_size(file, name)  # a folder is there, but no shard
+                if problem is None:
+                    try:
+                        size, digest = _file_digest(file)
+                    except tf.errors.OpError as err:
+                        problem = f"{name}: unreadable ({tf_message(err)})"
+                if problem is not None:
+                    problems.append(problem)
                     continue
-                size, digest = _file_digest(file)
                 if "bytes" in shard and size != shard["bytes"]:
                     problems.append(f"{name}: {size} bytes, the manifest says {shard['bytes']}")
                 elif "sha256" in shard and digest != shard["sha256"]:
@@ -475,11 +520,14 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     index += 1
                     bar.update()
                 read += index
-                expected = schema.count_from_name(name)
-                if not damaged and (index != shard["count"] or index != expected):
+                try:
+                    expected = schema.count_from_name(name)
+                except ValueError:  # no count in the name: the manifest's alone counts, as
+                    expected = None  # for check_manifest and petal train
+                if not damaged and (index != shard["count"] or expected not in (None, index)):
                     problems.append(
-                        f"{name}: {index} records read, manifest says {shard['count']}, "
-                        f"file name says {expected}"
+                        f"{name}: {index} records read, manifest says {shard['count']}"
+                        + (f", file name says {expected}" if expected is not None else "")
                     )
     return read, problems
 
@@ -511,44 +559,87 @@ def _field_issue(
     if image_size is not None and size != list(image_size):
         return f"size {size} differs from the manifest's image_size {image_size}"
     if format == schema.FORMAT_RAW:
-        if stored[0] != size[0] * size[1] * 3:
-            return f"raw image holds {stored[0]} bytes, size {size} needs {size[0] * size[1] * 3}"
-    elif stored != size:
+        return _raw_issue(stored[0], size)
+    if stored != size:
         return f"decoded image is {stored[0]}x{stored[1]}, size says {size[0]}x{size[1]}"
+    return None
+
+
+def _raw_issue(stored: int, size: list[int]) -> str | None:
+    """What is wrong with a raw image of ``stored`` bytes and ``size`` [height, width], or None."""
+    if stored != size[0] * size[1] * 3:
+        return f"raw image holds {stored} bytes, size {size} needs {size[0] * size[1] * 3}"
     return None
 
 
 # --- grid -----------------------------------------------------------------------------------------
 
 
-def _samples(path: str, manifest: dict, per_class: int) -> dict[int, list]:
-    """Up to ``per_class`` decoded images per class, in record order (train first)."""
-    import numpy as np
+def _samples(
+    path: str, manifest: dict, per_class: int, known: list[str]
+) -> tuple[dict[int, list], list[str]]:
+    """Up to ``per_class`` decoded images per class, in record order (train first), from
+    the records that read; and a problem line for each record read that did not, in the
+    shards that no line of ``known`` names (those are reported already)."""
     import tensorflow as tf
 
     wanted = len(manifest["classes"]) * per_class
     found: dict[int, list] = {i: [] for i in range(len(manifest["classes"]))}
     # Any one_hot_class length: the grid needs only the class. No file name in codelab shards.
     spec = schema.feature_spec(codelab=manifest.get("origin") == "codelab")
+    problems: list[str] = []
     count = 0
     for split in schema.SPLITS:
         for shard in manifest["splits"][split]["shards"]:
-            for raw in tf.data.TFRecordDataset(folders.join(path, shard["file"])):
-                ex = tf.io.parse_single_example(raw, spec)
-                cls = int(ex[schema.CLASS])
-                if cls not in found or len(found[cls]) >= per_class:
+            name = shard["file"]
+            quiet = any(p.startswith(f"{name}: ") for p in known)
+            records = iter(tf.data.TFRecordDataset(folders.join(path, name)))
+            for index in itertools.count():
+                try:
+                    raw = next(records)
+                except StopIteration:
+                    break
+                except tf.errors.OpError as err:  # missing, or a bad frame: the shard ends
+                    where = f"record {index}: " if isinstance(err, tf.errors.DataLossError) else ""
+                    if not quiet:
+                        problems.append(f"{name}: {where}{tf_message(err)}")
+                    break
+                try:
+                    ex = tf.io.parse_single_example(raw, spec)
+                    cls = int(ex[schema.CLASS])
+                    if cls not in found or len(found[cls]) >= per_class:
+                        continue
+                    image, issue = _image(ex, manifest["format"])
+                except tf.errors.OpError as err:  # an intact frame that does not parse or decode
+                    image, issue = None, tf_message(err)
+                if issue is not None:
+                    if not quiet:
+                        problems.append(f"{name}: record {index}: {issue}")
                     continue
-                h, w = ex[schema.SIZE].numpy().tolist()
-                if manifest["format"] == schema.FORMAT_RAW:
-                    image = np.frombuffer(ex[schema.IMAGE].numpy(), np.uint8).reshape(h, w, 3)
-                else:
-                    image = tf.io.decode_jpeg(ex[schema.IMAGE], channels=3).numpy()
-                name = ex[schema.FILENAME].numpy().decode("utf-8") if schema.FILENAME in ex else ""
-                found[cls].append((image, name))
+                file = ex[schema.FILENAME].numpy().decode("utf-8") if schema.FILENAME in ex else ""
+                found[cls].append((image, file))
                 count += 1
                 if count == wanted:
-                    return found
-    return found
+                    return found, problems
+    return found, problems
+
+
+def _image(ex: dict, format: str):
+    """(the image of a parsed record as an array, None), or (None, what is wrong with it).
+
+    Raises:
+        tf.errors.OpError: a JPEG that does not decode.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    if format == schema.FORMAT_RAW:
+        data = ex[schema.IMAGE].numpy()
+        size = ex[schema.SIZE].numpy().tolist()
+        if issue := _raw_issue(len(data), size):
+            return None, issue
+        return np.frombuffer(data, np.uint8).reshape(*size, 3), None
+    return tf.io.decode_jpeg(ex[schema.IMAGE], channels=3).numpy(), None
 
 
 def image_path(out: str, option: str = "--grid") -> str:
@@ -563,7 +654,9 @@ def image_path(out: str, option: str = "--grid") -> str:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if not out.strip() or out.endswith(("/", os.sep)):
-        raise PetalError(f"{option} needs a file name, such as grid.png. Received: {option} {out!r}")
+        raise PetalError(
+            f"{option} needs a file name, such as grid.png. Received: {option} {out!r}"
+        )
     ext = os.path.splitext(out)[1].lower()
     if not ext:
         return out + ".png"
@@ -577,7 +670,10 @@ def image_path(out: str, option: str = "--grid") -> str:
     return out
 
 
-def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
+def _draw_grid(
+    path: str, manifest: dict, out: str, per_class: int, known: list[str]
+) -> tuple[str, list[str]]:
+    """(``out``, the problems met reading samples in shards no line of ``known`` names)."""
     # The Figure/Agg canvas API draws without touching pyplot's global backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -585,7 +681,7 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
     if not is_int_at_least(per_class, 1):
         raise PetalError(f"grid_per_class must be an integer >= 1. Received: {per_class!r}")
     classes = manifest["classes"]
-    samples = _samples(path, manifest, per_class)
+    samples, problems = _samples(path, manifest, per_class, known)
     labels = plot_labels(classes)  # falls back to installed fonts, or to "class N"
     rows, cols = len(classes), per_class
     fig = Figure(figsize=(1.9 * cols + 0.4, 2.0 * rows + 0.5))
@@ -620,9 +716,9 @@ def _draw_grid(path: str, manifest: dict, out: str, per_class: int) -> str:
                 f.write(buffer.getvalue())
         except tf.errors.OpError as err:
             raise folders.gfile_error(out, err) from None
-        return out
+        return out, problems
     parent = os.path.dirname(out)
     if parent:
         os.makedirs(parent, exist_ok=True)
     fig.savefig(out, dpi=100)
-    return out
+    return out, problems

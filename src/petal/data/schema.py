@@ -55,7 +55,8 @@ def check_manifest(manifest, path: str) -> dict:
 
     Checked: a JSON object with ``classes`` (distinct non-empty names), a known ``format``,
     ``image_size`` (``[height, width]`` or null) and ``splits``, whose ``train`` and
-    ``validation`` (either may be absent) list shards with a ``file`` name and a ``count``;
+    ``validation`` (either may be absent) list shards with a ``file`` name, a ``count`` and
+    optionally their size in ``bytes``;
     a split's ``count`` and its ``per_class`` counts (where given) add up to its shards';
     a shard's count is the one in its file name (``-<count>.tfrec``), where it has one.
 
@@ -108,8 +109,9 @@ def check_manifest(manifest, path: str) -> dict:
             file, count, size = shard.get("file"), shard.get("count"), shard.get("bytes", 0)
             if not isinstance(file, str) or not is_count(count) or not is_count(size):
                 raise wrong(
-                    f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and "
-                    f"its 'bytes'; it has file={file!r}, count={count!r}, bytes={size!r}"
+                    f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and, "
+                    f"if it gives one, a size in 'bytes'; it has file={file!r}, count={count!r}, "
+                    f"bytes={shard.get('bytes')!r}"
                 )
             named = _COUNT_RE.search(file)
             if named and int(named.group(1)) != count:
