@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -241,11 +242,7 @@ def test_convert_warns_about_no_validation_split(small_flowers, tmp_path, capsys
 
 
 def test_a_skipped_file_with_a_newline_in_its_name_stays_on_one_line(tmp_path, capsys):
-    src = tmp_path / "photos"
-    for cls in ("a", "b"):
-        (src / cls).mkdir(parents=True)
-        for i in range(2):
-            (src / cls / f"{i}.png").write_bytes(_tiny_png(i))
+    src = _two_classes(tmp_path / "photos")
     (src / "a" / "bad\nname\x1b[2J.jpg").write_bytes(b"not an image")
     assert main(["convert", str(src), str(tmp_path / "out"), "--workers", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
@@ -278,6 +275,15 @@ def test_ctrl_c_dropped_by_a_garbage_collector_callback_still_stops(small_flower
     assert not out.exists()
 
 
+def _two_classes(src: Path) -> Path:
+    """``src`` with classes ``a`` and ``b`` of two different small PNGs each."""
+    for c, cls in enumerate(("a", "b")):
+        (src / cls).mkdir(parents=True)
+        for i in range(2):
+            (src / cls / f"{i}.png").write_bytes(_tiny_png(10 * c + i))
+    return src
+
+
 def _tiny_png(seed: int) -> bytes:
     import io
 
@@ -288,3 +294,45 @@ def _tiny_png(seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_names_in_warnings_stay_on_their_line(tmp_path, capsys):
+    """Names in the warnings were printed raw: a newline split one, an escape sequence
+    reached the terminal. They are escaped as the skipped files' are."""
+    src = _two_classes(tmp_path / "photos")
+    (src / "stray\n.png").write_bytes(_tiny_png(5))  # in no class
+    (src / "a" / "notes\x1b[2J.txt").write_text("x")  # not of a type petal reads
+    (src / "a" / ".hid\nden.png").write_bytes(_tiny_png(6))  # hidden
+    (src / "empty\x1b]0;title\x07").mkdir()  # no files, so no class
+    (src / "c\x1b[31m").mkdir()
+    (src / "c\x1b[31m" / "x.png").write_bytes(b"not an image")  # a class with no records
+    assert main(["convert", str(src), str(tmp_path / "out"), "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err
+    warnings = [line for line in err.splitlines() if line.startswith("petal convert: warning:")]
+    assert len(warnings) == 6  # and the empty validation split
+    for name in ("(stray\\n.png;", "(a/notes\\x1b[2J.txt;", "(a/.hid\\nden.png;",
+                 "(empty\\x1b]0;title\\x07;", "for class c\\x1b[31m:"):  # fmt: skip
+        assert sum(name in w for w in warnings) == 1, name
+
+
+def test_names_that_are_not_utf8(tmp_path, capsys):
+    """A file is skipped with the reason; a class folder is refused in one line."""
+    import os
+
+    src = _two_classes(tmp_path / "photos")
+    (src / "a" / os.fsdecode(b"\xff\xfe.png")).write_bytes(_tiny_png(3))
+    assert main(["convert", str(src), str(tmp_path / "out"), "--workers", "2"]) == 0
+    out = capsys.readouterr()
+    assert "skipped a/\\xff\\xfe.png: file name is not valid UTF-8 (records store it as UTF-8 " \
+        "text); rename it" in out.err.splitlines()
+    assert out.out.startswith("written 4 (") and "skipped 1 of 5 found" in out.out
+
+    (src / "b").rename(src / os.fsdecode(b"\xe9t\xe9"))
+    assert main(["convert", str(src), str(tmp_path / "out2"), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"petal convert: error: The name of the class folder {src}/\\xe9t\\xe9 is not valid "
+        "UTF-8, and class names are stored as UTF-8 text: rename the folder (e.g. with convmv) "
+        "and run again.\n"
+    )
+    assert not (tmp_path / "out2").exists()

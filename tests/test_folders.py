@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from petal.data.folders import IMAGE_EXTENSIONS, find_images, read_bytes
+from petal.data.folders import IMAGE_EXTENSIONS, find_images, read_bytes, some_names
 from petal.errors import PetalError
 
 
@@ -98,6 +98,22 @@ def test_unknown_class_lists_the_found_ones(tree):
 @pytest.mark.parametrize("classes", ["daisy,daisy", "daisy,,roses"])
 def test_malformed_class_lists(tree, classes):
     with pytest.raises(PetalError, match="--classes"):
+        find_images(tree, classes)
+
+
+@pytest.mark.parametrize(
+    ("classes", "match"),
+    [
+        (5, r"^classes must be a list or tuple of class names in index order, or a "
+            r"comma-separated string \(a set has no order\)\. Received: classes=5$"),
+        # A set's order, so the class indices, changed with PYTHONHASHSEED.
+        ({"daisy", "roses"}, r"\(a set has no order\)\. Received: classes=\{"),
+        (iter(["daisy", "roses"]), r"\(a set has no order\)\. Received: classes=<"),
+        (["daisy", None], r"^classes must hold names \(strings\)\. Received: "),
+    ],
+)  # fmt: skip
+def test_class_lists_of_the_wrong_type_are_named(tree, classes, match):
+    with pytest.raises(PetalError, match=match):
         find_images(tree, classes)
 
 
@@ -255,3 +271,24 @@ def test_unreachable_store_is_one_line(monkeypatch):
     message = str(info.value)
     assert message.startswith("Cannot reach gs://petal-no-bucket/flowers (")
     assert "Could not resolve hostname" in message and "\n" not in message
+
+
+def test_a_class_folder_whose_name_is_not_utf8_is_named_with_the_fix(tmp_path):
+    """Class names are stored as UTF-8 text: the split crashed on such a folder."""
+    _touch(tmp_path / os.fsdecode(b"\xe9t\xe9") / "a.jpg")
+    _touch(tmp_path / "b" / "b.jpg")
+    with pytest.raises(PetalError) as caught:
+        find_images(tmp_path)
+    assert str(caught.value) == (
+        f"The name of the class folder {tmp_path}/\\xe9t\\xe9 is not valid UTF-8, and class "
+        "names are stored as UTF-8 text: rename the folder (e.g. with convmv) and run again."
+    )
+
+
+def test_names_in_messages_are_printable(tmp_path):
+    """A newline in a found name split an error; an escape sequence reached the terminal."""
+    _touch(tmp_path / "a\x1b[2J" / "x.jpg")
+    _touch(tmp_path / "b\nc" / "x.jpg")
+    with pytest.raises(PetalError, match=r"Found classes: a\\x1b\[2J, b\\nc\.$"):
+        find_images(tmp_path, ["lilies"])
+    assert some_names(["x\ny", "é", os.fsdecode(b"\xff")]) == "x\\ny, é, \\xff"

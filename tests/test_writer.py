@@ -9,9 +9,12 @@ import hashlib
 import io
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ from PIL import Image, JpegImagePlugin
 from conftest import run_script
 from petal.data import convert, images, read_manifest, schema, writer
 from petal.errors import PetalError
+from petal.running import RUNNING_FILE
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -128,7 +132,7 @@ def test_parse_image_size(value, expected):
     assert images.parse_image_size(value) == expected
 
 
-@pytest.mark.parametrize("value", ["0", "x", "1x2x3", -3, "axb"])
+@pytest.mark.parametrize("value", ["0", "x", "1x2x3", -3, "axb", True, (True, 5), (19.5, 4)])
 def test_parse_image_size_rejects(value):
     with pytest.raises(ValueError, match="Received: image_size"):
         images.parse_image_size(value)
@@ -844,6 +848,21 @@ def test_an_output_that_is_no_path_is_refused(small_flowers, tmp_path, monkeypat
         ({"image_size": "70000x1"}, "at most 65500 pixels per side"),
         ({"image_size": 2000, "max_pixels": 1_000_000}, "more than max_pixels 1,000,000"),
         ({"image_size": 30000, "format": "raw", "max_pixels": 10**9}, "per raw record"),
+        # Through the Python API, True is an int to Python: it wrote 1x1 records, or was
+        # written into the manifest's options as true.
+        ({"image_size": True}, r"^image_size must be .* Received: image_size=True$"),
+        ({"quality": True}, r"^quality must be an integer in 1\.\.100\. Received: quality=True$"),
+        ({"seed": True}, r"^seed must be an integer\. Received: seed=True$"),
+        ({"shards": True}, r"^shards must be a positive integer\. Received: shards=True$"),
+        ({"shard_mb": True}, r"^shard_mb must be a positive .* Received: shard_mb=True$"),
+        ({"workers": True}, r"^workers must be a positive integer\. Received: workers=True$"),
+        ({"max_pixels": True}, r"^max_pixels must be a positive .* Received: max_pixels=True$"),
+        ({"val_fraction": False}, r"^val_fraction must be in .* Received: val_fraction=False$"),
+        ({"overwrite": "no"}, r"^overwrite must be True or False\. Received: overwrite='no'$"),
+        ({"classes": 5}, r"^classes must be a list or tuple .* Received: classes=5$"),
+        # A set's order (so the class indices) changes with PYTHONHASHSEED.
+        ({"classes": {"daisy", "roses"}}, r"\(a set has no order\)\. Received: classes=\{"),
+        ({"classes": ["daisy", 3]}, r"^classes must hold names \(strings\)\. Received: "),
     ],
 )
 def test_refused_options(small_flowers, tmp_path, kwargs, match):
@@ -1030,3 +1049,127 @@ def test_leftovers_of_a_killed_run_are_cleaned(small_flowers, tmp_path, caplog):
     ]
     m = json.loads((out / "manifest.json").read_text())
     assert m["written"] == 60
+
+
+# --- one conversion at a time in a folder ------------------------------------------------------
+
+
+def _start_waiting_conversion(source: Path, out: Path, go: Path) -> subprocess.Popen:
+    """A conversion of ``source`` into ``out`` in another process, held at its first image
+    until ``go`` exists; returns once it is there."""
+    script = out.parent / "first.py"
+    script.write_text(
+        "import os, time\n"
+        "from petal.data import convert, writer\n"
+        "real = writer._convert\n"
+        "def held(task, options):\n"
+        "    print('converting', flush=True)\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "    return real(task, options)\n"
+        "writer._convert = held\n"
+        f"convert({str(source)!r}, {str(out)!r}, image_size=16, shards=2, workers=1,\n"
+        "        progress=False)\n"
+    )
+    first = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline() == "converting\n"
+    return first
+
+
+def test_a_second_conversion_into_a_folder_in_use_is_refused(small_flowers, tmp_path):
+    """Both wrote the same temporary files and one's clean-up deleted the other's: the first
+    exited 0 with a manifest over shards that held the second's records."""
+    out, go = tmp_path / "out", tmp_path / "go"
+    first = _start_waiting_conversion(small_flowers, out, go)
+    try:
+        in_use = (
+            f"{out} is in use: process {first.pid} on {socket.gethostname()} is converting "
+            f"into it; wait for it to end or stop it, or pass another DST (if it is not "
+            f"running, delete {out / RUNNING_FILE})."
+        )
+        for overwrite in (False, True):  # --overwrite does not replace a live run either
+            with pytest.raises(PetalError) as caught:
+                convert(small_flowers, out, image_size=8, shards=1, workers=1,
+                        overwrite=overwrite, progress=False)  # fmt: skip
+            assert str(caught.value) == in_use
+        go.touch()
+        assert first.wait(timeout=120) == 0
+    finally:
+        first.kill()
+        first.wait()
+        first.stdout.close()
+    # The first conversion's records, whole, and its marker gone.
+    assert read_manifest(out)["image_size"] == [16, 16]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "train-00000-of-00002-25.tfrec",
+        "train-00001-of-00002-25.tfrec",
+        "validation-00000-of-00002-5.tfrec",
+        "validation-00001-of-00002-5.tfrec",
+    ]
+    assert [r["size"].tolist() for r in _records(out)] == [[16, 16]] * 60
+
+
+def test_the_marker_of_a_conversion_killed_outright_is_taken_over(small_flowers, tmp_path):
+    out, go = tmp_path / "out", tmp_path / "go"
+    first = _start_waiting_conversion(small_flowers, out, go)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    first.stdout.close()
+    assert sorted(p.name for p in out.iterdir()) == [RUNNING_FILE]  # left by the dead one
+    with pytest.raises(PetalError, match="manifest"):  # which looks like no output
+        read_manifest(out)
+    summary = convert(small_flowers, out, image_size=8, shards=1, workers=1, progress=False)
+    assert summary.written == 60
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "train-00000-of-00001-50.tfrec",
+        "validation-00000-of-00001-10.tfrec",
+    ]
+
+
+# --- names and metadata ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_name_that_is_not_utf8_is_skipped_with_the_fix(tmp_path, workers):
+    """A record keeps its file name as UTF-8 text: such a name crashed the conversion."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 2)
+    photo = (src / "a" / "00.jpg").read_bytes()
+    (src / "a" / os.fsdecode(b"\xff\xfe.jpg")).write_bytes(photo)
+    (src / "b" / os.fsdecode(b"caf\xe9")).mkdir()
+    (src / "b" / os.fsdecode(b"caf\xe9") / "1.jpg").write_bytes(photo)
+    (src / "b" / os.fsdecode(b"notes\xff.txt")).write_text("x")
+    (src / os.fsdecode(b"empty\xff")).mkdir()
+    summary = convert(src, tmp_path / "out", image_size=8, workers=workers, progress=False)
+    reason = "file name is not valid UTF-8 (records store it as UTF-8 text); rename it"
+    m = read_manifest(tmp_path / "out")
+    assert m["skipped"] == [
+        {"file": "a/\\xff\\xfe.jpg", "reason": reason},
+        {"file": "b/caf\\xe9/1.jpg", "reason": reason},
+    ]
+    assert (m["images_found"], m["written"], summary.skipped) == (6, 4, 2)
+    # The lists of what was not read name such files and folders the same way.
+    assert m["other_files"] == ["b/notes\\xff.txt"] and m["empty_folders"] == ["empty\\xff"]
+
+
+def test_a_damaged_exif_block_warns_about_nothing(tmp_path):
+    """PIL's "Corrupt EXIF data" warning came from opening the file, outside the block that
+    silences decoding's: it reached stderr, naming no file, for an image that converts."""
+    tiff = b"II*\x00" + (8).to_bytes(4, "little")  # an IFD offset past the end
+    app1 = b"Exif\x00\x00" + tiff
+    jpeg = _jpeg(_photo(12, 16))
+    data = jpeg[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + jpeg[2:]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        encoded = images.convert_image(data, size=(8, 8))
+    assert [str(w.message) for w in caught] == []
+    assert (encoded.height, encoded.width, encoded.original_height) == (8, 8, 12)
+
+
+def test_read_manifest_needs_a_path(tmp_path):
+    for path in (None, 3, ""):
+        with pytest.raises(PetalError, match=r"^read_manifest needs path as a records folder "
+                           rf"or its manifest.json \(str or Path\)\. Received: path={path!r}$"):
+            read_manifest(path)

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from petal.errors import PetalError, first_line
+from petal.errors import PetalError, first_line, printable
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 # Besides names starting with ".": the folder macOS's zip tool adds beside the files, full
@@ -117,9 +117,32 @@ class ImageFolder:
 
 
 def some_names(names: Sequence[str], limit: int = 5) -> str:
-    """Up to ``limit`` names, comma-separated, and how many more."""
+    """Up to ``limit`` names, comma-separated (each :func:`~petal.errors.printable`, so a
+    name holding a newline or an escape sequence stays on the line), and how many more."""
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
+    return ", ".join(printable(utf8_name(n)) for n in names[:limit]) + more
+
+
+def is_utf8(name: str) -> bool:
+    """Whether a name read from the file system is valid UTF-8 (Python keeps each byte
+    that is not as a lone surrogate, which no UTF-8 text can hold)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def utf8_name(name: str) -> str:
+    """``name`` unchanged when it is valid UTF-8, else with each byte that is not written
+    as ``\\xNN``: text a manifest, a record or a terminal can hold."""
+    if is_utf8(name):
+        return name
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def is_remote(path: str) -> bool:
@@ -399,7 +422,7 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
     return PetalError(
         f"{what}{root} holds {len(found)} image file(s) directly but no class sub-folders; move "
         f"each class's images into a sub-folder named after the class (e.g. "
-        f"{join(root, 'CLASS', found[0])})."
+        f"{printable(join(root, 'CLASS', found[0]))})."
     )
 
 
@@ -446,7 +469,8 @@ def find_images(
         where = getattr(err, "filename", None)
         if where and not is_remote(root) and not same_place(where, root):
             raise PetalError(
-                f"Cannot list {where}, a folder in the source {root} ({err.strerror or err}); "
+                f"Cannot list {printable(where)}, a folder in the source {root} "
+                f"({err.strerror or err}); "
                 "fix its permissions, or move it out of the source."
             ) from err
         raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
@@ -467,12 +491,13 @@ def find_images(
         if unknown:
             raise PetalError(
                 f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. "
-                f"Found classes: {', '.join(present) or '(none)'}."
+                f"Found classes: {', '.join(map(printable, present)) or '(none)'}."
             )
         empty = [c for c in chosen if not by_class[c]]
         if empty:
             raise PetalError(
-                f"Class {empty[0]!r} holds no images ({accepted}) under {join(root, empty[0])}."
+                f"Class {empty[0]!r} holds no images ({accepted}) under "
+                f"{printable(join(root, empty[0]))}."
             )
         for name in sorted(set(by_class) - set(chosen)):
             ignored += by_class[name]
@@ -489,8 +514,8 @@ def find_images(
         # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
         inner = {rel.split("/")[1] for rel in by_class[chosen[0]] if rel.count("/") > 1}
         hint = (
-            f"; its images lie in {len(inner)} sub-folders of {chosen[0]}: did you mean "
-            f"source={join(root, chosen[0])}?"
+            f"; its images lie in {len(inner)} sub-folders of {printable(chosen[0])}: did you "
+            f"mean source={printable(join(root, chosen[0]))}?"
             if len(inner) > 1 and classes is None
             else "."
         )
@@ -499,6 +524,12 @@ def find_images(
             f"two class sub-folders (or two names in --classes){hint}"
         )
 
+    if bad := [c for c in chosen if not is_utf8(c)]:
+        raise PetalError(
+            f"The name of the class folder {printable(join(root, utf8_name(bad[0])))} is not "
+            "valid UTF-8, and class names are stored as UTF-8 text: rename the folder (e.g. "
+            "with convmv) and run again."
+        )
     files = [
         ImageFile(path=join(root, *rel.split("/")), relpath=rel, label=label)
         for label, name in enumerate(chosen)
@@ -522,8 +553,16 @@ def find_images(
 
 
 def _parse_classes(classes: Sequence[str] | str) -> list[str]:
+    # Not a set: its order, so the class indices, would change from one run to the next.
+    if not isinstance(classes, Sequence):
+        raise PetalError(
+            "classes must be a list or tuple of class names in index order, or a comma-"
+            f"separated string (a set has no order). Received: classes={classes!r}"
+        )
     names = classes.split(",") if isinstance(classes, str) else list(classes)
-    names = [str(n).strip() for n in names]
+    if not all(isinstance(n, str) for n in names):
+        raise PetalError(f"classes must hold names (strings). Received: classes={classes!r}")
+    names = [n.strip() for n in names]
     if not names or any(not n for n in names):
         raise PetalError(f"--classes must be comma-separated non-empty names. Received: {classes}")
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -86,10 +86,11 @@ def parse_image_size(value: int | str | tuple[int, int] | list[int]) -> tuple[in
         if isinstance(value, str):
             parts = value.lower().replace("×", "x").split("x")
             value = tuple(int(p) for p in parts)
-        elif isinstance(value, int | np.integer):
+        elif _is_integer(value):
             value = (int(value), int(value))
         else:
-            value = tuple(int(v) for v in value)
+            # Whole numbers only: True (an int to Python) or 192.7 is no side.
+            value = tuple(int(v) for v in value) if all(map(_is_integer, value)) else ()
     except (TypeError, ValueError):
         value = ()
     if len(value) == 1:
@@ -100,6 +101,10 @@ def parse_image_size(value: int | str | tuple[int, int] | list[int]) -> tuple[in
             f"Received: image_size={received!r}"
         )
     return value[0], value[1]
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
 def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -115,7 +120,11 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
     # between its default and a larger --max-pixels.
     Image.MAX_IMAGE_PIXELS = None
     try:
-        image = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            # Opening parses metadata too: a damaged EXIF block warns ("Corrupt EXIF
+            # data"), naming no file, while the image itself decodes.
+            warnings.simplefilter("ignore")
+            image = Image.open(io.BytesIO(data))
     except Image.UnidentifiedImageError:
         raise ImageError("not an image (no known image format in the file)") from None
     except DECODE_ERRORS as err:

@@ -19,7 +19,9 @@ renamed once all are complete; the manifest is written last, so a folder without
 ``manifest.json`` is never a finished conversion, and the next run removes what an
 interrupted one left behind. A complete conversion being replaced (``overwrite``) is
 removed only once the new shards are complete, so a run that fails keeps it (at the cost
-of room for both on disk meanwhile).
+of room for both on disk meanwhile). A conversion holds a local output folder
+(``petal.running.RUNNING_FILE``) from before its scan to its manifest, so a second one into
+it is refused; remote outputs are not held.
 
 Workers import only PIL, NumPy and google-crc32c (``petal.data.images``) and serialise
 the ``tf.train.Example`` themselves; TensorFlow is used in the main process for
@@ -53,10 +55,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from petal.data import folders, images, schema
 from petal.data.folders import some_names
-from petal.errors import PetalError, cannot_write
+from petal.errors import PetalError, cannot_write, is_int_at_least, printable
+from petal.running import RUNNING_FILE, mark_running
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,7 @@ _FRAME = 16
 _ESTIMATE_SAMPLE = 16
 
 _TEMP_PREFIX = schema.TEMP_PREFIX
+_NOT_UTF8 = "file name is not valid UTF-8 (records store it as UTF-8 text); rename it"
 _SHARD_RE = re.compile(r"^(train|validation)-\d{5}-of-\d{5}-\d+\.tfrec$")
 
 
@@ -175,7 +180,8 @@ def _check_store(reason: str, source: str, relpath: str) -> None:
     """Stops the conversion when a file's reason is the store's failure, not the file's."""
     if reason.startswith(_STORE_FAILURE):
         raise PetalError(
-            f"Cannot reach {source} (reading {relpath}: {reason[len(_STORE_FAILURE):]}); "
+            f"Cannot reach {source} (reading {printable(relpath)}: "
+            f"{reason[len(_STORE_FAILURE):]}); "
             "nothing was written: check the network and the credentials, then run again."
         )
 
@@ -555,31 +561,31 @@ def _resolve_options(
         )
     if format == schema.FORMAT_JPEG:
         quality = images.DEFAULT_QUALITY if quality is None else quality
-        if not isinstance(quality, int) or not 1 <= quality <= 100:
+        if not is_int_at_least(quality, 1) or quality > 100:
             raise PetalError(f"quality must be an integer in 1..100. Received: quality={quality!r}")
-    if not isinstance(val_fraction, int | float) or not 0.0 <= val_fraction < 1.0:
+    if not _is_number(val_fraction) or not 0.0 <= val_fraction < 1.0:
         raise PetalError(
             f"val_fraction must be in [0, 1) (0 writes no validation split). "
             f"Received: val_fraction={val_fraction!r}"
         )
-    if not isinstance(seed, int):
+    if not isinstance(seed, int) or isinstance(seed, bool):
         raise PetalError(f"seed must be an integer. Received: seed={seed!r}")
     if shards is not None and shard_mb is not None:
         raise PetalError(
             "--shards and --shard-mb both choose the shard count; give one. "
             f"Received: shards={shards}, shard_mb={shard_mb}"
         )
-    if shards is not None and (not isinstance(shards, int) or shards < 1):
+    if shards is not None and not is_int_at_least(shards, 1):
         raise PetalError(f"shards must be a positive integer. Received: shards={shards!r}")
     if shard_mb is not None and (
-        not isinstance(shard_mb, int | float) or not math.isfinite(shard_mb) or shard_mb <= 0
+        not _is_number(shard_mb) or not math.isfinite(shard_mb) or shard_mb <= 0
     ):
         raise PetalError(
             f"shard_mb must be a positive finite number. Received: shard_mb={shard_mb!r}"
         )
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
+    if workers is not None and not is_int_at_least(workers, 1):
         raise PetalError(f"workers must be a positive integer. Received: workers={workers!r}")
-    if not isinstance(max_pixels, int) or max_pixels < 1:
+    if not is_int_at_least(max_pixels, 1):
         raise PetalError(
             f"max_pixels must be a positive integer. Received: max_pixels={max_pixels!r}"
         )
@@ -601,6 +607,11 @@ def _resolve_options(
     if shards is not None:
         recorded["shard_mb"] = None
     return options, recorded
+
+
+def _is_number(value) -> bool:
+    """An int or float, not a bool (``True`` is an int to Python, and no fraction or size)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, received) -> None:
@@ -665,18 +676,75 @@ def _listdir(path: str) -> list[str]:
 
 def _is_ours(name: str) -> bool:
     return (
-        name == schema.MANIFEST_NAME or name.startswith(_TEMP_PREFIX) or bool(_SHARD_RE.match(name))
+        name in (schema.MANIFEST_NAME, RUNNING_FILE)
+        or name.startswith(_TEMP_PREFIX)
+        or bool(_SHARD_RE.match(name))
     )
 
 
-def _check_output(output: str, overwrite: bool) -> None:
-    """Refuses to replace a complete conversion or to mix with foreign files, and (before
-    the scan, which reads every file) a local folder that cannot be written."""
+def _check_writable(output: str) -> None:
+    """Refuses (before the scan, which reads every file) a local folder that cannot be
+    written."""
     if not folders.is_remote(output) and (reason := cannot_write(output, folder=True)):
         raise PetalError(
             f"Cannot create the output folder {output} ({reason}); pass a DST whose parents "
             f"are folders you can write. Received: output={output}"
         )
+
+
+def _make_folder(output: str) -> None:
+    if folders.is_remote(output):
+        import tensorflow as tf
+
+        try:
+            tf.io.gfile.makedirs(output)
+        except tf.errors.OpError as err:
+            raise folders.gfile_error(output, err) from None
+    else:
+        try:
+            os.makedirs(output, exist_ok=True)
+        except OSError as err:
+            raise PetalError(
+                f"Cannot create the output folder {output} ({err.strerror or err}); pass a DST "
+                f"whose parents are folders you can write. Received: output={output}"
+            ) from None
+
+
+@contextlib.contextmanager
+def _claimed(output: str) -> Iterator[None]:
+    """Holds a local output folder for this conversion: creates it and keeps
+    :data:`~petal.running.RUNNING_FILE` in it meanwhile, so that a second conversion into it
+    is refused (both wrote the same temporary files, and one's clean-up deleted the
+    other's), and removes the folder again if it created it and nothing is left in it.
+
+    Remote outputs are not held: an object store has no exclusive create to build it on.
+    """
+    if folders.is_remote(output):
+        yield
+        return
+    created = not os.path.exists(output)
+    _make_folder(output)
+    unmark = None
+    try:
+        unmark = mark_running(Path(output), functools.partial(_in_use, output))
+        yield
+    finally:
+        if unmark is not None:
+            unmark()
+        with contextlib.suppress(OSError):
+            if created and not os.listdir(output):
+                os.rmdir(output)
+
+
+def _in_use(output: str, who: str) -> PetalError:
+    return PetalError(
+        f"{output} is in use: {who} is converting into it; wait for it to end or stop it, or "
+        f"pass another DST (if it is not running, delete {folders.join(output, RUNNING_FILE)})."
+    )
+
+
+def _check_output(output: str, overwrite: bool) -> None:
+    """Refuses to replace a complete conversion or to mix with foreign files."""
     names = _listdir(output)
     if schema.MANIFEST_NAME in names and not overwrite:
         raise PetalError(
@@ -686,7 +754,8 @@ def _check_output(output: str, overwrite: bool) -> None:
     foreign = [n for n in names if not _is_ours(n)]
     if foreign and not overwrite:
         raise PetalError(
-            f"The output folder {output} holds files petal did not write (e.g. {foreign[0]!r}); "
+            f"The output folder {output} holds files petal did not write (e.g. "
+            f"{printable(foreign[0])!r}); "
             "choose an empty or new folder, or pass --overwrite to replace only petal's files."
         )
 
@@ -710,28 +779,15 @@ def _rename(src: str, dst: str) -> None:
 
 
 def _prepare_output(output: str) -> list[str]:
-    """Creates the folder and removes what an interrupted run left behind.
+    """Creates the folder and removes what an interrupted run left behind (not the marker
+    of this run, see :func:`_claimed`).
 
     Returns:
         The files of a complete conversion already there (``--overwrite``), manifest first:
         they stay until the new shards are complete, so a conversion that fails keeps them.
     """
-    if folders.is_remote(output):
-        import tensorflow as tf
-
-        try:
-            tf.io.gfile.makedirs(output)
-        except tf.errors.OpError as err:
-            raise folders.gfile_error(output, err) from None
-    else:
-        try:
-            os.makedirs(output, exist_ok=True)
-        except OSError as err:
-            raise PetalError(
-                f"Cannot create the output folder {output} ({err.strerror or err}); pass a DST "
-                f"whose parents are folders you can write. Received: output={output}"
-            ) from None
-    names = _listdir(output)
+    _make_folder(output)
+    names = [n for n in _listdir(output) if n != RUNNING_FILE]
     # Without a manifest, shards are leftovers of an interrupted run; temporary files always are.
     complete = schema.MANIFEST_NAME in names
     kept = [n for n in names if complete and (n == schema.MANIFEST_NAME or _SHARD_RE.match(n))]
@@ -927,12 +983,12 @@ def convert(
         shard_mb: target shard size in MB instead (default 200, so shards of about
             100-200 MB once a split is bigger than that): the shard count comes from the
             average record size, so a shard of larger images may run past it.
-        classes: class names in index order (list or comma-separated); default all
-            sub-folders with images, sorted.
+        classes: class names in index order (a list or tuple, not a set, or a
+            comma-separated string); default all sub-folders with images, sorted.
         workers: processes decoding and encoding; default ``os.cpu_count()``.
         max_pixels: images with more pixels are skipped unread (decompression bombs).
         overwrite: replace a complete conversion already in ``output`` (removed only once
-            the new shards are complete).
+            the new shards are complete); never one still being written by another process.
         progress: show progress bars.
 
     Returns:
@@ -940,8 +996,8 @@ def convert(
 
     Raises:
         PetalError: bad options, a missing, unreachable or unusable source, an output that
-            would be clobbered or cannot be reached, no image that could be converted, or an
-            empty train split. Nothing is left half-written.
+            would be clobbered, is in use by another conversion or cannot be reached, no image
+            that could be converted, or an empty train split. Nothing is left half-written.
     """
     started = time.perf_counter()
     for name, value in (("source", source), ("output", output)):
@@ -950,6 +1006,8 @@ def convert(
                 f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
             )
     source, output = str(source), str(output)
+    if not isinstance(overwrite, bool):
+        raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     options, recorded = _resolve_options(
         image_size,
         resize,
@@ -964,82 +1022,91 @@ def convert(
     )
     folder = folders.find_images(source, classes)
     _check_paths(source, output)
-    _check_output(output, overwrite)
-    files = folder.files
-    workers = min(recorded["workers"], len(files))
-    options = replace(options, classes=folder.classes)
-    if workers > 1:
-        _start_workers_server()
-    # TensorFlow's start-up (seconds, once per process) is not conversion work: keep it
-    # out of the summary's time and images/s.
-    before_import = time.perf_counter()
-    import tensorflow  # noqa: F401
+    _check_writable(output)
+    # From here on the folder is this conversion's: a second one is refused (one line
+    # naming this process), and what it finds there cannot change under it.
+    with _claimed(output):
+        _check_output(output, overwrite)
+        # A record keeps its file name as UTF-8 text: a name that is not cannot be written.
+        files = [f for f in folder.files if folders.is_utf8(f.relpath)]
+        skipped: list[dict] = [
+            {"file": folders.utf8_name(f.relpath), "reason": _NOT_UTF8}
+            for f in folder.files
+            if not folders.is_utf8(f.relpath)
+        ]
+        workers = min(recorded["workers"], len(files))
+        options = replace(options, classes=folder.classes)
+        if workers > 1:
+            _start_workers_server()
+        # TensorFlow's start-up (seconds, once per process) is not conversion work: keep it
+        # out of the summary's time and images/s.
+        before_import = time.perf_counter()
+        import tensorflow  # noqa: F401
 
-    started += time.perf_counter() - before_import
+        started += time.perf_counter() - before_import
 
-    # Pass 1: the size of every file, then the hash of those whose size is not unique:
-    # only they can be byte-identical. Threads hide the latency of object stores (and
-    # hashing releases the GIL).
-    probed: list[_Probed] = []
-    skipped: list[dict] = []
-    # Local files: a plain loop is cheaper than handing each stat to a thread.
-    readers = ThreadPoolExecutor(32) if folders.is_remote(source) else None
-    each = readers.map if readers is not None else map
-    mapper = None
-    try:
-        with _progress(len(files), "scan", progress) as bar:
-            sizes = each(_size, [f.path for f in files])
-            mapper = _Mapper(workers)  # the worker processes start while the threads read
-            estimate = None
-            if _needs_estimate(options, shards, shard_mb, len(files)):
-                estimate = _start_size_estimate(files, options, mapper)
-            found: list[tuple[folders.ImageFile, int]] = []
-            for f, size in zip(files, sizes, strict=True):
-                if isinstance(size, str):
-                    _check_store(size, source, f.relpath)
-                    skipped.append({"file": f.relpath, "reason": size})
-                else:
-                    found.append((f, size))
-                bar.update()
-            same_size = Counter(size for _, size in found)
-            shared = [f for f, size in found if same_size[size] > 1]
-            hashes = dict(zip(shared, each(_hash, [f.path for f in shared]), strict=True))
-        for f, size in found:
-            content = hashes.get(f, f"unique size:{f.relpath}")
-            if content.startswith("!"):
-                _check_store(content[1:], source, f.relpath)
-                skipped.append({"file": f.relpath, "reason": content[1:]})
-            else:
-                probed.append(_Probed(f, content, size))
-    except BaseException:
-        if mapper is not None:
-            mapper.close()
-        raise
-    finally:
-        if readers is not None:
-            readers.shutdown(wait=False, cancel_futures=True)
-    try:
-        if not probed:
-            raise PetalError(_nothing_usable(source, skipped))
-        splits = split_files(probed, folder.classes, val_fraction, seed)
-        if not splits["train"]:
-            raise PetalError(
-                f"The train split would be empty: val_fraction={val_fraction} sends all "
-                f"{len(probed)} readable images under {source} to validation (each class's "
-                "share is rounded); lower --val-fraction or add images."
-            )
-        shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
+        # Pass 1: the size of every file, then the hash of those whose size is not unique:
+        # only they can be byte-identical. Threads hide the latency of object stores (and
+        # hashing releases the GIL).
+        probed: list[_Probed] = []
+        # Local files: a plain loop is cheaper than handing each stat to a thread.
+        readers = ThreadPoolExecutor(32) if folders.is_remote(source) else None
+        each = readers.map if readers is not None else map
+        mapper = None
         try:
-            written = _write(
-                source, output, splits, shard_counts, options, mapper, progress, skipped
-            )
-            manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
-            _write_manifest(output, manifest)
-        except tensorflow.errors.OpError as err:
-            # Writing to an object store failed part-way (network, credentials, quota).
-            raise folders.gfile_error(output, err) from None
-    finally:
-        mapper.close()
+            with _progress(len(files), "scan", progress) as bar:
+                sizes = each(_size, [f.path for f in files])
+                mapper = _Mapper(workers)  # the worker processes start while the threads read
+                estimate = None
+                if _needs_estimate(options, shards, shard_mb, len(files)):
+                    estimate = _start_size_estimate(files, options, mapper)
+                found: list[tuple[folders.ImageFile, int]] = []
+                for f, size in zip(files, sizes, strict=True):
+                    if isinstance(size, str):
+                        _check_store(size, source, f.relpath)
+                        skipped.append({"file": f.relpath, "reason": size})
+                    else:
+                        found.append((f, size))
+                    bar.update()
+                same_size = Counter(size for _, size in found)
+                shared = [f for f, size in found if same_size[size] > 1]
+                hashes = dict(zip(shared, each(_hash, [f.path for f in shared]), strict=True))
+            for f, size in found:
+                content = hashes.get(f, f"unique size:{f.relpath}")
+                if content.startswith("!"):
+                    _check_store(content[1:], source, f.relpath)
+                    skipped.append({"file": f.relpath, "reason": content[1:]})
+                else:
+                    probed.append(_Probed(f, content, size))
+        except BaseException:
+            if mapper is not None:
+                mapper.close()
+            raise
+        finally:
+            if readers is not None:
+                readers.shutdown(wait=False, cancel_futures=True)
+        try:
+            if not probed:
+                raise PetalError(_nothing_usable(source, skipped))
+            splits = split_files(probed, folder.classes, val_fraction, seed)
+            if not splits["train"]:
+                raise PetalError(
+                    f"The train split would be empty: val_fraction={val_fraction} sends all "
+                    f"{len(probed)} readable images under {source} to validation (each class's "
+                    "share is rounded); lower --val-fraction or add images."
+                )
+            shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
+            try:
+                written = _write(
+                    source, output, splits, shard_counts, options, mapper, progress, skipped
+                )
+                manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
+                _write_manifest(output, manifest)
+            except tensorflow.errors.OpError as err:
+                # Writing to an object store failed part-way (network, credentials, quota).
+                raise folders.gfile_error(output, err) from None
+        finally:
+            mapper.close()
 
     seconds = time.perf_counter() - started
     return ConvertSummary(
@@ -1145,7 +1212,7 @@ def _nothing_usable(source: str, skipped: list[dict]) -> str:
     common = ", ".join(f"{n} {r}" for r, n in reasons.most_common(3))
     return (
         f"None of the {len(skipped)} image files under {source} could be read ({common}; "
-        f"e.g. {skipped[0]['file']}: {skipped[0]['reason']})."
+        f"e.g. {printable(skipped[0]['file'])}: {skipped[0]['reason']})."
     )
 
 
@@ -1171,7 +1238,6 @@ def _write(
         for index, size in enumerate(_shard_sizes(len(splits[split]), shard_counts[split])):
             plan += [(split, index, next(items)) for _ in range(size)]
 
-    created = not folders.exists(output)
     previous = _prepare_output(output)
     temp_paths: list[str] = []
     try:
@@ -1190,7 +1256,7 @@ def _write(
             example = next(s for s in skipped if s["file"] in train_files)
             raise PetalError(
                 f"None of the {len(train_files)} images of the train split under {source} "
-                f"could be converted (e.g. {example['file']}: {example['reason']}); "
+                f"could be converted (e.g. {printable(example['file'])}: {example['reason']}); "
                 "records without a train split cannot train a model."
             )
 
@@ -1230,8 +1296,6 @@ def _write(
             for path in temp_paths:
                 if folders.exists(path):
                     _remove(path)
-            if created and not folders.is_remote(output) and not os.listdir(output):
-                os.rmdir(output)
         except Exception as cleanup:  # e.g. the store became unreachable: report the cause
             log.warning("Could not remove the temporary files in %s: %s", output, cleanup)
         raise
@@ -1390,7 +1454,9 @@ def _manifest(
         "petal_version": __version__,
         "tensorflow_version": tf.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": source if folders.is_remote(source) else os.path.abspath(source),
+        "source": folders.utf8_name(
+            source if folders.is_remote(source) else os.path.abspath(source)
+        ),
         "classes": list(folder.classes),
         "image_size": recorded["image_size"],
         "format": recorded["format"],
@@ -1406,15 +1472,20 @@ def _manifest(
         "duplicates_across_classes": conflicting,
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
-        "unclassified_images": folder.unclassified_images(),
+        # (Names that are not valid UTF-8 with their bytes escaped, as JSON holds text.)
+        "unclassified_images": _utf8_names(folder.unclassified_images()),
         # Class folders' files of other types (a.tiff, a photo without an extension).
-        "other_files": folder.other_files(),
+        "other_files": _utf8_names(folder.other_files()),
         # Hidden folders and image-named hidden files, never read: listed, not converted.
-        "hidden_entries": folder.hidden(),
+        "hidden_entries": _utf8_names(folder.hidden()),
         # Sub-folders with nothing in them: no classes (photos still to come?).
-        "empty_folders": list(folder.empty),
+        "empty_folders": _utf8_names(folder.empty),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
+
+
+def _utf8_names(names: Sequence[str]) -> list[str]:
+    return [folders.utf8_name(n) for n in names]
 
 
 def _classes_option(classes) -> list[str] | None:
@@ -1439,6 +1510,11 @@ def read_manifest(path: str | os.PathLike) -> dict:
         PetalError: no manifest (not a records folder, or an interrupted conversion), a
             damaged one (``schema.check_manifest``), or a remote path that cannot be reached.
     """
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise PetalError(
+            "read_manifest needs path as a records folder or its manifest.json (str or Path). "
+            f"Received: path={path!r}"
+        )
     path = str(path)
     if not path.endswith(".json"):
         path = folders.join(path, schema.MANIFEST_NAME)

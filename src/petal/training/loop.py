@@ -22,12 +22,10 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import time
 import warnings
@@ -38,6 +36,8 @@ from pathlib import Path
 
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line
+from petal.running import RUNNING_FILE, mark_running
+from petal.running import running_elsewhere as _running_elsewhere
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -89,59 +89,9 @@ def _not_a_run(workdir: Path) -> PetalError:
     )
 
 
-# Written while ``train`` runs in a work directory: {"pid": ..., "host": ...}.
-RUNNING_FILE = ".petal-running"
-
-
-def _running_elsewhere(workdir: Path) -> str | None:
-    """Who else is training in ``workdir`` (``"process PID on HOST"``), when another live
-    process (or one on another host) is; None otherwise."""
-    try:
-        holder = json.loads((workdir / RUNNING_FILE).read_text())
-        pid, host = int(holder["pid"]), str(holder["host"])
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError, OSError):
-        return "an unknown process"  # unreadable: assume someone holds it
-    who = f"process {pid} on {host}"
-    if host != socket.gethostname():
-        return who
-    if pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None  # left by a process that died
-    except PermissionError:
-        return who
-    return who
-
-
 def _mark_running(workdir: Path) -> Callable[[], None]:
-    """Writes :data:`RUNNING_FILE` (created exclusively: of two processes starting at once,
-    one is refused); returns the function that removes it, if it is still this process's."""
-    path = workdir / RUNNING_FILE
-    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            if who := _running_elsewhere(workdir):
-                raise _in_use(workdir, who) from None
-            path.unlink(missing_ok=True)  # left by a process that died: take it over
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(mine)
-        break
-    else:
-        raise _in_use(workdir, "another process")
-
-    def unmark() -> None:
-        with contextlib.suppress(OSError):
-            if path.read_text() == mine:
-                path.unlink()
-
-    return unmark
+    """Writes :data:`RUNNING_FILE` while ``train`` runs in ``workdir``; returns its remover."""
+    return mark_running(workdir, lambda who: _in_use(workdir, who))
 
 
 def _in_use(workdir: Path, who: str) -> PetalError:
