@@ -86,3 +86,147 @@ def test_bench_train_speed_refuses_bad_arguments_in_one_line(tmp_path):
         )  # fmt: skip
         assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
         assert "Traceback" not in done.stderr
+
+
+# --- petal bench input on damaged or size-less records -----------------------------------------
+
+
+def _bench(argv, capsys) -> tuple[int, list[str], str]:
+    """``petal bench input ARGV`` in-process: (exit code, stderr lines, stdout)."""
+    from petal.cli import main
+
+    code = main(["bench", "input", *argv, "--batch-size", "4", "--seconds", "0.2"])
+    out, err = capsys.readouterr()
+    return code, err.strip().splitlines(), out
+
+
+@pytest.mark.parametrize("case", ["ceiling", "jpeg", "cached", "raw"])
+def test_bench_input_names_an_undecodable_record_at_once(case, make_records, capsys):
+    import time
+
+    from conftest import break_image
+
+    records = make_records("jpeg", counts={"train": [16, 16], "validation": [4]}, fmt="jpeg")
+    # Image 21 of the train split: past the ceiling's warm-up (20 images, in this process),
+    # so one of its decoding processes meets it.
+    shard = records / "train-00001-of-00002-16.tfrec"
+    break_image(shard, 5)
+    start = time.monotonic()
+    code, err, _ = _bench([str(records), "--cases", case], capsys)
+    # It once waited a minute for the failed process, then printed a traceback.
+    assert time.monotonic() - start < 30
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(
+        f"petal bench: error: Corrupt input: the image of {shard}: record 5 cannot be decoded ("
+    ), err
+    assert err[0].endswith(f"Run `petal inspect --verify {records}` to list every bad record, "
+                           "and convert again.")  # fmt: skip
+    assert "function_node" not in err[0] and "Iterator::" not in err[0]
+
+
+def test_bench_input_names_a_corrupt_record_and_the_fix(make_records, capsys):
+    from conftest import corrupt_record
+
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    raw = make_records("raw", counts={"train": [12, 12], "validation": [4]}, fmt="raw")
+    for folder, case in ((raw, "raw"), (records, "jpeg")):
+        shard = folder / "train-00001-of-00002-12.tfrec"
+        corrupt_record(shard, 3)
+        # RECORDS' bytes are read before any case; --raw-records only by the raw pipeline.
+        argv = [str(records), "--cases", case, "--raw-records", str(raw)]
+        code, err, _ = _bench(argv, capsys)
+        assert code == 2 and err == [
+            f"petal bench: error: Corrupt input in {shard}: record 3 (0-based) cannot be read "
+            f"(CRC failure or short file). Run `petal inspect --verify {folder}` to list every "
+            "bad record, and convert again."
+        ], err
+
+
+def _drop_features(shard, keep=("image", "class")) -> None:
+    """Rewrite ``shard`` with only the features ``keep`` (the Kaggle flowers' schema)."""
+    import tensorflow as tf
+
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(shard))]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for example in examples:
+            for name in list(example.features.feature):
+                if name not in keep:
+                    del example.features.feature[name]
+            writer.write(example.SerializeToString())
+
+
+def test_bench_input_takes_the_image_size_of_records_that_record_none(make_records, capsys):
+    shards = make_records("codelab", counts={"all": [16, 16, 8]}, fmt="jpeg", codelab=True)
+    for shard in shards.iterdir():
+        _drop_features(shard)
+    code, err, _ = _bench([str(shards), "--cases", "jpeg"], capsys)
+    assert code == 2 and err == [
+        f"petal bench: error: bench input needs the records' image size; {shards} does not "
+        "record one (codelab shards with only image and class) or holds mixed sizes: pass "
+        "--image-size N or HxW."
+    ], err
+    code, err, out = _bench([str(shards), "--image-size", "16", "--cases", "jpeg,raw"], capsys)
+    assert code == 0, err
+    assert {line.split()[0] for line in out.splitlines() if line.startswith(("jpeg", "raw"))} == {
+        "jpeg", "jpeg+aug", "raw", "raw+aug"
+    }  # fmt: skip
+    # Records that hold their size: the option is refused, not silently overridden.
+    sized = make_records("sized", fmt="jpeg", size=(16, 16))
+    code, err, _ = _bench([str(sized), "--image-size", "32", "--cases", "jpeg"], capsys)
+    assert code == 2 and err == [
+        f"petal bench: error: --image-size 32x32: {sized} holds 16x16 images; leave the option "
+        "out (it is for records that do not record their size)."
+    ], err
+
+
+def test_bench_input_table_and_ratios_agree_over_rounds(make_records):
+    from petal.data import bench
+
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    result = bench.run(str(records), batch_size=4, seconds=0.2, repeats=3,
+                       cases=("ceiling", "jpeg"), progress=lambda line: None)  # fmt: skip
+    jpeg = result.case("jpeg")
+    assert jpeg.x_ceiling == result.ratios["jpeg/ceiling"]
+    [row] = [ln for ln in bench.format_table(result).splitlines() if ln.startswith("jpeg ")]
+    assert row.split()[3] == f"{result.ratios['jpeg/ceiling']:.2f}"
+    headline = [f for f in result.findings if f.startswith("The TFRecord JPEG pipeline")]
+    assert headline and f"runs at {result.ratios['jpeg/ceiling']:.2f}x" in headline[0]
+
+
+def _findings(ratios: dict[str, float], latency_ms: float | None = None) -> list[str]:
+    from petal.data import bench
+
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=2, decoder="")
+    result.cases = [bench.Case(name, "r", "codelab", 100.0, 25.0, 1.0, 1, 1.0)
+                    for name in ("ceiling", "jpeg", "jpeg+aug", "jpeg-uint8")]  # fmt: skip
+    result.ratios = ratios
+    if latency_ms is not None:
+        result.remote = {"latency_ms": latency_ms, "sharded_over_per_file": None}
+    bench._summarise(result)
+    return result.findings
+
+
+def test_bench_findings_follow_the_numbers():
+    # Decoding at the ceiling's cost is 36% of the pipeline's CPU time: not "most".
+    [first, *_] = _findings({"jpeg/ceiling": 0.68, "cpu: jpeg/ceiling": 0.36})
+    assert "about 36% of its CPU time per image (less than half)" in first, first
+    assert "most" not in first
+    [first, *_] = _findings({"jpeg/ceiling": 0.7, "cpu: jpeg/ceiling": 0.72})
+    assert "about 72% of its CPU time per image (most)" in first, first
+    # uint8 batches slower than float32 ones: no cost of the float conversion is claimed.
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.63})
+    [line] = [f for f in found if f.startswith("uint8 batches")]
+    assert line.endswith("float conversion costs none measured: uint8 batches ran 8% slower "
+                         "in this run."), line  # fmt: skip
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6})
+    assert any(f.endswith("costs 1% of the float32 pipeline's throughput (within noise).")
+               for f in found), found  # fmt: skip
+    assert "Augmentation (codelab) costs 12% of the JPEG pipeline's throughput." in found
+    # The remote target is defined at 20 ms per request: judged there only.
+    assert _findings({"remote sharded/per-file": 11.34}, latency_ms=5)[-1] == (
+        "target remote sharded/per-file >= 50: wall 11.34 at 5 ms per request (not judged: "
+        "the target is defined at 20 ms)"
+    )
+    assert _findings({"remote sharded/per-file": 87.0}, latency_ms=20)[-1] == (
+        "target remote sharded/per-file >= 50: wall 87.00 (meets)"
+    )
