@@ -193,3 +193,110 @@ def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
     assert result["max_change"] > 1e-2  # it did train
     assert result["max_weight_diff"] < 1e-5
     assert result["loss1"] == pytest.approx(result["loss2"], rel=1e-5)
+
+
+_BN_SCRIPT = textwrap.dedent(
+    """
+    import csv, json, sys
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    sys.path.insert(0, sys.argv[3])
+    from conftest import tiny_config
+    from petal.data.pipeline import eval_dataset
+    from petal.training.loop import train
+
+    workdir = sys.argv[2]
+    cfg = tiny_config(sys.argv[1], strategy="mirrored", epochs=1, steps_per_epoch=4)
+    metrics = train(cfg, workdir, log=lambda line: None)
+    (last,) = list(csv.DictReader(open(workdir + "/history.csv")))
+    model = keras.models.load_model(workdir + "/model.keras", compile=False)
+    ds = eval_dataset(sys.argv[1], batch_size=10, image_size=32)
+    losses = [keras.losses.categorical_crossentropy(y, model(x, training=False)) for x, y in ds]
+    print(json.dumps({
+        "replicas": metrics["replicas"],
+        "recorded": float(last["val_loss"]),
+        "saved": float(tf.reduce_mean(tf.concat(losses, 0))),
+        "eval_batch": json.load(open(workdir + "/config.json"))["resolved"]["eval_batch"],
+    }))
+    """
+)
+
+
+def test_two_replicas_validate_with_the_batch_norm_statistics_they_save(small_records, tmp_path):
+    """Keras 3 lets each replica keep its own BatchNormalization statistics: validation
+    during training used them, the saved model the first replica's, and the two scores
+    differed. The replicas' mean is used and saved."""
+    script = tmp_path / "bn.py"
+    script.write_text(_BN_SCRIPT)
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
+    )
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    args = [str(small_records), str(tmp_path / "run"), str(REPO / "tests")]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    # 10 validation images, fewer than the global batch of 20: a replica got none, and
+    # Keras stopped ("Inputs to operation AddN ... must have the same size and shape"), which
+    # petal named a corrupt input. Batches of 10 (5 per replica) instead.
+    assert result["eval_batch"] == 10
+    assert result["recorded"] == pytest.approx(result["saved"], rel=1e-5), result
+
+
+_OVERFLOW_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    from petal.training.precision import agree_on_overflow
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        if sys.argv[1] == "agree":
+            agree_on_overflow(model.optimizer, strategy.num_replicas_in_sync)
+    # The second replica's half of the batch overflows float16 once the loss is scaled.
+    x = np.ones((4, 4), np.float32)
+    x[2:] = 6e4
+    y = np.zeros((4, 2), np.float32)
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=1, verbose=0)
+    print(json.dumps({
+        "finite": bool(all(np.isfinite(w).all() for w in model.get_weights())),
+        "scale": float(model.optimizer.dynamic_scale.numpy()),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["agree", "keras"])
+def test_float16_loss_scaling_skips_a_step_any_replica_overflowed(tmp_path, mode):
+    """Keras 3 looked at the first replica's gradients alone and applied the others' inf:
+    mixed_float16 on two GPUs turned every weight NaN in the first epoch. With petal's
+    check (``agree``) the step is skipped and the scale halved, as on one device."""
+    script = tmp_path / "overflow.py"
+    script.write_text(_OVERFLOW_SCRIPT)
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
+    )
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "agree":
+        assert result == {"finite": True, "scale": 32768.0 / 2}
+    else:  # The data does overflow: Keras 3.15 applied it (NaN weights), a fixed one skips
+        assert result["finite"] is False or result["scale"] == 32768.0 / 2

@@ -420,6 +420,26 @@ def _show(value) -> str:
     return json.dumps(value)
 
 
+def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) -> int:
+    """The validation batch: under several replicas Keras builds the model from the first
+    batch of every replica, and fails on a replica given none (a validation split smaller
+    than one batch): then the largest multiple of the replicas that the split fills."""
+    if replicas == 1 or val_count >= eval_batch:
+        return eval_batch
+    if val_count < replicas:
+        raise PetalError(
+            f"The validation split has {val_count} image(s), fewer than the {replicas} "
+            "replicas, each of which validates on a share of it: convert with a larger "
+            "--val-fraction or add images, or train on fewer devices (--strategy one-device)."
+        )
+    smaller = val_count // replicas * replicas
+    log(
+        f"petal train: validation in batches of {smaller}: its {val_count} images are fewer "
+        f"than one batch of {eval_batch}, which would leave a replica none"
+    )
+    return smaller
+
+
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
     """An empty split can neither train nor validate: name the split and how to fill it."""
     if source.kind == "records":
@@ -618,9 +638,14 @@ def train(
     )
     from petal.models import count_params, create_model, model_info, set_backbone_trainable
     from petal.training.fused_bn import use_fused_batch_norm
-    from petal.training.precision import resolve_precision, set_policy
+    from petal.training.precision import agree_on_overflow, resolve_precision, set_policy
     from petal.training.schedules import codelab_max_lr
-    from petal.training.strategy import check_global_batch, describe, get_strategy
+    from petal.training.strategy import (
+        check_global_batch,
+        describe,
+        get_strategy,
+        replica_stats_sync,
+    )
 
     log = log or _log_default
     if not isinstance(config, TrainConfig):
@@ -718,6 +743,7 @@ def train(
         val_count -= _in_split(undecodable, source, "validation")
         train_count -= _in_split(undecodable, source, "train")
     _check_splits(source, cfg.data, train_count, val_count)
+    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         raise PetalError(
@@ -916,6 +942,7 @@ def train(
                     jit_compile=cfg.jit_compile,
                     steps_per_execution=resolved["steps_per_execution"],
                 )
+                agree_on_overflow(model.optimizer, replicas)
                 if resume and start_epoch and not loaded:
                     # Same phase as the checkpoint: restore weights and optimizer state.
                     model.optimizer.build(model.trainable_variables)
@@ -938,6 +965,9 @@ def train(
                 # First: a failed request to the store ends training before the epoch that
                 # missed data is saved or reported.
                 *([StoreGuard(store_mark, "train")] if source.remote else []),
+                # Before validation and the checkpoint: one set of BatchNormalization
+                # statistics, the replicas' mean, as the saved model keeps.
+                *([sync] if (sync := replica_stats_sync(model, replicas)) else []),
                 writer,
                 nan_guard,
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),

@@ -124,3 +124,30 @@ def set_policy(policy: str) -> str:
         )
     keras.mixed_precision.set_global_policy(policy)
     return policy
+
+
+def agree_on_overflow(optimizer, replicas: int) -> None:
+    """Makes a ``LossScaleOptimizer``'s inf/NaN check agree across replicas.
+
+    Keras 3 (3.15) checks the gradients of the first replica alone, on the assumption that
+    they are already summed over the replicas, which they are not yet: when another
+    replica's float16 gradients overflowed, it applied them (their sum is inf) and every
+    weight became NaN within a few steps of the first epoch, at any learning rate. Here a
+    step is skipped, and the loss scale lowered, when any replica's gradients overflowed.
+    No-op for one replica or another optimizer.
+    """
+    import tensorflow as tf
+
+    if replicas < 2 or not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return
+    check = optimizer.check_finite
+
+    def check_finite(grads):
+        finite = check(grads)
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync < 2:
+            return finite
+        overflowed = context.all_reduce("SUM", tf.cast(tf.logical_not(finite), tf.float32))
+        return tf.equal(overflowed, 0.0)
+
+    optimizer.check_finite = check_finite

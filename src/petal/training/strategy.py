@@ -167,3 +167,57 @@ def describe(
             f"global_batch={global_batch} ({global_batch // max(info['replicas'], 1)} per replica)"
         )
     return " ".join(parts)
+
+
+def replica_stats(model) -> list:
+    """The moving mean and variance of each BatchNormalization layer of ``model`` (petal's
+    fused kernel keeps them there too): what each replica updates on its own."""
+    import keras
+
+    from petal.models.registry import walk_layers
+
+    return [
+        var
+        for layer in walk_layers(model)
+        if isinstance(layer, keras.layers.BatchNormalization)
+        for var in (layer.moving_mean, layer.moving_variance)
+    ]
+
+
+def average_replica_stats(variables) -> None:
+    """Sets every replica's copy of each variable to the mean of the copies.
+
+    Under a multi-replica strategy Keras 3 creates BatchNormalization's moving statistics
+    as mirrored variables that each replica updates with its own share of the batch, and
+    nothing brings them together again: validation used each replica's statistics and the
+    saved model only the first's (tf.keras 2 averaged them when read, for a checkpoint). Called
+    before every validation, the replicas validate with, and checkpoints keep, the mean.
+    """
+    for var in variables:
+        copies = getattr(getattr(var, "value", var), "values", ())
+        if len(copies) < 2:
+            continue
+        with tf.device("/cpu:0"):
+            mean = tf.add_n([tf.convert_to_tensor(c) for c in copies]) / len(copies)
+        for copy in copies:
+            copy.assign(mean)
+
+
+def replica_stats_sync(model, replicas: int):
+    """A Keras callback that averages the replicas' BatchNormalization statistics
+    (:func:`average_replica_stats`) before each validation and at each epoch's end, or
+    None when there is nothing to average (one replica, no BatchNormalization)."""
+    import keras
+
+    stats = replica_stats(model) if replicas > 1 else []
+    if not stats:
+        return None
+
+    class ReplicaStatsSync(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            average_replica_stats(stats)
+
+        def on_epoch_end(self, epoch, logs=None):
+            average_replica_stats(stats)
+
+    return ReplicaStatsSync()
