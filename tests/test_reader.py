@@ -407,3 +407,20 @@ def test_unreachable_or_unsupported_remote_sources(monkeypatch):
         open_source("gs://petal-no-bucket/records")
     assert str(info.value).startswith("Cannot reach gs://petal-no-bucket/records (Could not")
     assert "\n" not in str(info.value)
+
+
+def test_an_error_on_records_found_sound_is_not_called_corrupt(small_records):
+    """An error the records are not to blame for (here, one Keras raised under several
+    replicas) was reported as "Corrupt input ... reconvert" although the scan the message
+    runs had found every record sound."""
+    import tensorflow as tf
+
+    from petal.data.reader import corrupt_input_error
+
+    err = tf.errors.InvalidArgumentError(None, None, "Inputs to operation AddN must match.")
+    message = str(corrupt_input_error(err, str(small_records), "train", split="validation"))
+    assert message == (
+        f"train stopped on {small_records}: Inputs to operation AddN must match. Every record "
+        "of the validation split reads and decodes (checked just now), so the records may "
+        "not be to blame; `petal inspect --verify` checks their other fields."
+    )

@@ -755,7 +755,14 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
         # error names neither its shard nor the record.
         shown = some_files(bad, f"{action} with --skip-corrupt lists each")
         reason = f"{len(bad)} record(s) whose image cannot be decoded: {shown}."
-    elif bad is None and not ours:
+    elif not ours:
+        if bad is not None:  # every record checked and found sound
+            scope = "" if split == "all" else f" of the {split} split"
+            return PetalError(
+                f"{action} stopped on {data}: {reason.rstrip('.')}. Every record{scope} reads "
+                "and decodes (checked just now), so the records may not be to blame; "
+                "`petal inspect --verify` checks their other fields."
+            )
         from petal.data.pipeline import MAX_DECODE_SCAN
 
         reason = (
