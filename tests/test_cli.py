@@ -208,3 +208,14 @@ def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
         f"'{tmp_path / 'my run'}'`",
         "petal train: interrupted",
     ]
+
+
+def test_train_help_names_every_strategy(capsys):
+    """`default` is accepted but was left out of the help."""
+    from petal.training.strategy import STRATEGIES
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    said = text.split("--strategy STRATEGY ")[1].split(" --precision")[0]
+    assert said.split(" (")[0].split(", ") == list(STRATEGIES), said

@@ -807,7 +807,8 @@ def test_report_from_saved_files(trained, small_records):
     for png in ("curves.png", "lr.png", "confusion_matrix.png", "samples.png"):
         assert (trained / "plots" / png).is_file(), png
         assert f"plots/{png}" in text
-    assert "mean of last 5 validation accuracies" in text and "tulips" in text
+    # One epoch: it said "mean of last 5".
+    assert "mean of last 1 validation accuracies" in text and "tulips" in text
     assert "data:image/png;base64," in build_report(trained, embed=True).read_text()
 
 
@@ -826,6 +827,35 @@ def test_history_plots_take_the_file_or_its_rows(trained, tmp_path):
             with Image.open(out) as image:
                 assert image.format == "PNG" and image.width > 100
         assert from_file.read_bytes() == from_rows.read_bytes()
+
+
+def test_history_plots_of_one_epoch_have_whole_epoch_ticks_and_the_lr_it_ran(
+    tmp_path, monkeypatch
+):
+    """One epoch's curves had ticks 0.96 ... 1.04, and the learning rate was one point at
+    0.0 (the warm-up's first step) although the epoch ended at 3e-3."""
+    from petal.evaluation import plots
+
+    ticks = []
+    save = plots._save
+
+    def keep_ticks(fig, out):
+        fig.canvas.draw()
+        ticks.extend(t for ax in fig.axes for t in ax.get_xticks()
+                     if ax.get_xlim()[0] <= t <= ax.get_xlim()[1])
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep_ticks)
+    rows = [{"epoch": 1, "loss": 1.6, "accuracy": 0.3, "val_loss": 1.5, "val_accuracy": 0.4,
+             "lr": 0.0, "lr_end": 3e-3}]
+    plots.plot_history(rows, tmp_path / "curves.png")
+    plots.plot_lr(rows, tmp_path / "lr.png")
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    x, y = plots.lr_points(rows)
+    assert x.tolist() == [0, 1] and y.tolist() == [0.0, 3e-3]
+    # Histories written before lr_end was kept: the first steps only.
+    x, y = plots.lr_points([{"epoch": 1, "lr": 0.0}, {"epoch": 2, "lr": 3e-3}])
+    assert x.tolist() == [0, 1] and y.tolist() == [0.0, 3e-3]
 
 
 def test_report_without_a_run(tmp_path):

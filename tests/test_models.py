@@ -187,6 +187,42 @@ def test_weights_of_another_architecture_are_refused(tmp_path):
     assert model.name == "squeezenet"
 
 
+def test_a_damaged_weights_file_or_a_folder_is_named_as_such(tmp_path):
+    """They read as a model mismatch ("does not match model ... file signature not found",
+    "... truncated file: eof = 100000"), or as a missing file, and one damaged inside its
+    structure as h5py's RuntimeError traceback."""
+    import re
+
+    from petal.models import load_weights_file
+
+    good = tmp_path / "good.weights.h5"
+    create_model("squeezenet", 5, 32).save_weights(good)
+    data = good.read_bytes()
+    text = tmp_path / "notweights.h5"
+    text.write_text("not weights\n")
+    cut = tmp_path / "cut.weights.h5"
+    cut.write_bytes(data[:100_000])
+    scribbled = tmp_path / "scribbled.weights.h5"  # overwritten in part: its index is gone
+    scribbled.write_bytes(data[:2000] + b"\xff" * 4000 + data[6000:])
+    folder = tmp_path / "folder.weights.h5"
+    folder.mkdir()
+    expected = {
+        text: "is not an HDF5 weights file (it has no HDF5 signature); pass a file saved by "
+              "model.save_weights('name.weights.h5').",
+        cut: f"is damaged or truncated (it holds 100,000 of its {len(data):,} bytes); save it "
+             "again, or copy it again from where it was saved.",
+        scribbled: "is damaged or truncated (",
+        folder: "is a folder; pass a .weights.h5 file",
+    }
+    for path, said in expected.items():
+        start = re.escape(f"Weights file {path} {said}")
+        with pytest.raises(PetalError, match=f"^{start}"):
+            create_model("squeezenet", 5, 32, weights=path)
+        with pytest.raises(PetalError, match=f"^{start}"):
+            load_weights_file(create_model("squeezenet", 5, 32), path)
+    assert create_model("squeezenet", 5, 32, weights=good).name == "squeezenet"
+
+
 def test_head_only_warmup_then_fine_tune_with_frozen_batchnorm():
     model = create_model("mobilenet_v2", 4, 32)
     set_backbone_trainable(model, False)

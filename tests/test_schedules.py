@@ -162,8 +162,10 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     # Epoch 1's two steps ran at 0 and 5e-3; epoch 2's at the peak, then halfway down.
     assert "lr 0.00e+00 -> 5.00e-03" in lines[0], lines[0]
     assert "lr 1.00e-02 -> 5.00e-03" in lines[1], lines[1]
-    # history.csv keeps the rate at each epoch's first step.
-    assert [r["lr"] for r in read_history(tmp_path / "history.csv")] == pytest.approx([0, 1e-2])
+    # history.csv keeps the rates of each epoch's first and last steps (for the lr plot).
+    rows = read_history(tmp_path / "history.csv")
+    assert [r["lr"] for r in rows] == pytest.approx([0, 1e-2])
+    assert [r["lr_end"] for r in rows] == pytest.approx([5e-3, 5e-3])
     # The codelab's schedule holds each epoch's rate for all its steps: shown once.
     model.compile(
         keras.optimizers.SGD(learning_rate=build_schedule("codelab_ramp", steps_per_epoch=2)),

@@ -4,6 +4,7 @@ fine-tuning from a saved weights file with a head-only warm-up, class weights.""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -100,6 +101,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
         "val_loss",
         "val_accuracy",
         "lr",
+        "lr_end",
         "images_per_sec",
         "epoch_seconds",
     }
@@ -146,7 +148,21 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     assert done.stdout.split() == ["6", "StepSchedule"]
 
 
-def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
+def _strict_json(path: Path) -> dict:
+    """A JSON file read as strict parsers (jq, JavaScript) read it: NaN/Infinity refused."""
+
+    def refuse(constant):
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
+    """A NaN in the first epoch named a last.keras never saved and advised the float32 the
+    run used; metrics.json counted the NaN epoch as best and final and held `NaN` (not
+    JSON); the report said the run had been resumed."""
+    from petal.evaluation.report import build_report
+
     cfg = tiny_config(
         small_records,
         epochs=3,
@@ -155,11 +171,90 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path):
         schedule="constant",
         schedule_options={},
     )
-    with pytest.raises(PetalError, match=r"NaN/inf at epoch 1/3 \(step 2\)"):
-        train(cfg, tmp_path / "run", **QUIET)
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["stopped"].startswith("non-finite loss at epoch 1/3")
-    assert not (tmp_path / "run" / "model.keras").exists()
+    run = tmp_path / "run"
+    with pytest.raises(PetalError) as caught:
+        train(cfg, run, **QUIET)
+    assert str(caught.value) == (
+        "Training stopped: the loss became NaN/inf at epoch 1/3 (step 2). Lower the learning "
+        "rate (--set learning_rate=...; its peak was 1e+30) or clip the gradients (--set "
+        "clipnorm=1.0); no epoch completed, so no checkpoint was saved: start it again with "
+        "the new settings and --overwrite."
+    )
+    assert not (run / "model.keras").exists() and not (run / "last.keras").exists()
+    metrics = _strict_json(run / "metrics.json")
+    assert metrics["stopped"] == "non-finite loss at epoch 1/3 (step 2)"
+    assert metrics["epochs_completed"] == 0
+    for key in ("final_val_accuracy", "mean_last5_val_accuracy", "best_val_accuracy",
+                "best_epoch", "final_loss", "final_val_loss"):
+        assert metrics[key] is None, key
+    capsys.readouterr()
+    build_report(run)
+    err = capsys.readouterr().err
+    said = ("the run stopped at a non-finite loss at epoch 1/3 (step 2): history.csv and the "
+            "curves hold that epoch, no epoch completed before it.")
+    assert err == f"petal report: warning: {said}\n"
+    assert f"<b>Stopped:</b> {said}" in (run / "report.html").read_text()
+    # As the message says (the report's files in the run folder need --overwrite).
+    metrics = train(cfg.replace(epochs=1, learning_rate=1e-3), run, overwrite=True, **QUIET)
+    assert metrics["epochs_completed"] == 1
+
+
+def test_nan_loss_after_a_saved_epoch_names_its_checkpoint(small_records, tmp_path, capsys):
+    """The NaN epoch is neither best nor final; the checkpoint named is the one saved, and
+    resuming from it with a lower learning rate, as the message says, finishes the run."""
+    from petal.evaluation.report import build_report
+    from petal.training.callbacks import read_history
+
+    cfg = tiny_config(small_records, epochs=1, model="dense", optimizer="sgd",
+                      schedule="constant", schedule_options={}, learning_rate=1e-3)
+    run = tmp_path / "run"
+    train(cfg, run, **QUIET)
+    good = read_history(run / "history.csv")[0]
+    with pytest.raises(PetalError) as caught:
+        train(cfg.replace(epochs=2, learning_rate=1e30), run, resume=True, **QUIET)
+    assert re.fullmatch(
+        r"Training stopped: the loss became NaN/inf at epoch 2/2 \(step \d\)\. Lower the "
+        r"learning rate \(--set learning_rate=\.\.\.; its peak was 1e\+30\) or clip the "
+        r"gradients \(--set clipnorm=1\.0\); "
+        + re.escape(f"{run / 'last.keras'} holds epoch 1, the last good one: go on from it "
+                    f"with `petal train --workdir {run} --resume` and the new settings."),
+        str(caught.value),
+    ), str(caught.value)
+    metrics = _strict_json(run / "metrics.json")
+    assert metrics["epochs_completed"] == 1 and metrics["best_epoch"] == 1
+    assert metrics["final_val_accuracy"] == metrics["best_val_accuracy"] == good["val_accuracy"]
+    assert metrics["final_loss"] == good["loss"]
+    capsys.readouterr()
+    build_report(run)
+    assert "the numbers above are of the 1 epoch(s) before it" in capsys.readouterr().err
+    metrics = train(cfg.replace(epochs=2), run, resume=True, **QUIET)
+    assert metrics["epochs_completed"] == 2 and "stopped" not in metrics
+
+
+def test_nan_advice_fits_the_precision_used(tmp_path):
+    """float16 overflows where float32 does not: only then is float32 advised."""
+    from petal.training.loop import _non_finite_loss
+
+    resolved = {"peak_lr": 0.01, "precision": "mixed_float16"}
+    cfg = get_preset("quick").replace(clipnorm=1.0)
+    error = _non_finite_loss(tmp_path, "epoch 3/9", cfg, resolved, 0)
+    assert str(error).startswith(
+        "Training stopped: the loss became NaN/inf at epoch 3/9. Lower the learning rate "
+        "(--set learning_rate=...; its peak was 0.01) or train in float32 (--precision "
+        "float32, a new run); no epoch completed"
+    )
+
+
+def test_json_files_hold_null_for_a_non_finite_number(tmp_path):
+    """json.dumps writes NaN and Infinity, which strict parsers refuse."""
+    from petal.jsonfile import write_json
+
+    path = tmp_path / "metrics.json"
+    write_json(path, {"loss": float("nan"), "rows": [{"x": float("-inf")}, (1.5, float("inf"))],
+                      "n": 3, "name": "nan"})
+    assert _strict_json(path) == {"loss": None, "rows": [{"x": None}, [1.5, None]], "n": 3,
+                                  "name": "nan"}
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_workdir_rules(tmp_path):
@@ -668,7 +763,9 @@ def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tm
          "max_lr is set by training from learning_rate"),
         ({"schedule_options": {"steps_per_epoch": 5}}, "steps_per_epoch is set by training"),
         ({"augment": "flip+sharpen"}, "Unknown augmentation 'sharpen'"),
-        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"seed": -1}, r"seed must be a whole number from 0 to 4294967295\. Received: seed=-1"),
+        # Keras' set_random_seed refused it with a ValueError traceback.
+        ({"seed": 2**32}, r"seed must be a whole number .*Received: seed=4294967296$"),
         ({"image_size": 7}, "needs images of at least 16x16"),
         ({"train_image_size": 8}, "needs images of at least 16x16"),
     ],
@@ -679,6 +776,21 @@ def test_bad_settings_are_refused_before_the_data_is_opened(tmp_path, values, ma
     cfg = get_preset("quick").replace(data=str(tmp_path / "no-records-here"), **values)
     with pytest.raises(PetalError, match=match):
         train(cfg, tmp_path / "run", log=lambda line: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_seed_keras_cannot_take_is_one_line_on_the_command_line(tmp_path, capsys):
+    """It was a ValueError traceback from keras.utils.set_random_seed, exit 1."""
+    from petal.cli import main
+
+    for seed, shown in (("4294967296", "4294967296"), ("1e30", str(int(1e30)))):
+        code = main(["train", "--preset", "quick", "--data", str(tmp_path / "none"),
+                     "--workdir", str(tmp_path / "run"), "--set", f"seed={seed}"])
+        assert code == 2
+        assert capsys.readouterr().err == (
+            "petal train: error: seed must be a whole number from 0 to 4294967295. "
+            f"Received: seed={shown}\n"
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -694,6 +806,7 @@ def test_resuming_a_run_without_a_saved_epoch_says_it_starts_over(small_records,
     train(cfg, workdir, resume=True, log=lines.append)
     assert any(line.endswith(", resuming a run that completed no epoch: from the start")
                for line in lines)
+    assert ", mean of last 1 0." in lines[-1], lines[-1]  # it said "last 5" of one epoch
     lines.clear()
     train(cfg, workdir, resume=True, log=lines.append)
     assert lines == [f"petal train: {workdir} already completed 1 epoch; nothing to do (to "

@@ -333,7 +333,10 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         "or --set train_image_size trains on other crops)",
     )
     parser.add_argument(
-        "--strategy", default=None, help="auto, tpu, mirrored, multi-worker, one-device, cpu"
+        "--strategy",
+        default=None,
+        help="auto, tpu, mirrored, multi-worker, one-device, cpu, default (TensorFlow's "
+        "default: one device, no distribution)",
     )
     parser.add_argument(
         "--precision", default=None, help="auto, float32, mixed_bfloat16, mixed_float16"

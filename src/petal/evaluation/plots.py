@@ -38,6 +38,16 @@ def _column(rows: list[dict], key: str) -> np.ndarray:
     return np.array([r.get(key, math.nan) for r in rows], dtype=np.float64)
 
 
+def _epoch_axis(ax) -> None:
+    """An x axis of whole epochs: one epoch's points once read 0.96 ... 1.04."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("epoch")
+    # One tick is enough: with two asked for, one epoch's range gets fractional ones again.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.grid(alpha=0.3)
+
+
 def _rows(history) -> list[dict]:
     """Rows of ``history.csv``: read from a path, or rows already read (a list)."""
     return history if isinstance(history, list) else read_history(history)
@@ -57,8 +67,7 @@ def plot_history(history_csv: str | Path | list[dict], out: str | Path) -> Path:
         if np.isfinite(val).any():
             ax.plot(epochs, val, marker=".", label="validation")
         ax.set_title(title)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
+        _epoch_axis(ax)
         ax.legend()
     val_acc = _column(rows, "val_accuracy")
     if np.isfinite(val_acc).any():
@@ -75,18 +84,33 @@ def plot_history(history_csv: str | Path | list[dict], out: str | Path) -> Path:
     return _save(fig, out)
 
 
+def lr_points(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """The learning rates ``history.csv`` records, placed on the epochs trained so far.
+
+    Epoch ``e``'s first step is at ``e - 1`` and its last at ``e`` (where its accuracies
+    are drawn). Histories written before ``lr_end`` was recorded give the first steps only.
+    """
+    x, y = [], []
+    for row in rows:
+        x.append(row["epoch"] - 1)
+        y.append(row.get("lr", math.nan))
+        if math.isfinite(row.get("lr_end", math.nan)):
+            x.append(row["epoch"])
+            y.append(row["lr_end"])
+    return np.array(x, dtype=np.float64), np.array(y, dtype=np.float64)
+
+
 def plot_lr(history_csv: str | Path | list[dict], out: str | Path) -> Path:
-    """Learning rate at the start of each epoch (the schedule itself is applied per step).
+    """Learning rate at the first and last step of each epoch (see :func:`lr_points`); the
+    schedule runs per step, so a warm-up epoch is a line from 0 to its last rate.
 
     ``history_csv``: the file, or its rows (as :func:`plot_history`).
     """
-    rows = _rows(history_csv)
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(_column(rows, "epoch"), _column(rows, "lr"), marker=".")
+    ax.plot(*lr_points(_rows(history_csv)), marker=".")
     ax.set_title("Learning rate")
-    ax.set_xlabel("epoch")
+    _epoch_axis(ax)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    ax.grid(alpha=0.3)
     return _save(fig, out)
 
 

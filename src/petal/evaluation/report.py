@@ -84,17 +84,17 @@ def _image(path: Path, workdir: Path, alt: str, embed: bool) -> str:
 
 
 _METRIC_ROWS = (
-    ("final validation accuracy", "final_val_accuracy"),
-    ("mean of last 5 validation accuracies", "mean_last5_val_accuracy"),
-    ("best validation accuracy", "best_val_accuracy"),
-    ("best epoch", "best_epoch"),
-    ("epochs completed", "epochs_completed"),
-    ("wall time (s)", "wall_seconds"),
-    ("training images/s", "train_images_per_sec"),
+    ("final_val_accuracy", "final validation accuracy"),
+    ("mean_last5_val_accuracy", "mean of last 5 validation accuracies"),
+    ("best_val_accuracy", "best validation accuracy"),
+    ("best_epoch", "best epoch"),
+    ("epochs_completed", "epochs completed"),
+    ("wall_seconds", "wall time (s)"),
+    ("train_images_per_sec", "training images/s"),
     ("model", "model"),
-    ("parameters", "params"),
-    ("image size", "image_size"),
-    ("global batch", "global_batch"),
+    ("params", "parameters"),
+    ("image_size", "image size"),
+    ("global_batch", "global batch"),
     ("replicas", "replicas"),
     ("precision", "precision"),
     ("strategy", "strategy"),
@@ -198,9 +198,26 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         shown = dict(metrics)
         if isinstance(shown.get("image_size"), list):
             shown["image_size"] = "x".join(map(str, shown["image_size"]))
-        rows = [(label, shown[key]) for label, key in _METRIC_ROWS if key in shown]
+        labels = dict(_METRIC_ROWS)
+        if isinstance(completed, int) and 0 < completed < 5:
+            labels["mean_last5_val_accuracy"] = f"mean of last {completed} validation accuracies"
+        rows = [(label, shown[key]) for key, label in labels.items() if key in shown]
         parts += ["<h2>Training</h2>", _table(rows)]
-        if isinstance(completed, int) and len(epochs_done) > completed:
+        stopped = metrics.get("stopped")
+        if stopped and isinstance(completed, int) and len(epochs_done) == completed + 1:
+            # history.csv holds the epoch the loss stopped, which completed nothing.
+            before = (
+                f"the numbers above are of the {completed} epoch(s) before it"
+                if completed
+                else "no epoch completed before it"
+            )
+            line = (
+                f"the run stopped at a {stopped}: history.csv and the curves hold that "
+                f"epoch, {before}."
+            )
+            print(f"petal report: warning: {line}", file=sys.stderr)
+            parts.append(f"<p><b>Stopped:</b> {html.escape(line)}</p>")
+        elif isinstance(completed, int) and len(epochs_done) > completed:
             # Resumed for more epochs and stopped before the end: metrics.json is the end
             # of the run before the resume.
             unfinished = (
@@ -211,8 +228,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             )
             print(f"petal report: warning: {unfinished}", file=sys.stderr)
             parts.append(f"<p><b>Not finished:</b> {html.escape(unfinished)}</p>")
-        if metrics.get("stopped"):
-            parts.append(f"<p><b>Stopped:</b> {html.escape(str(metrics['stopped']))}</p>")
+        elif stopped:
+            parts.append(f"<p><b>Stopped:</b> {html.escape(str(stopped))}</p>")
     else:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
     if evaluation is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -228,12 +229,9 @@ def create_model(
         builder_weights = "imagenet"
     else:
         weights_file = Path(weights)
-        if not weights_file.is_file():
-            raise PetalError(
-                f"Weights file not found: {weights_file} (pass an existing .weights.h5 file, "
-                f"'imagenet', or None: `--weights none` on the command line). "
-                f"Received: weights={str(weights)!r}"
-            )
+        # Before the model is built: a file that is no weights file is named at once.
+        check_weights_file(weights_file, ", 'imagenet', or None: `--weights none` on the "
+                           "command line")
 
     try:
         model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
@@ -302,16 +300,7 @@ def load_weights_file(
         PetalError: The file fits neither the model nor its backbone (the message names it).
     """
     path = Path(path)
-    if not path.name.endswith(".h5"):
-        raise PetalError(
-            f"Weights file {path} is not a Keras weights file: save one with "
-            f"model.save_weights('name.weights.h5'). Received: weights={str(path)!r}"
-        )
-    if not path.is_file():  # Keras would say it does not fit
-        raise PetalError(
-            f"Weights file not found: {path} (pass an existing .weights.h5 file). "
-            f"Received: weights={str(path)!r}"
-        )
+    check_weights_file(path)  # else Keras would say it does not fit
     errors: list[str] = []
     targets: list[tuple[str, keras.Model]] = [] if fresh_head else [("model", model)]
     backbone = get_backbone(model)
@@ -324,7 +313,9 @@ def load_weights_file(
                 # raises; the error below says it once.
                 warnings.simplefilter("ignore", UserWarning)
                 target.load_weights(str(path))
-        except (ValueError, KeyError, TypeError, OSError) as err:
+        except (OSError, RuntimeError) as err:  # h5py's: a read failed, whatever the model
+            raise _damaged(path, err) from None
+        except (ValueError, KeyError, TypeError) as err:
             # Keras raises ValueError on shape/count mismatches, KeyError on missing groups.
             errors.append(f"{label}: {_keras_reason(err)}")
             continue
@@ -347,6 +338,63 @@ def load_weights_file(
         f"({'; '.join(errors) or 'no layers but the head fit'}). Save the weights from the "
         "same model and image size"
         + (" (with any number of classes)." if rebuild is not None else ", and classes.")
+    )
+
+
+def check_weights_file(path: Path, others: str = "") -> None:
+    """Refuse a path that holds no readable Keras weights file, saying what it holds instead.
+
+    Args:
+        path: the weights file.
+        others: what may be passed instead of a file, for the messages (``", 'imagenet'"``).
+
+    Raises:
+        PetalError: ``path`` is missing, a folder, not an ``.h5`` file, not HDF5, or an HDF5
+            file whose structure cannot be read (truncated, overwritten in part).
+    """
+    import h5py
+
+    received = f"Received: weights={str(path)!r}"
+    if path.is_dir():
+        raise PetalError(
+            f"Weights file {path} is a folder; pass a .weights.h5 file{others}. {received}"
+        )
+    if not path.is_file():
+        raise PetalError(
+            f"Weights file not found: {path} (pass an existing .weights.h5 file{others}). "
+            f"{received}"
+        )
+    if not path.name.endswith(".h5"):
+        raise PetalError(
+            f"Weights file {path} is not a Keras weights file: save one with "
+            f"model.save_weights('name.weights.h5'). {received}"
+        )
+    try:
+        if not h5py.is_hdf5(path):
+            raise PetalError(
+                f"Weights file {path} is not an HDF5 weights file (it has no HDF5 signature); "
+                f"pass a file saved by model.save_weights('name.weights.h5'). {received}"
+            )
+        with h5py.File(path, "r") as file:
+            # Reads every group's and array's header (not the numbers): a file cut short or
+            # overwritten in part fails here, before any model is built.
+            file.visititems(lambda name, item: None)
+    except (OSError, RuntimeError) as err:
+        raise _damaged(path, err) from None
+
+
+def _damaged(path: Path, err: Exception) -> PetalError:
+    """A weights file h5py cannot read: its reason in a few words (HDF5's, in parentheses)."""
+    text = first_line(err)
+    if m := re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", text):
+        reason = f"it holds {int(m[1]):,} of its {int(m[2]):,} bytes"
+    elif m := re.search(r"\(([^()]+)\)\s*$", text):
+        reason = m[1]
+    else:
+        reason = text[:200]
+    return PetalError(
+        f"Weights file {path} is damaged or truncated ({reason}); save it again, or copy it "
+        f"again from where it was saved. Received: weights={str(path)!r}"
     )
 
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import keras
 
+from petal.jsonfile import write_json
+
 HISTORY_FIELDS = (
     "epoch",
     "loss",
@@ -30,6 +31,7 @@ HISTORY_FIELDS = (
     "val_loss",
     "val_accuracy",
     "lr",
+    "lr_end",
     "images_per_sec",
     "epoch_seconds",
 )
@@ -117,11 +119,11 @@ def _fmt(value) -> str:
 class MetricsWriter(keras.callbacks.Callback):
     """One row per epoch in ``history.csv`` and one line per epoch on the console.
 
-    ``lr`` is the rate at the epoch's first step; the console line adds the rate of its
-    last step when a per-step schedule changed it within the epoch (``lr 0.00e+00 ->
-    2.87e-03`` in a warm-up epoch). Images/s counts training images only: the clock runs from the start of
-    the epoch to the start of validation, so the first epoch includes tracing and
-    compilation.
+    ``lr`` is the rate at the epoch's first step and ``lr_end`` at its last; the console
+    line shows both when a per-step schedule changed the rate within the epoch (``lr
+    0.00e+00 -> 2.87e-03`` in a warm-up epoch). Images/s counts training images only: the
+    clock runs from the start of the epoch to the start of validation, so the first epoch
+    includes tracing and compilation.
 
     Args:
         path: the ``history.csv`` file (appended to; created with a header).
@@ -172,12 +174,12 @@ class MetricsWriter(keras.callbacks.Callback):
         train_seconds = (self._train_end or now) - self._epoch_start
         self.train_seconds += train_seconds
         logs["lr"] = self._lr
-        lr_end = last_step_lr(self.model.optimizer)
         logs["images_per_sec"] = self.images_per_epoch / max(train_seconds, 1e-9)
         logs["epoch_seconds"] = now - self._epoch_start
         row = {k: _as_float(logs.get(k)) for k in HISTORY_FIELDS}
         row["epoch"] = epoch + 1
-        row["lr_end"] = lr_end  # shown, not stored: history.csv keeps each epoch's first rate
+        # Not in the epoch logs (TensorBoard's lr stays the epoch's first rate).
+        row["lr_end"] = last_step_lr(self.model.optimizer)
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
                 {k: _fmt(row[k]) for k in HISTORY_FIELDS}
@@ -305,14 +307,6 @@ def _atomic(path: Path, save: Callable[[str], None]) -> None:
     # Keras picks the format from the suffix, so the temporary name keeps it.
     tmp = path.with_name(f".tmp-{path.name}")
     save(str(tmp))
-    os.replace(tmp, path)
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    """Write JSON through a temporary file and an atomic rename."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 
 

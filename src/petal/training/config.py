@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.errors import PetalError, first_line, is_int_at_least
+from petal.jsonfile import write_json
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 SCHEDULES = ("constant", "codelab_ramp", "warmup_cosine")
@@ -172,8 +173,10 @@ class TrainConfig:
             raise PetalError(
                 f"learning_rate must be > 0. Received: learning_rate={self.learning_rate}"
             )
-        if self.seed < 0:
-            raise PetalError(f"seed must be a non-negative integer. Received: seed={self.seed}")
+        if not 0 <= self.seed < 2**32:  # Keras' and NumPy's seeds are 32-bit
+            raise PetalError(
+                f"seed must be a whole number from 0 to {2**32 - 1}. Received: seed={self.seed}"
+            )
         reserved = {"name": "model", "num_classes": "the data's classes",
                     "image_size": "image_size", "weights": "weights", "log": None}  # fmt: skip
         for key in sorted(set(self.model_options or {}) & set(reserved)):
@@ -620,7 +623,7 @@ def save_config(cfg: TrainConfig, path: str | Path, **extra: Any) -> None:
     data = cfg.to_dict()
     if extra:
         data["resolved"] = extra
-    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    write_json(path, data)
 
 
 def config_from_json(path: str | Path) -> TrainConfig:

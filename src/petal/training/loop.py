@@ -6,7 +6,7 @@
 | file                 | what                                                              |
 |----------------------|-------------------------------------------------------------------|
 | ``config.json``      | the resolved config, plus facts under ``resolved`` (classes, size) |
-| ``history.csv``      | one row per epoch: loss, accuracy, val_*, lr, images/s, seconds   |
+| ``history.csv``      | one row per epoch: loss, accuracy, val_*, lr, lr_end, images/s... |
 | ``tensorboard/``     | TensorBoard logs                                                  |
 | ``best.weights.h5``  | weights of the epoch with the best validation accuracy            |
 | ``last.keras``       | model + optimizer after the last completed epoch (for ``--resume``)|
@@ -1049,11 +1049,7 @@ def train(
         )
         metrics["stopped"] = f"non-finite loss at {where}"
         write_json(workdir / "metrics.json", metrics)
-        raise PetalError(
-            f"Training stopped: the loss became NaN/inf at {where}. Lower the "
-            f"learning rate (--set learning_rate=...) or use --precision float32; the last good "
-            f"checkpoint is {workdir / 'last.keras'}."
-        )
+        raise _non_finite_loss(workdir, where, cfg, resolved, int(state["epoch"]))
     model.save(str(workdir / "model.keras"))
     write_json(workdir / "metrics.json", metrics)
     earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
@@ -1065,11 +1061,38 @@ def train(
         )
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
-        f"{metrics['final_val_accuracy']:.4f}, mean of last 5 "
+        f"{metrics['final_val_accuracy']:.4f}, mean of last {min(5, metrics['epochs_completed'])} "
         f"{metrics['mean_last5_val_accuracy']:.4f}, best {metrics['best_val_accuracy']:.4f} "
         f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s -> {workdir}"
     )
     return metrics
+
+
+def _non_finite_loss(
+    workdir: Path, where: str, cfg: TrainConfig, resolved: dict, epochs_done: int
+) -> PetalError:
+    """The error of a run a NaN/inf loss stopped: the fixes that apply to this run, and the
+    checkpoint it can go on from (or that it saved none)."""
+    fixes = [f"Lower the learning rate (--set learning_rate=...; its peak was "
+             f"{resolved['peak_lr']:.3g})"]
+    if cfg.clipnorm is None:
+        fixes.append("clip the gradients (--set clipnorm=1.0)")
+    if resolved["precision"] == "mixed_float16":
+        # float16 overflows past 65504; float32 (or bfloat16) has the range.
+        fixes.append("train in float32 (--precision float32, a new run)")
+    fix = f"{', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    last = workdir / "last.keras"
+    if epochs_done and last.is_file():
+        saved = (
+            f"{last} holds epoch {epochs_done}, the last good one: go on from it with "
+            f"`petal train --workdir {workdir} --resume` and the new settings"
+        )
+    else:
+        saved = (
+            "no epoch completed, so no checkpoint was saved: start it again with the new "
+            "settings and --overwrite"
+        )
+    return PetalError(f"Training stopped: the loss became NaN/inf at {where}. {fix}; {saved}.")
 
 
 def _load_checkpoint(model, workdir: Path) -> None:
@@ -1117,7 +1140,11 @@ def _in_split(undecodable: list[tuple[str, str]], source, split: str) -> int:
 
 
 def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
-    val = [r["val_accuracy"] for r in rows if not math.isnan(r.get("val_accuracy", math.nan))]
+    # The completed (checkpointed) epochs: history.csv also holds the epoch a non-finite
+    # loss stopped, which is neither the best nor the final one.
+    rows = [r for r in rows if r["epoch"] <= state["epoch"]]
+    scored = [r for r in rows if not math.isnan(r.get("val_accuracy", math.nan))]
+    val = [r["val_accuracy"] for r in scored]
     speeds = [r["images_per_sec"] for r in rows if not math.isnan(r["images_per_sec"])]
     # Epochs that began a session or phase include tracing and compilation: leave them out
     # when there are others.
@@ -1133,7 +1160,7 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
         "final_val_accuracy": val[-1] if val else None,
         "mean_last5_val_accuracy": statistics.fmean(val[-5:]) if val else None,
         "best_val_accuracy": val[best] if best is not None else None,
-        "best_epoch": rows[best]["epoch"] if best is not None else None,
+        "best_epoch": scored[best]["epoch"] if best is not None else None,
         "final_loss": rows[-1]["loss"] if rows else None,
         "final_val_loss": rows[-1]["val_loss"] if rows else None,
         "epochs_completed": int(state["epoch"]),
