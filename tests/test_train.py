@@ -178,7 +178,7 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
         "Training stopped: the loss became NaN/inf at epoch 1/3 (step 2). Lower the learning "
         "rate (--set learning_rate=...; its peak was 1e+30) or clip the gradients (--set "
         "clipnorm=1.0); no epoch completed, so no checkpoint was saved: start it again with "
-        "the new settings and --overwrite."
+        "the new settings (the files of this start are replaced)."
     )
     assert not (run / "model.keras").exists() and not (run / "last.keras").exists()
     metrics = _strict_json(run / "metrics.json")
@@ -194,8 +194,8 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
             "curves hold that epoch, no epoch completed before it.")
     assert err == f"petal report: warning: {said}\n"
     assert f"<b>Stopped:</b> {said}" in (run / "report.html").read_text()
-    # As the message says (the report's files in the run folder need --overwrite).
-    metrics = train(cfg.replace(epochs=1, learning_rate=1e-3), run, overwrite=True, **QUIET)
+    # A failed start, its report's files too: a plain start replaces it (as --overwrite).
+    metrics = train(cfg.replace(epochs=1, learning_rate=1e-3), run, **QUIET)
     assert metrics["epochs_completed"] == 1
 
 

@@ -8,7 +8,6 @@ report can redraw them later without the data.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from petal.evaluation.workdir import (
     progress_bar,
     top_k_for,
 )
+from petal.jsonfile import write_json
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -229,7 +229,7 @@ def evaluate(
         if undecodable is not None:
             report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
     out = make_output_folder(out, "evaluation")
-    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "eval.json", report)
     for name, bucket in (("samples", samples), ("misclassified", wrong)):
         _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
     plots.plot_confusion_from_json(out / "eval.json", out / "confusion_matrix.png")

@@ -80,7 +80,8 @@ def _log_default(line: str) -> None:
 
 # Files a run holds before its first checkpoint: a work directory with only these (and no
 # completed epoch) is a failed start, which a new run may replace.
-_START_FILES = {"config.json", "history.csv", "state.json", "metrics.json"}
+# A run that stopped before its first checkpoint, and the report of it.
+_START_FILES = {"config.json", "history.csv", "state.json", "metrics.json", "report.html"}
 
 
 def _not_a_run(workdir: Path) -> PetalError:
@@ -112,7 +113,7 @@ def _failed_start(workdir: Path, found: list[str]) -> bool:
         return False
     if _running_elsewhere(workdir):
         return False
-    if any((workdir / name).exists() for name in RUN_DIRS if name != "tensorboard"):
+    if any((workdir / name).exists() for name in RUN_DIRS if name in ("eval", "export")):
         return False
     try:
         state = json.loads((workdir / "state.json").read_text())
@@ -1090,7 +1091,7 @@ def _non_finite_loss(
     else:
         saved = (
             "no epoch completed, so no checkpoint was saved: start it again with the new "
-            "settings and --overwrite"
+            "settings (the files of this start are replaced)"
         )
     return PetalError(f"Training stopped: the loss became NaN/inf at {where}. {fix}; {saved}.")
 
