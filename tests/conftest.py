@@ -154,6 +154,23 @@ def break_image(path: Path, record: int) -> None:
 # --- input pipeline (B): synthetic records with known contents ------------------------------
 
 
+def keep_only(folder: Path, keys=("image", "class")) -> Path:
+    """Rewrite every ``*.tfrec`` in ``folder`` with only ``keys`` of each record (Kaggle's
+    copy of the codelab's shards holds image and class alone)."""
+    import tensorflow as tf
+
+    for shard in sorted(folder.glob("*.tfrec")):
+        records = tf.data.TFRecordDataset(str(shard))
+        examples = [tf.train.Example.FromString(r.numpy()) for r in records]
+        with tf.io.TFRecordWriter(str(shard)) as writer:
+            for example in examples:
+                feature = example.features.feature
+                for key in [k for k in feature if k not in keys]:
+                    del feature[key]
+                writer.write(example.SerializeToString())
+    return folder
+
+
 def write_test_records(
     folder: Path,
     *,

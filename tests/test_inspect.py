@@ -521,3 +521,16 @@ def test_control_characters_in_class_and_file_names_stay_on_one_line(small_flowe
     text = str(inspect_records(tmp_path / "records", progress=False))
     assert "\x1b" not in text and "\n  dandelion/bad\\nname.jpg: " in text
     assert "\nc\\x1b[2Jd " in text
+
+
+def test_shards_of_image_and_class_alone_verify_and_draw(make_records, tmp_path):
+    """Training reads shards holding only image and class (Kaggle's copy of the flowers);
+    --verify and --grid called every record broken ("Feature: label ... is required") and
+    drew an empty grid."""
+    from conftest import keep_only
+
+    folder = keep_only(make_records("cl", counts={"all": [4, 4, 4]}, codelab=True, fmt="jpeg"))
+    report = inspect_records(str(folder), verify=True, grid=str(tmp_path / "g.png"))
+    assert report.ok, report.problems
+    assert report.verified == 12
+    assert (tmp_path / "g.png").stat().st_size > 10_000

@@ -266,31 +266,29 @@ def test_more_bad_arguments_are_named(records):
             train_dataset(src, batch_size=2, **kw)
     with pytest.raises(PetalError, match=r"fit_size must be .*Received: fit_size='x'"):
         eval_dataset(src, batch_size=2, fit_size="x")
+    for size in [(True, True), (32.9, 32), "8x"]:  # no size, not a whole number
+        with pytest.raises(PetalError, match=r"image_size must be a positive int"):
+            eval_dataset(src, batch_size=2, image_size=size)
     # numpy integers are ints; choices are not case-sensitive (as augment names are).
-    images, _ = next(iter(eval_dataset(src, batch_size=np.int64(3), normalization="Raw")))
-    assert images.shape[0] == 3 and float(tf.reduce_max(images)) > 1
+    kw = dict(batch_size=np.int64(3), image_size=np.int64(8), normalization="Raw")
+    images, _ = next(iter(eval_dataset(src, **kw)))
+    assert images.shape == (3, 8, 8, 3) and float(tf.reduce_max(images)) > 1
+
+
+def test_cache_choices_are_no_folder_names_in_any_case(records, tmp_path, monkeypatch):
+    """ "Disk" made a kept cache folder named Disk where the program ran."""
+    monkeypatch.chdir(tmp_path)
+    for cache in ("Disk", "AUTO", "Off"):
+        eval_dataset(str(records), batch_size=4, cache=cache)
+    assert [p.name for p in tmp_path.iterdir()] == ["records"]
 
 
 def test_records_without_a_size_feature_are_named_as_such(make_records):
     """Shards that record no size (the codelab's with only image and class) are not
     "of mixed sizes"."""
-    folder = make_records("cl", counts={"all": [5, 5]}, codelab=True)
-    spec = {"image": tf.io.FixedLenFeature([], tf.string),
-            "class": tf.io.FixedLenFeature([], tf.int64)}  # fmt: skip
-    for shard in folder.iterdir():
-        examples = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(shard))]
-        with tf.io.TFRecordWriter(str(shard)) as writer:
-            for ex in examples:
-                feats = {
-                    "image": tf.train.Feature(
-                        bytes_list=tf.train.BytesList(value=[ex["image"].numpy()])
-                    ),
-                    "class": tf.train.Feature(
-                        int64_list=tf.train.Int64List(value=[int(ex["class"])])
-                    ),
-                }
-                example = tf.train.Example(features=tf.train.Features(feature=feats))
-                writer.write(example.SerializeToString())
+    from conftest import keep_only
+
+    folder = keep_only(make_records("cl", counts={"all": [5, 5]}, codelab=True))
     with pytest.raises(PetalError, match=r"record no image size \(no 'size' feature\); pass "
                        r"image_size"):  # fmt: skip
         eval_dataset(str(folder), batch_size=2, split="all")

@@ -424,3 +424,23 @@ def test_an_error_on_records_found_sound_is_not_called_corrupt(small_records):
         "of the validation split reads and decodes (checked just now), so the records may "
         "not be to blame; `petal inspect --verify` checks their other fields."
     )
+
+
+def test_an_image_folder_leaves_out_names_that_are_not_utf8_with_a_note(small_flowers, tmp_path):
+    """TensorFlow takes paths as UTF-8 text: such a name was a traceback (UnicodeEncodeError)
+    for train, evaluate and the pipeline reading the folder."""
+    import os
+
+    from conftest import link_photos
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 3, classes=2)
+    first = sorted((photos / "daisy").iterdir())[0]
+    (photos / "daisy" / os.fsdecode(b"caf\xe9.jpg")).symlink_to(first.resolve())
+    src = open_source(str(photos))
+    assert src.count("all") == 6
+    assert src.notes[-1] == (
+        "1 file(s) whose names are not valid UTF-8 are not read (daisy/caf\\xe9.jpg): rename "
+        "them to read them"
+    )
+    images = [x for x, _ in eval_dataset(src, batch_size=4, image_size=16, split="all")]
+    assert sum(len(x) for x in images) == 6

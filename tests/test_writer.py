@@ -812,7 +812,8 @@ def test_nothing_readable(tmp_path):
     for c in ("a", "b"):
         (tmp_path / "src" / c).mkdir(parents=True)
         (tmp_path / "src" / c / "x.jpg").write_bytes(b"")
-    with pytest.raises(PetalError, match="None of the 2 image files"):
+    with pytest.raises(PetalError, match=r"None of the 2 image files under \S+ could be "
+                       r"converted \(2 x empty file; e\.g\. ./x\.jpg: empty file"):  # fmt: skip
         convert(tmp_path / "src", tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists()
 
@@ -828,6 +829,19 @@ def test_an_output_that_is_no_path_is_refused(small_flowers, tmp_path, monkeypat
                            rf"Path\)\. Received: output={output!r}$"):
             convert(small_flowers, output, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_numbers_are_numbers(small_flowers, tmp_path):
+    """NumPy's ints and floats were refused as "must be an integer" (or "in [0, 1)")."""
+    import numpy as np
+
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=np.int64(8), quality=np.int64(90), seed=np.int64(3),
+            shards=np.int64(1), workers=np.int64(1), val_fraction=np.float32(0.25),
+            max_pixels=np.int64(10**8), progress=False)  # fmt: skip
+    options = read_manifest(out)["options"]
+    assert (options["quality"], options["seed"], options["shards"]) == (90, 3, 1)
+    assert options["val_fraction"] == 0.25
 
 
 @pytest.mark.parametrize(
@@ -1098,6 +1112,19 @@ def test_a_second_conversion_into_a_folder_in_use_is_refused(small_flowers, tmp_
         first.kill()
         first.wait()
         first.stdout.close()
+    # A folder a training run is in is named as such (the marker says what its holder does).
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        busy = tmp_path / "busy"
+        busy.mkdir()
+        marker = {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}
+        (busy / RUNNING_FILE).write_text(json.dumps(marker))
+        with pytest.raises(PetalError, match=rf"^{busy} is in use: process {live.pid} on "
+                           r"\S+ is training in it; wait for it"):  # fmt: skip
+            convert(small_flowers, busy, image_size=8, workers=1, progress=False)
+    finally:
+        live.kill()
+        live.wait()
     # The first conversion's records, whole, and its marker gone.
     assert read_manifest(out)["image_size"] == [16, 16]
     assert sorted(p.name for p in out.iterdir()) == [

@@ -2,8 +2,9 @@
 ``petal convert``'s output), so that a second process is refused instead of mixing its files
 with the first's.
 
-The marker holds ``{"pid": ..., "host": ...}``; one left by a process that has died (same
-host, no such process) protects nothing and is taken over.
+The marker holds ``{"pid": ..., "host": ..., "doing": ...}`` (what the holder does there,
+for the refusal: "training in it", "converting into it"); one left by a process that has died
+(same host, no such process) protects nothing and is taken over.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from petal.errors import PetalError
 RUNNING_FILE = ".petal-running"
 
 
-def running_elsewhere(folder: Path) -> str | None:
-    """Who else holds ``folder`` (``"process PID on HOST"``), when another live process (or
-    one on another host) does; None otherwise."""
+def running_elsewhere(folder: Path, doing: str = "using it") -> str | None:
+    """Who else holds ``folder`` and what it does there (``"process PID on HOST is training
+    in it"``; ``doing`` when its marker does not say), when another live process (or one on
+    another host) does; None otherwise."""
     try:
         holder = json.loads((folder / RUNNING_FILE).read_text())
         pid, host = int(holder["pid"]), str(holder["host"])
+        doing = str(holder.get("doing") or doing)
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError, OSError):
-        return "an unknown process"  # unreadable: assume someone holds it
-    who = f"process {pid} on {host}"
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return f"an unknown process is {doing}"  # unreadable: assume someone holds it
+    who = f"process {pid} on {host} is {doing}"
     if host != socket.gethostname():
         return who
     if pid == os.getpid():
@@ -44,17 +47,20 @@ def running_elsewhere(folder: Path) -> str | None:
     return who
 
 
-def mark_running(folder: Path, in_use: Callable[[str], PetalError]) -> Callable[[], None]:
-    """Writes :data:`RUNNING_FILE` in ``folder`` (created exclusively: of two processes
-    starting at once, one is refused with ``in_use(who)``); returns the function that
-    removes it, if it is still this process's."""
+def mark_running(
+    folder: Path, in_use: Callable[[str], PetalError], doing: str
+) -> Callable[[], None]:
+    """Writes :data:`RUNNING_FILE` in ``folder``, saying this process is ``doing`` there
+    (created exclusively: of two processes starting at once, one is refused with
+    ``in_use(who)``, :func:`running_elsewhere`'s text); returns the function that removes
+    it, if it is still this process's."""
     path = folder / RUNNING_FILE
-    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "doing": doing})
     for _ in range(2):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            if who := running_elsewhere(folder):
+            if who := running_elsewhere(folder, doing):
                 raise in_use(who) from None
             path.unlink(missing_ok=True)  # left by a process that died: take it over
             continue
@@ -62,7 +68,7 @@ def mark_running(folder: Path, in_use: Callable[[str], PetalError]) -> Callable[
             f.write(mine)
         break
     else:
-        raise in_use("another process")
+        raise in_use(f"another process is {doing}")
 
     def unmark() -> None:
         with contextlib.suppress(OSError):

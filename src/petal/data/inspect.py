@@ -410,12 +410,25 @@ def _unlisted(path: str, manifest: dict) -> list[str]:
 # --- verify --------------------------------------------------------------------------------------
 
 
+def _spec(codelab: bool) -> dict:
+    """The parsing spec: petal's records need every key; shards without a manifest need
+    only ``image`` and ``class``, as training reads them (label, size and one_hot_class come
+    out empty when absent: Kaggle's copy of the flowers has image and class alone)."""
+    import tensorflow as tf
+
+    spec = schema.feature_spec(codelab=codelab)
+    if codelab:
+        spec[schema.LABEL] = tf.io.FixedLenFeature([], tf.string, default_value="")
+        spec[schema.SIZE] = tf.io.FixedLenFeature([2], tf.int64, default_value=[0, 0])
+    return spec
+
+
 def _checker(format: str, codelab: bool = False):
     import tensorflow as tf
 
     # one_hot_class at whatever length it has, then compared; the codelab's five keys only
-    # for its shards.
-    spec = schema.feature_spec(codelab=codelab)
+    # for its shards, of which image and class are needed.
+    spec = _spec(codelab)
 
     def check(raw):
         ex = tf.io.parse_single_example(raw, spec)
@@ -514,6 +527,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                         classes,
                         image_size,
                         manifest["format"],
+                        optional=manifest.get("origin") == "codelab",
                     )
                     if issue:
                         problems.append(f"{name}: record {index}: {issue}")
@@ -543,8 +557,16 @@ def _field_issue(
     classes: list[str],
     image_size: list[int] | None,
     format: str,
+    optional: bool = False,
 ) -> str | None:
-    """What is wrong with one parsed record, or None."""
+    """What is wrong with one parsed record, or None; with ``optional`` (shards without a
+    manifest), a label, one_hot_class or size the record does not hold is not checked."""
+    if optional and not label:
+        label = classes[cls] if 0 <= cls < len(classes) else label
+    if optional and hot_len == 0:
+        hot_len, hot, hot_sum = len(classes), cls, 1.0
+    if optional and size == [0, 0]:  # (such shards hold JPEG)
+        size = list(image_size) if image_size is not None else stored
     if hot_len != len(classes):
         return (
             f"one_hot_class has {hot_len} values but the manifest lists {len(classes)} classes "
@@ -586,7 +608,7 @@ def _samples(
     wanted = len(manifest["classes"]) * per_class
     found: dict[int, list] = {i: [] for i in range(len(manifest["classes"]))}
     # Any one_hot_class length: the grid needs only the class. No file name in codelab shards.
-    spec = schema.feature_spec(codelab=manifest.get("origin") == "codelab")
+    spec = _spec(codelab=manifest.get("origin") == "codelab")
     problems: list[str] = []
     count = 0
     for split in schema.SPLITS:

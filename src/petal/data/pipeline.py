@@ -294,7 +294,7 @@ def eval_dataset(
         others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
         fix = f"; choose a split that does: {', '.join(others)}" if others else ""
         raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
-    how = f"{resize}|{fit_size}"
+    how = f"{resize}|{fit}"  # parsed: 192 and "192x192" fit the same pixels
     cache_to = _resolve_cache(cache, src, split, size, input_context, how, skip_corrupt)
     # Read in file order, decode, batch without dropping anything.
     ds = _read(
@@ -973,12 +973,15 @@ def _as_size(image_size, name: str = "image_size") -> tuple[int, int]:
             values = []
         if len(values) == 1:
             values *= 2
-    elif isinstance(image_size, int) and not isinstance(image_size, bool):
-        values = [image_size, image_size]
+    elif isinstance(_plain_int(image_size), int) and not isinstance(image_size, bool):
+        values = [int(image_size)] * 2
     else:
         try:
-            values = [int(v) for v in image_size]
-        except (TypeError, ValueError):
+            values = [_plain_int(v) for v in image_size]
+        except TypeError:
+            values = []
+        # Whole numbers only: True is no size, and 32.9 is not 32.
+        if not all(is_int_at_least(v, 1) for v in values):
             values = []
     if len(values) != 2 or min(values) <= 0:
         raise PetalError(
@@ -1063,8 +1066,10 @@ def _resolve_cache(
     cache, src: Source, split, size, input_context, how: str = "", skip_corrupt: bool = False
 ) -> str | None:
     """None (no cache), "" (RAM) or a file prefix on local disk."""
-    if isinstance(cache, str) and cache.lower() in ("off", "none", "no", "ram", "memory"):
-        cache = cache.lower()  # "RAM" is no folder name
+    if isinstance(cache, str) and cache.lower() in (
+        "auto", "off", "none", "no", "ram", "memory", "disk"
+    ):
+        cache = cache.lower()  # "RAM" and "Disk" are no folder names
     if cache in (None, False, "off", "none", "no"):
         return None
     if cache in (True, "ram", "memory"):

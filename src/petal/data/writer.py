@@ -528,10 +528,26 @@ class _Mapper:
 # --- validation -------------------------------------------------------------------------------
 
 
+def _plain_number(value):
+    """A NumPy integer or float as Python's ``int`` or ``float``; anything else unchanged."""
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
 def _resolve_options(
     image_size, resize, format, quality, val_fraction, seed, shards, shard_mb, workers, max_pixels
 ) -> tuple[_Options, dict]:
     """Checks every option before anything is read or written."""
+    # NumPy numbers count as Python's (and are written to the manifest as such).
+    numbers = (quality, val_fraction, seed, shards, shard_mb, workers, max_pixels)
+    quality, val_fraction, seed, shards, shard_mb, workers, max_pixels = map(
+        _plain_number, numbers
+    )
     if resize not in images.RESIZE_MODES:
         raise PetalError(
             f"resize must be one of {', '.join(images.RESIZE_MODES)}. Received: resize={resize!r}"
@@ -726,7 +742,9 @@ def _claimed(output: str) -> Iterator[None]:
     _make_folder(output)
     unmark = None
     try:
-        unmark = mark_running(Path(output), functools.partial(_in_use, output))
+        unmark = mark_running(
+            Path(output), functools.partial(_in_use, output), "converting into it"
+        )
         yield
     finally:
         if unmark is not None:
@@ -738,7 +756,7 @@ def _claimed(output: str) -> Iterator[None]:
 
 def _in_use(output: str, who: str) -> PetalError:
     return PetalError(
-        f"{output} is in use: {who} is converting into it; wait for it to end or stop it, or "
+        f"{output} is in use: {who}; wait for it to end or stop it, or "
         f"pass another DST (if it is not running, delete {folders.join(output, RUNNING_FILE)})."
     )
 
@@ -1209,9 +1227,9 @@ def _warnings(manifest: dict) -> list[str]:
 
 def _nothing_usable(source: str, skipped: list[dict]) -> str:
     reasons = Counter(s["reason"].split(":")[0].split(" (")[0] for s in skipped)
-    common = ", ".join(f"{n} {r}" for r, n in reasons.most_common(3))
+    common = ", ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
     return (
-        f"None of the {len(skipped)} image files under {source} could be read ({common}; "
+        f"None of the {len(skipped)} image files under {source} could be converted ({common}; "
         f"e.g. {printable(skipped[0]['file'])}: {skipped[0]['reason']})."
     )
 

@@ -36,8 +36,7 @@ from pathlib import Path
 
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line
-from petal.running import RUNNING_FILE, mark_running
-from petal.running import running_elsewhere as _running_elsewhere
+from petal.running import RUNNING_FILE, mark_running, running_elsewhere
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -90,14 +89,21 @@ def _not_a_run(workdir: Path) -> PetalError:
     )
 
 
+_TRAINING = "training in it"  # what a run's marker says it does in its work directory
+
+
+def _running_elsewhere(workdir: Path) -> str | None:
+    return running_elsewhere(workdir, _TRAINING)
+
+
 def _mark_running(workdir: Path) -> Callable[[], None]:
     """Writes :data:`RUNNING_FILE` while ``train`` runs in ``workdir``; returns its remover."""
-    return mark_running(workdir, lambda who: _in_use(workdir, who))
+    return mark_running(workdir, lambda who: _in_use(workdir, who), _TRAINING)
 
 
 def _in_use(workdir: Path, who: str) -> PetalError:
     return PetalError(
-        f"{workdir} is in use: {who} is training in it; wait for it to end or stop it, or "
+        f"{workdir} is in use: {who}; wait for it to end or stop it, or "
         f"pass another --workdir (if it is not running, delete {workdir / RUNNING_FILE})."
     )
 
@@ -436,7 +442,7 @@ def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) 
     smaller = val_count // replicas * replicas
     log(
         f"petal train: validation in batches of {smaller}: its {val_count} images are fewer "
-        f"than one batch of {eval_batch}, which would leave a replica none"
+        f"than one batch of {eval_batch}, which would leave a replica a short batch or none"
     )
     return smaller
 
