@@ -177,18 +177,24 @@ _MIRRORED_SCRIPT = textwrap.dedent(
 )
 
 
-def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
-    script = tmp_path / "mirrored.py"
-    script.write_text(_MIRRORED_SCRIPT)
+def _run_script(tmp_path, text: str, *args: str) -> dict:
+    """Runs ``text`` as a script in a fresh process (its own logical devices, this
+    repository's petal) and returns the JSON object its last line prints."""
+    script = tmp_path / "script.py"
+    script.write_text(text)
     env = dict(
         os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
     )
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
+    result = _run_script(tmp_path, _MIRRORED_SCRIPT)
     assert result["replicas"] == 2
     assert result["max_change"] > 1e-2  # it did train
     assert result["max_weight_diff"] < 1e-5
@@ -229,18 +235,8 @@ def test_two_replicas_validate_with_the_batch_norm_statistics_they_save(small_re
     """Keras 3 lets each replica keep its own BatchNormalization statistics: validation
     during training used them, the saved model the first replica's, and the two scores
     differed. The replicas' mean is used and saved."""
-    script = tmp_path / "bn.py"
-    script.write_text(_BN_SCRIPT)
-    env = dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
-    )
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     args = [str(small_records), str(tmp_path / "run"), str(REPO / "tests")]
-    proc = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _run_script(tmp_path, _BN_SCRIPT, *args)
     assert result["replicas"] == 2
     # 10 validation images, fewer than the global batch of 20: a replica got none, and
     # Keras stopped ("Inputs to operation AddN ... must have the same size and shape"), which
@@ -285,17 +281,7 @@ def test_float16_loss_scaling_skips_a_step_any_replica_overflowed(tmp_path, mode
     """Keras 3 looked at the first replica's gradients alone and applied the others' inf:
     mixed_float16 on two GPUs turned every weight NaN in the first epoch. With petal's
     check (``agree``) the step is skipped and the scale halved, as on one device."""
-    script = tmp_path / "overflow.py"
-    script.write_text(_OVERFLOW_SCRIPT)
-    env = dict(
-        os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES=""
-    )
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _run_script(tmp_path, _OVERFLOW_SCRIPT, mode)
     if mode == "agree":
         assert result == {"finite": True, "scale": 32768.0 / 2}
     else:  # The data does overflow: Keras 3.15 applied it (NaN weights), a fixed one skips
