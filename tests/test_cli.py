@@ -219,3 +219,22 @@ def test_train_help_names_every_strategy(capsys):
     text = " ".join(capsys.readouterr().out.split())
     said = text.split("--strategy STRATEGY ")[1].split(" --precision")[0]
     assert said.split(" (")[0].split(", ") == list(STRATEGIES), said
+
+
+def test_predict_json_is_strict_json(monkeypatch, capsys, tmp_path):
+    """A model whose weights blew up predicts NaN: --json printed `NaN`, which strict
+    parsers refuse; it is null, as in petal's files."""
+    import json
+
+    import petal.evaluation.predict as predict_module
+    from petal.cli import main
+
+    nan = [{"file": "a.jpg", "predictions": [{"label": "daisy", "probability": float("nan")}]}]
+    monkeypatch.setattr(predict_module, "predict", lambda *args, **kwargs: nan)
+    assert main(["predict", str(tmp_path), "a.jpg", "--json"]) == 0
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert out[0]["predictions"][0]["probability"] is None

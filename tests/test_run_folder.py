@@ -227,3 +227,38 @@ def test_training_above_the_records_size_warns_about_upscaling(small_records, tm
         "detail convert at that size (petal convert SRC DST --image-size 80x80)"
     ]
     assert not [ln for ln in header(32) if "upscaled" in ln]
+
+
+def test_a_run_whose_checkpoints_were_deleted_is_no_failed_start(tmp_path):
+    """Its results (metrics.json of 3 completed epochs, history, report, plots) were deleted
+    by a plain start once a report's files no longer marked a run."""
+    run = tmp_path / "run"
+    (run / "plots").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "history.csv").write_text("epoch,loss\n1,1.0\n2,0.9\n3,0.8\n")
+    (run / "metrics.json").write_text(json.dumps({"epochs_completed": 3}))
+    (run / "report.html").write_text("<html></html>")
+    with pytest.raises(PetalError, match="already holds a training run"):
+        prepare_workdir(run, resume=False, overwrite=False)
+    assert (run / "metrics.json").exists() and (run / "plots").is_dir()
+    # The same files of a start that completed no epoch are replaced.
+    (run / "metrics.json").write_text(json.dumps({"epochs_completed": 0}))
+    prepare_workdir(run, resume=False, overwrite=False)
+    assert not (run / "metrics.json").exists() and not (run / "plots").exists()
+
+
+def test_a_non_finite_validation_loss_stops_the_run_before_its_checkpoint():
+    """Weights that blew up in an epoch's last step gave a finite training loss (computed
+    before the step) and a NaN validation loss: the epoch was saved and later called "the
+    last good one"."""
+    import keras
+
+    from petal.training.callbacks import NanGuard
+
+    guard = NanGuard()
+    guard.set_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    guard.on_epoch_begin(1)
+    guard.on_epoch_end(1, {"loss": 0.5, "val_loss": float("nan")})
+    assert (guard.nan_epoch, guard.nan_what, guard.model.stop_training) == (
+        2, "validation loss", True
+    )

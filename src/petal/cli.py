@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from petal import __version__
 from petal.display import columns, ljust
 from petal.errors import PetalError, cannot_write, printable, tf_message
+from petal.jsonfile import json_text
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
 # honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
@@ -462,7 +463,6 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    import json
 
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.workdir import open_run
@@ -489,7 +489,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         log=quiet,
     )
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json_text(report), end="")
     else:
         width = max(5, *(columns(c) for c in report["classes"]))
         print(f"{ljust('class', width)}  precision  recall     f1  support")
@@ -524,8 +524,6 @@ def _add_predict(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_predict(args: argparse.Namespace) -> int:
-    import json
-
     from petal.data.images import DEFAULT_MAX_PIXELS
     from petal.evaluation.predict import format_predictions, predict
 
@@ -536,7 +534,10 @@ def _run_predict(args: argparse.Namespace) -> int:
         skip_corrupt=args.skip_corrupt,
         max_pixels=DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels,
     )
-    print(json.dumps(results, indent=2) if args.json else format_predictions(results))
+    if args.json:
+        print(json_text(results), end="")  # strict JSON: NaN probabilities as null
+    else:
+        print(format_predictions(results))
     return 0
 
 

@@ -235,12 +235,15 @@ def format_epoch_line(row: dict, epochs: int) -> str:
 
 
 class NanGuard(keras.callbacks.Callback):
-    """Stops training at the first non-finite training loss; ``nan_epoch`` says where (1-based)."""
+    """Stops training at the first non-finite training loss, or validation loss (weights that
+    blew up in an epoch's last step: the step's loss was computed before it); ``nan_epoch``
+    says where (1-based), ``nan_what`` which loss."""
 
     def __init__(self):
         super().__init__()
         self.nan_epoch: int | None = None
         self.nan_step: int | None = None
+        self.nan_what = "loss"
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -256,10 +259,12 @@ class NanGuard(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("loss")
-        if self.nan_epoch is None and loss is not None and not math.isfinite(float(loss)):
-            self.nan_epoch = epoch + 1
-            self.model.stop_training = True
+        logs = logs or {}
+        for key, what in (("loss", "loss"), ("val_loss", "validation loss")):
+            value = logs.get(key)
+            if self.nan_epoch is None and value is not None and not math.isfinite(float(value)):
+                self.nan_epoch, self.nan_what = epoch + 1, what
+                self.model.stop_training = True
 
 
 class Checkpointer(keras.callbacks.Callback):

@@ -121,6 +121,13 @@ def _failed_start(workdir: Path, found: list[str]) -> bool:
         return False
     if any((workdir / name).exists() for name in RUN_DIRS if name in ("eval", "export")):
         return False
+    try:  # a run whose checkpoints were deleted keeps its results
+        if json.loads((workdir / "metrics.json").read_text()).get("epochs_completed"):
+            return False
+    except FileNotFoundError:
+        pass
+    except (ValueError, OSError, AttributeError):
+        return False
     try:
         state = json.loads((workdir / "state.json").read_text())
     except FileNotFoundError:
@@ -1054,17 +1061,20 @@ def train(
         where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
             f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
         )
-        metrics["stopped"] = f"non-finite loss at {where}"
+        metrics["stopped"] = f"non-finite {nan_guard.nan_what} at {where}"
         write_json(workdir / "metrics.json", metrics)
-        raise _non_finite_loss(workdir, where, cfg, resolved, int(state["epoch"]))
+        raise _non_finite_loss(
+            workdir, where, cfg, resolved, int(state["epoch"]), nan_guard.nan_what
+        )
     model.save(str(workdir / "model.keras"))
     write_json(workdir / "metrics.json", metrics)
     earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
+    command = {"eval": "evaluate", "export": "export"}  # what writes each folder
     if earlier:
         log(
             f"petal train: {' and '.join(f'{workdir / n}/' for n in earlier)} "
             f"{'hold' if len(earlier) > 1 else 'holds'} the results of the model before this "
-            f"resume: run petal {' and '.join(earlier)} again"
+            f"resume: run petal {' and '.join(command[n] for n in earlier)} again"
         )
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
@@ -1076,7 +1086,12 @@ def train(
 
 
 def _non_finite_loss(
-    workdir: Path, where: str, cfg: TrainConfig, resolved: dict, epochs_done: int
+    workdir: Path,
+    where: str,
+    cfg: TrainConfig,
+    resolved: dict,
+    epochs_done: int,
+    what: str = "loss",
 ) -> PetalError:
     """The error of a run a NaN/inf loss stopped: the fixes that apply to this run, and the
     checkpoint it can go on from (or that it saved none)."""
@@ -1099,7 +1114,7 @@ def _non_finite_loss(
             "no epoch completed, so no checkpoint was saved: start it again with the new "
             "settings (the files of this start are replaced)"
         )
-    return PetalError(f"Training stopped: the loss became NaN/inf at {where}. {fix}; {saved}.")
+    return PetalError(f"Training stopped: the {what} became NaN/inf at {where}. {fix}; {saved}.")
 
 
 def _load_checkpoint(model, workdir: Path) -> None:
