@@ -33,7 +33,7 @@ def cannot_write(path, folder: bool) -> str | None:
     and on a read-only mount or in ``/proc``.
     """
     place = Path(os.path.abspath(path))
-    if not folder or not place.is_dir():
+    if not folder or not place.exists():  # (a folder path that is a file: said below)
         place = place.parent
     while not place.exists():
         place = place.parent

@@ -137,11 +137,13 @@ def jpeg_bytes(source, split: str = "train", limit: int = 4000) -> list[bytes]:
     if src.format != schema.FORMAT_JPEG:
         raise PetalError(f"The decode ceiling needs JPEG records; {src.path} is {src.format}.")
     spec = {schema.IMAGE: tf.io.FixedLenFeature([], tf.string)}
+    parse = tf.autograph.experimental.do_not_convert(
+        lambda r: tf.io.parse_single_example(r, spec)[schema.IMAGE]
+    )
     blobs: list[bytes] = []
     for path in src.files(split):
         if len(blobs) >= limit:
             break
-        parse = _graph(lambda r: tf.io.parse_single_example(r, spec)[schema.IMAGE])
         records = tf.data.TFRecordDataset(path).take(limit - len(blobs)).map(parse)
         blobs += [bytes(b) for b in _records_of(path, records, src.path)]
     return blobs
@@ -180,13 +182,6 @@ def _undecodable(record: str, reason: str, records: str, more: int = 0) -> str:
         f"Corrupt input: the image of {record}{others} cannot be decoded "
         f"({reason.rstrip('.')}). {_fix(records)}"
     )
-
-
-def _graph(fn):
-    """``fn`` for tf.data as written: no autograph conversion (no Python control flow)."""
-    import tensorflow as tf
-
-    return tf.autograph.experimental.do_not_convert(fn)
 
 
 class UndecodableImage(PetalError):

@@ -63,6 +63,14 @@ class ImageFolder:
     left_out: tuple[str, ...] = ()
     empty: tuple[str, ...] = ()
 
+    def by_utf8(self) -> tuple[list[ImageFile], list[ImageFile]]:
+        """(files whose relative path is valid UTF-8, those whose is not): records and
+        TensorFlow's paths hold UTF-8 text, so the others cannot be read or written."""
+        good, bad = [], []
+        for f in self.files:
+            (good if is_utf8(f.relpath) else bad).append(f)
+        return good, bad
+
     def unclassified_images(self) -> list[str]:
         """Image files lying directly in the root: they belong to no class."""
         return [

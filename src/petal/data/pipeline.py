@@ -1129,8 +1129,7 @@ def _resolve_cache(
 
 def _make_cache_folder(folder: str) -> None:
     """Creates ``folder``, or says in one line why it cannot hold a cache."""
-    reason = f"{folder} is a file, not a folder" if os.path.isfile(folder) else None
-    reason = reason or cannot_write(folder, folder=True)
+    reason = cannot_write(folder, folder=True)
     if reason is None:
         try:
             os.makedirs(folder, exist_ok=True)

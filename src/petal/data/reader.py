@@ -410,18 +410,16 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
     else:
         found = folders.find_images(root, classes, min_classes=min_classes)
         # TensorFlow takes a path as UTF-8 text: a name that is not cannot be read.
-        not_utf8 = [f.relpath for f in found.files if not folders.is_utf8(f.relpath)]
+        readable, not_utf8 = found.by_utf8()
         notes = tuple(note for note in [found.unread_note()] if note)
         if not_utf8:
             notes += (
                 f"{len(not_utf8)} file(s) whose names are not valid UTF-8 are not read "
-                f"({folders.some_names(not_utf8)}): rename them to read them",
+                f"({folders.some_names([f.relpath for f in not_utf8])}): rename them to "
+                "read them",
             )
         names = list(found.classes)
-        pairs = _regular_files(
-            root,
-            [(f.path, f.relpath, f.label) for f in found.files if folders.is_utf8(f.relpath)],
-        )
+        pairs = _regular_files(root, [(f.path, f.relpath, f.label) for f in readable])
     fraction = FOLDER_VAL_FRACTION if val_fraction is None else float(val_fraction)
     by_class: dict[int, list[tuple[str, str, int]]] = {}
     for item in pairs:

@@ -1046,11 +1046,9 @@ def convert(
     with _claimed(output):
         _check_output(output, overwrite)
         # A record keeps its file name as UTF-8 text: a name that is not cannot be written.
-        files = [f for f in folder.files if folders.is_utf8(f.relpath)]
+        files, not_utf8 = folder.by_utf8()
         skipped: list[dict] = [
-            {"file": folders.utf8_name(f.relpath), "reason": _NOT_UTF8}
-            for f in folder.files
-            if not folders.is_utf8(f.relpath)
+            {"file": folders.utf8_name(f.relpath), "reason": _NOT_UTF8} for f in not_utf8
         ]
         workers = min(recorded["workers"], len(files))
         options = replace(options, classes=folder.classes)

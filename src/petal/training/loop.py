@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from petal.data.reader import FOLDER_SPLIT
-from petal.errors import PetalError, cannot_write, first_line
+from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
 from petal.running import RUNNING_FILE, mark_running, running_elsewhere
 from petal.training.callbacks import (
     Checkpointer,
@@ -309,7 +309,7 @@ def _epochs(n: int) -> str:
 def _read_state(path: Path) -> dict:
     """A run's ``state.json``, checked: a damaged one is named in one line."""
     def count(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return is_int_at_least(value, 0)
 
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
