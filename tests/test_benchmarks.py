@@ -132,7 +132,7 @@ def test_bench_input_names_a_corrupt_record_and_the_fix(make_records, capsys):
     for folder, case in ((raw, "raw"), (records, "jpeg")):
         shard = folder / "train-00001-of-00002-12.tfrec"
         corrupt_record(shard, 3)
-        # RECORDS' bytes are read before any case; --raw-records only by the raw pipeline.
+        # Each folder's damage is met by the case that reads it.
         argv = [str(records), "--cases", case, "--raw-records", str(raw)]
         code, err, _ = _bench(argv, capsys)
         assert code == 2 and err == [
@@ -230,3 +230,18 @@ def test_bench_findings_follow_the_numbers():
     assert _findings({"remote sharded/per-file": 87.0}, latency_ms=20)[-1] == (
         "target remote sharded/per-file >= 50: wall 87.00 (meets)"
     )
+
+
+def test_bench_input_reads_the_ceilings_images_only_for_the_ceiling(make_records, monkeypatch):
+    from petal.data import bench
+
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    read = []
+    real = bench.jpeg_bytes
+    monkeypatch.setattr(bench, "jpeg_bytes", lambda src: read.append(src) or real(src))
+    result = bench.run(str(records), batch_size=4, seconds=0.2, cases=("jpeg",),
+                       progress=lambda line: None)  # fmt: skip
+    assert [c.name for c in result.cases] == ["jpeg", "jpeg+aug"] and read == []
+    result = bench.run(str(records), batch_size=4, seconds=0.2, cases=("ceiling",),
+                       progress=lambda line: None)  # fmt: skip
+    assert [c.name for c in result.cases] == ["ceiling"] and len(read) == 1
