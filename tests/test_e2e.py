@@ -53,7 +53,7 @@ def test_cli_errors_are_one_line_and_exit_2(small_flowers, tmp_path, capsys):
     assert main([*bad, "--workdir", workdir]) == 2
     assert "Unknown strategy 'warp'" in capsys.readouterr().err
     assert main(["train", "--set", "epochs=x", "--workdir", workdir]) == 2
-    assert "epochs must be int" in capsys.readouterr().err
+    assert "epochs must be a whole number" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "nowhere"), "a.jpg"]) == 2
     assert "not a petal work directory" in capsys.readouterr().err
 
@@ -100,7 +100,7 @@ def test_demo_checks_its_settings_and_folder_before_the_download(tmp_path, monke
     monkeypatch.delenv("PETAL_DATA", raising=False)
     monkeypatch.setattr(demo, "download_flowers", download)
     quiet = {"log": lambda line: None}
-    with pytest.raises(PetalError, match=r"epochs must be int"):
+    with pytest.raises(PetalError, match=r"epochs must be a whole number"):
         demo.run_demo(None, tmp_path / "demo", overrides=("epochs=x",), **quiet)
     with pytest.raises(PetalError, match=r"batch_size must be >= 1|batch_size.*positive"):
         demo.run_demo(None, tmp_path / "demo", overrides=("batch_size=0",), **quiet)

@@ -17,6 +17,7 @@ fed back with ``--config``. Every preset is a function registered with
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -575,8 +576,10 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
     for key, value in values.items():
         name, _, sub = key.partition(".")
         if name not in hints:
+            close = difflib.get_close_matches(name.lower(), hints, n=1, cutoff=0.6)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
             raise PetalError(
-                f"Unknown config key {name!r}{where}; valid keys: {', '.join(hints)}. "
+                f"Unknown config key {name!r}{where}{guess} Valid keys: {', '.join(hints)}. "
                 f"Received: {key}={value!r}"
             )
         if sub:
@@ -593,6 +596,8 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
 def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
     """Check ``value`` against the field's type, converting the lossless cases."""
     options = typing.get_args(hint) if _is_union(hint) else (hint,)
+    if bool in options and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"  # Python's True, or TRUE: true meant, not a string
     for option in options:
         if option is type(None) and value is None:
             return None
@@ -610,8 +615,24 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             return os.fspath(value)  # a path given as a Path
         if option is dict and isinstance(value, dict):
             return dict(value)
-    expected = " or ".join("null" if o is type(None) else o.__name__ for o in options)
+    expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
+
+
+# What a field takes, in the words of --set and a JSON config (not Python's type names).
+_WORDS = {
+    type(None): "null",
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    dict: "a JSON object",
+}
+# Fields whose string takes a few values only: those values.
+_EXPECTED = {
+    "cache": "'auto', true or false",
+    "jit_compile": "'auto', true or false",
+}
 
 
 def _is_union(hint: Any) -> bool:
