@@ -444,3 +444,25 @@ def test_an_image_folder_leaves_out_names_that_are_not_utf8_with_a_note(small_fl
     )
     images = [x for x, _ in eval_dataset(src, batch_size=4, image_size=16, split="all")]
     assert sum(len(x) for x in images) == 6
+
+
+def test_an_image_folder_with_a_class_folder_name_not_utf8_is_refused_naming_it(
+    small_flowers, tmp_path
+):
+    """The root's listing went through tf.io.gfile, which decodes names as UTF-8: train,
+    evaluate, bench and the pipeline ended in a UnicodeDecodeError traceback where convert
+    refuses the folder in one line."""
+    from conftest import link_photos
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 3, classes=2)
+    os.rename(photos / "daisy", os.path.join(os.fsencode(photos), b"ros\xe9"))
+    message = (
+        f"The name of the class folder {photos}/ros\\xe9 is not valid UTF-8, and class names "
+        "are stored as UTF-8 text: rename the folder (e.g. with convmv) and run again."
+    )
+    with pytest.raises(PetalError) as err:
+        open_source(str(photos))
+    assert str(err.value) == message
+    with pytest.raises(PetalError) as err:
+        train_dataset(str(photos), batch_size=2, image_size=16)
+    assert str(err.value) == message

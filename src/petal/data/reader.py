@@ -901,14 +901,34 @@ class _GFileFS:
         except tf.errors.OpError as err:
             raise folders.gfile_error(path, err, also=("http://", "https://")) from None
 
+    # tf.io.gfile takes and returns names as UTF-8 text: a local folder holding a name that
+    # is not (a class folder "ros\xe9") is listed by the os module, whose names keep such
+    # bytes, so that the image-folder reader can refuse the class naming it.
+    @staticmethod
+    def _not_utf8(path) -> bool:
+        return not folders.is_remote(path) and not folders.is_utf8(path)
+
     def exists(self, path):
+        if self._not_utf8(path):
+            return os.path.exists(path)
         return self._call(path, lambda g: g.exists(path))
 
     def isdir(self, path):
+        if self._not_utf8(path):
+            return os.path.isdir(path)
         return self._call(path, lambda g: g.isdir(path))
 
     def listdir(self, path):
-        return [n.rstrip("/") for n in self._call(path, lambda g: g.listdir(path))]
+        try:
+            names = self._call(path, lambda g: g.listdir(path))
+        except UnicodeDecodeError:
+            if folders.is_remote(path):
+                raise PetalError(
+                    f"{path} holds a name that is not valid UTF-8, which petal cannot read "
+                    "there; rename it."
+                ) from None
+            return sorted(os.listdir(path))
+        return [n.rstrip("/") for n in names]
 
     def glob(self, pattern):
         return self._call(pattern, lambda g: g.glob(pattern))
