@@ -666,12 +666,15 @@ def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
     ) in lines
 
 
-def test_records_whose_image_does_not_decode_are_named_and_counted(small_records, tmp_path):
+def test_records_whose_image_does_not_decode_are_named_and_counted(
+    small_records, tmp_path, monkeypatch
+):
     """A record with a sound CRC but an image that does not decode was dropped inside
     tf.data every epoch without a count; it is named up front and counted."""
     import shutil
 
     from conftest import break_image, corrupt_record
+    from petal.data import pipeline
 
     records = tmp_path / "records"
     shutil.copytree(small_records, records)
@@ -685,6 +688,14 @@ def test_records_whose_image_does_not_decode_are_named_and_counted(small_records
                        rf"image cannot be decoded: {train_shard}: record 3: .*; {val_shard}: "
                        r"record 1: .*--skip-corrupt"):  # fmt: skip
         train(cfg, tmp_path / "run", **QUIET)
+    # Records too many to search: the decoder's reason, not the heading of Keras' error
+    # ("Corrupt input in ...: Graph execution error: (the record is not named ...").
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "MAX_DECODE_SCAN", 10)
+        with pytest.raises(PetalError, match=rf"^Corrupt input in {records}: Unknown image "
+                           r"file format\. .* \(the record is not named: petal searches local "
+                           r"records only, up to 10\)\. Run `petal inspect"):  # fmt: skip
+            train(cfg, tmp_path / "run", **QUIET)
     corrupt_record(crc_shard, 2)  # and a CRC failure: the rest of that shard is lost
     crc_lost = int(crc_shard.stem.rsplit("-", 1)[1]) - 2
     lines = []

@@ -745,11 +745,16 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
         return _folder_decode_error(folder, data, action)
     text = getattr(err, "message", None) or str(err)
     ours = re.search(r"\[petal: ([^\]]*?)(?: Run `petal inspect[^\]]*)?\]", text)
-    # TensorFlow's own reason, without its function names and stack of ops ("[[node]]").
+    # TensorFlow's own reason, without its function names and stack of ops ("[[node]]"), and,
+    # for an error from a Keras step, without the heading and the stack of the node it names
+    # ("Graph execution error:", "Detected at node ... defined at", indented frames).
     lines = [
         re.sub(r"\{\{function_node [^}]*\}\}\s*", "", ln).strip()
         for ln in text.splitlines()
-        if ln.strip() and not ln.strip().startswith("[[")
+        if ln.strip()
+        and not ln.strip().startswith("[[")
+        and not ln.startswith((" ", "\t", "Detected at node "))
+        and ln.strip() not in ("Graph execution error:", "<stack traces unavailable>")
     ]
     lines = [ln for ln in lines if ln]
     reason = ours.group(1) if ours else (lines or ["unknown error"])[0]
