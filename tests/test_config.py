@@ -323,3 +323,19 @@ def test_set_takes_true_and_false_in_any_case_and_names_what_a_field_takes():
         load_config("quick", None, ["deterministic=yes"])
     with pytest.raises(PetalError, match=r"^cache must be 'auto', true or false \(from --set\)"):
         load_config("quick", None, ["cache=1"])
+
+
+def test_a_run_config_that_is_no_json_object_is_named_with_its_fix(tmp_path):
+    from petal.training.config import config_from_json
+
+    path = tmp_path / "config.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(PetalError) as err:
+        config_from_json(path)
+    assert str(err.value) == (
+        f"Config file {path} holds a list, not a JSON object of TrainConfig fields. The run's "
+        "config.json is damaged: restore it, or start again with --overwrite."
+    )
+    path.write_text("true")
+    with pytest.raises(PetalError, match=r"holds true or false, not a JSON object .* Pass a JSON"):
+        load_config(None, path)

@@ -971,7 +971,8 @@ def test_a_damaged_run_is_named_in_one_line(trained, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("petal predict: error: ") and "config.json" in err[0]
     (run / "config.json").write_text("[1, 2]")
-    with pytest.raises(PetalError, match=r"config.json holds no JSON object"):
+    with pytest.raises(PetalError, match=r"config.json holds no JSON object; the work "
+                       r"directory is damaged \(petal train writes one\), retrain it"):
         export(run)
 
 

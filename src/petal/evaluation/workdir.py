@@ -169,7 +169,10 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
             f"{cfg_path} is not valid JSON ({err}); the work directory is damaged, retrain it."
         ) from None
     if not isinstance(config, dict):
-        raise PetalError(f"{cfg_path} holds no JSON object; it was not written by petal train.")
+        raise PetalError(
+            f"{cfg_path} holds no JSON object; the work directory is damaged (petal train "
+            "writes one), retrain it."
+        )
     resolved = config.get("resolved") or {}
     if not isinstance(resolved, dict) or "classes" not in resolved:
         raise PetalError(f"{cfg_path} has no resolved classes; it was not written by petal train.")

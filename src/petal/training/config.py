@@ -531,7 +531,11 @@ def read_config_file(
     except OSError as err:
         raise PetalError(f"Config file {path} cannot be read: {first_line(err)}.") from None
     if not isinstance(values, dict):
-        raise PetalError(f"Config file {path} must hold a JSON object of TrainConfig fields.")
+        kinds = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+        kind = kinds.get(type(values), "a number")
+        raise PetalError(
+            f"Config file {path} holds {kind}, not a JSON object of TrainConfig fields. {fix}"
+        )
     return values
 
 
