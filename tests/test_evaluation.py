@@ -741,6 +741,44 @@ def test_the_exported_decoder_gives_predicts_pixels():
         assert int(exif_orientation(tf.constant(data))) == 1
 
 
+def test_the_exported_decoder_finds_exif_after_much_other_metadata():
+    """EXIF orientation after two 60 KiB APP2 segments (an ICC profile split in two) or
+    after 40 other segments: the SavedModel looked in the first 64 KiB and 32 segments
+    only, and served such phone photos sideways where predict turned them upright."""
+    import io
+    import struct
+
+    import tensorflow as tf
+
+    from petal.data import images
+    from petal.evaluation.export import decode_like_predict, exif_orientation
+
+    pixels = np.zeros((24, 40, 3), np.uint8)
+    pixels[:12, :20] = (250, 0, 0)
+    pixels[12:, 30:] = (0, 0, 250)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, exif=exif)
+    data = buffer.getvalue()
+    at = data.index(b"\xff\xe1\x00")  # the EXIF segment, after the JFIF one
+
+    def segment(marker: int, size: int) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", size) + b"x" * (size - 2)
+
+    decode = tf.function(decode_like_predict)
+    for name, before in (
+        ("ICC profile of 2 x 60 KiB", segment(0xE2, 60_000) * 2),
+        ("40 small segments", segment(0xEC, 10) * 40),
+        ("no other segment", b""),
+    ):
+        moved = data[:at] + before + data[at:]
+        want = images.decode_rgb(moved)[0]
+        assert want.shape == (40, 24, 3)  # PIL turns it upright
+        assert int(exif_orientation(tf.constant(moved))) == 6, name
+        np.testing.assert_array_equal(decode(tf.constant(moved)).numpy(), want, err_msg=name)
+
+
 @pytest.mark.parametrize("mode", ["pad", "fill", "stretch"])
 def test_the_exported_resize_fits_like_the_converter(mode):
     """The SavedModel's resize has the converter's geometry, a 3000x10 strip included

@@ -65,28 +65,63 @@ def _fit_tf(image, size: tuple[int, int], mode: str):
     return tf.image.resize_with_crop_or_pad(image, th, tw)
 
 
-# Bytes of a JPEG searched for its EXIF segment (APP1 comes before the image data, and its
-# orientation tag in the first directory), and the directory entries looked at.
-_EXIF_SCAN_BYTES = 1 << 16
-_EXIF_MAX_SEGMENTS = 32
+# JPEG marker segments walked to find the EXIF one (it comes first in practice, but ICC
+# profiles (several APP2 segments of up to 64 KiB each), XMP and maker data may come before
+# it; each step reads a 10-byte segment header, and the walk stops at the image data), and
+# the orientation's directory entries looked at.
+_EXIF_MAX_SEGMENTS = 1024
 _EXIF_MAX_ENTRIES = 64
 _ORIENTATION_TAG = 0x0112
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _bytes_at(data, pos, count: int, size):
+    """``count`` bytes of ``data`` from ``pos`` as int32, -1 past its end (``size`` bytes)."""
+    import tensorflow as tf
+
+    part = tf.strings.substr(data, tf.clip_by_value(pos, 0, size), count)
+    raw = tf.cast(tf.io.decode_raw(part, tf.uint8), tf.int32)
+    return tf.concat([raw, tf.fill([count], -1)], 0)[:count]
 
 
 def exif_orientation(data):
     """The EXIF orientation (1-8) of JPEG bytes (scalar string), 1 where there is none.
 
     TensorFlow ops only, so that it runs inside a SavedModel: walks the JPEG's marker
-    segments to the ``Exif`` APP1 segment, reads the TIFF header's byte order and the first
-    image directory, and takes tag 0x0112 from it, as PIL's ``getexif`` does.
+    segments to the first ``Exif`` APP1 segment (however much ICC profile or other metadata
+    comes before it), reads the TIFF header's byte order and the first image directory
+    inside that segment, and takes tag 0x0112 from it, as PIL's ``getexif`` does.
     """
     import tensorflow as tf
 
-    head = tf.strings.substr(data, 0, _EXIF_SCAN_BYTES)
-    raw = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int32)
+    size = tf.strings.length(data)
+    exif_id = tf.constant([0x45, 0x78, 0x69, 0x66, 0, 0])  # "Exif\0\0"
+
+    def segment(k, pos, tiff, tiff_size):
+        head = _bytes_at(data, pos, 10, size)  # marker, length, the first 6 bytes inside
+        marker, length = head[1], head[2] * 256 + head[3]
+        is_exif = (marker == 0xE1) & (length >= 8) & tf.reduce_all(head[4:] == exif_id)
+        tiff = tf.where(is_exif, pos + 10, tiff)
+        tiff_size = tf.where(is_exif, length - 8, tiff_size)
+        # Stop at the image data (SOS) or at anything that is not a marker segment.
+        stop = (head[0] != 0xFF) | (marker == 0xDA) | (length < 2)
+        return k + 1, tf.where(stop, size, pos + 2 + length), tiff, tiff_size
+
+    def more(k, pos, tiff, tiff_size):
+        return (k < _EXIF_MAX_SEGMENTS) & (pos + 4 <= size) & (tiff < 0)
+
+    start = _bytes_at(data, 0, 2, size)
+    is_jpeg = (start[0] == 0xFF) & (start[1] == 0xD8)
+    _, _, tiff, tiff_size = tf.while_loop(
+        more,
+        segment,
+        (tf.constant(0), tf.where(is_jpeg, 2, size), tf.constant(-1), tf.constant(0)),
+    )
+    # The TIFF data of the segment (at most 64 KiB); offsets inside it count from its start.
+    block = tf.strings.substr(data, tf.clip_by_value(tiff, 0, size), tf.maximum(tiff_size, 0))
+    raw = tf.cast(tf.io.decode_raw(block, tf.uint8), tf.int32)
     n = tf.size(raw)
-    raw = tf.concat([raw, [-1]], 0)  # byte(i) reads -1 outside the data, even for b""
+    raw = tf.concat([raw, [-1]], 0)  # byte(i) reads -1 outside the block, even for b""
 
     def byte(i):
         return tf.gather(raw, tf.where((i >= 0) & (i < n), i, n))
@@ -94,24 +129,7 @@ def exif_orientation(data):
     def u16_big(i):
         return byte(i) * 256 + byte(i + 1)
 
-    exif_id = tf.constant([0x45, 0x78, 0x69, 0x66, 0, 0])  # "Exif\0\0"
-
-    def segment(k, pos, tiff):
-        marker, length = byte(pos + 1), u16_big(pos + 2)
-        is_exif = (marker == 0xE1) & tf.reduce_all(byte(pos + 4 + tf.range(6)) == exif_id)
-        tiff = tf.where(is_exif, pos + 10, tiff)
-        # Stop at the image data (SOS) or at anything that is not a marker segment.
-        stop = (byte(pos) != 0xFF) | (marker == 0xDA) | (length < 2)
-        return k + 1, tf.where(stop, n, pos + 2 + length), tiff
-
-    def more(k, pos, tiff):
-        return (k < _EXIF_MAX_SEGMENTS) & (pos + 4 <= n) & (tiff < 0)
-
-    is_jpeg = (byte(0) == 0xFF) & (byte(1) == 0xD8)
-    _, _, tiff = tf.while_loop(
-        more, segment, (tf.constant(0), tf.where(is_jpeg, 2, n), tf.constant(-1))
-    )
-    little = (byte(tiff) == 0x49) & (byte(tiff + 1) == 0x49)  # "II"
+    little = (byte(0) == 0x49) & (byte(1) == 0x49)  # "II"
 
     def u16(i):
         return tf.where(little, byte(i) + byte(i + 1) * 256, u16_big(i))
@@ -120,12 +138,12 @@ def exif_orientation(data):
         lo, hi = u16(tf.where(little, i, i + 2)), u16(tf.where(little, i + 2, i))
         return tf.where((hi >= 0) & (hi < 0x8000), hi * 65536 + lo, -1)
 
-    ifd = tiff + u32(tiff + 4)
+    ifd = u32(4)
     count = u16(ifd)
     entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
     found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
     value = tf.reduce_max(tf.where(found, u16(entry + 8), 0))
-    valid = (tiff >= 0) & (u32(tiff + 4) >= 8) & (value >= 1) & (value <= 8)
+    valid = (tiff >= 0) & (ifd >= 8) & (value >= 1) & (value <= 8)
     return tf.where(valid, value, 1)
 
 
