@@ -272,6 +272,10 @@ def make_preprocess(run: RunInfo):
 
     def preprocess(data):
         image = decode_like_predict(data)
+        if mode == "none":
+            # Records of images at their own sizes: the input pipeline resizes each.
+            image = resize_fill(image, run.image_size)
+            return normalize(image, run.normalization)
         image = _fit_tf(tf.cast(image, tf.float32), records, mode)
         # The converter stores uint8, truncated like its tf.cast.
         image = tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)
