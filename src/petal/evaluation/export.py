@@ -4,13 +4,15 @@ The SavedModel's default signature ``serve(image_bytes)`` takes a batch of encod
 (``tf.string [N]``: JPEG, PNG, GIF, BMP or WebP), decodes them as ``petal predict`` does
 (JPEG with the accurate integer DCT and its EXIF orientation applied, PNG transparency
 composited on white), fits them to the records' size the way the converter did (``fill``:
-scale to cover and crop the centre), resizes to the model's input, normalizes and returns
+scale to cover and crop the centre), resizes to the model's input as the input pipeline
+does (records of ``--resize none``, at the photos' own sizes, only that), normalizes and returns
 ``probabilities [N, classes]``, ``label [N]`` (string) and ``score [N]``: phone photos,
 stored sideways with an orientation tag, are classified upright. A second signature,
 ``serve_pixels(images)``, takes float pixels in 0..255 at the model's size; it is the one
 converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
 transparency in GIF and BMP (dropped, where predict composites it on white) and EXIF tags in
-formats other than JPEG. WebP transparency is composited on white as predict does.
+formats other than JPEG. WebP transparency is composited on white as predict does; an
+animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow's decoder.
 """
 
 from __future__ import annotations
@@ -174,6 +176,41 @@ def png_colour_key(data):
     return tf.while_loop(more, chunk, start)[2]
 
 
+# No image file is shorter (a GIF of one pixel has 26 bytes): a shorter input is refused with
+# that reason, before the format checks read past its end.
+_MIN_IMAGE_BYTES = 8
+# RIFF chunks of a WebP walked to find its animation chunk (they come before the image data).
+_WEBP_MAX_CHUNKS = 16
+
+
+def webp_animated(data):
+    """Whether WebP bytes (scalar string) hold an animation: the animation flag of their
+    ``VP8X`` header, or an ``ANIM``/``ANMF`` chunk before the image data."""
+    import tensorflow as tf
+
+    size = tf.strings.length(data)
+    flags = tf.maximum(_bytes_at(data, 20, 1, size)[0], 0)  # of a VP8X first chunk
+    flagged = tf.equal(tf.strings.substr(data, tf.minimum(12, size), 4), b"VP8X") & (
+        tf.bitwise.bitwise_and(flags, 0x02) != 0
+    )
+
+    def chunk(k, pos, found, done):
+        kind = tf.strings.substr(data, tf.clip_by_value(pos, 0, size), 4)
+        raw = _bytes_at(data, pos + 4, 4, size)
+        length = ((raw[3] * 256 + raw[2]) * 256 + raw[1]) * 256 + raw[0]
+        found = tf.equal(kind, "ANIM") | tf.equal(kind, "ANMF")
+        image = tf.equal(kind, "VP8 ") | tf.equal(kind, "VP8L") | tf.equal(kind, "ALPH")
+        done = found | image | (pos + 8 > size) | (length < 0) | (length > size - pos - 8)
+        # Chunks are padded to an even length.
+        return k + 1, pos + 8 + length + length % 2, found, done
+
+    def more(k, pos, found, done):
+        return tf.logical_not(done) & (k < _WEBP_MAX_CHUNKS)
+
+    start = (tf.constant(0), tf.constant(12), tf.constant(False), size < 20)
+    return flagged | tf.while_loop(more, chunk, start)[2]
+
+
 def apply_orientation(image, orientation):
     """``image [H, W, C]`` turned upright for an EXIF ``orientation`` (1-8), as PIL's
     ``ImageOps.exif_transpose`` turns it."""
@@ -239,17 +276,39 @@ def decode_like_predict(data):
         return tf.cond(colour_key, keyed, lambda: stored(image))
 
     def webp():
-        # As stored (RGB or RGBA): TensorFlow's WebP decoder refuses 3 channels of an RGBA
-        # file, and predict composites its transparency on white.
-        return stored(tf.io.decode_image(data, channels=0, expand_animations=False))
+        # Never handed to TensorFlow's decoder when animated: TensorFlow 2.21's corrupts the
+        # process's memory on animated WebP (it crashes the server) unless asked for 4
+        # channels, and predict would take the first frame, which TensorFlow cannot.
+        refuse = tf.debugging.Assert(
+            tf.logical_not(webp_animated(data)),
+            ["animated WebP is not supported by the SavedModel; send a still image (its "
+             "first frame)"],
+        )
+        with tf.control_dependencies([refuse]):
+            # As stored (RGB or RGBA): TensorFlow's WebP decoder refuses 3 channels of an
+            # RGBA file, and predict composites its transparency on white.
+            return stored(
+                tf.io.decode_image(tf.identity(data), channels=0, expand_animations=False)
+            )
 
     def other():
         return tf.io.decode_image(data, channels=3, expand_animations=False)
 
-    head = tf.strings.substr(data, 0, len(_PNG_SIGNATURE))
-    is_webp = tf.equal(tf.strings.substr(data, 0, 4), b"RIFF") & tf.equal(
-        tf.strings.substr(data, 8, 4), b"WEBP"
+    size = tf.strings.length(data)
+    short = tf.debugging.Assert(
+        size >= _MIN_IMAGE_BYTES,
+        [tf.strings.format(
+            "the image is empty or too short to be one ({} bytes); send the bytes of an "
+            "image file",
+            size,
+        )],
     )
+    with tf.control_dependencies([short]):
+        head = tf.strings.substr(data, 0, 12)
+    is_webp = tf.equal(tf.strings.substr(head, 0, 4), b"RIFF") & tf.equal(
+        tf.strings.substr(head, 8, 4), b"WEBP"
+    )
+    head = tf.strings.substr(head, 0, len(_PNG_SIGNATURE))
     image = tf.case(
         [
             (tf.io.is_jpeg(data), jpeg),
