@@ -592,6 +592,89 @@ def test_evaluate_on_a_folder_sees_the_pixels_predict_sees(trained, originals_di
     np.testing.assert_array_equal(images[:8], expected)
 
 
+def test_new_photos_are_resized_as_records_at_the_photos_sizes_were(
+    trained, originals_dir, tmp_path, monkeypatch
+):
+    """Records of `--resize none` keep each photo at its size, and the input pipeline
+    resizes them with resize_fill (antialiased). Predict, evaluate on a folder and the
+    SavedModel fitted new photos with the converter's "fill" instead: 7 levels apart on
+    average on real photos. Now all see the pipeline's pixels: exactly, for plain JPEGs
+    kept as they are (decoded with the accurate DCT, as PIL decodes) and for PNGs in raw
+    records."""
+    import tensorflow as tf
+
+    import petal.evaluation.evaluate as evaluate_module
+    from petal.data import convert, schema
+    from petal.data.pipeline import eval_dataset, open_source
+    from petal.evaluation.export import make_preprocess
+    from petal.evaluation.predict import _decode
+    from petal.evaluation.workdir import open_run
+
+    # The tiny run, as if trained on such records (its model's input is unchanged).
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    config = json.loads((run_dir / "config.json").read_text())
+    config["resolved"].update(resize="none", records_size=None)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    run = open_run(run_dir)
+    assert run.records_size is None and run.image_size == (32, 32)
+
+    # Photos of several sizes and shapes: the original JPEGs, and PNGs cut from them.
+    jpegs, pngs = tmp_path / "jpegs", tmp_path / "pngs"
+    for cls in ("daisy", "roses"):
+        (jpegs / cls).mkdir(parents=True)
+        (pngs / cls).mkdir(parents=True)
+        for k, f in enumerate(sorted((originals_dir / cls).iterdir())[:3]):
+            (jpegs / cls / f.name).write_bytes(f.read_bytes())
+            with Image.open(f) as photo:
+                w, h = photo.size
+                photo.crop((k, 0, w - 7 * k, h // (k + 1))).save(pngs / cls / f"{f.stem}.png")
+
+    def pipeline_pixels(folder: Path, fmt: str) -> dict[str, np.ndarray]:
+        records = tmp_path / f"records-{fmt}"
+        convert(folder, records, resize="none", format=fmt, val_fraction=0.0, shards=1,
+                workers=1, progress=False)
+        ds = eval_dataset(records, batch_size=8, image_size=run.image_size, split="train",
+                          normalization="raw", label_mode="sparse", dtype="uint8")
+        images = np.concatenate([np.asarray(x) for x, _ in ds])
+        parse = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
+        (shard,) = sorted(records.glob("train-*"))
+        names = [tf.io.parse_single_example(r, parse)[schema.FILENAME].numpy().decode()
+                 for r in tf.data.TFRecordDataset(str(shard))]
+        return dict(zip(names, images, strict=True))
+
+    want = {**pipeline_pixels(jpegs, "jpeg"), **pipeline_pixels(pngs, "raw")}
+    assert len(want) == 12
+    files = {name: (jpegs if name.endswith(".jpg") else pngs) / name for name in want}
+
+    # predict
+    for name, f in files.items():
+        np.testing.assert_array_equal(_decode(f, run), want[name], err_msg=name)
+    # the SavedModel's preprocessing, traced as in the SavedModel
+    preprocess = tf.function(make_preprocess(run))
+    for name, f in files.items():
+        got = np.round(preprocess(tf.constant(f.read_bytes())).numpy() * 255.0)
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    # evaluate on a folder: the pixels its model is given
+    seen = []
+
+    class Recorder:
+        def predict_on_batch(self, images):
+            seen.append(np.asarray(images))
+            return np.full((len(images), len(run.classes)), 1 / len(run.classes))
+
+    monkeypatch.setattr(evaluate_module, "load_model", lambda run: Recorder())
+    for folder in (jpegs, pngs):
+        seen.clear()
+        evaluate_module.evaluate(run_dir, folder, out_dir=tmp_path / "eval", num_samples=0,
+                                 max_misclassified=0, log=lambda line: None,
+                                 warn=lambda line: None)
+        got = np.round(np.concatenate(seen) * 255.0)
+        names = [str(Path(f).relative_to(folder)) for f in open_source(str(folder)).files("all")]
+        expected = np.stack([want[name] for name in names])
+        np.testing.assert_array_equal(got, expected, err_msg=str(folder))
+
+
 def test_predict_top_k(trained, originals_dir):
     from petal.evaluation.predict import format_predictions, predict
 
@@ -739,6 +822,44 @@ def test_the_exported_decoder_gives_predicts_pixels():
         assert np.abs(got - want).max() <= 1, name
     for data in (b"", b"\xff\xd8", plain.getvalue(), png.getvalue()):
         assert int(exif_orientation(tf.constant(data))) == 1
+
+
+def test_the_exported_decoder_finds_exif_after_much_other_metadata():
+    """EXIF orientation after two 60 KiB APP2 segments (an ICC profile split in two) or
+    after 40 other segments: the SavedModel looked in the first 64 KiB and 32 segments
+    only, and served such phone photos sideways where predict turned them upright."""
+    import io
+    import struct
+
+    import tensorflow as tf
+
+    from petal.data import images
+    from petal.evaluation.export import decode_like_predict, exif_orientation
+
+    pixels = np.zeros((24, 40, 3), np.uint8)
+    pixels[:12, :20] = (250, 0, 0)
+    pixels[12:, 30:] = (0, 0, 250)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90, exif=exif)
+    data = buffer.getvalue()
+    at = data.index(b"\xff\xe1\x00")  # the EXIF segment, after the JFIF one
+
+    def segment(marker: int, size: int) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", size) + b"x" * (size - 2)
+
+    decode = tf.function(decode_like_predict)
+    for name, before in (
+        ("ICC profile of 2 x 60 KiB", segment(0xE2, 60_000) * 2),
+        ("40 small segments", segment(0xEC, 10) * 40),
+        ("no other segment", b""),
+    ):
+        moved = data[:at] + before + data[at:]
+        want = images.decode_rgb(moved)[0]
+        assert want.shape == (40, 24, 3)  # PIL turns it upright
+        assert int(exif_orientation(tf.constant(moved))) == 6, name
+        np.testing.assert_array_equal(decode(tf.constant(moved)).numpy(), want, err_msg=name)
 
 
 @pytest.mark.parametrize("mode", ["pad", "fill", "stretch"])

@@ -758,9 +758,17 @@ def test_image_folders_are_decoded_as_convert_and_predict_decode_them(tmp_path):
         want = image_io.resize(image_io.decode_rgb(p.read_bytes())[0], (32, 32), "pad")
         assert (want[:4] == 0).all() and (want[-4:] == 0).all() and want[8:24].any()
         assert sum(np.array_equal(image, want) for image in got) == 1, name
+    # "none": as records that keep each photo's size are read (resize_fill); evaluate and
+    # predict fit new photos so for a run on such records. Training on a folder fits them.
+    ds = eval_dataset(str(folder), batch_size=8, image_size=(24, 32), split="all",
+                      normalization="raw", resize="none")
+    got = [image.astype(np.uint8) for batch, _ in ds for image in batch.numpy()]
+    for name, p in files.items():
+        want = pipeline.resize_fill(image_io.decode_rgb(p.read_bytes())[0], (24, 32)).numpy()
+        assert sum(np.array_equal(image, want) for image in got) == 1, name
     with pytest.raises(PetalError, match=r"resize must be one of fill, pad, stretch\. "
                        r"Received: resize='none'"):
-        eval_dataset(str(folder), batch_size=8, image_size=32, resize="none")
+        train_dataset(str(folder), batch_size=2, image_size=32, resize="none")
 
 
 @pytest.mark.parametrize("batch", [3, pipeline.MAX_GROUP_DECODE + 1])

@@ -291,6 +291,74 @@ def test_export_refuses_what_is_in_the_way_and_writes_nothing_for_a_damaged_mode
     assert not (tmp_path / "new").exists()
 
 
+_SERVE_SCRIPT = """
+import json, sys
+from pathlib import Path
+import tensorflow as tf
+
+model = tf.saved_model.load({saved_model!r})
+results = {{}}
+for path in sorted(Path({inputs!r}).iterdir()):
+    print(path.name, file=sys.stderr, flush=True)  # the last name is the one that crashed
+    try:
+        got = model.serve(tf.constant([path.read_bytes()]))
+        results[path.name] = "served: " + got["label"].numpy()[0].decode()
+    except tf.errors.InvalidArgumentError as err:
+        results[path.name] = err.message
+print(json.dumps(results))
+"""
+
+
+def test_the_savedmodel_refuses_animated_webp_and_empty_input(trained, tmp_path):
+    """TensorFlow 2.21's WebP decoder corrupts the heap on an animated WebP: the serving
+    process died (exit 134 or 139) where predict takes the first frame. The SavedModel now
+    refuses one, saying so, before decoding it; an input too short to be an image was
+    refused with "pos 8 out of range". Served in a process of its own: a crash fails this
+    test, not the test run."""
+    import numpy as np
+    from PIL import Image
+
+    from conftest import run_script
+    from petal.evaluation.export import export
+
+    out = export(trained, out=tmp_path / "export")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    rng = np.random.default_rng(0)
+    frames = [Image.fromarray(rng.integers(0, 256, (20, 30, 4), dtype=np.uint8), "RGBA")
+              for _ in range(2)]
+    rgb = [frame.convert("RGB") for frame in frames]
+    rgb[0].save(inputs / "still.webp", "WEBP")
+    rgb[0].save(inputs / "animated-lossy.webp", "WEBP", save_all=True, append_images=rgb[1:])
+    rgb[0].save(inputs / "animated-lossless.webp", "WEBP", save_all=True,
+                append_images=rgb[1:], lossless=True)
+    frames[0].save(inputs / "animated-alpha.webp", "WEBP", save_all=True,
+                   append_images=frames[1:])
+    # Its animation flag cleared: found by its ANIM chunk.
+    data = bytearray((inputs / "animated-lossy.webp").read_bytes())
+    assert data[12:16] == b"VP8X" and data[20] & 0x02 and b"ANIM" in data
+    data[20] &= ~0x02
+    (inputs / "animated-unflagged.webp").write_bytes(bytes(data))
+    (inputs / "empty.jpg").write_bytes(b"")
+    (inputs / "short.gif").write_bytes(b"GIF89")
+
+    script = tmp_path / "serve.py"
+    script.write_text(_SERVE_SCRIPT.format(saved_model=out["saved_model"], inputs=str(inputs)))
+    proc = run_script(script)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results.pop("still.webp").startswith("served: ")
+    refused = ("animated WebP is not supported by the SavedModel; send a still image (its "
+               "first frame)")
+    for name in ("animated-lossy", "animated-lossless", "animated-alpha", "animated-unflagged"):
+        assert refused in results.pop(f"{name}.webp"), name
+    too_short = ("the image is empty or too short to be one ({} bytes); send the bytes of an "
+                 "image file")
+    assert too_short.format(0) in results.pop("empty.jpg")
+    assert too_short.format(5) in results.pop("short.gif")
+    assert not results
+
+
 @pytest.mark.parametrize(
     ("edit", "reason"),
     [

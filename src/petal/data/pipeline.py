@@ -276,14 +276,16 @@ def eval_dataset(
     keep decoded images across repeated evaluations. ``fit_size``, for an image folder:
     fit each file to this size first (a model's records size, as ``petal convert`` did),
     then resize it to ``image_size`` as records are, so new photos get the pixels the
-    model's own records (and ``petal predict``) give it.
+    model's own records (and ``petal predict``) give it. ``resize`` may also be ``"none"``
+    here (with no ``fit_size``): files are resized as records of ``--resize none`` are
+    (see :func:`fit_image`).
 
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
     """
     src = open_source(source)
     _check_context(input_context, skip_corrupt)
-    resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
+    resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
     normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
     dtype = _check_dtype(dtype, normalization)
@@ -381,8 +383,10 @@ def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> t
     before it encodes the record, and as ``petal predict`` does (:mod:`petal.data.images`:
     EXIF orientation applied, alpha composited on white, CMYK and palette images to RGB,
     the first frame of an animation, the pixel limit, then ``resize``: "fill", "pad" or
-    "stretch"). So a run trained on a folder, ``petal evaluate`` on a folder of new photos
-    and ``petal predict`` on the same files see the same pixels; TensorFlow's decoders
+    "stretch"; or "none": decoded at its own size and resized by :func:`resize_fill`, as
+    this pipeline resizes records of ``petal convert --resize none``, which keep the photos'
+    sizes). So a run trained on a folder or on records, ``petal evaluate`` on a folder of
+    new photos and ``petal predict`` on the same files see the same pixels; TensorFlow's decoders
     ignore EXIF orientation and drop alpha. One ``numpy_function`` per file (PIL releases
     the GIL while it decodes): on the flowers folder as fast as ``decode_image`` +
     :func:`resize_fill` were, but not a pure graph: the input pipeline must run in this
@@ -392,7 +396,10 @@ def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> t
     An undecodable file raises ``InvalidArgumentError`` with the reason
     :func:`undecodable_files` gives.
     """
-    resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
+    resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
+    if resize == "none":
+        image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
+        return resize_fill(tf.ensure_shape(image, [None, None, 3]), size)
     fit = functools.partial(_fit_file, size=tuple(size), mode=resize)
     image = tf.numpy_function(fit, [data], tf.uint8, stateful=False)
     return tf.ensure_shape(image, [size[0], size[1], 3])
@@ -552,7 +559,13 @@ def _decoder(src: Source, size: tuple[int, int], resize: str = "fill", fit=None)
                 tf.io.decode_raw(ex[schema.IMAGE], tf.uint8), tf.concat([hw, [3]], axis=0)
             )
         else:
-            image = tf.io.decode_image(ex[schema.IMAGE], channels=3, expand_animations=False)
+            data = ex[schema.IMAGE]
+            # JPEG with the accurate DCT, as records of one size (and PIL, for predict) are.
+            image = tf.cond(
+                tf.io.is_jpeg(data),
+                lambda: tf.io.decode_jpeg(data, channels=3, dct_method=DCT_METHOD),
+                lambda: tf.io.decode_image(data, channels=3, expand_animations=False),
+            )
         return resize_fill(image, size), label
 
     decode_record.parse_spec = spec

@@ -166,9 +166,10 @@ def evaluate(
         split=split,
         skip_corrupt=skip_corrupt,
         # New photos in a folder are fitted as the run's records were (at their size,
-        # then resized to the model's as records are), as predict does.
+        # then resized to the model's as records are; records at the photos' own sizes
+        # are only resized), as predict does.
         resize=run.fit_mode,
-        fit_size=run.records_size,
+        fit_size=run.records_size if run.fit_mode != "none" else None,
     )
     model = load_model(run)
     skipped_before = SKIPPED.skipped

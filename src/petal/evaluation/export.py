@@ -4,13 +4,15 @@ The SavedModel's default signature ``serve(image_bytes)`` takes a batch of encod
 (``tf.string [N]``: JPEG, PNG, GIF, BMP or WebP), decodes them as ``petal predict`` does
 (JPEG with the accurate integer DCT and its EXIF orientation applied, PNG transparency
 composited on white), fits them to the records' size the way the converter did (``fill``:
-scale to cover and crop the centre), resizes to the model's input, normalizes and returns
+scale to cover and crop the centre), resizes to the model's input as the input pipeline
+does (records of ``--resize none``, at the photos' own sizes, only that), normalizes and returns
 ``probabilities [N, classes]``, ``label [N]`` (string) and ``score [N]``: phone photos,
 stored sideways with an orientation tag, are classified upright. A second signature,
 ``serve_pixels(images)``, takes float pixels in 0..255 at the model's size; it is the one
 converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
 transparency in GIF and BMP (dropped, where predict composites it on white) and EXIF tags in
-formats other than JPEG. WebP transparency is composited on white as predict does.
+formats other than JPEG. WebP transparency is composited on white as predict does; an
+animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow's decoder.
 """
 
 from __future__ import annotations
@@ -65,28 +67,63 @@ def _fit_tf(image, size: tuple[int, int], mode: str):
     return tf.image.resize_with_crop_or_pad(image, th, tw)
 
 
-# Bytes of a JPEG searched for its EXIF segment (APP1 comes before the image data, and its
-# orientation tag in the first directory), and the directory entries looked at.
-_EXIF_SCAN_BYTES = 1 << 16
-_EXIF_MAX_SEGMENTS = 32
+# JPEG marker segments walked to find the EXIF one (it comes first in practice, but ICC
+# profiles (several APP2 segments of up to 64 KiB each), XMP and maker data may come before
+# it; each step reads a 10-byte segment header, and the walk stops at the image data), and
+# the orientation's directory entries looked at.
+_EXIF_MAX_SEGMENTS = 1024
 _EXIF_MAX_ENTRIES = 64
 _ORIENTATION_TAG = 0x0112
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _bytes_at(data, pos, count: int, size):
+    """``count`` bytes of ``data`` from ``pos`` as int32, -1 past its end (``size`` bytes)."""
+    import tensorflow as tf
+
+    part = tf.strings.substr(data, tf.clip_by_value(pos, 0, size), count)
+    raw = tf.cast(tf.io.decode_raw(part, tf.uint8), tf.int32)
+    return tf.concat([raw, tf.fill([count], -1)], 0)[:count]
 
 
 def exif_orientation(data):
     """The EXIF orientation (1-8) of JPEG bytes (scalar string), 1 where there is none.
 
     TensorFlow ops only, so that it runs inside a SavedModel: walks the JPEG's marker
-    segments to the ``Exif`` APP1 segment, reads the TIFF header's byte order and the first
-    image directory, and takes tag 0x0112 from it, as PIL's ``getexif`` does.
+    segments to the first ``Exif`` APP1 segment (however much ICC profile or other metadata
+    comes before it), reads the TIFF header's byte order and the first image directory
+    inside that segment, and takes tag 0x0112 from it, as PIL's ``getexif`` does.
     """
     import tensorflow as tf
 
-    head = tf.strings.substr(data, 0, _EXIF_SCAN_BYTES)
-    raw = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int32)
+    size = tf.strings.length(data)
+    exif_id = tf.constant([0x45, 0x78, 0x69, 0x66, 0, 0])  # "Exif\0\0"
+
+    def segment(k, pos, tiff, tiff_size):
+        head = _bytes_at(data, pos, 10, size)  # marker, length, the first 6 bytes inside
+        marker, length = head[1], head[2] * 256 + head[3]
+        is_exif = (marker == 0xE1) & (length >= 8) & tf.reduce_all(head[4:] == exif_id)
+        tiff = tf.where(is_exif, pos + 10, tiff)
+        tiff_size = tf.where(is_exif, length - 8, tiff_size)
+        # Stop at the image data (SOS) or at anything that is not a marker segment.
+        stop = (head[0] != 0xFF) | (marker == 0xDA) | (length < 2)
+        return k + 1, tf.where(stop, size, pos + 2 + length), tiff, tiff_size
+
+    def more(k, pos, tiff, tiff_size):
+        return (k < _EXIF_MAX_SEGMENTS) & (pos + 4 <= size) & (tiff < 0)
+
+    start = _bytes_at(data, 0, 2, size)
+    is_jpeg = (start[0] == 0xFF) & (start[1] == 0xD8)
+    _, _, tiff, tiff_size = tf.while_loop(
+        more,
+        segment,
+        (tf.constant(0), tf.where(is_jpeg, 2, size), tf.constant(-1), tf.constant(0)),
+    )
+    # The TIFF data of the segment (at most 64 KiB); offsets inside it count from its start.
+    block = tf.strings.substr(data, tf.clip_by_value(tiff, 0, size), tf.maximum(tiff_size, 0))
+    raw = tf.cast(tf.io.decode_raw(block, tf.uint8), tf.int32)
     n = tf.size(raw)
-    raw = tf.concat([raw, [-1]], 0)  # byte(i) reads -1 outside the data, even for b""
+    raw = tf.concat([raw, [-1]], 0)  # byte(i) reads -1 outside the block, even for b""
 
     def byte(i):
         return tf.gather(raw, tf.where((i >= 0) & (i < n), i, n))
@@ -94,24 +131,7 @@ def exif_orientation(data):
     def u16_big(i):
         return byte(i) * 256 + byte(i + 1)
 
-    exif_id = tf.constant([0x45, 0x78, 0x69, 0x66, 0, 0])  # "Exif\0\0"
-
-    def segment(k, pos, tiff):
-        marker, length = byte(pos + 1), u16_big(pos + 2)
-        is_exif = (marker == 0xE1) & tf.reduce_all(byte(pos + 4 + tf.range(6)) == exif_id)
-        tiff = tf.where(is_exif, pos + 10, tiff)
-        # Stop at the image data (SOS) or at anything that is not a marker segment.
-        stop = (byte(pos) != 0xFF) | (marker == 0xDA) | (length < 2)
-        return k + 1, tf.where(stop, n, pos + 2 + length), tiff
-
-    def more(k, pos, tiff):
-        return (k < _EXIF_MAX_SEGMENTS) & (pos + 4 <= n) & (tiff < 0)
-
-    is_jpeg = (byte(0) == 0xFF) & (byte(1) == 0xD8)
-    _, _, tiff = tf.while_loop(
-        more, segment, (tf.constant(0), tf.where(is_jpeg, 2, n), tf.constant(-1))
-    )
-    little = (byte(tiff) == 0x49) & (byte(tiff + 1) == 0x49)  # "II"
+    little = (byte(0) == 0x49) & (byte(1) == 0x49)  # "II"
 
     def u16(i):
         return tf.where(little, byte(i) + byte(i + 1) * 256, u16_big(i))
@@ -120,12 +140,12 @@ def exif_orientation(data):
         lo, hi = u16(tf.where(little, i, i + 2)), u16(tf.where(little, i + 2, i))
         return tf.where((hi >= 0) & (hi < 0x8000), hi * 65536 + lo, -1)
 
-    ifd = tiff + u32(tiff + 4)
+    ifd = u32(4)
     count = u16(ifd)
     entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
     found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
     value = tf.reduce_max(tf.where(found, u16(entry + 8), 0))
-    valid = (tiff >= 0) & (u32(tiff + 4) >= 8) & (value >= 1) & (value <= 8)
+    valid = (tiff >= 0) & (ifd >= 8) & (value >= 1) & (value <= 8)
     return tf.where(valid, value, 1)
 
 
@@ -154,6 +174,41 @@ def png_colour_key(data):
 
     start = (tf.constant(0), tf.constant(len(_PNG_SIGNATURE)), tf.constant(False), size < 8)
     return tf.while_loop(more, chunk, start)[2]
+
+
+# No image file is shorter (a GIF of one pixel has 26 bytes): a shorter input is refused with
+# that reason, before the format checks read past its end.
+_MIN_IMAGE_BYTES = 8
+# RIFF chunks of a WebP walked to find its animation chunk (they come before the image data).
+_WEBP_MAX_CHUNKS = 16
+
+
+def webp_animated(data):
+    """Whether WebP bytes (scalar string) hold an animation: the animation flag of their
+    ``VP8X`` header, or an ``ANIM``/``ANMF`` chunk before the image data."""
+    import tensorflow as tf
+
+    size = tf.strings.length(data)
+    flags = tf.maximum(_bytes_at(data, 20, 1, size)[0], 0)  # of a VP8X first chunk
+    flagged = tf.equal(tf.strings.substr(data, tf.minimum(12, size), 4), b"VP8X") & (
+        tf.bitwise.bitwise_and(flags, 0x02) != 0
+    )
+
+    def chunk(k, pos, found, done):
+        kind = tf.strings.substr(data, tf.clip_by_value(pos, 0, size), 4)
+        raw = _bytes_at(data, pos + 4, 4, size)
+        length = ((raw[3] * 256 + raw[2]) * 256 + raw[1]) * 256 + raw[0]
+        found = tf.equal(kind, "ANIM") | tf.equal(kind, "ANMF")
+        image = tf.equal(kind, "VP8 ") | tf.equal(kind, "VP8L") | tf.equal(kind, "ALPH")
+        done = found | image | (pos + 8 > size) | (length < 0) | (length > size - pos - 8)
+        # Chunks are padded to an even length.
+        return k + 1, pos + 8 + length + length % 2, found, done
+
+    def more(k, pos, found, done):
+        return tf.logical_not(done) & (k < _WEBP_MAX_CHUNKS)
+
+    start = (tf.constant(0), tf.constant(12), tf.constant(False), size < 20)
+    return flagged | tf.while_loop(more, chunk, start)[2]
 
 
 def apply_orientation(image, orientation):
@@ -221,17 +276,39 @@ def decode_like_predict(data):
         return tf.cond(colour_key, keyed, lambda: stored(image))
 
     def webp():
-        # As stored (RGB or RGBA): TensorFlow's WebP decoder refuses 3 channels of an RGBA
-        # file, and predict composites its transparency on white.
-        return stored(tf.io.decode_image(data, channels=0, expand_animations=False))
+        # Never handed to TensorFlow's decoder when animated: TensorFlow 2.21's corrupts the
+        # process's memory on animated WebP (it crashes the server) unless asked for 4
+        # channels, and predict would take the first frame, which TensorFlow cannot.
+        refuse = tf.debugging.Assert(
+            tf.logical_not(webp_animated(data)),
+            ["animated WebP is not supported by the SavedModel; send a still image (its "
+             "first frame)"],
+        )
+        with tf.control_dependencies([refuse]):
+            # As stored (RGB or RGBA): TensorFlow's WebP decoder refuses 3 channels of an
+            # RGBA file, and predict composites its transparency on white.
+            return stored(
+                tf.io.decode_image(tf.identity(data), channels=0, expand_animations=False)
+            )
 
     def other():
         return tf.io.decode_image(data, channels=3, expand_animations=False)
 
-    head = tf.strings.substr(data, 0, len(_PNG_SIGNATURE))
-    is_webp = tf.equal(tf.strings.substr(data, 0, 4), b"RIFF") & tf.equal(
-        tf.strings.substr(data, 8, 4), b"WEBP"
+    size = tf.strings.length(data)
+    short = tf.debugging.Assert(
+        size >= _MIN_IMAGE_BYTES,
+        [tf.strings.format(
+            "the image is empty or too short to be one ({} bytes); send the bytes of an "
+            "image file",
+            size,
+        )],
     )
+    with tf.control_dependencies([short]):
+        head = tf.strings.substr(data, 0, 12)
+    is_webp = tf.equal(tf.strings.substr(head, 0, 4), b"RIFF") & tf.equal(
+        tf.strings.substr(head, 8, 4), b"WEBP"
+    )
+    head = tf.strings.substr(head, 0, len(_PNG_SIGNATURE))
     image = tf.case(
         [
             (tf.io.is_jpeg(data), jpeg),
@@ -254,6 +331,10 @@ def make_preprocess(run: RunInfo):
 
     def preprocess(data):
         image = decode_like_predict(data)
+        if mode == "none":
+            # Records of images at their own sizes: the input pipeline resizes each.
+            image = resize_fill(image, run.image_size)
+            return normalize(image, run.normalization)
         image = _fit_tf(tf.cast(image, tf.float32), records, mode)
         # The converter stores uint8, truncated like its tf.cast.
         image = tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)

@@ -2,7 +2,8 @@
 
 New images go through the same steps as the training images: decoded and fitted to the
 records' size exactly as the converter did (EXIF orientation, RGB, the run's resize mode),
-resized to the model's input size when training used another size, then normalized.
+resized to the model's input size as the input pipeline resizes records of another size
+(records of ``--resize none``, at the photos' own sizes, all of them), then normalized.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def _decode(
         raise _Unreadable(f"{err}: --max-pixels N reads larger images") from None
     except image_io.ImageError as err:
         raise _Unreadable(str(err)) from None
-    size = run.records_size or run.image_size
-    pixels = image_io.resize(pixels, size, run.fit_mode)
-    if tuple(pixels.shape[:2]) != run.image_size:
-        # Records at another size than the model's: resize as the input pipeline does.
+    if run.fit_mode != "none":
+        pixels = image_io.resize(pixels, run.records_size or run.image_size, run.fit_mode)
+    if run.fit_mode == "none" or tuple(pixels.shape[:2]) != run.image_size:
+        # Records at their own sizes, or at another size than the model's: resize as the
+        # input pipeline does.
         from petal.data.pipeline import resize_fill
 
         pixels = resize_fill(pixels, run.image_size).numpy()

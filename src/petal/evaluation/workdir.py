@@ -36,7 +36,8 @@ class RunInfo:
         image_size: (height, width) the model takes.
         normalization: pixel scaling (``unit``, ``symmetric``, ``imagenet``, ``raw``).
         resize: how source images were fitted to the records' size (``fill``, ``pad``,
-            ``stretch``); reused for new images at predict and export time.
+            ``stretch``, or ``none``: kept at their own sizes); reused for new images at
+            predict and export time.
         records_size: (height, width) of the training records, or None when they varied.
     """
 
@@ -54,9 +55,10 @@ class RunInfo:
 
     @property
     def fit_mode(self) -> str:
-        """How new images are fitted to the records' size: the records' own mode, "fill"
-        for records stored at their original sizes."""
-        return self.resize if self.resize != "none" else "fill"
+        """How new images are fitted as the records were: the records' own mode; "none"
+        (records at the photos' own sizes) means the input pipeline's
+        :func:`~petal.data.pipeline.resize_fill` to the model's size, as it resizes those."""
+        return self.resize
 
 
 def check_not_in_the_way(target: Path, folder: bool, writes: str, fix: str) -> None:
