@@ -209,6 +209,16 @@ def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
         "petal train: interrupted",
     ]
 
+    # Stopped once its last files were written: a resume had "nothing to do".
+    (tmp_path / "my run" / "model.keras").write_text("model")
+    (tmp_path / "my run" / "metrics.json").write_text('{"epochs_completed": 3}')
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal train: the run is complete: its 3 epochs, model.keras and metrics.json are "
+        f"saved in {tmp_path / 'my run'}",
+        "petal train: interrupted",
+    ]
+
 
 def test_train_help_names_every_strategy(capsys):
     """`default` is accepted but was left out of the help."""

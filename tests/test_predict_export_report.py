@@ -419,6 +419,8 @@ def test_report_says_when_a_resume_did_not_finish(trained, tmp_path, capsys):
     last = history.read_text().strip().splitlines()[-1].split(",")
     last[0] = str(done + 1)  # one more epoch, trained by the resume
     history.write_text(history.read_text() + ",".join(last) + "\n")
+    state = json.loads((run / "state.json").read_text())
+    (run / "state.json").write_text(json.dumps({**state, "epoch": done + 1}))
     capsys.readouterr()
     build_report(run)
     said = (f"{run / 'metrics.json'} describes the run after epoch {done}; it was resumed and "
@@ -426,6 +428,68 @@ def test_report_says_when_a_resume_did_not_finish(trained, tmp_path, capsys):
             f"them): finish it with `petal train --workdir {run} --resume`.")
     assert f"petal report: warning: {said}" in capsys.readouterr().err
     assert "<b>Not finished:</b>" in (run / "report.html").read_text()
+
+
+def test_report_leaves_out_an_epoch_the_run_did_not_save(trained, tmp_path, capsys,
+                                                          monkeypatch):
+    """history.csv gets an epoch's row before its checkpoint: interrupted in between, the
+    report plotted an epoch that --resume trains again."""
+    from petal.evaluation import plots
+    from petal.evaluation.report import build_report
+
+    drawn = []
+    real = plots.plot_history
+    monkeypatch.setattr(plots, "plot_history",
+                        lambda rows, out: drawn.append([r["epoch"] for r in rows]) or real(rows, out))
+    run = _copy_run(trained, tmp_path / "run")
+    done = json.loads((run / "state.json").read_text())["epoch"]
+    history = run / "history.csv"
+    last = history.read_text().strip().splitlines()[-1].split(",")
+    last[0] = str(done + 1)
+    history.write_text(history.read_text() + ",".join(last) + "\n")
+    said = (f"{history} holds epoch {done + 1}, which the run did not save (it stopped before "
+            f"the checkpoint): left out of this report; `petal train --workdir {run} --resume` "
+            "trains it again.")
+    for finished in (True, False):  # resumed and interrupted; interrupted before its end
+        if not finished:
+            (run / "metrics.json").unlink()
+        capsys.readouterr()
+        build_report(run)
+        assert drawn.pop() == list(range(1, done + 1))
+        assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+        page = (run / "report.html").read_text()
+        assert "<b>Not saved:</b>" in page and "Not finished" not in page
+    # A start interrupted in its first epoch saved none.
+    (run / "state.json").unlink()
+    build_report(run)
+    assert not drawn and "No epoch has finished yet" in (run / "report.html").read_text()
+
+
+def test_a_run_still_training_elsewhere_is_not_told_to_resume(trained, tmp_path, capsys):
+    """`petal evaluate` said to resume it, which is refused while the run trains."""
+    import socket
+    import subprocess
+    import sys
+
+    from petal.cli import main
+    from petal.running import RUNNING_FILE
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "model.keras").unlink()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / RUNNING_FILE).write_text(json.dumps(
+            {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}))
+        assert main(["evaluate", str(run)]) == 2
+        assert capsys.readouterr().err == (
+            f"petal evaluate: error: {run} has no model.keras yet: the run is still training "
+            f"(process {live.pid} on {socket.gethostname()} is training in it); run this again "
+            "when it finishes.\n")
+    finally:
+        live.kill()
+        live.wait()
+    assert main(["evaluate", str(run)]) == 2  # the process has ended: resume it
+    assert "the run has not finished. Resume it with" in capsys.readouterr().err
 
 
 def test_a_model_file_that_is_a_folder_is_named_as_such(trained, tmp_path):

@@ -22,6 +22,9 @@ from petal.training.loop import (
 )
 from test_train import QUIET
 
+# What every config.json of petal train holds (another program's is not a run of petal's).
+PETAL_CONFIG = json.dumps({"model": "dense", "resolved": {"classes": ["a", "b"]}})
+
 
 def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     small_records, tmp_path, monkeypatch
@@ -101,7 +104,7 @@ def test_resume_of_a_folder_without_a_run_says_it_is_not_a_run(small_records, tm
 def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path):
     run = tmp_path / "run"
     (run / "tensorboard" / "train").mkdir(parents=True)
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(PETAL_CONFIG)
     (run / "history.csv").write_text("epoch,loss\n")
     (run / "notes.txt").write_text("mine")
     prepare_workdir(run, resume=False, overwrite=False, clear=False)  # checks only
@@ -113,14 +116,14 @@ def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path)
     assert (run / "notes.txt").read_text() == "mine"  # not petal's: kept
     assert lines and "completed no epoch" in lines[0]
 
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(PETAL_CONFIG)
     (run / "state.json").write_text('{"epoch": 0}')
     prepare_workdir(run, resume=False, overwrite=False)  # no epoch completed either
     assert not (run / "state.json").exists()
 
     # Anything that holds training (or came after it) still needs --resume or --overwrite.
     for extra in ("last.keras", "best.weights.h5", "model.keras", "state.json", "eval"):
-        (run / "config.json").write_text("{}")
+        (run / "config.json").write_text(PETAL_CONFIG)
         if extra == "eval":
             (run / "eval").mkdir()
         elif extra == "state.json":
@@ -132,6 +135,44 @@ def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path)
         prepare_workdir(run, resume=False, overwrite=True)
 
 
+def test_a_folder_with_another_programs_config_json_is_neither_a_run_nor_deleted(tmp_path):
+    """A settings file named config.json made the folder "a run that completed no epoch":
+    it was replaced and the files in plots/ and tensorboard/ deleted without --overwrite."""
+    proj = tmp_path / "proj"
+    (proj / "plots").mkdir(parents=True)
+    (proj / "tensorboard").mkdir()
+    mine = {"config.json": '{"my": "app settings"}', "plots/figure1.png": "png",
+            "tensorboard/other_events": "events", "notes.txt": "notes"}
+    for name, text in mine.items():
+        (proj / name).write_text(text)
+    with pytest.raises(PetalError) as caught:
+        prepare_workdir(proj, resume=False, overwrite=False, log=print)
+    assert str(caught.value) == (
+        f"{proj} holds files that are not a petal run ({proj / 'config.json'} was not "
+        "written by petal train); pass another --workdir, or --overwrite to replace it.")
+    assert {name: (proj / name).read_text() for name in mine} == mine
+    # --overwrite (and the replacement of a failed start) delete what a run writes there,
+    # and keep the rest.
+    (proj / "history.csv").write_text("epoch,loss\n")
+    (proj / "plots" / "curves.png").write_text("petal's")
+    (proj / "tensorboard" / "train").mkdir()
+    (proj / "tensorboard" / "train" / "events.out").write_text("petal's")
+    prepare_workdir(proj, resume=False, overwrite=True)
+    assert sorted(p.relative_to(proj).as_posix() for p in proj.rglob("*")) == [
+        "notes.txt", "plots", "plots/figure1.png", "tensorboard", "tensorboard/other_events"]
+    (proj / "config.json").write_text(PETAL_CONFIG)
+    (proj / "plots" / "lr.png").write_text("petal's")
+    prepare_workdir(proj, resume=False, overwrite=False)  # a failed start: replaced
+    assert not (proj / "config.json").exists() and not (proj / "plots" / "lr.png").exists()
+    assert (proj / "plots" / "figure1.png").exists()
+    # Folders that hold nothing else go with the run.
+    (proj / "plots" / "figure1.png").unlink()
+    (proj / "tensorboard" / "other_events").unlink()
+    (proj / "tensorboard" / "validation").mkdir()
+    prepare_workdir(proj, resume=False, overwrite=True)
+    assert sorted(p.name for p in proj.iterdir()) == ["notes.txt"]
+
+
 def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tmp_path):
     import socket
     import subprocess
@@ -139,7 +180,7 @@ def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tm
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(PETAL_CONFIG)
     (run / "history.csv").write_text("epoch,loss\n")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -172,7 +213,7 @@ def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tm
     prepare_workdir(run, resume=False, overwrite=False)
     assert not (run / "config.json").exists()
     # A marker of this very process (a second train() call) does not block either.
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(PETAL_CONFIG)
     (run / RUNNING_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     prepare_workdir(run, resume=False, overwrite=False)
     assert not (run / "config.json").exists()
@@ -234,7 +275,7 @@ def test_a_run_whose_checkpoints_were_deleted_is_no_failed_start(tmp_path):
     by a plain start once a report's files no longer marked a run."""
     run = tmp_path / "run"
     (run / "plots").mkdir(parents=True)
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(PETAL_CONFIG)
     (run / "history.csv").write_text("epoch,loss\n1,1.0\n2,0.9\n3,0.8\n")
     (run / "metrics.json").write_text(json.dumps({"epochs_completed": 3}))
     (run / "report.html").write_text("<html></html>")

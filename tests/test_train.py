@@ -822,3 +822,189 @@ def test_resuming_a_run_without_a_saved_epoch_says_it_starts_over(small_records,
     train(cfg, workdir, resume=True, log=lines.append)
     assert lines == [f"petal train: {workdir} already completed 1 epoch; nothing to do (to "
                      "train it further, pass --epochs 2 or more)"]
+
+
+_SIGNAL_IN_A_SAVE = """
+import os, signal, sys
+from keras.src.saving import saving_lib
+from petal.cli import main
+
+real_save = saving_lib._save_model_to_fileobj
+saves = []
+
+
+def save(*args, **kwargs):
+    # Keras opens the weight store inside a bare `except:`: the signal is raised there.
+    saves.append(1)
+    if len(saves) == {nth}:
+        real_init = saving_lib.H5IOStore.__init__
+
+        def init(self, *a, **k):
+            saving_lib.H5IOStore.__init__ = real_init
+            os.kill(os.getpid(), signal.{signame})
+            return real_init(self, *a, **k)
+
+        saving_lib.H5IOStore.__init__ = init
+    return real_save(*args, **kwargs)
+
+
+saving_lib._save_model_to_fileobj = save
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("nth", "signame", "status", "said"),
+    [
+        # Epoch 2's last.keras: it was swallowed, and training ran on to exit 0.
+        (2, "SIGTERM", 143, "terminated"),
+        # model.keras, after the 3 epochs: the run is complete.
+        (4, "SIGINT", 130, "interrupted"),
+    ],
+)
+def test_a_signal_while_keras_saves_stops_training_once_the_epoch_is_saved(
+    small_records, tmp_path, nth, signame, status, said
+):
+    script = tmp_path / "run.py"
+    script.write_text(_SIGNAL_IN_A_SAVE.replace("{nth}", str(nth)).replace("{signame}", signame))
+    workdir = tmp_path / "run"
+    argv = ["train", "--preset", "quick", "--data", str(small_records), "--workdir",
+            str(workdir), "--epochs", "3", "--batch-size", "10", "--image-size", "32",
+            "--precision", "float32", "--set", "steps_per_epoch=2", "--set", "tensorboard=false"]
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True,
+                          timeout=300, start_new_session=True)
+    assert done.returncode == status, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines[-1] == f"petal train: {said}"
+    if nth == 2:
+        assert json.loads((workdir / "state.json").read_text())["epoch"] == 2
+        assert lines[-2] == (f"petal train: epoch 2 is saved; continue with `petal train "
+                             f"--resume --workdir {workdir}`")
+        assert not (workdir / "model.keras").exists()
+    else:  # the signal waited for metrics.json too: resuming has nothing to do
+        assert (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file()
+        assert lines[-2] == (f"petal train: the run is complete: its 3 epochs, model.keras "
+                             f"and metrics.json are saved in {workdir}")
+
+
+def test_best_weights_are_those_of_the_best_epoch_state_json_names(tmp_path, monkeypatch):
+    """best.weights.h5 was replaced before last.keras and state.json: an interruption in
+    between left the weights of an epoch that the resume threw away, while metrics.json
+    named another best epoch."""
+    import os
+    import signal
+
+    import keras
+
+    from petal.training import callbacks
+    from petal.training.callbacks import Checkpointer
+
+    def weights_of(path):
+        probe = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        probe.load_weights(path)
+        return probe.get_weights()[0]
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    state = {"epoch": 0, "best_epoch": 0, "best_val_accuracy": -1.0}
+    checkpointer = Checkpointer(tmp_path, state)
+    checkpointer.set_model(model)
+    checkpointer.on_epoch_end(0, {"val_accuracy": 0.5})
+    first = model.get_weights()[0].copy()
+    np.testing.assert_array_equal(weights_of(tmp_path / "best.weights.h5"), first)
+
+    # Interrupted before state.json of epoch 2 (a better one) is written.
+    model.set_weights([w + 1 for w in model.get_weights()])
+    real = callbacks.write_json
+
+    def write_json(path, data):
+        raise _Interrupt("before state.json")
+
+    monkeypatch.setattr(callbacks, "write_json", write_json)
+    with pytest.raises(_Interrupt):
+        checkpointer.on_epoch_end(1, {"val_accuracy": 0.9})
+    assert json.loads((tmp_path / "state.json").read_text())["best_epoch"] == 1
+    np.testing.assert_array_equal(weights_of(tmp_path / "best.weights.h5"), first)
+
+    # Ctrl-C while the best weights are written waits for state.json, then stops.
+    monkeypatch.setattr(callbacks, "write_json", real)
+    real_save = model.save_weights
+
+    def save_weights(path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_save(path, *args, **kwargs)
+
+    monkeypatch.setattr(model, "save_weights", save_weights)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer.on_epoch_end(1, {"val_accuracy": 0.9})
+    assert json.loads((tmp_path / "state.json").read_text())["best_epoch"] == 2
+    np.testing.assert_array_equal(weights_of(tmp_path / "best.weights.h5"), first + 1)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_an_epochs_tensorboard_scalars_are_written_before_it_is_saved(
+    small_records, tmp_path, monkeypatch
+):
+    """They were written after state.json: a signal in between lost them for good, as the
+    resume does not train a saved epoch again."""
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    from petal.training import callbacks
+
+    real = callbacks.write_json
+
+    def write_json(path, data):
+        real(path, data)
+        if Path(path).name == "state.json":
+            raise _Interrupt("just after state.json")
+
+    monkeypatch.setattr(callbacks, "write_json", write_json)
+    workdir = tmp_path / "run"
+    with pytest.raises(_Interrupt):
+        train(tiny_config(small_records, model="dense", tensorboard=True), workdir, **QUIET)
+    assert json.loads((workdir / "state.json").read_text())["epoch"] == 1
+    tags = set()
+    for events in (workdir / "tensorboard").glob("*/events.*"):
+        for record in tf.data.TFRecordDataset(str(events)):
+            event = event_pb2.Event.FromString(record.numpy())
+            tags |= {(event.step, f"{events.parent.name}/{v.tag}") for v in event.summary.value}
+    assert {(1, "train/epoch_loss"), (1, "validation/epoch_accuracy")} <= tags
+
+
+def test_resuming_for_more_epochs_says_the_cosine_schedule_is_rebuilt(small_records, tmp_path):
+    """Its rate went from the end of a decay back up near the peak, unsaid."""
+    from petal.training.callbacks import read_history
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", schedule="warmup_cosine",
+                      schedule_options={"warmup_epochs": 0.5})
+    train(cfg, run, **QUIET)
+    lines = []
+    train(cfg.replace(epochs=3), run, resume=True, log=lines.append)
+    rows = read_history(run / "history.csv")
+    assert rows[2]["lr"] > rows[1]["lr_end"]  # back up the decay
+    assert (f"petal train: warning: the warmup_cosine schedule is rebuilt for 3 epochs (it was "
+            f"built for 2): the learning rate goes from {rows[1]['lr_end']:.3g} at the end of "
+            f"epoch 2 to {rows[2]['lr']:.3g} at epoch 3 (a new run follows one schedule over all "
+            "its epochs)") in lines
+    # Not when the rate goes on as it was: the same epochs, or a decay not yet begun.
+    cfg = cfg.replace(epochs=4, schedule_options={"warmup_epochs": 2})
+    with pytest.raises(_Interrupt):
+        train(cfg, tmp_path / "more", log=_interrupt_at("epoch 1/4"))
+    for epoch, epochs in ((2, 4), (3, 6)):
+        lines = []
+        with pytest.raises(_Interrupt):
+            train(cfg.replace(epochs=epochs), tmp_path / "more", resume=True,
+                  log=_kept_until(lines, f"epoch {epoch}/{epochs}"))
+        assert not [line for line in lines if "rebuilt" in line], lines
+
+
+def _kept_until(lines: list[str], prefix: str):
+    """A log function that keeps the lines and raises at ``prefix`` (see _interrupt_at)."""
+    stop = _interrupt_at(prefix)
+
+    def log(line: str) -> None:
+        lines.append(line)
+        stop(line)
+
+    return log

@@ -420,11 +420,19 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _print_resume_hint(workdir: str) -> None:
-    """After Ctrl-C: say how to continue from the last saved epoch, if one was saved."""
+    """After Ctrl-C: say how to continue from the last saved epoch, if one was saved (or
+    that the run is complete, when it was stopped after its last file)."""
     import shlex
 
-    from petal.training.loop import saved_epoch
+    from petal.training.loop import finished_epochs, saved_epoch
 
+    if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
+        print(
+            f"petal train: the run is complete: its {done} epochs, model.keras and "
+            f"metrics.json are saved in {workdir}",
+            file=sys.stderr,
+        )
+        return
     epoch = saved_epoch(workdir)
     if epoch:
         print(
@@ -661,23 +669,10 @@ def start_tensorflow_quietly() -> None:
     """
     if "tensorflow" in sys.modules:
         return
-    if threading.current_thread() is not threading.main_thread():  # no signals here
+    from petal.running import signals_held
+
+    with signals_held():
         _import_tensorflow()
-        return
-    caught: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        _import_tensorflow()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if signal.SIGTERM in caught:
-        raise _Terminated
-    if caught:
-        raise KeyboardInterrupt
 
 
 def _import_tensorflow() -> None:

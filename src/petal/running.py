@@ -5,6 +5,8 @@ with the first's.
 The marker holds ``{"pid": ..., "host": ..., "doing": ...}`` (what the holder does there,
 for the refusal: "training in it", "converting into it"); one left by a process that has died
 (same host, no such process) protects nothing and is taken over.
+
+:func:`signals_held` keeps Ctrl-C and SIGTERM from cutting such a process's writes short.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from petal.errors import PetalError
@@ -76,3 +80,31 @@ def mark_running(
                 path.unlink()
 
     return unmark
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is over, then are delivered to the handlers
+    that were in place (SIGTERM first, when both came).
+
+    Keras opens and loads a model file's weight store inside a bare ``except:``: the
+    exception of a signal raised there was swallowed and the save or load went on another
+    way (training ran on and exited 0). In a thread other than the main one, which receives
+    no signals, the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            # None: a handler not set from Python, which cannot be put back; the default.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if caught:
+            signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT)

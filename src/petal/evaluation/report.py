@@ -1,9 +1,9 @@
 """A single static ``report.html`` for a work directory, drawn from its saved files.
 
-Reads ``config.json``, ``metrics.json``, ``history.csv`` and, when ``petal evaluate`` has
-run, ``eval/eval.json`` with its image samples; redraws every plot into ``plots/`` and
-writes ``report.html`` referencing them by relative path (or embedding them, so the page
-can be mailed on its own).
+Reads ``config.json``, ``metrics.json``, ``history.csv`` (up to the epoch ``state.json`` says
+is saved) and, when ``petal evaluate`` has run, ``eval/eval.json`` with its image samples;
+redraws every plot into ``plots/`` and writes ``report.html`` referencing them by relative
+path (or embedding them, so the page can be mailed on its own).
 """
 
 from __future__ import annotations
@@ -147,6 +147,24 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             f"{history} holds {len(epochs_done)} epoch(s) but {workdir / 'metrics.json'} says "
             f"{completed} were completed; {retrain}"
         )
+    stopped = (metrics or {}).get("stopped")
+    saved = _saved_epoch(workdir, metrics)
+    if saved is not None and stopped and saved == completed:
+        saved = None  # history.csv holds the epoch a non-finite loss stopped: said below
+    if saved is not None and isinstance(completed, int):
+        saved = max(saved, completed)
+    unsaved = [row["epoch"] for row in epochs_done if saved is not None and row["epoch"] > saved]
+    not_saved = None
+    if unsaved:
+        # Interrupted before the epoch's checkpoint: --resume trains it again.
+        epochs_done = [row for row in epochs_done if row["epoch"] <= saved]
+        which = f"epoch {unsaved[0]}" if len(unsaved) == 1 else f"epochs {unsaved[0]}-{unsaved[-1]}"
+        not_saved = (
+            f"{history} holds {which}, which the run did not save (it stopped before the "
+            f"checkpoint): left out of this report; `petal train --workdir {workdir} --resume` "
+            "trains it again."
+        )
+        print(f"petal report: warning: {not_saved}", file=sys.stderr)
     figures: list[tuple[str, Path]] = []
     if epochs_done:  # no epoch finished yet: no curves to draw
         figures += [
@@ -203,7 +221,6 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             labels["mean_last5_val_accuracy"] = f"mean of last {completed} validation accuracies"
         rows = [(label, shown[key]) for key, label in labels.items() if key in shown]
         parts += ["<h2>Training</h2>", _table(rows)]
-        stopped = metrics.get("stopped")
         if stopped and isinstance(completed, int) and len(epochs_done) == completed + 1:
             # history.csv holds the epoch the loss stopped, which completed nothing.
             before = (
@@ -232,6 +249,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             parts.append(f"<p><b>Stopped:</b> {html.escape(str(stopped))}</p>")
     else:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
+    if not_saved is not None:
+        parts.append(f"<p><b>Not saved:</b> {html.escape(not_saved)}</p>")
     if evaluation is not None:
         model_file = workdir / "model.keras"
         if model_file.is_file() and model_file.stat().st_mtime > eval_json.stat().st_mtime:
@@ -255,6 +274,20 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
     out = workdir / "report.html"
     out.write_text("\n".join(parts) + "\n")
     return out
+
+
+def _saved_epoch(workdir: Path, metrics: dict | None) -> int | None:
+    """The last epoch the run checkpointed (``state.json``; 0 when a run that has not
+    finished has none): history.csv's rows after it are of an epoch cut short after its row
+    was written. None when not known."""
+    try:
+        state = json.loads((workdir / "state.json").read_text())
+    except FileNotFoundError:
+        return 0 if metrics is None else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
 def _eval_section(evaluation: dict) -> list[str]:

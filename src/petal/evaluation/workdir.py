@@ -184,6 +184,13 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
             "it away and resume or retrain the run."
         )
     if need_model and not (workdir / MODEL_FILE).is_file():
+        from petal.running import running_elsewhere
+
+        if who := running_elsewhere(workdir, "training in it"):  # --resume would be refused
+            raise PetalError(
+                f"{workdir} has no {MODEL_FILE} yet: the run is still training ({who}); "
+                "run this again when it finishes."
+            )
         raise PetalError(
             f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
             f"`petal train --workdir {workdir} --resume`."

@@ -7,7 +7,8 @@
 * :class:`ScalarLogger` writes the epoch scalars as TensorBoard event files.
 * :class:`Checkpointer` writes ``best.weights.h5`` when validation accuracy improves and
   ``last.keras`` (model + optimizer state) plus ``state.json`` after every epoch, each
-  through a temporary file so an interruption never leaves a half-written checkpoint.
+  through a temporary file so an interruption never leaves a half-written checkpoint, with
+  Ctrl-C and SIGTERM held until all of them are written.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import keras
 
 from petal.jsonfile import write_json
+from petal.running import signals_held
 
 HISTORY_FIELDS = (
     "epoch",
@@ -296,21 +298,38 @@ class Checkpointer(keras.callbacks.Callback):
         logs = logs or {}
         if self.nan_guard is not None and self.nan_guard.nan_epoch is not None:
             return
+        # Ctrl-C and SIGTERM wait for the epoch's files: Keras swallowed a signal raised
+        # while it opened a weight store (training went on), and a signal between two files
+        # left a best.weights.h5 of an epoch that state.json did not name.
+        with signals_held():
+            self._save(epoch, logs)
+
+    def _save(self, epoch: int, logs: dict) -> None:
+        best = self.workdir / "best.weights.h5"
+        state = {**self.state, "epoch": epoch + 1}  # ``self.state`` once it is written
         val_acc = logs.get("val_accuracy")
-        if val_acc is not None and float(val_acc) > self.state.get("best_val_accuracy", -1.0):
-            self.state["best_val_accuracy"] = float(val_acc)
-            self.state["best_epoch"] = epoch + 1
-            _atomic(self.workdir / "best.weights.h5", self.model.save_weights)
-        self.state["epoch"] = epoch + 1
+        improved = val_acc is not None and float(val_acc) > state.get("best_val_accuracy", -1.0)
+        if improved:
+            self.model.save_weights(str(_tmp(best)))
+            state["best_val_accuracy"] = float(val_acc)
+            state["best_epoch"] = epoch + 1
         if self.clock is not None:
-            self.state["wall_seconds"] = round(self.clock(), 2)
+            state["wall_seconds"] = round(self.clock(), 2)
         _atomic(self.workdir / "last.keras", self.model.save)
-        write_json(self.workdir / "state.json", self.state)
+        write_json(self.workdir / "state.json", state)
+        self.state.update(state)
+        if improved:
+            # Only once state.json names its epoch: a resume keeps the state's best.
+            os.replace(_tmp(best), best)
+
+
+def _tmp(path: Path) -> Path:
+    # Keras picks the format from the suffix, so the temporary name keeps it.
+    return path.with_name(f".tmp-{path.name}")
 
 
 def _atomic(path: Path, save: Callable[[str], None]) -> None:
-    # Keras picks the format from the suffix, so the temporary name keeps it.
-    tmp = path.with_name(f".tmp-{path.name}")
+    tmp = _tmp(path)
     save(str(tmp))
     os.replace(tmp, path)
 

@@ -22,6 +22,7 @@ codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
-from petal.running import RUNNING_FILE, mark_running, running_elsewhere
+from petal.running import RUNNING_FILE, mark_running, running_elsewhere, signals_held
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -62,6 +63,12 @@ RUN_FILES = (
     "report.html",
 )
 RUN_DIRS = ("tensorboard", "eval", "plots", "export")
+# What a run and its report write inside tensorboard/ and plots/: other files there are the
+# user's, and are kept (eval/ and export/ are written whole by petal evaluate and export).
+RUN_DIR_FILES = {
+    "tensorboard": ("train", "validation"),
+    "plots": ("curves.png", "lr.png", "confusion_matrix.png", "samples.png", "misclassified.png"),
+}
 
 
 @dataclass
@@ -108,6 +115,20 @@ def _in_use(workdir: Path, who: str) -> PetalError:
     )
 
 
+def _config_kind(workdir: Path) -> str:
+    """Who wrote ``workdir``'s ``config.json``: ``"petal"`` (petal train's always holds the
+    run's classes under ``resolved``), ``"other"`` (JSON without them: another program's
+    settings), ``"damaged"`` (not JSON) or ``"none"``."""
+    if not (workdir / "config.json").is_file():
+        return "none"
+    try:
+        saved = json.loads((workdir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "damaged"
+    resolved = saved.get("resolved") if isinstance(saved, dict) else None
+    return "petal" if isinstance(resolved, dict) and "classes" in resolved else "other"
+
+
 def _failed_start(workdir: Path, found: list[str]) -> bool:
     """Whether the run in ``workdir`` stopped before checkpointing any epoch.
 
@@ -117,6 +138,8 @@ def _failed_start(workdir: Path, found: list[str]) -> bool:
     """
     if not found or not set(found) <= _START_FILES:
         return False
+    if "config.json" in found and _config_kind(workdir) != "petal":
+        return False  # another program's folder, or a damaged run
     if _running_elsewhere(workdir):
         return False
     if any((workdir / name).exists() for name in RUN_DIRS if name in ("eval", "export")):
@@ -143,7 +166,17 @@ def _remove_run(workdir: Path) -> None:
         (workdir / name).unlink(missing_ok=True)
         (workdir / f".tmp-{name}").unlink(missing_ok=True)
     for name in RUN_DIRS:
-        shutil.rmtree(workdir / name, ignore_errors=True)
+        folder = workdir / name
+        if name not in RUN_DIR_FILES:
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        for entry in RUN_DIR_FILES[name]:
+            if (folder / entry).is_dir():
+                shutil.rmtree(folder / entry, ignore_errors=True)
+            else:
+                (folder / entry).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # left in place while it holds the user's files
+            folder.rmdir()
 
 
 def prepare_workdir(
@@ -183,6 +216,11 @@ def prepare_workdir(
             raise _not_a_run(workdir)
         return
     failed_start = bool(found) and not overwrite and _failed_start(workdir, found)
+    if not overwrite and _config_kind(workdir) == "other":
+        raise PetalError(
+            f"{workdir} holds files that are not a petal run ({workdir / 'config.json'} was not "
+            "written by petal train); pass another --workdir, or --overwrite to replace it."
+        )
     if found and not overwrite and not failed_start:
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
@@ -218,6 +256,20 @@ def saved_epoch(workdir: str | Path) -> int:
         return 0
     epoch = state.get("epoch") if isinstance(state, dict) else None
     return epoch if isinstance(epoch, int) else 0
+
+
+def finished_epochs(workdir: str | Path) -> int:
+    """The epochs of the run in ``workdir`` when it is complete (``model.keras``, and a
+    ``metrics.json`` of the epoch ``state.json`` saved); 0 otherwise."""
+    workdir = Path(workdir)
+    epoch = saved_epoch(workdir)
+    try:
+        metrics = json.loads((workdir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    done = metrics.get("epochs_completed") if isinstance(metrics, dict) else None
+    complete = epoch and done == epoch and "stopped" not in metrics
+    return epoch if complete and (workdir / "model.keras").is_file() else 0
 
 
 def absolute_data(data: str | None) -> str | None:
@@ -557,6 +609,44 @@ def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, rep
     return build_schedule("codelab_ramp", steps_per_epoch=steps, **opts)
 
 
+def _rebuilt_schedule(
+    cfg: TrainConfig, workdir: Path, start_epoch: int, peak, steps: int, replicas: int
+) -> str | None:
+    """What a resume for another number of epochs does to a schedule whose length follows
+    them (warmup_cosine): rebuilt, it moves the rate at the next epoch (up, after a decay
+    that was nearly over). None when the rate goes on as it would have."""
+    import keras
+
+    saved = resume_config(workdir).epochs
+    if saved == cfg.epochs or cfg.schedule != "warmup_cosine":
+        return None
+    if "total_epochs" in cfg.schedule_options:
+        return None
+    phase = next((p for p in _phases(cfg, peak) if p.start < start_epoch < p.end), None)
+    was_epochs = phase.end - phase.start - (cfg.epochs - saved) if phase else 0
+    if was_epochs < 1:
+        return None
+
+    def rate(epochs: int, step: int) -> float:
+        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas)
+        return float(keras.ops.convert_to_numpy(schedule(step)))
+
+    step = (start_epoch - phase.start) * steps
+    now, before = rate(phase.end - phase.start, step), rate(was_epochs, step)
+    if abs(now - before) <= 0.01 * max(abs(now), abs(before)):
+        return None
+    ended = next((r["lr_end"] for r in read_history(workdir / "history.csv", "drop")
+                  if r["epoch"] == start_epoch and not math.isnan(r["lr_end"])), None)
+    if ended is None:
+        ended = rate(was_epochs, step - 1)
+    return (
+        f"the warmup_cosine schedule is rebuilt for {_epochs(cfg.epochs)} (it was built "
+        f"for {saved}): the learning rate goes from {ended:.3g} at the end of epoch "
+        f"{start_epoch} to {now:.3g} at epoch {start_epoch + 1} (a new run follows one "
+        "schedule over all its epochs)"
+    )
+
+
 def _optimizer(cfg: TrainConfig, schedule):
     import keras
 
@@ -627,7 +717,8 @@ def train(
             (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
             normalization its weights learned and float16 loss scaling cannot change; the
             rest may (epochs, data with the same classes, batch size, strategy): the
-            schedule continues from the saved epoch at the new steps per epoch.
+            schedule continues from the saved epoch at the new steps per epoch (a
+            warmup_cosine one is rebuilt for new epochs, with a warning of the jump).
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
 
@@ -843,6 +934,12 @@ def train(
         + (f" (it ran {was_steps} steps/epoch)" if was_steps != steps else "")
     )
 
+    rebuilt = resume and start_epoch and _rebuilt_schedule(
+        cfg, workdir, start_epoch, peak, steps, replicas
+    )
+    if rebuilt:
+        log(f"petal train: warning: {rebuilt}")
+
     augment = cfg.augment
     if cfg.train_image_size and (cfg.train_image_size,) * 2 != tuple(image_size):
         # Decode (and cache) at the evaluation size; the random resized crop outputs the
@@ -984,14 +1081,15 @@ def train(
                 *([sync] if (sync := replica_stats_sync(model, replicas)) else []),
                 writer,
                 nan_guard,
+                # Before the checkpoint: an epoch saved is never trained again, so scalars
+                # written after it were lost for good to a signal in between.
+                *([ScalarLogger(workdir / "tensorboard")] if cfg.tensorboard else []),
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
                 # The epoch's line once it is saved: Ctrl-C just after a line seen used to
                 # lose that epoch (and name none to resume from).
                 writer.announcer(),
                 StepProgress(steps),
             ]
-            if cfg.tensorboard:
-                callbacks.append(ScalarLogger(workdir / "tensorboard"))
             if phase.name == "full":
                 log(
                     f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
@@ -1066,8 +1164,11 @@ def train(
         raise _non_finite_loss(
             workdir, where, cfg, resolved, int(state["epoch"]), nan_guard.nan_what
         )
-    model.save(str(workdir / "model.keras"))
-    write_json(workdir / "metrics.json", metrics)
+    # Keras swallowed a signal raised while it opened the file; and a resume takes a run
+    # with both files for finished, so they are written together.
+    with signals_held():
+        model.save(str(workdir / "model.keras"))
+        write_json(workdir / "metrics.json", metrics)
     earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
     command = {"eval": "evaluate", "export": "export"}  # what writes each folder
     if earlier:
@@ -1123,7 +1224,10 @@ def _load_checkpoint(model, workdir: Path) -> None:
 
     path = workdir / "last.keras"
     try:
-        model.load_weights(str(path))
+        # As for saving: Keras' loader of whole models opens the weight store in a bare
+        # `except:` that swallows a signal's exception (load_weights does not, so far).
+        with signals_held():
+            model.load_weights(str(path))
     except (zipfile.BadZipFile, EOFError, OSError) as err:
         raise PetalError(
             f"{path} cannot be read ({first_line(err)[:200]}); "
