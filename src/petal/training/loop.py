@@ -857,7 +857,9 @@ def train(
             augment=augment,
             cache=cfg.cache,
             shuffle_buffer=cfg.shuffle_buffer,
-            seed=cfg.seed + start_epoch,
+            seed=cfg.seed,
+            # A resumed run reads on where the interrupted one stopped: the same batches.
+            start_step=start_epoch * steps,
             deterministic=cfg.deterministic,
             normalization=normalization,
             input_context=ctx,
