@@ -34,7 +34,8 @@ Why this shape:
 - A deterministic pipeline reads pass after pass over the data, each pass a pipeline of its
   own whose file order and shuffle are keyed by the seed and the pass (see :func:`_passes`),
   so one started at a later step (``start_step``: a resumed run) yields exactly the batches
-  the same pipeline reaches there. Others keep tf.data's one reshuffling stream, where epoch
+  the same pipeline reaches there, whatever the global seed (``tf.random.set_seed``). Other
+  pipelines, and data read over http, keep tf.data's one reshuffling stream, where epoch
   ``k``'s order is the ``k``-th reshuffle.
 """
 
@@ -174,8 +175,8 @@ def train_dataset(
             function of ``seed`` and the pass, and each batch its augmentation, a function
             of ``seed`` and the batch's step; whole passes are skipped without reading them
             and the rest of a pass before decoding. (Not exact for records or files that
-            ``skip_corrupt`` drops, which shorten their passes, nor for an uncached store
-            over http.) Other pipelines start their shuffles and draws afresh.
+            ``skip_corrupt`` drops, which shorten their passes, nor for data read over
+            http.) Other pipelines start their shuffles and draws afresh.
 
     Returns:
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
@@ -232,7 +233,7 @@ def train_dataset(
         per_replica=per_replica,
     )
     first_pass, skip = divmod(int(start_step), count // per_replica)
-    if deterministic and not (src.remote and cache_to is None):
+    if deterministic and not src.remote:
         # 1-4. Pass after pass, each one's order a function of the seed and the pass.
         ds = _passes(src, split, first_pass=first_pass, skip=skip, **stages)
     else:
@@ -562,7 +563,8 @@ def _passes(
     few images of a pass wait for the next pass's order), so pass ``k`` never depends on
     the passes before it, as tf.data's reshuffling of one stream does (its epoch ``k`` is
     the ``k``-th reshuffle). A cache is filled once, on the first pass a run reads, in the
-    order of pass 0: every later pass only reshuffles it.
+    order of pass 0: every later pass only reshuffles it. Nothing here hangs on the global
+    seed (``tf.random.set_seed``): a run that set it before reads what one that did not does.
     """
     read = functools.partial(
         _read,
@@ -573,23 +575,30 @@ def _passes(
         input_context=input_context,
         skip_corrupt=skip_corrupt,
     )
+
+    def pass_seeds(index):
+        """Seeds of pass ``index``'s file order and shuffle, in a tf.data function."""
+        # Seeded ops take the global seed too when one is set; not in this graph (the
+        # function's own, not the caller's). Its seeds are tensors: stateless draws.
+        tf.compat.v1.get_default_graph().seed = None
+        key = tf.stack([tf.constant(seed, tf.int64), index])
+        return tf.unstack(tf.random.stateless_uniform([2], key, None, None, tf.int64))
+
     cached = None
     if cache_to is not None:
         # 1-2. Read in pass 0's file order, decode once, cache decoded uint8 images.
-        cached = read(seed=seed).map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+        cached = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(
+            _graph(lambda index: read(seed=pass_seeds(index)[0]))
+        )
+        cached = cached.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
         cached = _ignore_decode_errors(cached, skip_corrupt, src).cache(cache_to)
 
     def one_pass(index):
-        # The seeds below are tensors; the pass's order must not hang on the global seed
-        # (tf.random.set_seed) either. This is the function's own graph, not the caller's.
-        tf.compat.v1.get_default_graph().seed = None
-        seeds = tf.random.stateless_uniform(
-            [2], tf.stack([tf.constant(seed, tf.int64), index]), None, None, tf.int64
-        )
-        ds = read(seed=seeds[0]) if cached is None else cached
+        file_seed, order_seed = pass_seeds(index)
+        ds = read(seed=file_seed) if cached is None else cached
         # 3. Shuffle (encoded records when not cached: a much smaller buffer).
         if shuffle_buffer:
-            ds = ds.shuffle(shuffle_buffer, seed=seeds[1])
+            ds = ds.shuffle(shuffle_buffer, seed=order_seed)
         # A run resumed inside this pass: its first batches were trained on (still encoded
         # when not cached: skipping them costs a read, no decode).
         ds = ds.skip(tf.where(index == first_pass, tf.constant(skip * per_replica, tf.int64), 0))

@@ -95,7 +95,7 @@ class TrainConfig:
         seed: seeds weights init, shuffling and augmentation.
         deterministic: fixed input order and augmentation draws (reproducible runs, and a
             resumed run trains on the batches the uninterrupted one would have, except for
-            records ``skip_corrupt`` drops and uncached records over http; the input pipeline
+            records ``skip_corrupt`` drops and data read over http; the input pipeline
             is slower). Off by default: order-altering optimisations on.
         skip_corrupt: skip corrupt records with a warning and a count instead of stopping
             (a CRC failure loses the rest of that shard: TFRecord readers cannot resync).
