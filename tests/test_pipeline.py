@@ -121,6 +121,76 @@ def test_seeded_pipeline_is_reproducible(records, cache, tmp_path, monkeypatch):
     assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
 
 
+@pytest.mark.parametrize(
+    ("cache", "image_size"),
+    [("off", None), ("off", 12), ("ram", None)],  # records decoded by batch, by image; cached
+)
+def test_a_seeded_pipeline_started_at_a_step_yields_the_batches_it_would_have_reached(
+    records, cache, image_size
+):
+    # What a resumed training run reads: the batches an uninterrupted run trains on from
+    # there, augmentation included (it used to restart the shuffles and the draws).
+    kw = dict(
+        batch_size=4,
+        seed=7,
+        cache=cache,
+        image_size=image_size,
+        augment="codelab",
+        shuffle_buffer=8,
+        normalization="raw",
+    )
+    # 19 images: 4 batches a pass. Steps 4 and 8 start passes, 6 and 9 fall inside one.
+    whole = [(x.numpy(), y.numpy()) for x, y in train_dataset(str(records), **kw).take(14)]
+    for start in (4, 6, 8, 9):
+        resumed = train_dataset(str(records), start_step=start, **kw)
+        for (x, y), (want_x, want_y) in zip(resumed, whole[start:], strict=False):
+            np.testing.assert_array_equal(x.numpy(), want_x, err_msg=f"start_step={start}")
+            np.testing.assert_array_equal(y.numpy(), want_y, err_msg=f"start_step={start}")
+    if image_size is not None:
+        return  # resized: pixel (0, 0) no longer names the image
+    # Each pass still covers 16 of the 19 images, in an order of its own.
+    plain = {**kw, "augment": None}
+    passes = [
+        sum((_ids(x) for x, _ in train_dataset(str(records), **plain).skip(4 * k).take(4)), [])
+        for k in range(2)
+    ]
+    assert all(len(set(p)) == 16 and set(p) <= set(range(19)) for p in passes)
+    assert passes[0] != passes[1]
+
+
+@pytest.mark.parametrize("cache", ["off", "ram"])
+def test_a_seeded_pipeline_reads_the_same_whatever_the_global_seed(records, cache):
+    # A training run sets the global seed after it builds its input: a second run in the
+    # same process (or a resumed one) built it under another global seed.
+    kw = dict(batch_size=4, seed=7, cache=cache, augment="codelab", normalization="raw")
+    seen = []
+    try:
+        for global_seed in (None, 0, 123):
+            tf.random.set_seed(global_seed)
+            seen.append([x.numpy() for x, _ in train_dataset(str(records), **kw).take(10)])
+    finally:
+        tf.random.set_seed(None)
+    for other in seen[1:]:
+        for a, b in zip(seen[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_resumed_pipeline_fills_its_cache_once(small_flowers, monkeypatch):
+    fits = []
+    fit_file = pipeline._fit_file
+    monkeypatch.setattr(
+        pipeline, "_fit_file", lambda *a, **kw: fits.append(1) or fit_file(*a, **kw)
+    )
+    src = open_source(str(small_flowers))
+    per_pass = src.count("train") // 8
+    ds = train_dataset(
+        src, batch_size=8, image_size=16, seed=1, cache="ram", augment=None, start_step=3
+    )
+    for _ in ds.take(3 * per_pass):  # into a third pass
+        pass
+    assert len(fits) == src.count("train")  # decoded once, not once a pass
+
+
 def test_cache_modes_yield_the_same_images(records, tmp_path):
     seen = {}
     for cache in ["off", "ram", str(tmp_path / "cache")]:

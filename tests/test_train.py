@@ -348,6 +348,28 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     assert not (records / "config.json").exists()
 
 
+def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
+    small_records, tmp_path
+):
+    from petal.training.callbacks import read_history
+
+    # 50 images, batch 10: a pass is 5 steps, an epoch 2, so the resume starts mid-pass.
+    cfg = tiny_config(
+        small_records, model="dense", epochs=3, deterministic=True, seed=7, shuffle_buffer=16
+    )
+    train(cfg, tmp_path / "whole", **QUIET)
+    with pytest.raises(_Interrupt):
+        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/3"))
+    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
+    measured = ("loss", "accuracy", "val_loss", "val_accuracy")
+    whole, resumed = (
+        [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
+        for run in ("whole", "resumed")
+    )
+    assert len(whole) == 3
+    assert resumed == whole
+
+
 def test_resume_on_data_with_other_classes_is_refused(small_records, make_records, tmp_path):
     """Same names in another order would train the model's outputs under the wrong labels
     (and relabel the run in config.json); another class count stopped in Keras' loader."""
@@ -524,6 +546,38 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     assert resolved["class_weights"] == pytest.approx(
         {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
     )
+
+
+def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted_one_does(
+    small_records, tmp_path, tiny_backbone_model
+):
+    from petal.models import create_model
+    from petal.training.callbacks import read_history
+
+    weights = tmp_path / "start.weights.h5"
+    create_model(tiny_backbone_model, 5, 32).save_weights(weights)
+    cfg = tiny_config(
+        small_records,
+        model=tiny_backbone_model,
+        weights=str(weights),
+        fine_tune="head_then_all",
+        head_epochs=2,
+        epochs=3,
+        deterministic=True,
+        seed=3,
+    )
+    train(cfg, tmp_path / "whole", **QUIET)
+    # Stopped inside the head-only phase: the resumed run trains both phases' inputs.
+    with pytest.raises(_Interrupt):
+        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/3"))
+    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
+    measured = ("loss", "accuracy", "val_loss", "val_accuracy")
+    whole, resumed = (
+        [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
+        for run in ("whole", "resumed")
+    )
+    assert len(whole) == 3
+    assert resumed == whole
 
 
 def test_weights_file_of_another_model_is_refused(small_records, tmp_path):

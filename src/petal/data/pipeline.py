@@ -27,10 +27,16 @@ Why this shape:
   op per image, with a per-image random draw inside (see :mod:`petal.data.augment`).
 - Images stay uint8 until the batch is built: caches, shuffle buffers and batching move
   four times fewer bytes. The cast to float32 and normalisation come last.
-- All randomness is stateless, keyed by the pipeline's seed and the batch index (which
+- Augmentation is stateless, keyed by the pipeline's seed and the batch index (which
   counts across epochs). A seeded pipeline is therefore reproducible when
   ``deterministic`` is on (the default when a seed is given); unseeded pipelines draw a
   fresh seed and let tf.data reorder elements for speed (``deterministic=False``).
+- A deterministic pipeline reads pass after pass over the data, each pass a pipeline of its
+  own whose file order and shuffle are keyed by the seed and the pass (see :func:`_passes`),
+  so one started at a later step (``start_step``: a resumed run) yields exactly the batches
+  the same pipeline reaches there, whatever the global seed (``tf.random.set_seed``). Other
+  pipelines, and data read over http, keep tf.data's one reshuffling stream, where epoch
+  ``k``'s order is the ``k``-th reshuffle.
 """
 
 from __future__ import annotations
@@ -122,6 +128,7 @@ def train_dataset(
     decoder: str = "tf",
     dtype: str = "float32",
     resize: str = "fill",
+    start_step: int = 0,
 ) -> tf.data.Dataset:
     """The training dataset: infinite, shuffled, augmented batches of static shape.
 
@@ -162,6 +169,14 @@ def train_dataset(
         resize: how the files of an image folder are fitted to ``image_size``: ``"fill"``
             (the codelab's: cover, then crop the centre), ``"pad"`` or ``"stretch"``, as
             ``petal convert --resize`` fits them. Records are read as stored.
+        start_step: the first batch to yield (a resumed run: the steps it already trained).
+            A deterministic pipeline then yields exactly the batches the same pipeline from
+            step 0 yields from there on: each pass over the data has its own order, a
+            function of ``seed`` and the pass, and each batch its augmentation, a function
+            of ``seed`` and the batch's step; whole passes are skipped without reading them
+            and the rest of a pass before decoding. (Not exact for records or files that
+            ``skip_corrupt`` drops, which shorten their passes, nor for data read over
+            http.) Other pipelines start their shuffles and draws afresh.
 
     Returns:
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
@@ -179,6 +194,8 @@ def train_dataset(
         raise PetalError(
             f"shuffle_buffer must be an int >= 0. Received: shuffle_buffer={shuffle_buffer!r}"
         )
+    if not is_int_at_least(_plain_int(start_step), 0):
+        raise PetalError(f"start_step must be an int >= 0. Received: start_step={start_step!r}")
     seed = _resolve_seed(seed, input_context)
     if deterministic not in (None, True, False):
         raise PetalError(
@@ -200,50 +217,32 @@ def train_dataset(
         )
     cache_to = _resolve_cache(cache, src, split, size, input_context, resize, skip_corrupt)
 
-    # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
-    ds = _read(
-        src,
-        split,
-        training=True,
+    decode = _decoder(src, size, resize)
+    # Batches of records at the requested size are decoded a batch per map call.
+    group_decode = None
+    if cache_to is None and not skip_corrupt:
+        group_decode = _batch_decoder(src, size, per_replica, decoder)
+    stages = dict(
         seed=seed.value,
-        deterministic=deterministic,
         input_context=input_context,
         skip_corrupt=skip_corrupt,
-        endless=cache_to is None,
+        cache_to=cache_to,
+        decode=decode,
+        group_decode=group_decode,
+        shuffle_buffer=int(shuffle_buffer),
+        per_replica=per_replica,
     )
-    decode = _decoder(src, size, resize)
-    if cache_to is not None:
-        # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
-        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = _ignore_decode_errors(ds, skip_corrupt, src)
-        ds = ds.cache(cache_to)
-    # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
-    #    epoch; then repeat forever (training runs for a number of steps).
-    if shuffle_buffer:
-        ds = ds.shuffle(int(shuffle_buffer), seed=seed.value + 1, reshuffle_each_iteration=True)
-    ds = ds.repeat()
-    group_decode = _batch_decoder(src, size, per_replica, decoder) if cache_to is None else None
-    if group_decode is not None and not skip_corrupt:
-        # 4. Batch the encoded records (drop_remainder: static shapes), then decode a whole
-        #    batch in one map call: tf.data's per-element cost is paid once per batch, and
-        #    the batch's decodes still run in parallel. The same records form the same
-        #    batches as decoding first would, so seeded pipelines give identical output.
-        ds = ds.batch(per_replica, drop_remainder=True)
-        ds = ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    first_pass, skip = divmod(int(start_step), count // per_replica)
+    if deterministic and not src.remote:
+        # 1-4. Pass after pass, each one's order a function of the seed and the pass.
+        ds = _passes(src, split, first_pass=first_pass, skip=skip, **stages)
     else:
-        if cache_to is None:
-            # Per image (a corrupt image must drop alone when skip_corrupt is on).
-            ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-            ds = _ignore_decode_errors(ds, skip_corrupt, src)
-        # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
-        ds = ds.batch(
-            per_replica,
-            drop_remainder=True,
-            num_parallel_calls=AUTOTUNE,
-            deterministic=deterministic,
-        )
+        if start_step:
+            # Another order than the first passes': a resumed run does not replay them.
+            stages["seed"] = (seed.value + 104729 * int(start_step)) % (2**31 - 1024)
+        ds = _endless(src, split, deterministic=deterministic, **stages)
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
-    ds = ds.enumerate()
+    ds = ds.enumerate(start=int(start_step))
     ds = ds.map(
         _finish_fn(src.num_classes, label_mode, normalization, aug, seed.value, dtype),
         num_parallel_calls=AUTOTUNE,
@@ -509,6 +508,121 @@ def _read(
         )
     if by_record is not None:
         ds = ds.shard(*by_record)
+    return ds
+
+
+def _endless(
+    src, split, *, seed, deterministic, input_context, skip_corrupt, cache_to, decode,
+    group_decode, shuffle_buffer, per_replica,
+):
+    """Batches of ``(uint8 images, class ids)`` from one reshuffling, repeating stream.
+
+    The fast way, for pipelines whose order is not reproducible anyway: tf.data reshuffles
+    each epoch (and fuses shuffle and repeat: a buffer that runs across epoch boundaries).
+    """
+    # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
+    ds = _read(
+        src,
+        split,
+        training=True,
+        seed=seed,
+        deterministic=deterministic,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+        endless=cache_to is None,
+    )
+    if cache_to is not None:
+        # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = _ignore_decode_errors(ds, skip_corrupt, src)
+        ds = ds.cache(cache_to)
+    # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
+    #    epoch; then repeat forever (training runs for a number of steps).
+    if shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = ds.repeat()
+    if group_decode is not None:
+        # 4. Batch the encoded records (drop_remainder: static shapes), then decode a whole
+        #    batch in one map call: tf.data's per-element cost is paid once per batch, and
+        #    the batch's decodes still run in parallel. The same records form the same
+        #    batches as decoding first would, so seeded pipelines give identical output.
+        ds = ds.batch(per_replica, drop_remainder=True)
+        return ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    if cache_to is None:
+        # Per image (a corrupt image must drop alone when skip_corrupt is on).
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = _ignore_decode_errors(ds, skip_corrupt, src)
+    # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
+    return ds.batch(
+        per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
+
+
+def _passes(
+    src, split, *, first_pass, skip, seed, input_context, skip_corrupt, cache_to, decode,
+    group_decode, shuffle_buffer, per_replica,
+):
+    """Batches of ``(uint8 images, class ids)``, pass after pass over the data from pass
+    ``first_pass``, ``skip`` batches into it: the same batches wherever a run starts.
+
+    Each pass is a pipeline of its own, its file order and shuffle seeded by a stateless
+    draw from ``(seed, pass)``, and ends in its own batches (``drop_remainder``: the last
+    few images of a pass wait for the next pass's order), so pass ``k`` never depends on
+    the passes before it, as tf.data's reshuffling of one stream does (its epoch ``k`` is
+    the ``k``-th reshuffle). A cache is filled once, on the first pass a run reads, in the
+    order of pass 0: every later pass only reshuffles it. Nothing here hangs on the global
+    seed (``tf.random.set_seed``): a run that set it before reads what one that did not does.
+    """
+    read = functools.partial(
+        _read,
+        src,
+        split,
+        training=True,
+        deterministic=True,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+    )
+
+    def pass_seeds(index):
+        """Seeds of pass ``index``'s file order and shuffle, in a tf.data function."""
+        # Seeded ops take the global seed too when one is set; not in this graph (the
+        # function's own, not the caller's). Its seeds are tensors: stateless draws.
+        tf.compat.v1.get_default_graph().seed = None
+        key = tf.stack([tf.constant(seed, tf.int64), index])
+        return tf.unstack(tf.random.stateless_uniform([2], key, None, None, tf.int64))
+
+    cached = None
+    if cache_to is not None:
+        # 1-2. Read in pass 0's file order, decode once, cache decoded uint8 images.
+        cached = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(
+            _graph(lambda index: read(seed=pass_seeds(index)[0]))
+        )
+        cached = cached.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+        cached = _ignore_decode_errors(cached, skip_corrupt, src).cache(cache_to)
+
+    def one_pass(index):
+        file_seed, order_seed = pass_seeds(index)
+        ds = read(seed=file_seed) if cached is None else cached
+        # 3. Shuffle (encoded records when not cached: a much smaller buffer).
+        if shuffle_buffer:
+            ds = ds.shuffle(shuffle_buffer, seed=order_seed)
+        # A run resumed inside this pass: its first batches were trained on (still encoded
+        # when not cached: skipping them costs a read, no decode).
+        ds = ds.skip(tf.where(index == first_pass, tf.constant(skip * per_replica, tf.int64), 0))
+        if cached is None and group_decode is None:
+            ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+            ds = _ignore_decode_errors(ds, skip_corrupt, src)
+        # 4. Batch with drop_remainder: static shapes (TPUs need them); encoded records
+        #    are decoded a batch per map call below (see _endless).
+        if group_decode is not None:
+            return ds.batch(per_replica, drop_remainder=True)
+        return ds.batch(
+            per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=True
+        )
+
+    ds = tf.data.Dataset.counter(first_pass).flat_map(_graph(one_pass))
+    if group_decode is not None:
+        ds = ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     return ds
 
 
@@ -966,14 +1080,14 @@ def per_replica_batch(batch_size: int, replicas: int, name: str = "batch_size") 
 
 
 def _pipeline_count(src: Source, split: str, input_context) -> int:
-    """Images one input pipeline sees per epoch (an estimate when sharding by record)."""
+    """Images one input pipeline sees per epoch."""
     total = src.count(split)
     if input_context is None or input_context.num_input_pipelines <= 1:
         return total
     n, index = input_context.num_input_pipelines, input_context.input_pipeline_id
     files = src.files(split)
     if src.kind == "folder" or len(files) < n:
-        return total // n
+        return len(range(index, total, n))  # every n-th file or record, from the index-th
     return sum(src.counts(split)[index::n])
 
 

@@ -94,8 +94,10 @@ class TrainConfig:
             (same statistics and weights as Keras' own; 1.4-1.6x faster steps for the codelab's
             squeezenet on CPU). Off: Keras' composite ops.
         seed: seeds weights init, shuffling and augmentation.
-        deterministic: fixed input order and augmentation draws (reproducible runs; the
-            input pipeline is slower). Off by default: order-altering optimisations on.
+        deterministic: fixed input order and augmentation draws (reproducible runs, and a
+            resumed run trains on the batches the uninterrupted one would have, except for
+            records ``skip_corrupt`` drops and data read over http; the input pipeline
+            is slower). Off by default: order-altering optimisations on.
         skip_corrupt: skip corrupt records with a warning and a count instead of stopping
             (a CRC failure loses the rest of that shard: TFRecord readers cannot resync).
         tensorboard: write TensorBoard logs under ``WORKDIR/tensorboard``.

@@ -946,7 +946,7 @@ def train(
         # smaller training size.
         augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
 
-    def train_fn(ctx=None):
+    def train_fn(ctx=None, epoch=start_epoch):
         ds = train_dataset(
             source,
             batch_size=global_batch,
@@ -954,7 +954,10 @@ def train(
             augment=augment,
             cache=cfg.cache,
             shuffle_buffer=cfg.shuffle_buffer,
-            seed=cfg.seed + start_epoch,
+            seed=cfg.seed,
+            # A resumed run (a later phase) reads on where the interrupted run (the phase
+            # before) stopped: the same batches.
+            start_step=epoch * steps,
             deterministic=cfg.deterministic,
             normalization=normalization,
             input_context=ctx,
@@ -986,11 +989,14 @@ def train(
             ds = ds.apply(tf.data.experimental.assert_cardinality(-(-val_count // eval_batch)))
         return ds
 
-    if replicas > 1:
-        train_ds = distributed_dataset(strategy, train_fn)
-        val_ds = distributed_dataset(strategy, eval_fn)
-    else:
-        train_ds, val_ds = train_fn(), eval_fn()
+    def train_from(epoch):
+        """The training input from ``epoch`` on: each model.fit starts its input over."""
+        if replicas > 1:
+            return distributed_dataset(strategy, lambda ctx: train_fn(ctx, epoch))
+        return train_fn(epoch=epoch)
+
+    train_ds = train_from(start_epoch)
+    val_ds = distributed_dataset(strategy, eval_fn) if replicas > 1 else eval_fn()
 
     from petal.data.reader import SKIPPED, input_error
     from petal.data.remote import STORE_ERRORS
@@ -1095,6 +1101,11 @@ def train(
                     f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
                     f"lr x{cfg.fine_tune_lr_factor}"
                 )
+            if phase.start > start_epoch:
+                # A new model.fit starts its input over: read on from this phase's first
+                # epoch instead (the last phase's input, and its RAM cache, let go first).
+                train_ds = None
+                train_ds = train_from(phase.start)
             with warnings.catch_warnings():
                 # Distributed validation sets have unknown length; Keras warns when it first
                 # reaches their end, which is expected here.
