@@ -680,3 +680,24 @@ def test_the_object_server_is_quiet_when_a_client_drops_the_connection(tmp_path,
         assert "Exception occurred during processing of request" in err
         assert "AttributeError" in err
 
+
+def test_an_upper_case_scheme_is_a_url(make_records, capsys):
+    """URL schemes are case-insensitive: "paths starting with HTTP:// are not supported"."""
+    from petal.cli import main
+    from petal.data import folders
+
+    assert folders.is_http("HTTP://h/x") and folders.is_http("Https://h/x")
+    assert not folders.is_http("httpx://h/x") and not folders.is_http("gs://http://x")
+    folder = make_records(counts={"train": [4], "validation": [3]})
+    with remote.ObjectServer({"records": folder}) as server:
+        url = server.url("records").replace("http://", "HTTP://")
+        src = open_source(url)
+        assert src.remote and src.count("validation") == 3
+        assert sorted(image_ids(eval_dataset(src, batch_size=2, normalization="raw"))) == [4, 5, 6]
+        # A user and password stay hidden whatever the scheme's case (inspect printed them).
+        secret = url.replace("HTTP://", "HTTP://alice:hunter2@")
+        capsys.readouterr()
+        for command in (["inspect", secret], ["train", "--data", secret]):
+            assert main(command) == 2
+            err = capsys.readouterr().err
+            assert "hunter2" not in err and "***@127.0.0.1" in err
