@@ -768,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full); its message names the file.
         # A URL's user and password are never shown, whatever message carries them.
-        shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", str(err))
+        shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", str(err), flags=re.I)
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

@@ -159,8 +159,9 @@ def is_remote(path: str) -> bool:
 
 
 def is_http(path: str) -> bool:
-    """True for ``http(s)://`` paths, which petal reads itself (not through ``tf.io.gfile``)."""
-    return str(path).startswith(("http://", "https://"))
+    """True for ``http(s)://`` paths, which petal reads itself (not through ``tf.io.gfile``);
+    the scheme in any case, as URLs allow (``HTTP://``)."""
+    return str(path)[:8].lower().startswith(("http://", "https://"))
 
 
 def is_within(path, folder) -> bool:

@@ -13,7 +13,7 @@ that honestly on one machine:
   calls the reader needs), :func:`records_dataset` (each shard streamed with one request
   into a RAM-backed staging file, several shards at once, then read by ``TFRecordDataset``
   with its CRC checks) and :func:`files_dataset` (one request per image file: the
-  per-file path). Both keep the same number of requests in flight.
+  per-file path). Both work within the same budget, :data:`PARALLEL_REQUESTS`.
 
 ``ObjectServer`` serves any folder, so ``open_source("http://127.0.0.1:PORT/flowers-192")``
 reads records exactly as from a bucket.
@@ -33,6 +33,7 @@ import os
 import posixpath
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -40,17 +41,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
 
-# Requests in flight: files fetched at once by the per-file path, shards downloaded at once
-# by the sharded one. The same budget for both, so the comparison is about the number of
-# requests, not about parallelism.
+# Requests in flight: files fetched at once by the per-file path; shards staged at once
+# (read, or downloaded ahead) by the sharded one. The same budget for both, so the
+# comparison is about the number of requests, not about parallelism.
 PARALLEL_REQUESTS = 8
-# Shards are fetched in byte ranges of this size, in parallel, like cloud storage clients do.
+# Seconds a request may wait for the server (to connect, or for the next bytes).
 TIMEOUT_S = 60.0
 # A body still arriving after TIMEOUT_S at less than this average rate is a stalled store
 # (a socket timeout never fires while a byte comes every few seconds).
@@ -184,6 +186,15 @@ class _Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
+    def handle_error(self, request, client_address):
+        # A client that went away mid-answer (a reader dropped, a timeout) is not the
+        # server's error: quiet, like the request log. Anything else keeps its traceback.
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            log.debug("object server: %s dropped the connection: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -316,9 +327,30 @@ def _request(
             # A redirect loop's reason runs over three lines.
             reason = str(err.reason).strip().splitlines()[0] if str(err.reason).strip() else ""
             raise PetalError(f"HTTP {err.code} reading {url}: {reason}") from err
-        except urllib.error.URLError as err:
-            raise PetalError(f"Cannot reach {url}: {err.reason}") from err
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+            raise _read_error(url, err) from err
     raise PetalError(f"Server stayed busy reading {url}")
+
+
+def _read_error(url: str, err: BaseException) -> PetalError:
+    """The one-line error for a request to ``url`` that failed below HTTP: the connection
+    could not be made, timed out, or was closed or reset by the server."""
+    if isinstance(err, urllib.error.URLError) and not isinstance(err.reason, TimeoutError):
+        return PetalError(f"Cannot reach {url}: {err.reason}")
+    cause = err.reason if isinstance(err, urllib.error.URLError) else err
+    if isinstance(cause, TimeoutError):
+        reason = f"timed out after {TIMEOUT_S:g} s"
+    elif isinstance(cause, http.client.RemoteDisconnected):
+        reason = "the server closed the connection without answering"
+    elif isinstance(cause, ConnectionResetError):
+        reason = "the server reset the connection"
+    elif isinstance(cause, http.client.HTTPException):
+        # BadStatusLine and the like: something answered, but not HTTP.
+        text = str(cause).strip()
+        reason = f"not an HTTP answer ({type(cause).__name__}{': ' + text if text else ''})"
+    else:
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+    return PetalError(f"Cannot read {url}: {reason}")
 
 
 def get_bytes(url: str) -> bytes:
@@ -336,17 +368,38 @@ def object_size(url: str) -> int:
         if err.code == 404:
             raise FileNotFoundError(f"Not found: {url}") from err
         raise PetalError(f"HTTP {err.code} reading {url}: {err.reason}") from err
-    except urllib.error.URLError as err:
-        raise PetalError(f"Cannot reach {url}: {err.reason}") from err
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+        raise _read_error(url, err) from err
 
 
 def list_objects(url: str) -> dict[str, int]:
     """``{relative key: size}`` of every object under ``url`` (recursive, one request)."""
+    listing = url.rstrip("/") + "/?list"
     try:
-        body = _request(url.rstrip("/") + "/?list")
+        body = _request(listing)
     except FileNotFoundError:
         return {}
-    return {o["key"]: int(o["size"]) for o in json.loads(body.decode("utf-8"))["objects"]}
+    try:
+        answer = json.loads(body.decode("utf-8"))
+    except ValueError:  # an HTML index, as python -m http.server answers
+        answer, why = None, "something that is not JSON"
+    else:
+        why = "JSON of another shape"
+    out: dict[str, int] = {}
+    try:
+        for o in answer["objects"]:
+            key, size = o["key"], int(o["size"])
+            if not isinstance(key, str) or not key or size < 0:
+                raise ValueError(o)
+            out[key] = size
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise PetalError(
+            f'{listing} did not answer with a JSON listing ({{"objects": [{{"key", "size"}}]}}; '
+            f"it answered {why}): petal reads http folders from stores that list a folder's "
+            "objects that way, as petal.data.remote.ObjectServer does; copy the data to a "
+            "local disk or gs:// to read it from elsewhere."
+        ) from None
+    return out
 
 
 class HttpFS:
@@ -447,10 +500,10 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
                 raise PetalError(f"HTTP {resp.status} reading {url}: {resp.reason}")
             with open(path, "wb") as f:
                 return _copy_body(resp, url, f.write, block)
-        except OSError as err:
+        except (OSError, http.client.HTTPException) as err:
             if isinstance(err, FileNotFoundError):
                 raise
-            raise PetalError(f"Cannot read {url}: {err}") from err
+            raise _read_error(url, err) from err
         finally:
             conn.close()
 
@@ -540,32 +593,14 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
     """
 
     def generate():
-        def order():
-            epoch = 0
-            while True:
-                indices = list(range(len(items)))
-                if shuffle_seed is not None:
-                    random.Random(f"{shuffle_seed}:{epoch}").shuffle(indices)
-                yield from indices
-                epoch += 1
-                if not repeat:
-                    return
-
-        def result(future):
-            try:
-                return future.result()
-            except Exception as err:
-                STORE_ERRORS.add(err)
-                raise
-
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
-            for i in order():
+            for i in _order(len(items), shuffle_seed, repeat):
                 pending.append(pool.submit(fetch, items[i]))
                 if len(pending) >= parallel:
-                    yield result(pending.popleft())
+                    yield _result(pending.popleft())
             while pending:
-                yield result(pending.popleft())
+                yield _result(pending.popleft())
 
     return generate
 
@@ -582,11 +617,20 @@ def records_dataset(
 ):
     """Serialized records of remote shards (a tf.data.Dataset of scalar strings).
 
-    Each shard is streamed with one request into a private RAM-backed staging folder,
-    up to ``parallel`` shards at once (so up to ``parallel`` shards' bytes in RAM), then
+    Each shard is streamed with one request into a private RAM-backed staging file, then
     read by ``TFRecordDataset`` (CRC-checked and counted against ``counts`` like local
-    shards) and deleted. ``repeat``: endless epochs, downloads running ahead across the
-    epoch boundary (use it when nothing downstream needs the end of an epoch).
+    shards). At most ``parallel`` shards are staged at once, those being read and those
+    downloaded ahead together (so at most ``parallel`` shards' bytes in RAM): read once,
+    up to ``parallel`` shards are all read at once; otherwise up to half of them are read
+    while the next ones download. ``repeat``: endless epochs, downloads running ahead
+    across the epoch boundary, at most one epoch ahead (use it when nothing downstream
+    needs the end of an epoch).
+
+    A staged file is deleted when its shard has been read, and every file of a pass when
+    the pass ends: its iterator dropped or garbage-collected, its last shard taken or a
+    download failed (a shard still being read stays readable: the reader holds it open, and
+    its RAM is freed when the reader closes it). Nothing is left behind in the staging
+    folder, which is removed when the process exits.
     """
     import tensorflow as tf
 
@@ -595,15 +639,23 @@ def records_dataset(
     graph = tf.autograph.experimental.do_not_convert  # no Python control flow on tensors
     urls = list(urls)
     expected = dict(zip(urls, counts if counts is not None else [-1] * len(urls), strict=True))
-    staging = _staging_dir()
-
-    def fetch(url):
-        path = os.path.join(staging, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
-        download_to_file(url, path)
-        return path, url, expected[url]
+    parallel = max(1, int(parallel))
+    if not repeat and len(urls) <= parallel:
+        cycle = max(1, len(urls))  # everything at once, read round-robin as local shards are
+    else:
+        cycle = max(1, min(len(urls), parallel // 2))
+    # Repeating few shards, the budget would otherwise fill with copies of the same ones.
+    budget = min(parallel, cycle + len(urls)) if repeat else parallel
 
     paths = tf.data.Dataset.from_generator(
-        _prefetched(urls, fetch, parallel=parallel, shuffle_seed=shuffle_seed, repeat=repeat),
+        _staged_shards(
+            urls,
+            expected,
+            budget=budget,
+            shuffle_seed=shuffle_seed,
+            repeat=repeat,
+            deterministic=deterministic,
+        ),
         output_signature=(
             tf.TensorSpec([], tf.string),
             tf.TensorSpec([], tf.string),
@@ -616,25 +668,158 @@ def records_dataset(
             records = tf.data.TFRecordDataset(path, buffer_size=1 << 20)
         else:
             records = reader.guarded_records(path, count, skip_corrupt=skip_corrupt, name=url)
-        cleanup = (
+
+        # The end of the shard deletes its file and frees its place in the budget. Scalar
+        # strings, like the records, so the records' static shape stays.
+        done = (
             tf.data.Dataset.from_tensors(path)
-            .map(graph(lambda p: tf.py_function(_delete, [p], tf.string)))
+            .map(graph(lambda p: tf.ensure_shape(tf.py_function(_finished, [p], tf.string), [])))
             .filter(graph(lambda _: False))
         )
-        return records.concatenate(cleanup)
+        return records.concatenate(done)
 
-    return paths.interleave(
-        graph(one_shard),
-        cycle_length=max(1, min(len(urls), parallel)),
-        block_length=1,
-        num_parallel_calls=max(1, min(len(urls), parallel)),
-        deterministic=deterministic,
-    )
+    # Sequential: it opens each shard as soon as it takes it (a parallel interleave takes
+    # shards ahead and opens them later), so a pass that ends can delete every file it
+    # staged: those being read stay readable until closed. The downloads are what runs in
+    # parallel; reading from RAM is fast.
+    return paths.interleave(graph(one_shard), cycle_length=cycle, block_length=1)
 
 
-def _delete(path) -> bytes:
-    with contextlib.suppress(OSError):
-        os.remove(path.numpy().decode("utf-8"))
+class _Staging:
+    """The files one pass over :func:`records_dataset` has staged; ``held`` counts the shards
+    given to the reader and not yet read to the end."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.held = 0
+        self.files: set[str] = set()
+        self.closed = False
+
+    def add(self, path: str) -> None:
+        with self.lock:
+            if self.closed:
+                raise _PassClosed
+            self.files.add(path)
+        with _STAGED_LOCK:
+            _STAGED[path] = self
+
+    def remove(self, path: str, *, finished: bool = False) -> None:
+        with self.lock:
+            self.files.discard(path)
+            self.held -= 1 if finished else 0
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+    def close(self) -> None:
+        """Deletes every file of the pass: those downloaded ahead, and those being read (the
+        reader has them open and keeps reading; their space is freed when it closes them).
+        Downloads still running delete theirs when they end."""
+        with self.lock:
+            self.closed, paths = True, list(self.files)
+            self.files.clear()
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+
+
+class _PassClosed(Exception):
+    """A download started for a pass that has ended."""
+
+
+# Staged file -> its pass, for the end-of-shard hook; weak: a pass that has ended has
+# deleted its files already.
+_STAGED: weakref.WeakValueDictionary[str, _Staging] = weakref.WeakValueDictionary()
+_STAGED_LOCK = threading.Lock()
+
+
+def _staged_shards(urls, expected, *, budget, shuffle_seed, repeat, deterministic):
+    """A generator factory: ``(staged path, url, count)`` of each shard to read, in the
+    order of :func:`_order`; downloads run ahead in threads while the shards held by the
+    reader plus those downloading stay within ``budget`` (one always runs, so a shard never
+    read to the end cannot stall the rest).
+
+    The pass ends when the reader asks for no more (the iterator dropped or collected, or,
+    without ``repeat``, past the last shard) or a download fails: then it deletes every file
+    it staged. The reader has opened each shard it was given by then (see
+    :func:`records_dataset`), so nothing being read is lost.
+    """
+
+    def generate():
+        staging_dir, staging = _staging_dir(), _Staging()
+
+        def fetch(url):
+            path = os.path.join(staging_dir, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
+            staging.add(path)
+            try:
+                download_to_file(url, path)
+            except BaseException:
+                staging.remove(path)
+                raise
+            if staging.closed:
+                staging.remove(path)
+            return path, url, expected[url]
+
+        order = _order(len(urls), shuffle_seed, repeat)
+        pending: collections.deque = collections.deque()
+        pool = ThreadPoolExecutor(max_workers=budget, thread_name_prefix="petal-shards")
+        try:
+            while True:
+                while not pending or len(pending) + staging.held < budget:
+                    i = next(order, None)
+                    if i is None:
+                        break
+                    pending.append(pool.submit(fetch, urls[i]))
+                if not pending:
+                    return
+                future = pending[0]
+                if not deterministic and not future.done():
+                    # Whichever download ends first.
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    future = next(f for f in pending if f in done)
+                pending.remove(future)
+                item = _result(future)
+                with staging.lock:
+                    staging.held += 1
+                yield item
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            staging.close()
+
+    return generate
+
+
+def _order(n: int, shuffle_seed, repeat: bool):
+    """Indices of ``n`` items, pass after pass when ``repeat``; each pass (an epoch) in its
+    own order when ``shuffle_seed`` is given."""
+    epoch = 0
+    while True:
+        indices = list(range(n))
+        if shuffle_seed is not None:
+            random.Random(f"{shuffle_seed}:{epoch}").shuffle(indices)
+        yield from indices
+        epoch += 1
+        if not repeat:
+            return
+
+
+def _result(future):
+    try:
+        return future.result()
+    except Exception as err:
+        STORE_ERRORS.add(err)
+        raise
+
+
+def _finished(path) -> bytes:
+    """End of a shard: its file is deleted and its place in the budget freed."""
+    path = path.numpy().decode("utf-8")
+    with _STAGED_LOCK:
+        staging = _STAGED.pop(path, None)
+    if staging is not None:
+        staging.remove(path, finished=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
     return b""
 
 
