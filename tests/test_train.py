@@ -348,24 +348,30 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     assert not (records / "config.json").exists()
 
 
-def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
-    small_records, tmp_path
-):
+def _whole_and_resumed_at_epoch_1(cfg, tmp_path):
+    """The (loss, accuracy, val_loss, val_accuracy) rows of ``cfg`` trained without a stop,
+    and of ``cfg`` interrupted during epoch 1 and resumed."""
     from petal.training.callbacks import read_history
 
-    # 50 images, batch 10: a pass is 5 steps, an epoch 2, so the resume starts mid-pass.
-    cfg = tiny_config(
-        small_records, model="dense", epochs=3, deterministic=True, seed=7, shuffle_buffer=16
-    )
     train(cfg, tmp_path / "whole", **QUIET)
     with pytest.raises(_Interrupt):
         train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/3"))
     train(cfg, tmp_path / "resumed", resume=True, **QUIET)
     measured = ("loss", "accuracy", "val_loss", "val_accuracy")
-    whole, resumed = (
+    return (
         [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
         for run in ("whole", "resumed")
     )
+
+
+def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
+    small_records, tmp_path
+):
+    # 50 images, batch 10: a pass is 5 steps, an epoch 2, so the resume starts mid-pass.
+    cfg = tiny_config(
+        small_records, model="dense", epochs=3, deterministic=True, seed=7, shuffle_buffer=16
+    )
+    whole, resumed = _whole_and_resumed_at_epoch_1(cfg, tmp_path)
     assert len(whole) == 3
     assert resumed == whole
 
@@ -552,7 +558,6 @@ def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted
     small_records, tmp_path, tiny_backbone_model
 ):
     from petal.models import create_model
-    from petal.training.callbacks import read_history
 
     weights = tmp_path / "start.weights.h5"
     create_model(tiny_backbone_model, 5, 32).save_weights(weights)
@@ -566,16 +571,8 @@ def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted
         deterministic=True,
         seed=3,
     )
-    train(cfg, tmp_path / "whole", **QUIET)
     # Stopped inside the head-only phase: the resumed run trains both phases' inputs.
-    with pytest.raises(_Interrupt):
-        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/3"))
-    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
-    measured = ("loss", "accuracy", "val_loss", "val_accuracy")
-    whole, resumed = (
-        [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
-        for run in ("whole", "resumed")
-    )
+    whole, resumed = _whole_and_resumed_at_epoch_1(cfg, tmp_path)
     assert len(whole) == 3
     assert resumed == whole
 
