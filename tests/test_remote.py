@@ -71,6 +71,21 @@ def test_records_over_http_match_local(make_records):
         assert all(sorted(image_ids([batch])) == list(range(13)) for batch in train.take(2))
 
 
+def test_uncached_http_training_shuffles_each_pass_on_its_own(make_records):
+    # The http stream never ends: a 2,048-record buffer over 13 records mixed ~150 passes
+    # into each "epoch" (images repeated, others missing). One shard: the stream's passes
+    # are exact (shards read side by side overlap at a pass's end).
+    folder = make_records(counts={"train": [13], "validation": [5]})
+    with remote.ObjectServer({"records": folder}) as server:
+        train = train_dataset(
+            server.url("records"), batch_size=13, augment=None, normalization="raw", seed=0,
+            cache="off",
+        )
+        batches = [image_ids([batch]) for batch in train.take(3)]
+    assert all(sorted(ids) == list(range(13)) for ids in batches)
+    assert batches[0] != batches[1]
+
+
 def test_corrupt_remote_shard_names_the_url(make_records):
     folder = make_records(counts={"train": [7], "validation": [5]})
     path = folder / "validation-00000-of-00001-5.tfrec"

@@ -146,7 +146,8 @@ def train_dataset(
             ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
             path (kept and reused by later runs on the same data and input pipelines; not
             with ``skip_corrupt``), or ``"off"``/None.
-        shuffle_buffer: elements in the shuffle buffer.
+        shuffle_buffer: elements in the shuffle buffer. (Uncached data read over http is an
+            endless stream: a pass no larger than the buffer is shuffled whole instead.)
         seed: makes shuffling and augmentation reproducible; None draws one.
         deterministic: keep element order fixed; default True when ``seed`` is given.
         label_mode: ``"one_hot"`` (float32 ``[B, C]``) or ``"sparse"`` (int32 ``[B]``).
@@ -240,7 +241,7 @@ def train_dataset(
         if start_step:
             # Another order than the first passes': a resumed run does not replay them.
             stages["seed"] = (seed.value + 104729 * int(start_step)) % (2**31 - 1024)
-        ds = _endless(src, split, deterministic=deterministic, **stages)
+        ds = _endless(src, split, deterministic=deterministic, count=count, **stages)
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
     ds = ds.enumerate(start=int(start_step))
     ds = ds.map(
@@ -513,7 +514,7 @@ def _read(
 
 def _endless(
     src, split, *, seed, deterministic, input_context, skip_corrupt, cache_to, decode,
-    group_decode, shuffle_buffer, per_replica,
+    group_decode, shuffle_buffer, per_replica, count,
 ):
     """Batches of ``(uint8 images, class ids)`` from one reshuffling, repeating stream.
 
@@ -538,7 +539,14 @@ def _endless(
         ds = ds.cache(cache_to)
     # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
     #    epoch; then repeat forever (training runs for a number of steps).
-    if shuffle_buffer:
+    if shuffle_buffer and src.remote and cache_to is None and count <= shuffle_buffer:
+        # The remote stream never ends (its requests run on across passes): a buffer
+        # larger than a pass would fill with many passes and mix them into one "epoch".
+        # A pass fits the buffer: shuffle each pass on its own, as tf.data does locally.
+        # (Shards read side by side overlap at the end of a pass: a few shards' records of
+        # the next pass come in before the last ones of this pass.)
+        ds = _shuffled_passes(ds, count, seed + 1)
+    elif shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     ds = ds.repeat()
     if group_decode is not None:
@@ -556,6 +564,20 @@ def _endless(
     return ds.batch(
         per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
+
+
+def _shuffled_passes(ds: tf.data.Dataset, count: int, seed: int) -> tf.data.Dataset:
+    """An endless stream cut into passes of ``count`` elements, each one in its own order
+    (a function of ``seed`` and the pass)."""
+
+    def shuffle(index, elements):
+        n = tf.shape(tf.nest.flatten(elements)[0])[0]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(n), seed=tf.stack([tf.constant(seed, tf.int64), index])
+        )
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), elements)
+
+    return ds.batch(count).enumerate().map(_graph(shuffle)).unbatch()
 
 
 def _passes(
