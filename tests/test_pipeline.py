@@ -623,6 +623,20 @@ def test_bench_input_warns_when_the_folder_is_not_where_the_records_came_from(
     assert "warning" not in capsys.readouterr().out
 
 
+def test_bench_input_names_the_files_its_folder_leaves_out_once(small_records, small_flowers,
+                                                                 tmp_path, capsys, caplog):
+    from conftest import _link_subset
+    from petal.cli import main
+
+    photos = _link_subset(small_flowers, tmp_path / "photos", 2)
+    (next(photos.iterdir()) / "notes.txt").write_text("not a photo")
+    argv = ["bench", "input", str(small_records), "--cases", "folder", "--batch-size", "2",
+            "--seconds", "0.2", "--repeat", "2", "--folder", str(photos)]
+    assert main(argv) == 0
+    said = capsys.readouterr().out + caplog.text
+    assert said.count("notes.txt") == 1, said
+
+
 def test_codelab_style_shards_of_only_image_and_class_are_read(tmp_path):
     """Shards written with the image bytes and the class alone (Kaggle's flowers): JPEGs
     carry their own size (a required size feature made every record 'corrupt')."""
@@ -857,3 +871,25 @@ def test_raw_batches_are_decoded_in_one_op(make_records, batch):
     expected = [single(blob) for blob in blobs]
     np.testing.assert_array_equal(images.numpy(), np.stack([e[0].numpy() for e in expected]))
     np.testing.assert_array_equal(labels.numpy(), [int(e[1]) for e in expected])
+
+
+def test_the_library_names_the_files_an_image_folder_leaves_out(small_flowers, tmp_path,
+                                                                 caplog):
+    # petal train and evaluate printed these; the datasets built from a path were silent.
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir())[:2]:
+        (folder / cls).mkdir(parents=True)
+        for photo in sorted((small_flowers / cls).iterdir())[:4]:
+            (folder / cls / photo.name).symlink_to(photo.resolve())
+    (folder / "loose.jpg").symlink_to(next((folder / cls).iterdir()).resolve())
+    (folder / cls / "notes.txt").write_text("not a photo")
+    with caplog.at_level("WARNING", logger="petal.data.pipeline"):
+        eval_dataset(str(folder), batch_size=4, image_size=32)
+    said = [r.getMessage() for r in caplog.records if r.name == "petal.data.pipeline"]
+    assert len(said) == 1 and "loose.jpg" in said[0] and "notes.txt" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="petal.data.pipeline"):
+        train_dataset(str(folder), batch_size=4, image_size=32)
+        train_dataset(open_source(str(folder)), batch_size=4, image_size=32)  # caller's notes
+    said = [r.getMessage() for r in caplog.records if r.name == "petal.data.pipeline"]
+    assert len(said) == 1 and "loose.jpg" in said[0], said

@@ -608,8 +608,12 @@ def run(
             f"remote_latency_ms={remote_latency_ms}"
         )
     uses_folder = "folder" in wanted or "remote" in wanted
+    folder_src = None
     if folder and uses_folder:
-        _check_folder(folder, _opened("--folder", folder), src, progress)
+        folder_src = _opened("--folder", folder)
+        _check_folder(folder, folder_src, src, progress)
+        for note in folder_src.notes:  # files the folder cases do not read, said once
+            progress(f"warning: {note}")
     if raw_records is not None and "raw" in wanted:
         raw = _opened("--raw-records", raw_records)
         if raw.format != schema.FORMAT_RAW:
@@ -685,7 +689,7 @@ def run(
                 plan.append(
                     (
                         f"folder{sfx}",
-                        pipeline_case(folder, aug),
+                        pipeline_case(folder_src, aug),
                         folder,
                         aug_name,
                         "read, decode and resize every file",

@@ -182,7 +182,7 @@ def train_dataset(
     Returns:
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
     """
-    src = open_source(source)
+    src = _open(source)
     _check_context(input_context, skip_corrupt)
     decoder = _check_choice("decoder", decoder, DECODERS)
     resize = _check_choice("resize", resize, FOLDER_RESIZE_MODES)
@@ -283,7 +283,7 @@ def eval_dataset(
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
     """
-    src = open_source(source)
+    src = _open(source)
     _check_context(input_context, skip_corrupt)
     resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
     label_mode = _check_choice("label_mode", label_mode, LABEL_MODES)
@@ -323,6 +323,17 @@ def eval_dataset(
     )
     ds = ds.prefetch(AUTOTUNE)
     return ds.with_options(_options(True, input_context))
+
+
+def _open(source) -> Source:
+    """:func:`open_source`, warning (on this module's logger) about the files an image folder
+    given by its path leaves out. A :class:`Source` passed in is not warned about again: its
+    opener shows its ``notes`` (``petal train`` and ``petal evaluate`` print them)."""
+    src = open_source(source)
+    if not isinstance(source, Source):
+        for note in src.notes:
+            log.warning("%s", note)
+    return src
 
 
 def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
