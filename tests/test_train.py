@@ -1059,3 +1059,18 @@ def _kept_until(lines: list[str], prefix: str):
         stop(line)
 
     return log
+
+
+def test_too_few_images_for_a_batch_names_the_setting_that_made_it(make_records, tmp_path):
+    # codelab-convnet trains one device at single_device_batch_size=128, not batch_size=16:
+    # naming batch_size=16 as the culprit made no sense.
+    records = make_records(counts={"train": [30], "validation": [10]})
+    cfg = tiny_config(records, single_device_batch_size=64, steps_per_epoch=None)
+    with pytest.raises(PetalError) as err:
+        train(cfg, tmp_path / "run", log=lambda line: None)
+    assert "fewer than one global batch of 64" in str(err.value)
+    assert str(err.value).endswith("Received: single_device_batch_size=64")
+    with pytest.raises(PetalError) as err:
+        train(cfg.replace(single_device_batch_size=None, batch_size=40), tmp_path / "run2",
+              log=lambda line: None)
+    assert str(err.value).endswith("Received: batch_size=40 per replica x 1 replica(s)")

@@ -851,9 +851,14 @@ def train(
     eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
+        # Name the setting that made the global batch (a preset's one-device batch on one).
+        if replicas == 1 and cfg.single_device_batch_size:
+            given = f"single_device_batch_size={cfg.single_device_batch_size}"
+        else:
+            given = f"batch_size={cfg.batch_size} per replica x {replicas} replica(s)"
         raise PetalError(
             f"The training split of {cfg.data} has {train_count} images, fewer than one global "
-            f"batch of {global_batch}; lower batch_size. Received: batch_size={cfg.batch_size}"
+            f"batch of {global_batch}; lower batch_size (--set batch_size=N). Received: {given}"
         )
     weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
     peak = _peak_lr(cfg, global_batch)
