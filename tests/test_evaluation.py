@@ -182,6 +182,14 @@ def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
             assert "<b>Warning:</b> " in build_report(run).read_text()
         else:  # the same split at another size: held out as well
             assert warnings == [] and "warnings" not in report
+        # All of it holds the 50 photos the run trained on, however it was split.
+        warnings.clear()
+        report = evaluate(trained, again, split="all", out_dir=again.with_suffix(".all"),
+                          log=quiet, warn=warnings.append)
+        assert report["count"] == 60 and len(warnings) == 1, warnings
+        assert (f"{again} was converted from {small_flowers} like the run's records "
+                f"{small_records}: the all split scored holds 50 of its 60 images the model "
+                "trained on") in warnings[0]
 
 
 def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(

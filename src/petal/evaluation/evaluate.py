@@ -297,17 +297,30 @@ def _split_key(manifest: dict) -> tuple:
 
 
 def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | None:
-    """A warning when ``source`` holds records converted from the same images as the run's
-    but split differently: their validation split may hold images the run trained on.
-    ``trained_on`` (the manifest of the run's records) is None for the run's own data."""
+    """A warning when ``source`` holds records converted from the same images as the run's:
+    their validation split may hold images the run trained on when split differently, and
+    their train (or whole) split holds them however split. ``trained_on`` (the manifest of
+    the run's records) is None for the run's own data."""
     ours = run.config.get("data") or ""
-    if split != "validation" or source.kind != "records" or trained_on is None:
+    if source.kind != "records" or trained_on is None:
         return None
     theirs = source.manifest
     origin = trained_on.get("source")
-    if not origin or not theirs.get("source"):
+    if not origin or not theirs.get("source") or not same_place(theirs["source"], origin):
         return None
-    if not same_place(theirs["source"], origin) or _split_key(theirs) == _split_key(trained_on):
+    if split != "validation":
+        scored, trained = _scored_names(source, split), _trained_names(run, origin)
+        shared = scored & trained if scored is not None and trained is not None else None
+        if shared == set():
+            return None
+        how_many = f"{len(shared)} of its {len(scored)} images" if shared else "images"
+        return (
+            f"{source.path} was converted from {origin} like the run's records {ours}: the "
+            f"{split} split scored holds {how_many} the model trained on, so the score "
+            "overstates how it does on new photos. For a held-out score evaluate on the "
+            "validation split (omit --split)."
+        )
+    if _split_key(theirs) == _split_key(trained_on):
         return None
     return (
         f"{source.path} was converted from {origin} like the run's records {ours}, but split "
