@@ -292,3 +292,13 @@ def test_names_in_messages_are_printable(tmp_path):
     with pytest.raises(PetalError, match=r"Found classes: a\\x1b\[2J, b\\nc\.$"):
         find_images(tmp_path, ["lilies"])
     assert some_names(["x\ny", "é", os.fsdecode(b"\xff")]) == "x\\ny, é, \\xff"
+
+
+def test_same_place_reads_a_urls_scheme_and_host_in_any_case_but_not_its_path():
+    from petal.data.folders import same_place
+
+    assert same_place("HTTP://127.0.0.1:8000/Data/", "http://127.0.0.1:8000/Data")
+    assert same_place("http://Store.Example:80/a", "http://store.example:80/a/")
+    assert same_place("GS://bucket/flowers", "gs://bucket/flowers")
+    assert not same_place("http://store.example/Data", "http://store.example/data")
+    assert not same_place("gs://bucket/a", "gs://bucket/b")

@@ -178,11 +178,21 @@ def is_within(path, folder) -> bool:
 
 def same_place(a, b) -> bool:
     """Whether two paths name the same file or folder: links resolved for local paths, the
-    text without a trailing slash for remote ones."""
+    text without a trailing slash for remote ones (their scheme and host in any case)."""
     a, b = str(a), str(b)
     if is_remote(a) or is_remote(b):
-        return a.rstrip("/") == b.rstrip("/")
+        return _url_key(a) == _url_key(b)
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _url_key(url: str) -> str:
+    """``url`` without a trailing slash, its scheme and host (not its path) in lower case."""
+    url = url.rstrip("/")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, path = rest.partition("/")
+    return f"{scheme.lower()}://{host.lower()}{slash}{path}"
 
 
 def join(root: str, *parts: str) -> str:
