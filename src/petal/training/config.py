@@ -236,12 +236,10 @@ class TrainConfig:
                 "head_epochs is only used with fine_tune='head_then_all'. "
                 f"Received: head_epochs={self.head_epochs}, fine_tune={self.fine_tune!r}"
             )
-        if self.cache not in ("auto", True, False):
-            raise PetalError(f"cache must be 'auto', true or false. Received: cache={self.cache!r}")
-        if self.jit_compile not in ("auto", True, False):
-            raise PetalError(
-                f"jit_compile must be 'auto', true or false. Received: jit_compile={self.jit_compile!r}"
-            )
+        for name, expected in _EXPECTED.items():
+            value = getattr(self, name)
+            if value not in ("auto", True, False):
+                raise PetalError(f"{name} must be {expected}. Received: {name}={value!r}")
         return self
 
 
@@ -634,7 +632,7 @@ _WORDS = {
     str: "a string",
     dict: "a JSON object",
 }
-# Fields whose string takes a few values only: those values.
+# Fields whose string takes a few values only: those values (checked by validate()).
 _EXPECTED = {
     "cache": "'auto', true or false",
     "jit_compile": "'auto', true or false",
