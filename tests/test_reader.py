@@ -466,3 +466,42 @@ def test_an_image_folder_with_a_class_folder_name_not_utf8_is_refused_naming_it(
     with pytest.raises(PetalError) as err:
         train_dataset(str(photos), batch_size=2, image_size=16)
     assert str(err.value) == message
+
+
+
+_GONE_SHARD = """
+import os, sys
+from petal.data import pipeline
+from petal.data.reader import input_error, open_source
+
+src = open_source(sys.argv[1])
+os.remove(src.files("train")[1])  # removed after the source was opened and checked
+make = getattr(pipeline, sys.argv[2])
+extra = dict(cache="off") if sys.argv[2] == "train_dataset" else dict(split="train")
+try:
+    for _ in make(src, batch_size=4, **extra).take(10):
+        pass
+    print("no error")
+except Exception as err:
+    print(type(err).__name__)
+    print(input_error(err, sys.argv[1], "train"))
+"""
+
+
+@pytest.mark.parametrize("fn", ["train_dataset", "eval_dataset"])
+def test_a_shard_removed_while_reading_fails_naming_it_and_does_not_hang(make_records, fn):
+    # TFRecordDataset(...).ignore_errors() retried a file it could not open forever: the
+    # pipeline spun at full CPU (and a process exiting with such an iterator alive hung).
+    import subprocess
+    import sys
+
+    folder = make_records(counts={"train": [10, 10], "validation": [5]})
+    out = subprocess.run([sys.executable, "-c", _GONE_SHARD, str(folder), fn],
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[:1] == ["NotFoundError"], out.stdout + out.stderr[-2000:]
+    assert lines[1] == (
+        f"petal train stopped: 1 shard(s) of {folder} can no longer be opened "
+        "(train-00001-of-00002-10.tfrec): removed while it ran? Restore them or convert again, "
+        "then run it again."
+    )

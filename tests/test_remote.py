@@ -716,3 +716,28 @@ def test_an_upper_case_scheme_is_a_url(make_records, capsys):
             assert main(command) == 2
             err = capsys.readouterr().err
             assert "hunter2" not in err and "***@127.0.0.1" in err
+
+
+_EXIT_WHILE_READING = """
+import sys
+from petal.data import remote
+from petal.data.pipeline import train_dataset
+
+server = remote.ObjectServer({"records": sys.argv[1]}).start()
+batches = iter(train_dataset(server.url("records"), batch_size=4, cache="off"))
+next(batches)
+server.stop()
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_exits_with_an_http_iterator_alive_and_the_store_gone(make_records):
+    # The staged copies are removed at exit; the reader retried opening one forever and the
+    # interpreter waited for it at exit.
+    import subprocess
+    import sys
+
+    folder = make_records(counts={"train": [10, 10, 10, 10], "validation": [5]})
+    out = subprocess.run([sys.executable, "-c", _EXIT_WHILE_READING, str(folder)],
+                         capture_output=True, text=True, timeout=90)
+    assert out.stdout == "exiting\n", out.stderr[-2000:]

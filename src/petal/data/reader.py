@@ -666,9 +666,24 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
     import tensorflow as tf
 
     name = path if name is None else name
-    # Counted in blocks: a scan step per record would cost more than reading it.
-    blocks = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors().batch(GUARD_BLOCK)
     graph = tf.autograph.experimental.do_not_convert  # no Python control flow on tensors
+
+    def opened(shard):
+        # Its first byte, read: a shard that cannot be opened (deleted since it was listed,
+        # a staged copy of a remote one removed at exit) fails here, once. ignore_errors()
+        # below would retry the open forever (TFRecordDataset does not move past a file it
+        # cannot open): the pipeline hung, spinning.
+        probe = tf.data.FixedLengthRecordDataset(shard, 1, buffer_size=1).take(1)
+        with tf.control_dependencies([probe.reduce(tf.constant(0, tf.int64), _plus_one)]):
+            return tf.identity(shard)
+
+    def records(shard):
+        # Counted in blocks: a scan step per record would cost more than reading it.
+        return tf.data.TFRecordDataset(shard, buffer_size=1 << 20).ignore_errors().batch(
+            GUARD_BLOCK
+        )
+
+    blocks = tf.data.Dataset.from_tensors(path).map(graph(opened)).flat_map(graph(records))
     blocks = blocks.map(graph(lambda b: (b, tf.constant(False))))
     end = tf.data.Dataset.from_tensors((tf.zeros([0], tf.string), tf.constant(True)))
 
@@ -729,6 +744,10 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
         .map(graph(lambda block, last, n: block))
         .unbatch()
     )
+
+
+def _plus_one(n, _):
+    return n + 1
 
 
 def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalError:
@@ -815,6 +834,13 @@ def input_error(
     unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)
     folder = _as_folder(data) if isinstance(err, unreadable) else None
     if folder is None:
+        gone = _gone_shards(data) if isinstance(err, unreadable) else []
+        if gone:
+            return PetalError(
+                f"petal {action} stopped: {len(gone)} shard(s) of {data} can no longer be "
+                f"opened ({folders.some_names([posixpath.basename(f) for f in gone])}): "
+                "removed while it ran? Restore them or convert again, then run it again."
+            )
         return None
     from petal.data.pipeline import undecodable_files
 
@@ -831,6 +857,19 @@ def _undecodable_records(data, split: str = "all") -> list[tuple[str, str]] | No
         return undecodable_records(data, split)
     except PetalError:
         return None
+
+
+def _gone_shards(data) -> list[str]:
+    """The shards of records ``data`` that no longer exist (local or ``gs://``)."""
+    import tensorflow as tf
+
+    try:
+        src = data if isinstance(data, Source) else open_source(str(data), verify=False)
+        if src.kind == "folder" or src.remote:
+            return []
+        return [f for f in src.files("all") if not tf.io.gfile.exists(f)]
+    except (PetalError, tf.errors.OpError):
+        return []
 
 
 def _as_folder(data) -> Source | None:
