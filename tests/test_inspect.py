@@ -63,6 +63,30 @@ def test_verify_ok(small_records):
     assert "verify: OK, 60 records in 4 shards" in str(report)
 
 
+def test_manifest_counts_that_disagree_with_the_records_are_problems(damaged):
+    """An edited manifest (per-class counts moved within a split, written and images_found
+    changed) was summarised as given and verified OK."""
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    train = manifest["splits"]["train"]["per_class"]
+    train["daisy"], train["dandelion"] = train["daisy"] - 3, train["dandelion"] + 3
+    manifest["written"], manifest["images_found"] = 63, 64
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    totals = [
+        "manifest.json: written 63, but its splits hold 60 records (train 50 + validation 10)",
+        "manifest.json: images_found 64, but its splits hold 60 records and it lists 0 skipped "
+        "(60)",
+    ]
+    report = inspect_records(damaged, progress=False)
+    assert report.problems == totals
+    assert str(report).startswith(f"{damaged}: 60 records, ")
+    report = inspect_records(damaged, verify=True, progress=False)
+    assert report.verified == 60 and report.problems == totals + [
+        "train: class 'daisy': 10 records read, the manifest's per_class says 7",
+        "train: class 'dandelion': 10 records read, the manifest's per_class says 13",
+    ]
+    assert "verify: 4 problems (60 records read):" in str(report)
+
+
 def test_verify_names_shard_and_record_of_a_flipped_byte(damaged):
     shard = damaged / "train-00001-of-00002-25.tfrec"
     data = bytearray(shard.read_bytes())
@@ -125,9 +149,11 @@ def test_skipped_files_are_listed(small_records, tmp_path):
     copy = shutil.copytree(small_records, tmp_path / "copy")
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["skipped"] = [{"file": f"daisy/bad{i}.jpg", "reason": "empty file"} for i in range(12)]
+    manifest["images_found"] += 12
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    text = str(inspect_records(copy, progress=False))
-    assert "skipped (12):" in text and "daisy/bad0.jpg: empty file" in text
+    report = inspect_records(copy, progress=False)
+    text = str(report)
+    assert report.ok and "skipped (12):" in text and "daisy/bad0.jpg: empty file" in text
     assert "... and 2 more" in text
 
 

@@ -668,8 +668,8 @@ def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     ]
     from petal.data.inspect import inspect_records
 
-    report = str(inspect_records(str(tmp_path / "out"), progress=False))
-    assert "byte-identical duplicates 2 (1 under more than one class)" in report
+    report = inspect_records(str(tmp_path / "out"), verify=True, progress=False)
+    assert report.ok and "byte-identical duplicates 2 (1 under more than one class)" in str(report)
 
 
 def test_skipped_copies_under_two_classes_are_not_a_contradiction(tmp_path):
@@ -682,6 +682,10 @@ def test_skipped_copies_under_two_classes_are_not_a_contradiction(tmp_path):
     assert [s["file"] for s in summary.manifest["skipped"]] == ["a/broken.jpg", "b/broken.jpg"]
     assert summary.manifest["duplicates_across_classes"] == []
     assert summary.warnings == []
+    from petal.data.inspect import inspect_records
+
+    # Every file found is written or skipped: inspect checks the manifest's totals.
+    assert inspect_records(str(tmp_path / "out"), verify=True, progress=False).ok
 
 
 def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):

@@ -95,10 +95,14 @@ def inspect_records(
     else:
         manifest = _complete(read_manifest(manifest_path))
     report = InspectReport(path=path, manifest=manifest)
+    # convert's totals, from the manifest alone: they must agree with its splits.
+    name = os.path.basename(manifest_path.rstrip("/")) if given_manifest else schema.MANIFEST_NAME
+    totals = _check_totals(manifest, name)
     if verify:
         report.verified, report.problems = _verify(path, manifest, progress)
+        report.problems = totals + report.problems
     else:
-        report.problems = counted + _check_files(path, manifest)
+        report.problems = totals + counted + _check_files(path, manifest)
     if source is None:  # a glob of shards may leave others beside them out on purpose
         report.problems += _unlisted(path, manifest)
     if grid is not None:
@@ -300,7 +304,7 @@ def _format(report: InspectReport) -> list[str]:
     if report.verified is None and not report.ok:
         # (The grid reads records until it has its images.)
         checked = "shard files and the records read for the grid" if report.grid else (
-            "shard files against the manifest"
+            "the manifest's totals and its shard files"
         )
         lines += [
             "",
@@ -339,7 +343,8 @@ def _sizes(shards: list[dict]) -> str:
 def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
     """The header of a records folder petal convert wrote: options, origin, counts."""
     return [
-        f"{path}: {m['written']} records, {m['format']} {size} "
+        f"{path}: {sum(m['splits'][s]['count'] for s in schema.SPLITS)} records, "
+        f"{m['format']} {size} "
         f"(resize {m['resize']}{quality}), {len(m['classes'])} classes, seed {m['seed']}",
         f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
         f"(TensorFlow {m.get('tensorflow_version', '?')}) from {printable(m.get('source', '?'))}",
@@ -364,7 +369,27 @@ def _listed(problems: list[str]) -> list[str]:
     return shown
 
 
-# --- shard files -------------------------------------------------------------------------------
+# --- manifest and shard files ------------------------------------------------------------------
+
+
+def _check_totals(manifest: dict, name: str) -> list[str]:
+    """The manifest's ``written`` and ``images_found`` against the records its splits hold
+    (every file found is either written or skipped), one line each where they differ."""
+    held = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
+    parts = " + ".join(f"{s} {manifest['splits'][s]['count']}" for s in schema.SPLITS)
+    problems = []
+    if manifest["written"] != held:
+        problems.append(
+            f"{name}: written {manifest['written']}, but its splits hold {held} records ({parts})"
+        )
+    skipped = len(manifest["skipped"])
+    if manifest["images_found"] != held + skipped:
+        problems.append(
+            f"{name}: images_found {manifest['images_found']}, but its splits hold {held} "
+            f"records and it lists {skipped} skipped ({held + skipped})"
+        )
+    return problems
+
 
 
 def _check_files(path: str, manifest: dict) -> list[str]:
@@ -476,6 +501,8 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
     total = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
     with tqdm(total=total, desc="verify", unit="rec", disable=not progress) as bar:
         for split in schema.SPLITS:
+            per_class = [0] * len(classes)  # of the records read
+            known = len(problems)
             for shard in manifest["splits"][split]["shards"]:
                 name = shard["file"]
                 file = folders.join(path, name)
@@ -531,6 +558,8 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     )
                     if issue:
                         problems.append(f"{name}: record {index}: {issue}")
+                    else:
+                        per_class[int(cls)] += 1
                     index += 1
                     bar.update()
                 read += index
@@ -543,6 +572,16 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                         f"{name}: {index} records read, manifest says {shard['count']}"
                         + (f", file name says {expected}" if expected is not None else "")
                     )
+            # Where every record of the split read, the table's counts must be theirs (a
+            # manifest may give none; a shard with a problem explains any shortfall).
+            said = manifest["splits"][split]["per_class"]
+            if said and len(problems) == known:
+                problems += [
+                    f"{split}: class {c!r}: {n} records read, the manifest's per_class says "
+                    f"{said.get(c, 0)}"
+                    for c, n in zip(classes, per_class, strict=True)
+                    if n != said.get(c, 0)
+                ]
     return read, problems
 
 
