@@ -226,6 +226,10 @@ def test_symlinked_folders_are_followed_without_cycles(tmp_path, small_flowers):
     assert folder.per_class() == {"daisy": 12, "roses": 1}
     # The link back to its own folder is not followed, and is listed rather than dropped.
     assert "roses/again/" in folder.ignored
+    assert folder.loops() == ["roses/again/"] and folder.other_files() == []
+    assert "1 link(s) back to a folder holding them, not followed (roses/again/)" in (
+        folder.unread_note()
+    )
 
 
 def test_a_class_folder_linking_to_another_class_lists_both(tmp_path):

@@ -649,6 +649,27 @@ def test_class_folder_files_of_other_types_are_named(tmp_path):
     )
 
 
+def test_a_folder_loop_is_listed_and_the_lists_add_up_to_the_ignored_files(tmp_path):
+    """A link back to an enclosing folder was counted in ignored_files but named in no list
+    and no warning."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3)
+    (src / "b" / "loop").symlink_to("../b", target_is_directory=True)
+    (src / "loose.jpg").write_bytes((src / "a" / "00.jpg").read_bytes())
+    (src / "a" / "scan.tiff").write_bytes(b"II*\x00")
+    (src / "a" / ".ipynb_checkpoints").mkdir()
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    m = summary.manifest
+    assert summary.written == 6 and m["folder_loops"] == ["b/loop/"]
+    lists = ("unclassified_images", "other_files", "hidden_entries", "folder_loops")
+    assert sum(len(m[key]) for key in lists) == m["ignored_files"] == 4
+    assert (
+        "1 folder link(s) lead back to a folder that holds them and were not followed "
+        "(b/loop/; listed in manifest.json as folder_loops): that folder's images are read "
+        "once, where it lies; remove the links to silence this"
+    ) in summary.warnings
+
+
 def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     """Both copies are written (each is a file the user gave), but their labels contradict
     each other: listed in the manifest and named in a warning. Copies within one class are

@@ -92,6 +92,19 @@ class ImageFolder:
             and not is_hidden_entry(n)
         ]
 
+    def loops(self) -> list[str]:
+        """Links back to a folder on their own path (``b/loop/ -> b``), not followed: that
+        folder's images are read once, where it lies. Not in a sub-folder a class list left
+        out."""
+        return [
+            n
+            for n in self.ignored
+            if n.endswith("/")
+            and "/" in n[:-1]
+            and n.split("/", 1)[0] not in self.left_out
+            and not is_hidden_entry(n)
+        ]
+
     def hidden(self) -> list[str]:
         """Hidden folders (``a/.ipynb_checkpoints/``) and hidden files with an image's
         extension (``a/._1.jpg``) that were not read: photos may hide in them."""
@@ -99,12 +112,14 @@ class ImageFolder:
 
     def unread_note(self) -> str:
         """One line naming the files that are not read (images outside any class, other
-        types, hidden entries: the lists ``petal convert`` keeps in its manifest), or ""."""
+        types, hidden entries, folder loops: the lists ``petal convert`` keeps in its
+        manifest), or ""."""
         parts = []
         for what, names in (
             ("directly in the folder, in no class", self.unclassified_images()),
             ("not of a type petal reads", self.other_files()),
             ("hidden", self.hidden()),
+            ("link(s) back to a folder holding them, not followed", self.loops()),
             ("sub-folder(s) empty, so no class", [f"{name}/" for name in self.empty]),
         ):
             if names:

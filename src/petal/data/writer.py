@@ -1142,7 +1142,8 @@ def convert(
 
 def _warnings(manifest: dict) -> list[str]:
     """What makes the records less useful than asked for: an empty split or class, images
-    outside any class or in hidden folders, the same photo under two classes."""
+    outside any class or in hidden folders, links not followed, the same photo under two
+    classes."""
     splits, fraction = manifest["splits"], manifest["val_fraction"]
     train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
     out = []
@@ -1195,6 +1196,12 @@ def _warnings(manifest: dict) -> list[str]:
             "names starting with '.', or __MACOSX: notebook checkpoints, macOS metadata; "
             "listed in manifest.json as hidden_entries): rename any that hold photos to "
             "convert them"
+        )
+    if loops := manifest.get("folder_loops"):
+        out.append(
+            f"{len(loops)} folder link(s) lead back to a folder that holds them and were not "
+            f"followed ({some_names(loops)}; listed in manifest.json as folder_loops): that "
+            "folder's images are read once, where it lies; remove the links to silence this"
         )
     if empty_folders := manifest.get("empty_folders"):
         out.append(
@@ -1496,6 +1503,8 @@ def _manifest(
         "hidden_entries": _utf8_names(folder.hidden()),
         # Sub-folders with nothing in them: no classes (photos still to come?).
         "empty_folders": _utf8_names(folder.empty),
+        # Links back to a folder that holds them (b/loop -> ../b): not followed.
+        "folder_loops": _utf8_names(folder.loops()),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 
