@@ -157,6 +157,26 @@ def test_skipped_files_are_listed(small_records, tmp_path):
     assert "... and 2 more" in text
 
 
+def test_the_summary_counts_every_list_of_files_not_read(small_flowers, tmp_path):
+    """Only the hidden entries were counted; images in no class, files of other types,
+    empty folders and folder loops were in the manifest alone."""
+    from petal.data import convert
+
+    photos = link_photos(small_flowers, tmp_path / "photos", per_class=3, classes=2)
+    (photos / "loose.jpg").symlink_to(next((photos / "daisy").iterdir()).resolve())
+    (photos / "daisy" / "scan.tiff").write_bytes(b"II*\x00")
+    (photos / "daisy" / "notes").write_bytes(b"x")
+    (photos / "daisy" / ".ipynb_checkpoints").mkdir()
+    (photos / "later").mkdir()
+    (photos / "dandelion" / "loop").symlink_to("../dandelion", target_is_directory=True)
+    convert(photos, tmp_path / "records", image_size=16, workers=1, progress=False)
+    text = str(inspect_records(tmp_path / "records", progress=False))
+    assert (
+        "found 6, written 6, skipped 0, images in no class not read 1, other-type files not "
+        "read 2, hidden entries not read 1, empty folders 1, folder loops not followed 1\n"
+    ) in text
+
+
 def test_no_manifest(tmp_path):
     with pytest.raises(PetalError, match="No readable manifest.json"):
         inspect_records(tmp_path)

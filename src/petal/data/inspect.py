@@ -28,6 +28,14 @@ _LIST_SHARDS = 12  # shards listed one per line; more are summarised
 _LIST_SKIPPED = 10
 _LIST_PROBLEMS = 20
 _IMAGE_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
+# The manifest's lists of what convert did not read, as the summary counts them.
+_UNREAD = (
+    ("unclassified_images", "images in no class not read"),
+    ("other_files", "other-type files not read"),
+    ("hidden_entries", "hidden entries not read"),
+    ("empty_folders", "empty folders"),
+    ("folder_loops", "folder loops not followed"),
+)
 
 
 @dataclass
@@ -355,7 +363,7 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
             if (across := m.get("duplicates_across_classes"))
             else ""
         )
-        + (f", hidden entries not read {len(h)}" if (h := m.get("hidden_entries")) else ""),
+        + "".join(f", {what} {len(m[key])}" for key, what in _UNREAD if m.get(key)),
         "",
     ]
 
