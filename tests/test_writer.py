@@ -693,6 +693,34 @@ def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     assert report.ok and "byte-identical duplicates 2 (1 under more than one class)" in str(report)
 
 
+def test_a_class_of_copies_of_another_class_s_images_is_told_the_real_fix(tmp_path):
+    """c's only image is a copy of one of a's: it goes to the split a sends its copy to.
+    The warning said to lower --val-fraction or add images, which changes nothing."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 4)
+    (src / "c").mkdir()
+    (src / "c" / "copy.jpg").write_bytes((src / "a" / "00.jpg").read_bytes())
+    for seed, missing, side, effect in (
+        (1, "training", "validation", "the model never sees it"),
+        (0, "validation", "training", "its accuracy is not measured"),
+    ):
+        summary = convert(src, tmp_path / f"out{seed}", image_size=8, seed=seed, workers=1,
+                          progress=False)  # fmt: skip
+        assert (
+            f"no {missing} images for class c: its 1 image(s) (c/copy.jpg) are byte-identical "
+            f"copies of images of another class and went to {side} with them (listed in "
+            f"manifest.json as duplicates_across_classes): {effect}; keep each photo in one "
+            "class and convert again"
+        ) in summary.warnings
+    # With an image of its own, the share sent that one too: that warning stands.
+    (src / "c" / "own.jpg").write_bytes(_jpeg(_photo(12, 16, seed=999)))
+    summary = convert(src, tmp_path / "out", image_size=8, seed=0, workers=1, progress=False)
+    assert summary.warnings[-1] == (
+        "no validation images for class c (too few images for val_fraction 0.19): its "
+        "accuracy is not measured; raise --val-fraction or add images"
+    )
+
+
 def test_skipped_copies_under_two_classes_are_not_a_contradiction(tmp_path):
     """The same unreadable bytes under two classes wrote no label: no contradiction."""
     src = tmp_path / "src"

@@ -834,7 +834,8 @@ def split_files(
     Files with identical bytes form a group that goes to one side as a whole, so no
     image is in both splits. Each class sends ``round(val_fraction * n)`` of its files
     (counting groups it owns) to validation, chosen by a generator seeded with the seed
-    and the class name, so one class's split does not depend on the others.
+    and the class name, so one class's split does not depend on the others. A group under
+    several classes belongs to the first: a copy filed under a later class goes with it.
     """
     groups: dict[str, list[_Probed]] = {}
     for item in probed:
@@ -1165,12 +1166,20 @@ def _warnings(manifest: dict) -> list[str]:
             f"no records for class {some_names(empty)}: every one of its files was skipped "
             "(see the skipped files in manifest.json)"
         )
+    # A class whose images are all copies of another class's went where that class's went:
+    # the share is not the cause, and changing it is not the fix.
+    copies = _copies_of_others(manifest)
     no_train = [c for c in manifest["classes"] if train[c] == 0 and val[c] > 0]
-    if no_train:
+    copied = [c for c in no_train if len(copies.get(c, [])) == val[c]]
+    if shared := [c for c in no_train if c not in copied]:
         out.append(
-            f"no training images for class {some_names(no_train)} (all went to validation): "
+            f"no training images for class {some_names(shared)} (all went to validation): "
             "the model never sees it; lower --val-fraction or add images"
         )
+    out += [
+        _copied(c, copies[c], "training", "validation", "the model never sees it")
+        for c in copied
+    ]
     unclassified = manifest.get("unclassified_images") or []
     if unclassified:
         out.append(
@@ -1221,13 +1230,42 @@ def _warnings(manifest: dict) -> list[str]:
         )
     if splits["validation"]["count"] > 0:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
-        if no_val:
+        copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
+        if shared := [c for c in no_val if c not in copied]:
             out.append(
-                f"no validation images for class {some_names(no_val)} (too few images for "
+                f"no validation images for class {some_names(shared)} (too few images for "
                 f"val_fraction {fraction}): its accuracy is not measured; raise "
                 "--val-fraction or add images"
             )
+        out += [
+            _copied(c, copies[c], "validation", "training", "its accuracy is not measured")
+            for c in copied
+        ]
     return out
+
+
+def _copies_of_others(manifest: dict) -> dict[str, list[str]]:
+    """Per class, its files that are byte-identical copies of an image of a class listed
+    before it: :func:`split_files` sends them to the side that class sends the image to."""
+    index = {c: i for i, c in enumerate(manifest["classes"])}
+    out: dict[str, list[str]] = {}
+    for group in manifest.get("duplicates_across_classes") or []:
+        owner = min(index[f.split("/", 1)[0]] for f in group)
+        for f in group:
+            if index[f.split("/", 1)[0]] != owner:
+                out.setdefault(f.split("/", 1)[0], []).append(f)
+    return out
+
+
+def _copied(name: str, copies: list[str], missing: str, side: str, effect: str) -> str:
+    """The warning for a class with no ``missing`` images because every one of its images
+    is a copy of another class's, which took it to ``side``."""
+    return (
+        f"no {missing} images for class {some_names([name])}: its {len(copies)} image(s) "
+        f"({some_names(copies, 3)}) are byte-identical copies of images of another class "
+        f"and went to {side} with them (listed in manifest.json as duplicates_across_classes): "
+        f"{effect}; keep each photo in one class and convert again"
+    )
 
 
 def _nothing_usable(source: str, skipped: list[dict]) -> str:
