@@ -201,6 +201,19 @@ def test_image_size_over_jpeg_limit(small_flowers, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_max_pixels_below_the_default_size_names_both(small_flowers, tmp_path, capsys):
+    """The error said "Received: image_size=None" for the default size and left out the
+    option that was really at fault."""
+    out = tmp_path / "out"
+    assert main(["convert", str(small_flowers), str(out), "--max-pixels", "100"]) == 2
+    assert _error_line(capsys) == (
+        "petal convert: error: image_size 192x192 is 36,864 pixels, more than max_pixels 100; "
+        "choose a smaller --image-size or raise --max-pixels. Received: image_size=192 (the "
+        "default), max_pixels=100"
+    )
+    assert not out.exists()
+
+
 def test_inspect_grid_paths(small_records, tmp_path, capsys):
     assert main(["inspect", str(small_records), "--grid", str(tmp_path / "g.txt")]) == 2
     line = _error_line(capsys)

@@ -631,26 +631,34 @@ def _is_number(value) -> bool:
 
 
 def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, received) -> None:
-    """Refuses a stored size that no image could be written at, before any work is done."""
+    """Refuses a stored size that no image could be written at, before any work is done.
+
+    ``received`` is the ``image_size`` given (None: the default was used, and is named).
+    """
     h, w = size
+    if received is None:
+        received = f"image_size={images.DEFAULT_IMAGE_SIZE} (the default)"
+    else:
+        received = f"image_size={received!r}"
     if format == schema.FORMAT_JPEG and max(size) > images.JPEG_MAX_SIDE:
         raise PetalError(
             f"image_size {h}x{w} is too large for JPEG, which allows at most "
             f"{images.JPEG_MAX_SIDE} pixels per side; choose a smaller --image-size or "
-            f"--format raw. Received: image_size={received!r}"
+            f"--format raw. Received: {received}"
         )
     # Each worker holds several float32 copies of the stored image, so the limit on the
     # images it decodes applies to the images it writes too.
     if h * w > max_pixels:
         raise PetalError(
             f"image_size {h}x{w} is {h * w:,} pixels, more than max_pixels {max_pixels:,}; "
-            f"choose a smaller --image-size or raise --max-pixels. Received: image_size={received!r}"
+            f"choose a smaller --image-size or raise --max-pixels. Received: {received}, "
+            f"max_pixels={max_pixels}"
         )
     if format == schema.FORMAT_RAW and h * w * 3 > images.RAW_MAX_BYTES:
         raise PetalError(
             f"image_size {h}x{w} needs {h * w * 3:,} bytes per raw record, more than a "
             f"record can hold ({images.RAW_MAX_BYTES:,}); choose a smaller --image-size or "
-            f"--format jpeg. Received: image_size={received!r}"
+            f"--format jpeg. Received: {received}"
         )
 
 
