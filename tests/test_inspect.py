@@ -180,12 +180,22 @@ def test_the_summary_counts_every_list_of_files_not_read(small_flowers, tmp_path
 def test_no_manifest(tmp_path):
     with pytest.raises(PetalError, match="No readable manifest.json"):
         inspect_records(tmp_path)
-    # Nothing there, or a file: said so (both once read as "no readable manifest.json").
-    with pytest.raises(PetalError, match=r"^Data source not found: .*nope\."):
+    # Nothing there, or a file: said so (both once read as "no readable manifest.json"),
+    # offering what inspect reads (a folder of class sub-folders was offered, and refused).
+    what = (
+        "; pass a records folder (petal convert writes one) or codelab shards (their folder, "
+        "or a glob such as DIR/*.tfrec)."
+    )
+    with pytest.raises(PetalError) as info:
         inspect_records(tmp_path / "nope")
+    assert str(info.value) == f"Records not found: {tmp_path / 'nope'}{what}"
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(PetalError, match=r"^Data source is a file, not a folder: .*notes.txt"):
+    with pytest.raises(PetalError) as info:
         inspect_records(tmp_path / "notes.txt")
+    assert str(info.value) == f"{tmp_path / 'notes.txt'} is a file, not a records folder{what}"
+    (tmp_path / "one.tfrec").write_text("x")  # its folder is named
+    with pytest.raises(PetalError, match=r"a file, not a folder: .*one.tfrec; pass the folder"):
+        inspect_records(tmp_path / "one.tfrec")
 
 
 def test_codelab_shards_without_a_manifest_as_training_reads_them(make_records, tmp_path):

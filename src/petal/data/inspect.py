@@ -136,8 +136,19 @@ def _codelab_source(path: str):
     except ShardsWithoutManifest:
         raise  # said as training says it
     except PetalError:
-        if pattern or not folders.isdir(path):  # a glob, a file or nothing: say which
+        # What inspect reads, not what training reads (a folder of class sub-folders too).
+        what = (
+            "pass a records folder (petal convert writes one) or codelab shards (their "
+            f"folder, or a glob such as DIR/*{schema.SHARD_SUFFIX})"
+        )
+        if pattern:  # no shard matches: said as training says it
             raise
+        if not folders.exists(path):
+            raise PetalError(f"Records not found: {path}; {what}.") from None
+        if path.endswith(schema.SHARD_SUFFIX):  # one shard: its folder is named
+            raise
+        if not folders.isdir(path):
+            raise PetalError(f"{path} is a file, not a records folder; {what}.") from None
         return None  # read_manifest says what is missing
     if source.kind == "folder":
         raise PetalError(
