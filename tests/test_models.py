@@ -85,6 +85,15 @@ def test_model_info_and_registry_errors():
         create_model("resnet9", 5)
     with pytest.raises(PetalError, match="at least 71x71.*image_size=64"):
         create_model("xception", 5, 64)
+    # The size may be the records' (no --image-size given): both ways out are named.
+    with pytest.raises(PetalError, match=r"at least 71x71 pixels \(default 331\): pass "
+                       r"--image-size 71 or more \(image_size=71; smaller records are upscaled\)"
+                       r", or convert the photos .*petal convert SRC DST --image-size 71\)\. "
+                       r"Received: image_size=\(64, 64\)$"):  # fmt: skip
+        create_model("xception", 5, (64, 64))
+    with pytest.raises(PetalError, match=r"at least 16x16 pixels \(default 192\): pass --set "
+                       r"train_image_size=16 or more\. Received: train_image_size=8$"):  # fmt: skip
+        model_info("squeezenet").image_hw(8, "train_image_size")
     with pytest.raises(PetalError, match="image_size=-3"):
         create_model("squeezenet", 5, -3)
     with pytest.raises(PetalError, match="image_size=0"):
@@ -126,11 +135,140 @@ def test_imagenet_weights_offline_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(file_utils, "get_file", offline)
     # The whole reason, however long the address (it was cut at 200 characters, mid-word).
+    # Words for the command line and for Python: it said only weights=PATH, weights=None.
     with pytest.raises(
         PetalError, match="Cannot download the ImageNet weights of 'mobilenet_v2' .*Name or "
-        r"service not known\. Copy the weights file .*weights=PATH"
+        r"service not known\. Copy the published file into .*models/, or pass --weights PATH "
+        r"\(weights=PATH\) .*--weights none \(weights=None\) to train from scratch"
     ):
         create_model("mobilenet_v2", 5, 96, weights="imagenet")
+
+
+def _randomized(model: keras.Model, seed: int = 0) -> keras.Model:
+    """``model`` with every variable (BatchNorm statistics too) set to distinct values."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.uniform(0.5, 1.5, variable.shape).astype(variable.dtype))
+    return model
+
+
+def _save_legacy_h5(model: keras.Model, path) -> None:
+    """Save weights in tf.keras 2's .h5 layout, that of the published keras.applications
+    files (Keras 3 saves only .weights.h5)."""
+    import h5py
+    from keras.src.legacy.saving import legacy_h5_format
+
+    with h5py.File(path, "w") as file:
+        legacy_h5_format.save_weights_to_hdf5_group(file, model)
+
+
+def _assert_backbone_holds(model: keras.Model, source: keras.Model) -> None:
+    """Every weighted layer of ``model``'s backbone holds the weights of ``source``'s layer
+    of the same name."""
+    layers = [layer for layer in get_backbone(model).layers if layer.weights]
+    assert layers
+    for layer in layers:
+        for a, b in zip(layer.weights, source.get_layer(layer.name).weights, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_cached_imagenet_file_that_does_not_fit_is_named(tmp_path, monkeypatch):
+    """petal's offline message says to copy the file into Keras' cache: one that does not load
+    was a ValueError traceback ("Layer count mismatch ... found 0 saved layers") or h5py's
+    "Unable to synchronously open file (truncated file ...)", naming neither file nor fix."""
+    import re
+
+    from keras.src.backend import config
+    from keras.src.utils import file_utils
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test tried to download")
+
+    monkeypatch.setattr(config, "_KERAS_DIR", str(tmp_path / "keras"))
+    monkeypatch.setattr(file_utils, "urlretrieve", no_network)
+    cached = tmp_path / "keras" / "models" / (
+        "mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_96_no_top.h5"
+    )
+    cached.parent.mkdir(parents=True)
+    source = _randomized(
+        keras.applications.MobileNetV2(include_top=False, weights=None, input_shape=(96, 96, 3))
+    )
+    keras3 = tmp_path / "keras3.weights.h5"
+    source.save_weights(keras3)
+    legacy = tmp_path / "legacy.h5"
+    _save_legacy_h5(source, legacy)
+    cases = {
+        keras3.read_bytes(): "it is a Keras 3 .weights.h5 file",
+        legacy.read_bytes()[:100_000]: "it holds 100,000 of its ",
+        b"not weights\n": "file signature not found",
+    }
+    for data, reason in cases.items():
+        cached.write_bytes(data)
+        with pytest.raises(PetalError, match=(
+            f"^The cached ImageNet weights file {re.escape(str(cached))} does not fit "
+            f"'mobilenet_v2' \\({reason}.*\\); delete it .* or replace it with the published "
+            "file. Received: weights='imagenet'$"
+        )):  # fmt: skip
+            create_model("mobilenet_v2", 5, 96, weights="imagenet")
+    cached.write_bytes(legacy.read_bytes())  # the published layout loads
+    _assert_backbone_holds(create_model("mobilenet_v2", 5, 96, weights="imagenet"), source)
+
+
+def test_keras_published_file_with_its_top_fills_the_backbone(tmp_path):
+    """The legacy .h5 file Keras downloads for include_top=True was refused as another model
+    ("Model expected 104 layers, found 105 saved layers"): it is the same backbone."""
+    source = _randomized(keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3)))
+    path = tmp_path / "mobilenet_v2_top.h5"
+    _save_legacy_h5(source, path)
+    lines = []
+    model = create_model("mobilenet_v2", 3, 32, weights=path, log=lines.append)
+    assert lines == [f"weights from {path}: backbone (the file's top left out: predictions)"]
+    _assert_backbone_holds(model, source)
+    # Loaded by layer name, but only where every layer fits: another width is refused.
+    narrow = tmp_path / "narrow_top.h5"
+    _save_legacy_h5(
+        keras.applications.MobileNetV2(alpha=0.5, weights=None, input_shape=(32, 32, 3)), narrow
+    )
+    with pytest.raises(PetalError, match="narrow_top.h5 does not match model 'mobilenet_v2' .*"
+                       "backbone by layer name: .*Conv1"):  # fmt: skip
+        create_model("mobilenet_v2", 3, 32, weights=narrow)
+    # Another model's file, its layers named otherwise, loads nothing (by name, Keras would
+    # skip every layer and say nothing).
+    other = tmp_path / "other_top.h5"
+    _save_legacy_h5(
+        keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(4, 3, name="conv"),
+                          keras.layers.GlobalAveragePooling2D(),
+                          keras.layers.Dense(10, name="predictions")]),
+        other,
+    )  # fmt: skip
+    with pytest.raises(PetalError, match="other_top.h5 does not match model 'mobilenet_v2'"):
+        create_model("mobilenet_v2", 3, 32, weights=other)
+
+
+def test_a_weights_file_named_for_the_other_layout_loads(tmp_path):
+    """Keras picks its loader from the name: a Keras 3 file renamed to .h5 (or a published
+    .h5 renamed to .weights.h5) read as holding no layers, "does not match model"."""
+    source = _randomized(
+        keras.applications.MobileNetV2(include_top=False, weights=None, input_shape=(32, 32, 3))
+    )
+    keras3_as_h5 = tmp_path / "keras3.h5"
+    source.save_weights(tmp_path / "keras3.weights.h5")
+    (tmp_path / "keras3.weights.h5").rename(keras3_as_h5)
+    legacy_as_keras3 = tmp_path / "legacy.weights.h5"
+    _save_legacy_h5(source, legacy_as_keras3)
+    for path in (keras3_as_h5, legacy_as_keras3):
+        lines = []
+        model = create_model("mobilenet_v2", 3, 32, weights=path, log=lines.append)
+        assert lines == [f"weights from {path}: backbone"]
+        _assert_backbone_holds(model, source)
+    # A whole petal model's file too, with the head (no backbone to fall back on).
+    petal_model = _randomized(create_model("squeezenet", 3, 32), seed=1)
+    renamed = tmp_path / "squeezenet.h5"
+    petal_model.save_weights(tmp_path / "squeezenet.weights.h5")
+    (tmp_path / "squeezenet.weights.h5").rename(renamed)
+    loaded = create_model("squeezenet", 3, 32, weights=renamed)
+    for a, b in zip(loaded.weights, petal_model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):

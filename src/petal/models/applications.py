@@ -5,12 +5,15 @@ the codelab's fine-tune layout. The backbone is a nested model named ``backbone`
 registry's freeze helpers find it and a backbone-only weights file can be loaded into it.
 
 ``weights="imagenet"`` downloads the published weights through Keras (cached under
-``~/.keras/models``); offline, a :class:`~petal.errors.PetalError` says how to pass a local file.
+``~/.keras/models``); offline, a :class:`~petal.errors.PetalError` says how to pass a local file,
+and a cached file Keras cannot load is named, to be deleted or replaced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import warnings
 from collections.abc import Callable
 
@@ -19,7 +22,15 @@ from keras import layers
 
 from petal.errors import PetalError, first_line
 from petal.models.blocks import classifier_head, image_input
-from petal.models.registry import BACKBONE_NAME, check_bool_options, freeze_batchnorm, register
+from petal.models.registry import (
+    BACKBONE_NAME,
+    _h5_reason,
+    _keras_reason,
+    check_bool_options,
+    freeze_batchnorm,
+    h5_layout,
+    register,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +79,14 @@ def build_application(
         The uncompiled model, named ``arch``.
 
     Raises:
-        PetalError: ImageNet weights were asked for but cannot be downloaded.
+        PetalError: ImageNet weights were asked for but cannot be downloaded, or the file in
+            Keras' cache does not load.
     """
     check_bool_options(arch, bn_frozen=bn_frozen, backbone_trainable=backbone_trainable)
     spec = _BACKBONES[arch]
+    fetched: list[str] = []  # the cached or downloaded ImageNet file Keras loads
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _recording_fetches(fetched):
             if weights is None:
                 # MobileNetV2 warns about which ImageNet weights it would load at odd sizes,
                 # even when it loads none.
@@ -86,14 +99,24 @@ def build_application(
             )
     except Exception as err:
         # keras.utils.get_file raises a bare Exception("URL fetch failure on ...") when offline;
-        # anything else is a real bug and propagates unchanged.
-        if weights != "imagenet" or "URL fetch failure" not in str(err):
+        # a file it found (in its cache) that Keras cannot load raises what h5py or Keras' loader
+        # raise. Anything else is a real bug and propagates unchanged.
+        if weights != "imagenet":
             raise
-        raise PetalError(
-            f"Cannot download the ImageNet weights of {arch!r} (offline?): {first_line(err)}. "
-            f"Copy the weights file into ~/.keras/models/ or pass weights=PATH to a local "
-            f".weights.h5 file (or weights=None to train from scratch). Received: weights='imagenet'"
-        ) from err
+        if "URL fetch failure" in str(err):
+            raise PetalError(
+                f"Cannot download the ImageNet weights of {arch!r} (offline?): "
+                f"{first_line(err)}. Copy the published file into {_cache_folder()}/, or pass "
+                f"--weights PATH (weights=PATH) to a local weights file, or --weights none "
+                f"(weights=None) to train from scratch. Received: weights='imagenet'"
+            ) from err
+        if fetched and isinstance(err, (ValueError, KeyError, TypeError, OSError, RuntimeError)):
+            raise PetalError(
+                f"The cached ImageNet weights file {fetched[-1]} does not fit {arch!r} "
+                f"({_cache_reason(fetched[-1], err)}); delete it (Keras downloads it again when "
+                "online) or replace it with the published file. Received: weights='imagenet'"
+            ) from None
+        raise
     # Renamed after construction: EfficientNetV2 uses its `name` argument to pick its blocks.
     backbone.name = BACKBONE_NAME
     backbone.trainable = backbone_trainable
@@ -104,6 +127,51 @@ def build_application(
     x = backbone(inputs)
     x = layers.GlobalAveragePooling2D(name="gap")(x)
     return keras.Model(inputs, classifier_head(x, num_classes, dropout=dropout), name=arch)
+
+
+@contextlib.contextmanager
+def _recording_fetches(fetched: list[str]):
+    """Append the path of every file ``keras.applications`` fetches (from Keras' cache, or
+    downloaded) to ``fetched``: a file Keras then fails to load is named to the user.
+
+    Keras' application modules call ``keras.src.utils.file_utils.get_file`` through the
+    module, so wrapping it there for the duration sees them. Where a Keras version does
+    otherwise nothing is recorded and the loader's error propagates unchanged.
+    """
+    from keras.src.utils import file_utils
+
+    get_file = file_utils.get_file
+
+    def recording(*args, **kwargs):
+        path = get_file(*args, **kwargs)
+        fetched.append(str(path))
+        return path
+
+    file_utils.get_file = recording
+    try:
+        yield
+    finally:
+        file_utils.get_file = get_file
+
+
+def _cache_folder() -> str:
+    """Where Keras caches the ImageNet files: ``$KERAS_HOME/models`` (``~/.keras/models``),
+    or ``/tmp/.keras/models`` where that folder cannot be written."""
+    from keras.src.backend import config
+
+    home = os.path.expanduser(config.keras_home())
+    if not os.access(home, os.W_OK):
+        home = os.path.join("/tmp", ".keras")
+    return os.path.join(home, "models")
+
+
+def _cache_reason(path: str, err: Exception) -> str:
+    """Why Keras could not load a cached ImageNet file, in a few words."""
+    if h5_layout(path) == "keras3":
+        return "it is a Keras 3 .weights.h5 file; the published files are tf.keras .h5 files"
+    if isinstance(err, (OSError, RuntimeError)):  # h5py's: cut short, not HDF5, damaged
+        return _h5_reason(err)
+    return _keras_reason(err)
 
 
 def _register(arch: str, description: str, normalization: str, default: int, minimum: int) -> None:

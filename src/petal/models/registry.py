@@ -11,9 +11,12 @@ JAX and PyTorch backends.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import re
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,9 +57,12 @@ class ModelInfo:
     min_image_size: int
     pretrained: bool = False
 
-    def image_hw(self, image_size: int | Sequence[int] | None) -> tuple[int, int]:
+    def image_hw(
+        self, image_size: int | Sequence[int] | None, argument: str = "image_size"
+    ) -> tuple[int, int]:
         """``image_size`` (a side or (height, width)) as (height, width), checked against the
-        model's minimum; None gives the default."""
+        model's minimum; None gives the default. ``argument`` names it in the messages
+        (``"train_image_size"`` for training crops)."""
         if image_size is None:
             return self.default_image_size, self.default_image_size
         if _is_int(image_size):
@@ -69,14 +75,23 @@ class ModelInfo:
             hw = (int(image_size[0]), int(image_size[1]))
         else:
             raise PetalError(
-                f"image_size must be a positive int or a (height, width) pair for model {self.name!r}. "
-                f"Received: image_size={image_size!r}"
+                f"{argument} must be a positive int or a (height, width) pair for model "
+                f"{self.name!r}. Received: {argument}={image_size!r}"
             )
         if min(hw) < self.min_image_size:
+            side = self.min_image_size
+            if argument == "image_size":
+                # Asked for, or the size of the records when none was: say both ways out.
+                fix = (
+                    f"pass --image-size {side} or more (image_size={side}; smaller records are "
+                    f"upscaled), or convert the photos at that size or more (petal convert SRC "
+                    f"DST --image-size {side})"
+                )
+            else:
+                fix = f"pass --set {argument}={side} or more"
             raise PetalError(
-                f"Model {self.name!r} needs images of at least {self.min_image_size}x"
-                f"{self.min_image_size} pixels (default {self.default_image_size}). "
-                f"Received: image_size={image_size!r}"
+                f"Model {self.name!r} needs images of at least {side}x{side} pixels (default "
+                f"{self.default_image_size}): {fix}. Received: {argument}={image_size!r}"
             )
         return hw
 
@@ -194,7 +209,9 @@ def create_model(
             when online; pretrained models only) or the path of a local ``.weights.h5`` file
             holding the weights of the whole model, of its backbone, or of the same model
             for another number of classes (a run's ``best.weights.h5``: everything but the
-            classifier head loads, and the head starts from random weights).
+            classifier head loads, and the head starts from random weights). A published
+            ``keras.applications`` ``.h5`` file loads into the backbone too, with or without
+            its ImageNet top.
         log: Called with one line saying what a weights file filled, when one is given.
         fresh_head: A weights file's classifier head is never loaded, even when its number
             of classes fits (it was trained on other classes, or on the same in another order).
@@ -284,7 +301,9 @@ def load_weights_file(
     Args:
         model: A model from :func:`create_model`.
         path: A ``.weights.h5`` file saved by ``model.save_weights`` from the same architecture
-            (same classes and image channels), or from the backbone alone.
+            (same classes and image channels), or from the backbone alone; or a legacy ``.h5``
+            file of the backbone (Keras' published ImageNet files), with or without its top.
+            Either layout loads whichever of the two suffixes it has.
         rebuild: Builds the same architecture for a given number of classes. With it, a file
             saved from the same model for other classes fills every layer but the final
             ``Dense`` classifier, which keeps its fresh weights (what timm and Keras users do
@@ -293,14 +312,28 @@ def load_weights_file(
             ``rebuild``): the file's classes are not the model's.
 
     Returns:
-        ``"model"``, ``"backbone"``, or ``"all but the N-class head"`` (N the file's
-        classes): which part the file filled.
+        ``"model"``, ``"backbone"``, ``"backbone (the file's top left out: predictions)"``
+        (the file's layers the backbone has not), or ``"all but the N-class head"`` (N the
+        file's classes): which part the file filled.
 
     Raises:
         PetalError: The file fits neither the model nor its backbone (the message names it).
     """
     path = Path(path)
     check_weights_file(path)  # else Keras would say it does not fit
+    with _named_for_keras(path) as keras_path:
+        return _load_weights_file(model, path, keras_path, rebuild, fresh_head)
+
+
+def _load_weights_file(
+    model: keras.Model,
+    path: Path,
+    keras_path: str,
+    rebuild: Callable[[int], keras.Model] | None,
+    fresh_head: bool,
+) -> str:
+    """:func:`load_weights_file` once the file is known to be readable, from ``keras_path``
+    (``path``, or a link to it whose name tells Keras its layout); messages name ``path``."""
     errors: list[str] = []
     targets: list[tuple[str, keras.Model]] = [] if fresh_head else [("model", model)]
     backbone = get_backbone(model)
@@ -312,7 +345,7 @@ def load_weights_file(
                 # A file for the other target makes Keras warn per skipped container before it
                 # raises; the error below says it once.
                 warnings.simplefilter("ignore", UserWarning)
-                target.load_weights(str(path))
+                target.load_weights(keras_path)
         except (OSError, RuntimeError) as err:  # h5py's: a read failed, whatever the model
             raise _damaged(path, err) from None
         except (ValueError, KeyError, TypeError) as err:
@@ -320,13 +353,21 @@ def load_weights_file(
             errors.append(f"{label}: {_keras_reason(err)}")
             continue
         return label
+    if backbone is not None:
+        try:
+            top = _load_backbone_of_full_application(backbone, keras_path)
+        except (ValueError, KeyError, TypeError) as err:
+            errors.append(f"backbone by layer name: {_keras_reason(err)}")
+        else:
+            if top:
+                return f"backbone (the file's top left out: {', '.join(top)})"
     if rebuild is not None:
         for classes in _head_sizes_in_file(model, path, own=fresh_head):
             twin = rebuild(classes)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
-                    twin.load_weights(str(path))
+                    twin.load_weights(keras_path)
             except (ValueError, KeyError, TypeError, OSError):
                 continue
             # The same architecture but for the head: every other layer's weights carry over.
@@ -339,6 +380,108 @@ def load_weights_file(
         "same model and image size"
         + (" (with any number of classes)." if rebuild is not None else ", and classes.")
     )
+
+
+def h5_layout(path: str | Path) -> str | None:
+    """Which Keras saved an HDF5 weights file, whatever its name.
+
+    Returns:
+        ``"legacy"`` for the ``.h5`` layout of tf.keras 2 and of the published
+        ``keras.applications`` files (one group per layer, listed in a ``layer_names``
+        attribute), ``"keras3"`` for Keras 3's ``.weights.h5`` layout (``layers`` and ``vars``
+        groups), or ``None`` for neither, or a file h5py cannot open.
+    """
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as file:
+            if _legacy_group(file) is not None:
+                return "legacy"
+            if "layers" in file or "vars" in file:
+                return "keras3"
+    except (OSError, RuntimeError):
+        pass
+    return None
+
+
+def _legacy_group(file):
+    """The group of a legacy ``.h5`` file that lists its layers (the root, or a whole model's
+    ``model_weights``), or ``None``."""
+    for group in (file, file.get("model_weights")):
+        if group is not None and any(key.startswith("layer_names") for key in group.attrs):
+            return group
+    return None
+
+
+def _h5_names(group, key: str) -> list[str]:
+    """A legacy ``.h5`` name list (``layer_names``, ``weight_names``): one attribute, or
+    ``key0``, ``key1``, ... where Keras split a long one."""
+    if key in group.attrs:
+        chunks = [group.attrs[key]]
+    else:
+        chunks = []
+        while f"{key}{len(chunks)}" in group.attrs:
+            chunks.append(group.attrs[f"{key}{len(chunks)}"])
+    return [
+        name.decode() if isinstance(name, bytes) else str(name)
+        for chunk in chunks
+        for name in chunk
+    ]
+
+
+@contextlib.contextmanager
+def _named_for_keras(path: Path):
+    """``path`` as a name Keras reads with the right loader: Keras picks it from the name
+    (``.weights.h5``: Keras 3, other ``.h5``: legacy) and reads a file of the other layout as
+    holding no layers ("found 0 saved layers"). A Keras 3 file renamed to ``.h5``, or a
+    published ``.h5`` renamed to ``.weights.h5``, is read through a link named for its layout."""
+    layout = h5_layout(path)
+    keras3_name = path.name.endswith(".weights.h5")
+    if layout is None or (layout == "keras3") == keras3_name:
+        yield str(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="petal-weights-") as tmp:
+        link = Path(tmp) / ("file.weights.h5" if layout == "keras3" else "file.h5")
+        try:
+            link.symlink_to(path.resolve())
+        except OSError:  # no symbolic links here (Windows without the privilege)
+            shutil.copyfile(path, link)
+        yield str(link)
+
+
+def _load_backbone_of_full_application(backbone: keras.Model, keras_path: str) -> list[str]:
+    """Load a legacy ``.h5`` file saved from a whole ``keras.applications`` model (the
+    ImageNet file Keras downloads for ``include_top=True``) into ``backbone``, by layer name.
+
+    Loads only when every weighted layer of the backbone has a group in the file: Keras'
+    ``by_name`` loading skips the layers it does not find, silently.
+
+    Returns:
+        The file's weighted layers the backbone has not (its top), or ``[]`` when the file is
+        not such a file (nothing is loaded).
+
+    Raises:
+        ValueError: a layer's weights do not fit (another width or variant of the model).
+    """
+    import h5py
+
+    with h5py.File(keras_path, "r") as file:
+        group = _legacy_group(file)
+        if group is None:
+            return []
+        weighted = {
+            name
+            for name in _h5_names(group, "layer_names")
+            if name in group and _h5_names(group[name], "weight_names")
+        }
+    mine = {layer.name for layer in backbone.layers if layer.weights}
+    top = sorted(weighted - mine)
+    if not top or not mine <= weighted:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        backbone.load_weights(keras_path, by_name=True)
+    return top
 
 
 def check_weights_file(path: Path, others: str = "") -> None:
@@ -384,18 +527,21 @@ def check_weights_file(path: Path, others: str = "") -> None:
 
 
 def _damaged(path: Path, err: Exception) -> PetalError:
-    """A weights file h5py cannot read: its reason in a few words (HDF5's, in parentheses)."""
+    """A weights file h5py cannot read, named with its reason."""
+    return PetalError(
+        f"Weights file {path} is damaged or truncated ({_h5_reason(err)}); save it again, or "
+        f"copy it again from where it was saved. Received: weights={str(path)!r}"
+    )
+
+
+def _h5_reason(err: Exception) -> str:
+    """Why h5py cannot read a file, in a few words (HDF5's, in parentheses)."""
     text = first_line(err)
     if m := re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", text):
-        reason = f"it holds {int(m[1]):,} of its {int(m[2]):,} bytes"
-    elif m := re.search(r"\(([^()]+)\)\s*$", text):
-        reason = m[1]
-    else:
-        reason = text[:200]
-    return PetalError(
-        f"Weights file {path} is damaged or truncated ({reason}); save it again, or copy it "
-        f"again from where it was saved. Received: weights={str(path)!r}"
-    )
+        return f"it holds {int(m[1]):,} of its {int(m[2]):,} bytes"
+    if m := re.search(r"\(([^()]+)\)\s*$", text):
+        return m[1]
+    return text[:200]
 
 
 def _keras_reason(err: Exception) -> str:

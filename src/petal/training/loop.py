@@ -770,9 +770,9 @@ def train(
     # Bad schedule options, augmentation names or sizes: also before the data is opened.
     _schedule(cfg, cfg.learning_rate, cfg.epochs, 1, 1)
     augment_lib.build(cfg.augment)
-    for size in (cfg.image_size, cfg.train_image_size):
-        if size:
-            info_model.image_hw(size)
+    for key in ("image_size", "train_image_size"):
+        if getattr(cfg, key):
+            info_model.image_hw(getattr(cfg, key), key)
 
     state: dict = {
         "epoch": 0,
