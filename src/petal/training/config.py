@@ -84,10 +84,13 @@ class TrainConfig:
             the training counts, mean 1).
         fine_tune: ``all`` (every layer trainable from the start, the codelab's way) or
             ``head_then_all`` (train the new head on a frozen backbone for
-            ``head_epochs``, then unfreeze and recompile at ``learning_rate *
-            fine_tune_lr_factor``).
+            ``head_epochs``, then unfreeze and recompile at the schedule's peak rate times
+            ``fine_tune_lr_factor``; BatchNorm stays in inference mode unless
+            ``model_options.bn_frozen`` is false). Needs a model with a pretrained backbone.
         head_epochs: head-only warm-up epochs for ``head_then_all``.
-        fine_tune_lr_factor: learning-rate multiplier once the backbone is unfrozen.
+        fine_tune_lr_factor: multiplier of the peak rate once the backbone is unfrozen
+            (``learning_rate``'s, or with ``codelab_ramp`` and no ``learning_rate`` the
+            codelab's rule's).
         strategy: ``auto``, ``tpu``, ``mirrored``, ``multi-worker``, ``one-device`` or ``cpu``.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         jit_compile: XLA compilation for the train step (``"auto"`` lets Keras decide).
