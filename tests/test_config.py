@@ -151,6 +151,27 @@ def test_a_batch_size_or_schedule_given_replaces_what_belonged_to_the_presets():
     assert kept == get_preset("quick").schedule_options
 
 
+def test_a_presets_normalization_stays_with_its_model(tmp_path):
+    """codelab-xception's [0, 1] pixels (the codelab's, for xception) carried over to
+    --model mobilenet_v2 (whose weights learned [-1, 1]) and efficientnet_v2_b0 (0..255)."""
+    assert load_config("codelab-xception").normalization == "unit"
+    assert load_config("codelab-xception", model="xception").normalization == "unit"
+    assert load_config("codelab-xception", model="mobilenet_v2").normalization is None
+    assert load_config("codelab-xception", overrides=["model=efficientnet_v2_b0"]).normalization \
+        is None
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "codelab-xception", "model": "mobilenet_v2"}))
+    assert load_config(None, path).normalization is None
+    # Asked for, it stays.
+    kept = load_config("codelab-xception", overrides=["normalization=unit"], model="mobilenet_v2")
+    assert kept.normalization == "unit"
+    path.write_text(json.dumps({"model": "mobilenet_v2", "normalization": "unit"}))
+    assert load_config("codelab-xception", path).normalization == "unit"
+    # A resumed run's config is no preset: what it saved stays.
+    base = get_preset("codelab-xception")
+    assert load_config(None, None, ["model=mobilenet_v2"], base=base).normalization == "unit"
+
+
 def test_base_config_is_used_without_a_preset():
     base = get_preset("quick").replace(epochs=3)
     assert load_config(None, None, ["epochs=5"], base=base).epochs == 5
@@ -175,6 +196,12 @@ def test_base_config_is_used_without_a_preset():
           "fine_tune_lr_factor": 0.0}, r"must be a positive number\. Received: "
                                        r"fine_tune_lr_factor=0\.0"),
         ({"head_epochs": 1}, "only used with fine_tune"),
+        # The full phase unfroze the backbone regardless.
+        ({"fine_tune": "head_then_all", "weights": "imagenet", "head_epochs": 1,
+          "model_options": {"backbone_trainable": False}},
+         r"^fine_tune='head_then_all' unfreezes the backbone after head_epochs, which "
+         r"model_options\.backbone_trainable=false forbids: drop that option, or use "
+         r"fine_tune='all'"),
         ({"label_smoothing": 1.0}, "label_smoothing"),
         ({"learning_rate": None}, "codelab_ramp"),
         ({"cache": "sometimes"}, "cache must be"),

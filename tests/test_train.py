@@ -577,6 +577,127 @@ def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted
     assert resumed == whole
 
 
+def _tiny_backbone_weights(name: str, tmp_path: Path):
+    """A weights file of the test's backbone model, and the model it holds."""
+    from petal.models import create_model
+
+    path = tmp_path / "start.weights.h5"
+    model = create_model(name, 5, 32)
+    model.save_weights(path)
+    return str(path), model
+
+
+def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
+    small_records, tmp_path, tiny_backbone_model
+):
+    """With codelab_ramp and no learning_rate (codelab-xception), the full phase ran at the
+    codelab's rule undivided (2e-4 on one device) while the log said "lr x0.1"."""
+    from petal.training.callbacks import read_history
+
+    weights, _ = _tiny_backbone_weights(tiny_backbone_model, tmp_path)
+    cfg = tiny_config(small_records, model=tiny_backbone_model, weights=weights,
+                      fine_tune="head_then_all", head_epochs=1, epochs=3, steps_per_epoch=1,
+                      learning_rate=None, schedule="codelab_ramp",
+                      schedule_options={"rampup_epochs": 1})  # fmt: skip
+    lines = []
+    train(cfg, tmp_path / "rule", log=lines.append)
+    lrs = [r["lr"] for r in read_history(tmp_path / "rule" / "history.csv")]
+    # Each phase ramps from start_lr (1e-5) to its peak in one epoch.
+    assert lrs == pytest.approx([1e-5, 1e-5, 2e-5])
+    assert ("petal train: unfreezing the backbone (BatchNorm kept in inference mode), peak lr "
+            "2e-05 (x0.1 of the head phase's 0.0002)") in lines
+    # Its only BatchNormalization layer is in the backbone, frozen in both phases.
+    assert not [line for line in lines if "fused kernel" in line]
+
+    # schedule_options.max_lr stands for the rule: it is scaled too.
+    cfg = cfg.replace(schedule_options={"rampup_epochs": 1, "max_lr": 1e-3},
+                      fine_tune_lr_factor=0.5)  # fmt: skip
+    train(cfg, tmp_path / "max_lr", **QUIET)
+    lrs = [r["lr"] for r in read_history(tmp_path / "max_lr" / "history.csv")]
+    assert lrs == pytest.approx([1e-5, 1e-5, 5e-4])
+
+
+def test_bn_frozen_false_trains_batchnorm_once_the_backbone_is_unfrozen(
+    small_records, tmp_path, tiny_backbone_model
+):
+    """model_options.bn_frozen=false was ignored: BatchNorm stayed in inference mode."""
+    import keras
+
+    weights, start = _tiny_backbone_weights(tiny_backbone_model, tmp_path)
+    cfg = tiny_config(small_records, model=tiny_backbone_model, weights=weights,
+                      fine_tune="head_then_all", head_epochs=1, epochs=2,
+                      model_options={"bn_frozen": False})  # fmt: skip
+    lines = []
+    train(cfg, tmp_path / "run", log=lines.append)
+    unfreezing = next(i for i, line in enumerate(lines) if "unfreezing" in line)
+    assert lines[unfreezing].startswith(
+        "petal train: unfreezing the backbone (BatchNorm training), peak lr "
+    )
+    # The fused kernel is named when (and only once) a BatchNormalization layer trains.
+    fused = [i for i, line in enumerate(lines) if "fused kernel" in line]
+    assert fused == [unfreezing + 1]
+    assert lines[unfreezing + 1] == (
+        "petal train: 1 BatchNormalization layers train with the fused kernel"
+    )
+    final = keras.saving.load_model(tmp_path / "run" / "model.keras", safe_mode=True)
+    # BatchNorm trained: its moving mean (weights[2]) moved.
+    assert not np.allclose(_part(final, "bn", 2), _part(start, "bn", 2))
+
+
+def test_head_then_all_is_refused_before_writing_when_it_cannot_run(
+    tmp_path, tiny_backbone_model
+):
+    """A warm-up longer than a phase was named as longer than the whole run (--epochs 4
+    asked for --epochs 2), and a model without a backbone failed once built: both after the
+    work directory was made."""
+    base = get_preset("quick").replace(
+        data=str(tmp_path / "no-records-here"), model=tiny_backbone_model,
+        weights=str(tmp_path / "w.weights.h5"), fine_tune="head_then_all", epochs=4,
+        head_epochs=1, schedule_options={"warmup_epochs": 2},
+    )  # fmt: skip
+    cases = [
+        (base, r"^The learning-rate warm-up \(schedule_options\.warmup_epochs=2\) is longer "
+               r"than the head-only phase's 1 epoch \(head_epochs=1; each phase of "
+               r"fine_tune='head_then_all' warms up anew\): pass --set head_epochs=2 or more, "
+               r"or a shorter warm-up"),
+        (base.replace(epochs=3), r"pass --set head_epochs=2 and --epochs 4 or more"),
+        (base.replace(head_epochs=2, epochs=3),
+         r"longer than the 1 epoch after the head-only phase \(epochs 3 - head_epochs 2; each "
+         r"phase of fine_tune='head_then_all' warms up anew\): pass --epochs 4 or more"),
+        (base.replace(model="squeezenet", schedule_options={}),
+         r"^fine_tune='head_then_all' trains a new head on a frozen pretrained backbone, which "
+         r"'squeezenet' does not have \(models with one: .*mobilenet_v2.*\); use "
+         r"fine_tune='all'"),
+    ]
+    for cfg, match in cases:
+        with pytest.raises(PetalError, match=match):
+            train(cfg, tmp_path / "run", **QUIET)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_speed_of_a_fine_tuning_run_is_its_full_phases():
+    """It was the median over both phases, which could be the frozen backbone's."""
+    from petal.training.loop import _metrics
+
+    speeds = {1: 5.0, 2: 300.0, 3: 310.0, 4: 4.0, 5: 30.0, 6: 31.0}  # epochs 1, 4 compile
+    rows = [dict(epoch=e, loss=1.0, val_loss=1.0, val_accuracy=0.5, images_per_sec=v)
+            for e, v in speeds.items()]  # fmt: skip
+    state = {"epoch": 6, "compile_epochs": [1, 4]}
+    resolved = dict.fromkeys(
+        ("image_size", "replicas", "strategy", "precision", "global_batch", "steps_per_epoch",
+         "train_count", "val_count", "classes")
+    )  # fmt: skip
+    cfg = get_preset("quick").replace(weights="w.h5", fine_tune="head_then_all", head_epochs=3,
+                                      epochs=6)  # fmt: skip
+    metrics = _metrics(rows, state, 1.0, resolved, cfg, 10)
+    assert metrics["train_images_per_sec"] == 30.5
+    assert metrics["train_images_per_sec_by_phase"] == {"head": 305.0, "full": 30.5}
+    # One phase: every steady epoch, as before.
+    metrics = _metrics(rows, state, 1.0, resolved, get_preset("quick").replace(epochs=6), 10)
+    assert metrics["train_images_per_sec"] == 165.5  # the median of 30, 31, 300, 310
+    assert "train_images_per_sec_by_phase" not in metrics
+
+
 def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     from petal.models import create_model
 

@@ -323,7 +323,12 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help="output folder (default runs/PRESET: the preset of --preset, else of the --config "
         "file, else runs/default)",
     )
-    parser.add_argument("--model", default=None, help="registered model name (petal models)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="registered model name (petal models); it takes its own input normalization, "
+        "not the preset's, unless --set normalization=... is given",
+    )
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=None, help="batch per replica")
     parser.add_argument(
@@ -354,7 +359,9 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override any config field (repeatable), e.g. --set label_smoothing=0.1",
+        help="override any config field (repeatable), e.g. --set label_smoothing=0.1; "
+        "fine-tuning a pretrained backbone head first: --set fine_tune=head_then_all --set "
+        "head_epochs=2 (fine_tune_lr_factor, model_options.bn_frozen: README, Fine-tuning)",
     )
     parser.add_argument("--resume", action="store_true", help="continue the run in --workdir")
     parser.add_argument("--overwrite", action="store_true", help="replace the run in --workdir")

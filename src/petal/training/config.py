@@ -55,7 +55,9 @@ class TrainConfig:
             augmentation and a model built with ``any_size``) while evaluating at
             ``image_size``: cheaper epochs, and objects in crops appear at about the scale
             they have in full validation images. ``None``: same as ``image_size``.
-        normalization: pixel scaling; ``None`` uses the model's own (``model_info``).
+        normalization: pixel scaling; ``None`` uses the model's own (``model_info``). A
+            preset's value is for the preset's model: :func:`load_config` with another
+            ``model`` uses that model's own, unless ``normalization`` is given too.
         epochs: total epochs, head-only warm-up epochs included.
         steps_per_epoch: ``None`` means train images // global batch.
         batch_size: batch per replica; the global batch is this times the replicas.
@@ -82,10 +84,13 @@ class TrainConfig:
             the training counts, mean 1).
         fine_tune: ``all`` (every layer trainable from the start, the codelab's way) or
             ``head_then_all`` (train the new head on a frozen backbone for
-            ``head_epochs``, then unfreeze and recompile at ``learning_rate *
-            fine_tune_lr_factor``).
+            ``head_epochs``, then unfreeze and recompile at the schedule's peak rate times
+            ``fine_tune_lr_factor``; BatchNorm stays in inference mode unless
+            ``model_options.bn_frozen`` is false). Needs a model with a pretrained backbone.
         head_epochs: head-only warm-up epochs for ``head_then_all``.
-        fine_tune_lr_factor: learning-rate multiplier once the backbone is unfrozen.
+        fine_tune_lr_factor: multiplier of the peak rate once the backbone is unfrozen
+            (``learning_rate``'s, or with ``codelab_ramp`` and no ``learning_rate`` the
+            codelab's rule's).
         strategy: ``auto``, ``tpu``, ``mirrored``, ``multi-worker``, ``one-device`` or ``cpu``.
         precision: ``auto``, ``float32``, ``mixed_float16`` or ``mixed_bfloat16``.
         jit_compile: XLA compilation for the train step (``"auto"`` lets Keras decide).
@@ -231,6 +236,14 @@ class TrainConfig:
                     "fine_tune='head_then_all' warms up a new head on pretrained weights; "
                     "set weights ('imagenet' or a file) or use fine_tune='all'. Received: weights=None"
                 )
+            if (self.model_options or {}).get("backbone_trainable", True) is False:
+                # The full phase unfreezes the backbone: the option would be overridden.
+                raise PetalError(
+                    "fine_tune='head_then_all' unfreezes the backbone after head_epochs, which "
+                    "model_options.backbone_trainable=false forbids: drop that option, or use "
+                    "fine_tune='all' to train the head alone on a frozen backbone. Received: "
+                    "model_options.backbone_trainable=False"
+                )
         elif self.head_epochs:
             raise PetalError(
                 "head_epochs is only used with fine_tune='head_then_all'. "
@@ -349,7 +362,8 @@ def codelab_xception() -> TrainConfig:
     replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch
     16 x replicas; flip+saturation; no cache; pixels in [0, 1] as the codelab feeds them,
     although Keras' Xception weights were trained on [-1, 1] (``--set
-    normalization=symmetric`` matches them). Needs the ImageNet
+    normalization=symmetric`` matches them; another ``--model`` gets its own normalization
+    unless ``--set normalization=...`` is given). Needs the ImageNet
     weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
     in the codelab); hours on a 2-core CPU.
     """
@@ -502,9 +516,12 @@ def load_config(
             "another --workdir), or drop the file's preset key to change fields only."
         )
     name = preset or file_preset
-    cfg = base if base is not None and not preset else get_preset(name or "default")
+    from_preset = base is None or bool(preset)
+    cfg = get_preset(name or "default") if from_preset else base
+    chosen = cfg  # the preset, whose normalization (if pinned) suits its own model
+    flag_values = {k: v for k, v in flags.items() if v is not None}
     cfg = apply_overrides(cfg, file_values, source=str(config_file))
-    cfg = apply_overrides(cfg, {k: v for k, v in flags.items() if v is not None}, source="flag")
+    cfg = apply_overrides(cfg, flag_values, source="flag")
     values = parse_overrides(overrides)
     if "preset" in values:
         raise PetalError(
@@ -512,6 +529,16 @@ def load_config(
             f"would only rename the run. Received: preset={values['preset']!r}"
         )
     cfg = apply_overrides(cfg, values, source="--set")
+    given = {*file_values, *flag_values, *(key.partition(".")[0] for key in values)}
+    if (
+        from_preset
+        and chosen.normalization is not None
+        and cfg.model != chosen.model
+        and "normalization" not in given
+    ):
+        # A preset's pixel scaling is chosen for its model (codelab-xception's [0, 1]): another
+        # backbone's weights learned their own, and would see inputs out of their range.
+        cfg = dataclasses.replace(cfg, normalization=None)
     return cfg.validate()
 
 

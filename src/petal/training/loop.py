@@ -17,7 +17,9 @@
 Fine-tuning runs in phases: ``fine_tune="all"`` is one phase with every layer trainable (the
 codelab's way); ``"head_then_all"`` trains the new head on a frozen backbone for
 ``head_epochs``, then unfreezes the backbone with its BatchNorm layers kept in inference mode
-(Keras' advice) and recompiles with ``learning_rate * fine_tune_lr_factor``.
+(Keras' advice; ``model_options.bn_frozen=false`` trains them) and recompiles with its schedule's
+peak rate times ``fine_tune_lr_factor`` (``learning_rate``'s, or with ``codelab_ramp`` and no
+``learning_rate`` the codelab's rule's). Each phase runs the schedule from its start.
 """
 
 from __future__ import annotations
@@ -576,13 +578,21 @@ def _peak_lr(cfg: TrainConfig, global_batch: int) -> float | None:
     return cfg.learning_rate
 
 
-def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, replicas: int):
-    """A per-step LearningRateSchedule for a phase of ``epochs`` epochs."""
+def _schedule(
+    cfg: TrainConfig,
+    peak: float | None,
+    epochs: int,
+    steps: int,
+    replicas: int,
+    phase: str = "all",
+):
+    """A per-step LearningRateSchedule for a phase of ``epochs`` epochs (``phase`` names it
+    in errors)."""
     from petal.training.schedules import build_schedule
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
-    if cfg.schedule == "codelab_ramp" and peak is not None:
+    if cfg.schedule == "codelab_ramp" and cfg.learning_rate is not None:
         given = "max_lr"  # else the codelab's rule for the replicas, or max_lr given here
     for key, source in (("steps_per_epoch", "the data and batch size"), (given, "learning_rate")):
         if key in opts:
@@ -595,18 +605,52 @@ def _schedule(cfg: TrainConfig, peak: float | None, epochs: int, steps: int, rep
     if cfg.schedule == "warmup_cosine":
         warmup = opts.get("warmup_epochs")
         if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup > epochs:
-            raise PetalError(
-                f"The learning-rate warm-up (schedule_options.warmup_epochs={warmup}) is longer "
-                f"than the {epochs} epoch(s) to train: pass --epochs {math.ceil(warmup)} or "
-                f"more, or a shorter warm-up (--set schedule_options.warmup_epochs=N)."
-            )
+            raise _long_warmup(cfg, warmup, epochs, phase)
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
-    # codelab_ramp: max_lr from learning_rate, else the codelab's rule for this many replicas.
+    # codelab_ramp: max_lr from learning_rate, else the codelab's rule for this many replicas
+    # (schedule_options.max_lr, else codelab_max_lr) -- times fine_tune_lr_factor in the full
+    # phase of head_then_all, which passes that rate as its peak.
     if peak is not None:
-        opts.setdefault("max_lr", peak)
+        opts["max_lr"] = peak
     opts.setdefault("replicas", replicas)
     return build_schedule("codelab_ramp", steps_per_epoch=steps, **opts)
+
+
+def _long_warmup(cfg: TrainConfig, warmup: float, epochs: int, phase: str) -> PetalError:
+    """A warm-up longer than the phase it warms up: the settings that make the phase long
+    enough (each phase of head_then_all runs the schedule from its start)."""
+    what = f"The learning-rate warm-up (schedule_options.warmup_epochs={warmup}) is longer than"
+    shorter = "or a shorter warm-up (--set schedule_options.warmup_epochs=N)."
+    need = math.ceil(warmup)
+    if phase == "head":
+        more = f"--set head_epochs={need}"
+        if cfg.epochs < 2 * need:  # the full phase warms up too
+            more += f" and --epochs {2 * need}"
+        return PetalError(
+            f"{what} the head-only phase's {_epochs(epochs)} (head_epochs={epochs}; each phase "
+            f"of fine_tune='head_then_all' warms up anew): pass {more} or more, {shorter}"
+        )
+    if phase == "full":
+        return PetalError(
+            f"{what} the {_epochs(epochs)} after the head-only phase (epochs {cfg.epochs} - "
+            f"head_epochs {cfg.head_epochs}; each phase of fine_tune='head_then_all' warms up "
+            f"anew): pass --epochs {cfg.head_epochs + need} or more, {shorter}"
+        )
+    return PetalError(
+        f"{what} the {epochs} epoch(s) to train: pass --epochs {need} or more, {shorter}"
+    )
+
+
+def _ramp_peak(cfg: TrainConfig, replicas: int) -> float:
+    """codelab_ramp's peak without a learning_rate: schedule_options.max_lr, else the
+    codelab's rule for the replicas (a bad max_lr is refused where the schedule is built)."""
+    from petal.training.schedules import codelab_max_lr
+
+    given = cfg.schedule_options.get("max_lr")
+    if isinstance(given, (int, float)) and not isinstance(given, bool):
+        return given
+    return codelab_max_lr(replicas)
 
 
 def _rebuilt_schedule(
@@ -664,14 +708,36 @@ def _optimizer(cfg: TrainConfig, schedule):
     return keras.optimizers.RMSprop(momentum=cfg.momentum, **common)
 
 
-def _phases(cfg: TrainConfig, peak: float | None) -> list[_Phase]:
+def _phases(cfg: TrainConfig, peak: float | None, replicas: int = 1) -> list[_Phase]:
     if cfg.fine_tune == "head_then_all":
-        low = None if peak is None else peak * cfg.fine_tune_lr_factor
+        # The full phase peaks at the head phase's rate (the codelab's rule when there is no
+        # learning_rate) times the factor.
+        rate = peak if peak is not None else _ramp_peak(cfg, replicas)
+        low = rate * cfg.fine_tune_lr_factor
         return [
             _Phase("head", 0, cfg.head_epochs, peak, backbone_trainable=False),
             _Phase("full", cfg.head_epochs, cfg.epochs, low, backbone_trainable=True),
         ]
     return [_Phase("all", 0, cfg.epochs, peak, backbone_trainable=None)]
+
+
+def _no_backbone(cfg: TrainConfig) -> PetalError:
+    from petal.models import list_models, model_info
+
+    with_one = [name for name in list_models() if model_info(name).pretrained]
+    return PetalError(
+        f"fine_tune='head_then_all' trains a new head on a frozen pretrained backbone, which "
+        f"{cfg.model!r} does not have (models with one: {', '.join(with_one)}); use "
+        f"fine_tune='all' to fine-tune every layer from --weights. Received: model={cfg.model!r}"
+    )
+
+
+def _training_batch_norms(model) -> int:
+    """How many BatchNormalization layers switched to the fused kernel train now."""
+    from petal.models.registry import walk_layers
+
+    fused = [layer for layer in walk_layers(model) if getattr(layer, "_petal_fused", False)]
+    return sum(layer.trainable for layer in fused)
 
 
 def _check_takes_train_size(model, cfg: TrainConfig, image_size) -> None:
@@ -741,10 +807,15 @@ def train(
         train_dataset,
         upscale_warning,
     )
-    from petal.models import count_params, create_model, model_info, set_backbone_trainable
+    from petal.models import (
+        count_params,
+        create_model,
+        get_backbone,
+        model_info,
+        set_backbone_trainable,
+    )
     from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import agree_on_overflow, resolve_precision, set_policy
-    from petal.training.schedules import codelab_max_lr
     from petal.training.strategy import (
         check_global_batch,
         describe,
@@ -767,8 +838,12 @@ def train(
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
-    # Bad schedule options, augmentation names or sizes: also before the data is opened.
-    _schedule(cfg, cfg.learning_rate, cfg.epochs, 1, 1)
+    if cfg.fine_tune == "head_then_all" and not info_model.pretrained:
+        raise _no_backbone(cfg)
+    # Bad schedule options (a warm-up longer than its phase), augmentation names or sizes:
+    # also before the data is opened.
+    for phase in _phases(cfg, cfg.learning_rate):
+        _schedule(cfg, phase.lr, phase.end - phase.start, 1, 1, phase.name)
     augment_lib.build(cfg.augment)
     for key in ("image_size", "train_image_size"):
         if getattr(cfg, key):
@@ -893,9 +968,7 @@ def train(
         "steps_per_execution": max(
             d for d in range(1, min(cfg.steps_per_execution, steps) + 1) if steps % d == 0
         ),
-        "peak_lr": peak
-        if peak is not None
-        else cfg.schedule_options.get("max_lr") or codelab_max_lr(replicas),
+        "peak_lr": peak if peak is not None else _ramp_peak(cfg, replicas),
         "class_weights": weights_by_class,
     }
     was_steps = steps
@@ -1013,7 +1086,9 @@ def train(
     clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
     nan_guard = NanGuard()
     history_path = workdir / "history.csv"
-    phases = _phases(cfg, peak)
+    phases = _phases(cfg, peak, replicas)
+    # Unfreezing the backbone keeps its BatchNorm layers in inference mode unless asked not to.
+    bn_frozen = cfg.model_options.get("bn_frozen", True) is not False
     set_policy(policy)
     unmark = None
     try:
@@ -1033,8 +1108,8 @@ def train(
             )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
         _check_takes_train_size(model, cfg, image_size)
-        if fused:
-            log(f"petal train: {fused} BatchNormalization layers train with the fused kernel")
+        if cfg.fine_tune == "head_then_all" and get_backbone(model) is None:
+            raise _no_backbone(cfg)
         total_params, _ = count_params(model)
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite, log=log)
@@ -1050,7 +1125,7 @@ def train(
                 continue
             with strategy.scope():
                 if phase.backbone_trainable is not None:
-                    set_backbone_trainable(model, phase.backbone_trainable, bn_frozen=True)
+                    set_backbone_trainable(model, phase.backbone_trainable, bn_frozen=bn_frozen)
                 if resume and start_epoch and not loaded and state.get("phase") != phase.name:
                     # The checkpoint ends an earlier phase: take its weights, not its optimizer.
                     _load_checkpoint(model, workdir)
@@ -1102,9 +1177,16 @@ def train(
                 StepProgress(steps),
             ]
             if phase.name == "full":
+                bn = "BatchNorm kept in inference mode" if bn_frozen else "BatchNorm training"
                 log(
-                    f"petal train: unfreezing the backbone (BatchNorm kept in inference mode), "
-                    f"lr x{cfg.fine_tune_lr_factor}"
+                    f"petal train: unfreezing the backbone ({bn}), peak lr {phase.lr:.3g} "
+                    f"(x{cfg.fine_tune_lr_factor} of the head phase's {resolved['peak_lr']:.3g})"
+                )
+            # Frozen layers (a frozen backbone, bn_frozen) run Keras' inference call instead.
+            if fused and (training := _training_batch_norms(model)):
+                log(
+                    f"petal train: {training} BatchNormalization layers train with the fused "
+                    "kernel"
                 )
             if phase.start > start_epoch:
                 # A new model.fit starts its input over: read on from this phase's first
@@ -1193,11 +1275,19 @@ def train(
             f"{'hold' if len(earlier) > 1 else 'holds'} the results of the model before this "
             f"resume: run petal {' and '.join(command[n] for n in earlier)} again"
         )
+    by_phase = metrics.get("train_images_per_sec_by_phase") or {}
+    of_phase = ""
+    if by_phase.get("full") is not None:
+        of_phase = " (full phase"
+        if by_phase.get("head") is not None:
+            of_phase += f"; head-only phase {by_phase['head']:.0f}"
+        of_phase += ")"
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
         f"{metrics['final_val_accuracy']:.4f}, mean of last {min(5, metrics['epochs_completed'])} "
         f"{metrics['mean_last5_val_accuracy']:.4f}, best {metrics['best_val_accuracy']:.4f} "
-        f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s -> {workdir}"
+        f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s{of_phase} "
+        f"-> {workdir}"
     )
     return metrics
 
@@ -1287,16 +1377,24 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
     rows = [r for r in rows if r["epoch"] <= state["epoch"]]
     scored = [r for r in rows if not math.isnan(r.get("val_accuracy", math.nan))]
     val = [r["val_accuracy"] for r in scored]
-    speeds = [r["images_per_sec"] for r in rows if not math.isnan(r["images_per_sec"])]
     # Epochs that began a session or phase include tracing and compilation: leave them out
     # when there are others.
     compiled = set(state.get("compile_epochs", []))
-    steady = [
-        r["images_per_sec"]
-        for r in rows
-        if r["epoch"] not in compiled and not math.isnan(r["images_per_sec"])
-    ]
-    steady = steady or speeds
+
+    def speed(first: int, last: float) -> float | None:
+        """Median images/s of epochs ``first`` to ``last`` (1-based)."""
+        timed = [
+            r for r in rows if first <= r["epoch"] <= last and not math.isnan(r["images_per_sec"])
+        ]
+        steady = [r["images_per_sec"] for r in timed if r["epoch"] not in compiled]
+        steady = steady or [r["images_per_sec"] for r in timed]
+        return round(statistics.median(steady), 1) if steady else None
+
+    by_phase = None
+    if cfg.fine_tune == "head_then_all":
+        # The head-only epochs skip the backbone's gradients: the run's speed is the full
+        # phase's (the head phase's while no full epoch completed).
+        by_phase = {"head": speed(1, cfg.head_epochs), "full": speed(cfg.head_epochs + 1, math.inf)}
     best = max(range(len(val)), key=lambda i: val[i]) if val else None
     return {
         "final_val_accuracy": val[-1] if val else None,
@@ -1307,7 +1405,10 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
         "final_val_loss": rows[-1]["val_loss"] if rows else None,
         "epochs_completed": int(state["epoch"]),
         "wall_seconds": round(wall, 2),
-        "train_images_per_sec": round(statistics.median(steady), 1) if steady else None,
+        "train_images_per_sec": (
+            speed(1, math.inf) if by_phase is None else by_phase["full"] or by_phase["head"]
+        ),
+        **({"train_images_per_sec_by_phase": by_phase} if by_phase else {}),
         "model": cfg.model,
         "params": int(params),
         "preset": cfg.preset,
