@@ -242,6 +242,30 @@ def test_demo_converts_again_when_the_photos_change(small_flowers, tmp_path, dem
     assert converted == [photos] * 3 + [small_flowers]
 
 
+def test_demo_leaves_the_records_of_a_run_training_in_its_folder_alone(
+    small_flowers, tmp_path, demo_without_training
+):
+    # It converted the new photos over the records the run was reading, then refused.
+    import os
+    import socket
+
+    from petal.errors import PetalError
+    from petal.running import RUNNING_FILE
+
+    converted, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=3, per_class=5)
+    workdir = tmp_path / "demo"
+    run_demo(photos, workdir)
+    manifest = (workdir / "records" / "manifest.json").read_text()
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "doing": "training in it"}
+    (workdir / RUNNING_FILE).write_text(json.dumps(holder))
+    with pytest.raises(PetalError, match=rf"is in use: process {os.getppid()} on .* is "
+                                         "training in it; wait for it to end"):
+        run_demo(small_flowers, workdir)
+    assert converted == [photos]
+    assert (workdir / "records" / "manifest.json").read_text() == manifest
+
+
 def test_demo_errors_name_its_own_options(small_flowers, tmp_path, demo_without_training, capsys):
     from petal.errors import PetalError
 

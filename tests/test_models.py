@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -429,6 +431,12 @@ def test_models_command(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "squeezenet" in out and "120,613" in out and "293,233" in out
     assert "needs >= 71 px" in out  # xception cannot take 40x40
+    # --json: every row has the same keys, null where not measured (xception's had fewer).
+    assert main(["models", "--image-size", "40", "--num-classes", "5", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [set(r) for r in rows] == [set(rows[0])] * 3
+    assert rows[2]["note"] == "needs >= 71 px" and rows[2]["trainable_params"] is None
+    assert rows[2]["family"] and rows[0]["note"] is None
     assert main(["models", "--image-size", "-3"]) == 2
     assert "image_size=-3" in capsys.readouterr().err
 

@@ -229,6 +229,13 @@ def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err == (f"petal report: error: {run} holds no training run (history.csv missing); "
                    "run `petal train --workdir` first.")
+    # A path that is no folder was "holds no training run (config.json ... missing)".
+    for path, what in ((run / "gone", "does not exist; pass"),
+                       (run / "config.json", "is a file, not")):
+        assert main(["report", str(path)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"petal report: error: Run folder {path} {what} a folder petal train wrote "
+            "(its --workdir).")
 
 
 # --- export ----------------------------------------------------------------------------------

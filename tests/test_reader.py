@@ -501,7 +501,7 @@ def test_a_shard_removed_while_reading_fails_naming_it_and_does_not_hang(make_re
     lines = out.stdout.splitlines()
     assert lines[:1] == ["NotFoundError"], out.stdout + out.stderr[-2000:]
     assert lines[1] == (
-        f"petal train stopped: 1 shard(s) of {folder} can no longer be opened "
-        "(train-00001-of-00002-10.tfrec): removed while it ran? Restore them or convert again, "
-        "then run it again."
+        f"petal train stopped: 1 shard(s) of {folder} cannot be opened "
+        "(train-00001-of-00002-10.tfrec: not found). Restore them (removed while it ran? "
+        "convert again) or make them readable, then run it again."
     )

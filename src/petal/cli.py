@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -279,15 +280,17 @@ def _run_models(args: argparse.Namespace) -> int:
             note = f"needs >= {info.min_image_size} px"
         else:
             try:
-                rows.append(model_summary(name, args.num_classes, args.image_size))
+                row = model_summary(name, args.num_classes, args.image_size)
+                rows.append({**row, "note": None})
                 continue
             except tf.errors.ResourceExhaustedError:  # e.g. dense's weights at 4000 px
                 keras.backend.clear_session()
                 note = "out of memory"
-        rows.append({"name": name, "params": None, "mflops": None,
+        # The keys of a measured row, unmeasured ones null.
+        rows.append({"name": name, "params": None, "trainable_params": None, "mflops": None,
                      "image_size": args.image_size or info.default_image_size,
-                     "default_image_size": info.default_image_size, "min_image_size": info.min_image_size,
-                     "normalization": info.normalization, "pretrained": info.pretrained, "note": note})
+                     **{k: v for k, v in dataclasses.asdict(info).items() if k != "name"},
+                     "note": note})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

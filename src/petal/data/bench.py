@@ -930,7 +930,9 @@ def _cost(cost: float, of: str, without: str) -> str:
     if abs(cost) < NOISE:
         return f"costs {max(cost, 0):.0%} of {of} (within noise)."
     if cost < 0:
-        return f"costs none measured: {without} ran {-cost:.0%} slower in this run."
+        # The stage's pipeline ran 1 / (1 - cost) times as fast as the one without it.
+        slower = 1 - 1 / (1 - cost)
+        return f"costs none measured: {without} ran {slower:.0%} slower in this run."
     return f"costs {cost:.0%} of {of}."
 
 

@@ -834,12 +834,13 @@ def input_error(
     unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)
     folder = _as_folder(data) if isinstance(err, unreadable) else None
     if folder is None:
-        gone = _gone_shards(data) if isinstance(err, unreadable) else []
+        gone = _unopenable_shards(data) if isinstance(err, unreadable) else []
         if gone:
+            names = folders.some_names([f"{posixpath.basename(f)}: {why}" for f, why in gone])
             return PetalError(
-                f"petal {action} stopped: {len(gone)} shard(s) of {data} can no longer be "
-                f"opened ({folders.some_names([posixpath.basename(f) for f in gone])}): "
-                "removed while it ran? Restore them or convert again, then run it again."
+                f"petal {action} stopped: {len(gone)} shard(s) of {data} cannot be opened "
+                f"({names}). Restore them (removed while it ran? convert again) or make them "
+                "readable, then run it again."
             )
         return None
     from petal.data.pipeline import undecodable_files
@@ -859,15 +860,22 @@ def _undecodable_records(data, split: str = "all") -> list[tuple[str, str]] | No
         return None
 
 
-def _gone_shards(data) -> list[str]:
-    """The shards of records ``data`` that no longer exist (local or ``gs://``)."""
+def _unopenable_shards(data) -> list[tuple[str, str]]:
+    """``(shard, why)`` for each shard of records ``data`` that does not exist (local or
+    ``gs://``) or that this process may not read (local)."""
     import tensorflow as tf
 
     try:
         src = data if isinstance(data, Source) else open_source(str(data), verify=False)
         if src.kind == "folder" or src.remote:
             return []
-        return [f for f in src.files("all") if not tf.io.gfile.exists(f)]
+        out = []
+        for f in src.files("all"):
+            if not tf.io.gfile.exists(f):
+                out.append((f, "not found"))
+            elif not folders.is_remote(f) and not os.access(f, os.R_OK):
+                out.append((f, "permission denied"))
+        return out
     except (PetalError, tf.errors.OpError):
         return []
 

@@ -116,6 +116,11 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             damaged (the message names it and what to run again).
     """
     workdir = Path(workdir)
+    if not workdir.is_dir():
+        what = "is a file, not" if workdir.exists() else "does not exist; pass"
+        raise PetalError(
+            f"Run folder {workdir} {what} a folder petal train wrote (its --workdir)."
+        )
     retrain = f"the run is damaged: retrain it (`petal train --workdir {workdir} --overwrite`)."
     config = _read_json(workdir / "config.json", retrain)
     metrics = _read_json(workdir / "metrics.json", retrain)
