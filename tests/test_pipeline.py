@@ -637,6 +637,18 @@ def test_bench_input_names_the_files_its_folder_leaves_out_once(small_records, s
     assert said.count("notes.txt") == 1, said
 
 
+def test_bench_input_says_which_options_its_cases_do_not_use(small_records, capsys):
+    from petal.cli import main
+
+    argv = ["bench", "input", str(small_records), "--cases", "jpeg", "--batch-size", "2",
+            "--seconds", "0.2", "--raw-records", "/nonexistent", "--remote-latency-ms", "20"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for option in ("--raw-records", "--remote-latency-ms"):
+        assert f"warning: {option} is not used by the cases chosen (jpeg)." in out, out
+    assert "--folder is not used" not in out
+
+
 def test_codelab_style_shards_of_only_image_and_class_are_read(tmp_path):
     """Shards written with the image bytes and the class alone (Kaggle's flowers): JPEGs
     carry their own size (a required size feature made every record 'corrupt')."""

@@ -608,6 +608,13 @@ def run(
             f"remote_latency_ms={remote_latency_ms}"
         )
     uses_folder = "folder" in wanted or "remote" in wanted
+    for option, value, used in (
+        ("--folder", folder, uses_folder),
+        ("--raw-records", raw_records, "raw" in wanted),
+        ("--remote-latency-ms", remote_latency_ms, "remote" in wanted),
+    ):
+        if value is not None and not used:
+            progress(f"warning: {option} is not used by the cases chosen ({', '.join(cases)}).")
     folder_src = None
     if folder and uses_folder:
         folder_src = _opened("--folder", folder)
