@@ -51,8 +51,8 @@ def test_inspect_exit_code_on_damage(small_records, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--quality", "80", "--format", "raw"], "conflicts with --format raw"),
-        (["--image-size", "64", "--resize", "none"], "conflicts with --resize none"),
+        (["--quality", "80", "--format", "raw"], "(--format raw)"),
+        (["--image-size", "64", "--resize", "none"], "(--resize none: images keep"),
         (["--classes", "daisy,lilies"], "Unknown class 'lilies'"),
         (["--val-fraction", "1.5"], "val_fraction must be in [0, 1)"),
         (["--image-size", "big"], "image_size must be a positive size"),

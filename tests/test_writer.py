@@ -900,8 +900,9 @@ def test_numpy_numbers_are_numbers(small_flowers, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"quality": 90, "format": "raw"}, "conflicts with --format raw"),
-        ({"image_size": 64, "resize": "none"}, "conflicts with --resize none"),
+        # The library's parameters first (it said "--quality", "--image-size").
+        ({"quality": 90, "format": "raw"}, r"^quality \(--quality\) .* format='raw'"),
+        ({"image_size": 64, "resize": "none"}, r"^image_size \(--image-size\) .* resize='none'"),
         ({"shards": 2, "shard_mb": 100}, "give one"),
         ({"val_fraction": 1.0}, "val_fraction must be in"),
         ({"resize": "crop"}, "resize must be one of"),

@@ -559,8 +559,8 @@ def _resolve_options(
     if resize == "none":
         if image_size is not None:
             raise PetalError(
-                "--image-size conflicts with --resize none (images keep their own size). "
-                f"Received: image_size={image_size!r}"
+                "image_size (--image-size) conflicts with resize='none' (--resize none: images "
+                f"keep their own size). Received: image_size={image_size!r}"
             )
         size = None
     else:
@@ -572,8 +572,8 @@ def _resolve_options(
             raise PetalError(str(err)) from None
     if format == schema.FORMAT_RAW and quality is not None:
         raise PetalError(
-            "--quality applies to JPEG only and conflicts with --format raw. "
-            f"Received: quality={quality!r}"
+            "quality (--quality) applies to JPEG only and conflicts with format='raw' "
+            f"(--format raw). Received: quality={quality!r}"
         )
     if format == schema.FORMAT_JPEG:
         quality = images.DEFAULT_QUALITY if quality is None else quality
