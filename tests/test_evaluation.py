@@ -1147,6 +1147,28 @@ def test_report_on_a_history_without_epochs_or_damaged(trained, tmp_path):
         build_report(run)
 
 
+def test_report_on_an_unfinished_run_shows_the_epochs_it_saved(trained, tmp_path):
+    # It said only "metrics.json missing", though history.csv holds the epochs done.
+    import shutil
+
+    from petal.evaluation.report import build_report
+    from petal.training.callbacks import read_history
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "plots", "eval"))
+    (run / "metrics.json").unlink()
+    config = json.loads((run / "config.json").read_text())
+    config["epochs"] = 6  # stopped after its first of 6
+    (run / "config.json").write_text(json.dumps(config))
+    [row] = read_history(run / "history.csv")
+    html = build_report(run).read_text()
+    assert "<h2>Training so far</h2>" in html
+    assert "<tr><th>epochs done</th><td class='num'>1 of 6</td></tr>" in html
+    acc = f"{row['val_accuracy']:.4g}"
+    assert (f"<tr><th>best validation accuracy (epoch {row['epoch']})</th>"
+            f"<td class='num'>{acc}</td></tr>") in html
+
+
 def test_report_names_a_damaged_saved_file(trained, small_records, tmp_path):
     import shutil
 

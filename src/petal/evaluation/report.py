@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import sys
 import zipfile
 from pathlib import Path
@@ -66,6 +67,21 @@ def _fmt(value) -> str:
     if isinstance(value, (dict, list)):
         return f"<code>{html.escape(json.dumps(value))}</code>"
     return html.escape(str(value))
+
+
+def _so_far(epochs_done: list[dict], config: dict) -> list[tuple[str, object]]:
+    """The numbers of an unfinished run, from the epochs its history saved."""
+    planned = config.get("epochs")
+    done = f"{len(epochs_done)} of {planned}" if isinstance(planned, int) else len(epochs_done)
+    rows: list[tuple[str, object]] = [("epochs done", done)]
+    scored = [r for r in epochs_done if math.isfinite(r.get("val_accuracy", math.nan))]
+    if scored:
+        best = max(scored, key=lambda r: r["val_accuracy"])
+        rows += [
+            ("last validation accuracy", scored[-1]["val_accuracy"]),
+            (f"best validation accuracy (epoch {best['epoch']})", best["val_accuracy"]),
+        ]
+    return rows
 
 
 def _table(rows: list[tuple[str, object]]) -> str:
@@ -254,6 +270,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             parts.append(f"<p><b>Stopped:</b> {html.escape(str(stopped))}</p>")
     else:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
+        if epochs_done:
+            parts += ["<h2>Training so far</h2>", _table(_so_far(epochs_done, config))]
     if not_saved is not None:
         parts.append(f"<p><b>Not saved:</b> {html.escape(not_saved)}</p>")
     if evaluation is not None:
