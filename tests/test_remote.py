@@ -142,10 +142,10 @@ def test_a_failed_request_is_the_stores_fault_not_corrupt_data(make_records, tmp
                 train(cfg, tmp_path / f"run-{skip}", log=lambda line: None)
 
 
-class _BadBody:
-    """A server whose one object promises more bytes than it sends, or trickles them."""
+class _Store:
+    """A server that answers every request with ``answer(handler)``."""
 
-    def __init__(self, mode):
+    def __init__(self, answer):
         import http.server
         import threading
 
@@ -154,30 +154,47 @@ class _BadBody:
                 pass
 
             def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Length", "5000")
-                self.end_headers()
-                if mode == "short":
-                    self.wfile.write(b"x" * 3000)  # then the connection closes
-                    return
-                for _ in range(600):  # 30 s for 600 bytes
-                    try:
-                        self.wfile.write(b"x")
-                        self.wfile.flush()
-                    except OSError:
-                        return  # the client gave up
-                    time.sleep(0.05)
+                answer(self)
+
+            do_HEAD = do_GET
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self):
         self.thread.start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}/shard.tfrec"
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+def _bad_body(handler, mode):
+    """Promises 5,000 bytes; sends 3,000 then closes (``"short"``) or trickles them."""
+    handler.send_response(200)
+    handler.send_header("Content-Length", "5000")
+    handler.end_headers()
+    if mode == "short":
+        handler.wfile.write(b"x" * 3000)  # then the connection closes
+        return
+    for _ in range(600):  # 30 s for 600 bytes
+        try:
+            handler.wfile.write(b"x")
+            handler.wfile.flush()
+        except OSError:
+            return  # the client gave up
+        time.sleep(0.05)
+
+
+class _BadBody(_Store):
+    """A server whose one object promises more bytes than it sends, or trickles them."""
+
+    def __init__(self, mode):
+        super().__init__(lambda handler: _bad_body(handler, mode))
+
+    def __enter__(self):
+        return super().__enter__() + "/shard.tfrec"
 
 
 def test_a_body_cut_short_or_trickling_fails_naming_the_url(tmp_path, monkeypatch):
@@ -444,34 +461,6 @@ def test_http_records_keep_the_static_shapes_of_local_ones(make_records, tmp_pat
                           cache=False)
         train(cfg, tmp_path / "run", log=lambda line: None)
         assert (tmp_path / "run" / "model.keras").is_file()
-
-
-class _Store:
-    """A server that answers every request with ``answer(handler)``."""
-
-    def __init__(self, answer):
-        import http.server
-        import threading
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                answer(self)
-
-            do_HEAD = do_GET
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _json_answer(body: bytes, ctype="application/json"):
