@@ -11,9 +11,9 @@ import pytest
 from conftest import tiny_config
 from petal.cli import main
 from petal.errors import PetalError
+from petal.running import RUNNING_FILE
 from petal.training.callbacks import read_history
 from petal.training.loop import (
-    RUNNING_FILE,
     _mark_running,
     absolute_data,
     prepare_workdir,

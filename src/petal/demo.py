@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from petal.errors import PetalError, cannot_write, first_line
-from petal.running import RUNNING_FILE, running_elsewhere
+from petal.running import in_use_error, running_elsewhere
 
 FLOWERS_URL = (
     "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -169,10 +169,7 @@ def run_demo(
     _refuse_other_runs(workdir, records)
     if workdir.is_dir() and (who := running_elsewhere(workdir, "training in it")):
         # Before its records are converted again under the run reading them.
-        raise PetalError(
-            f"Demo folder {workdir} is in use: {who}; wait for it to end or stop it, or pass "
-            f"another --workdir (if it is not running, delete {workdir / RUNNING_FILE})."
-        )
+        raise in_use_error(workdir, who, "--workdir")
     if reason := cannot_write(workdir, folder=True):
         raise PetalError(f"Demo folder {workdir} cannot be written: {reason}; pass --workdir "
                          "a folder you can write.")

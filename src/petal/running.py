@@ -51,6 +51,15 @@ def running_elsewhere(folder: Path, doing: str = "using it") -> str | None:
     return who
 
 
+def in_use_error(folder, who: str, option: str) -> PetalError:
+    """The refusal of ``folder``, held by ``who`` (:func:`running_elsewhere`'s text);
+    ``option`` names what to pass instead (``--workdir``, ``DST``)."""
+    return PetalError(
+        f"{folder} is in use: {who}; wait for it to end or stop it, or pass another {option} "
+        f"(if it is not running, delete {os.path.join(folder, RUNNING_FILE)})."
+    )
+
+
 def mark_running(
     folder: Path, in_use: Callable[[str], PetalError], doing: str
 ) -> Callable[[], None]:

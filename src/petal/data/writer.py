@@ -60,7 +60,7 @@ from pathlib import Path
 from petal.data import folders, images, schema
 from petal.data.folders import some_names
 from petal.errors import PetalError, cannot_write, is_int_at_least, printable
-from petal.running import RUNNING_FILE, mark_running
+from petal.running import RUNNING_FILE, in_use_error, mark_running
 
 log = logging.getLogger(__name__)
 
@@ -751,7 +751,8 @@ def _claimed(output: str) -> Iterator[None]:
     unmark = None
     try:
         unmark = mark_running(
-            Path(output), functools.partial(_in_use, output), "converting into it"
+            Path(output), functools.partial(in_use_error, output, option="DST"),
+            "converting into it",
         )
         yield
     finally:
@@ -760,13 +761,6 @@ def _claimed(output: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             if created and not os.listdir(output):
                 os.rmdir(output)
-
-
-def _in_use(output: str, who: str) -> PetalError:
-    return PetalError(
-        f"{output} is in use: {who}; wait for it to end or stop it, or "
-        f"pass another DST (if it is not running, delete {folders.join(output, RUNNING_FILE)})."
-    )
 
 
 def _check_output(output: str, overwrite: bool) -> None:

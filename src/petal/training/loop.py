@@ -39,7 +39,7 @@ from pathlib import Path
 
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
-from petal.running import RUNNING_FILE, mark_running, running_elsewhere, signals_held
+from petal.running import in_use_error, mark_running, running_elsewhere, signals_held
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -106,15 +106,9 @@ def _running_elsewhere(workdir: Path) -> str | None:
 
 
 def _mark_running(workdir: Path) -> Callable[[], None]:
-    """Writes :data:`RUNNING_FILE` while ``train`` runs in ``workdir``; returns its remover."""
-    return mark_running(workdir, lambda who: _in_use(workdir, who), _TRAINING)
-
-
-def _in_use(workdir: Path, who: str) -> PetalError:
-    return PetalError(
-        f"{workdir} is in use: {who}; wait for it to end or stop it, or "
-        f"pass another --workdir (if it is not running, delete {workdir / RUNNING_FILE})."
-    )
+    """Writes :data:`~petal.running.RUNNING_FILE` while ``train`` runs in ``workdir``; returns
+    its remover."""
+    return mark_running(workdir, lambda who: in_use_error(workdir, who, "--workdir"), _TRAINING)
 
 
 def _config_kind(workdir: Path) -> str:
@@ -212,7 +206,7 @@ def prepare_workdir(
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if who := _running_elsewhere(workdir):
         # Two processes in one run: each rewrites the other's history and checkpoints.
-        raise _in_use(workdir, who)
+        raise in_use_error(workdir, who, "--workdir")
     if resume:
         if not (workdir / "config.json").is_file():
             raise _not_a_run(workdir)
