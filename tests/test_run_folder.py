@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 
 import pytest
 
 from conftest import tiny_config
 from petal.cli import main
 from petal.errors import PetalError
-from petal.running import RUNNING_FILE
+from petal.running import READING_PREFIX, RUNNING_FILE
 from petal.training.callbacks import read_history
 from petal.training.loop import (
     _mark_running,
@@ -24,6 +26,25 @@ from test_train import QUIET
 
 # What every config.json of petal train holds (another program's is not a run of petal's).
 PETAL_CONFIG = json.dumps({"model": "dense", "resolved": {"classes": ["a", "b"]}})
+
+
+def test_a_run_marks_the_local_records_it_reads_while_it_trains(small_records, tmp_path):
+    """So that `petal convert --overwrite` into them is refused (test_writer) instead of
+    replacing the shards under the run."""
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    seen: dict[str, str] = {}
+
+    def log(line: str) -> None:
+        seen.update((p.name, p.read_text()) for p in records.glob(".*"))
+
+    train(tiny_config(records, epochs=1, model="dense"), tmp_path / "run", log=log)
+    marker = f"{READING_PREFIX}{socket.gethostname()}-{os.getpid()}"
+    assert list(seen) == [marker]  # while it trained: who and what
+    assert json.loads(seen[marker]) == {
+        "pid": os.getpid(), "host": socket.gethostname(), "doing": "training from it"
+    }
+    assert not [p for p in records.iterdir() if p.name.startswith(".")]  # gone at the end
 
 
 def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(

@@ -25,7 +25,7 @@ from PIL import Image, JpegImagePlugin
 from conftest import run_script
 from petal.data import convert, images, read_manifest, schema, writer
 from petal.errors import PetalError
-from petal.running import RUNNING_FILE
+from petal.running import READING_PREFIX, RUNNING_FILE
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -1207,6 +1207,43 @@ def test_the_marker_of_a_conversion_killed_outright_is_taken_over(small_flowers,
         "train-00000-of-00001-50.tfrec",
         "validation-00000-of-00001-10.tfrec",
     ]
+
+
+def test_records_a_training_run_reads_are_not_converted_into(small_flowers, tmp_path):
+    """--overwrite replaced the shards under a running `petal train` (its epochs mixed two
+    conversions' records, the new validation split among them); its marker (test_run_folder)
+    refuses that, and one left by a reader that died does not."""
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=8, shards=1, workers=1, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    marker = out / f"{READING_PREFIX}{socket.gethostname()}-{live.pid}"
+    try:
+        marker.write_text(json.dumps(
+            {"pid": live.pid, "host": socket.gethostname(), "doing": "training from it"}
+        ))
+        with pytest.raises(PetalError) as caught:
+            convert(small_flowers, out, image_size=16, shards=1, workers=1, overwrite=True,
+                    progress=False)  # fmt: skip
+        assert str(caught.value) == (
+            f"{out} is in use: process {live.pid} on {socket.gethostname()} is training from "
+            f"it; wait for it to end or stop it, or pass another DST (if it is not running, "
+            f"delete {marker})."
+        )
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p != marker} == before
+    finally:
+        live.kill()
+        live.wait()
+    # The reader is gone: its marker protects nothing, and the replacement takes it away.
+    convert(small_flowers, out, image_size=16, shards=1, workers=1, overwrite=True,
+            progress=False)  # fmt: skip
+    assert read_manifest(out)["image_size"] == [16, 16]
+    assert not marker.exists()
+    # Nor is a dead reader's marker a foreign file in a folder a conversion left unfinished.
+    (out / schema.MANIFEST_NAME).unlink()
+    marker.write_text(json.dumps({"pid": live.pid, "host": socket.gethostname()}))
+    assert convert(small_flowers, out, image_size=8, shards=1, workers=1,
+                   progress=False).written == 60  # fmt: skip
 
 
 # --- names and metadata ------------------------------------------------------------------------

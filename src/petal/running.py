@@ -2,7 +2,11 @@
 ``petal convert``'s output), so that a second process is refused instead of mixing its files
 with the first's.
 
-The marker holds ``{"pid": ..., "host": ..., "doing": ...}`` (what the holder does there,
+A process reading a local records folder (``petal train``) leaves a marker of its own
+there (:func:`mark_reading`; several may read at once), so that a conversion into that
+folder is refused instead of replacing the shards it reads.
+
+Each marker holds ``{"pid": ..., "host": ..., "doing": ...}`` (what the holder does there,
 for the refusal: "training in it", "converting into it"); one left by a process that has died
 (same host, no such process) protects nothing and is taken over.
 
@@ -23,14 +27,21 @@ from pathlib import Path
 from petal.errors import PetalError
 
 RUNNING_FILE = ".petal-running"
+# Markers of the processes reading a records folder (``petal train``): one file each.
+READING_PREFIX = ".petal-reading-"
 
 
 def running_elsewhere(folder: Path, doing: str = "using it") -> str | None:
     """Who else holds ``folder`` and what it does there (``"process PID on HOST is training
     in it"``; ``doing`` when its marker does not say), when another live process (or one on
     another host) does; None otherwise."""
+    return _holder(folder / RUNNING_FILE, doing)
+
+
+def _holder(marker: Path, doing: str) -> str | None:
+    """:func:`running_elsewhere` of one marker file."""
     try:
-        holder = json.loads((folder / RUNNING_FILE).read_text())
+        holder = json.loads(marker.read_text())
         pid, host = int(holder["pid"]), str(holder["host"])
         doing = str(holder.get("doing") or doing)
     except FileNotFoundError:
@@ -51,12 +62,12 @@ def running_elsewhere(folder: Path, doing: str = "using it") -> str | None:
     return who
 
 
-def in_use_error(folder, who: str, option: str) -> PetalError:
-    """The refusal of ``folder``, held by ``who`` (:func:`running_elsewhere`'s text);
-    ``option`` names what to pass instead (``--workdir``, ``DST``)."""
+def in_use_error(folder, who: str, option: str, marker: str = RUNNING_FILE) -> PetalError:
+    """The refusal of ``folder``, held by ``who`` (:func:`running_elsewhere`'s text) through
+    its file ``marker``; ``option`` names what to pass instead (``--workdir``, ``DST``)."""
     return PetalError(
         f"{folder} is in use: {who}; wait for it to end or stop it, or pass another {option} "
-        f"(if it is not running, delete {os.path.join(folder, RUNNING_FILE)})."
+        f"(if it is not running, delete {os.path.join(folder, marker)})."
     )
 
 
@@ -89,6 +100,39 @@ def mark_running(
                 path.unlink()
 
     return unmark
+
+
+def mark_reading(folder: Path, doing: str) -> Callable[[], None]:
+    """Leaves a marker (:data:`READING_PREFIX` + host and pid) in the local records ``folder``
+    while this process is ``doing`` there (``"training from it"``), so that a conversion
+    into it is refused (:func:`reading_elsewhere`) instead of replacing the shards under the
+    reader; returns the function that removes it. Several readers may hold one folder; a
+    folder this process may not write (shared, read-only data) is read without a marker."""
+    path = folder / f"{READING_PREFIX}{socket.gethostname()}-{os.getpid()}"
+    try:
+        path.write_text(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "doing": doing})
+        )
+    except OSError:
+        return lambda: None
+
+    def unmark() -> None:
+        path.unlink(missing_ok=True)
+
+    return unmark
+
+
+def reading_elsewhere(folder: Path) -> tuple[str, str] | None:
+    """Who reads ``folder`` (:func:`running_elsewhere`'s text) and the name of its marker
+    (:func:`mark_reading`), when another live process does; None otherwise."""
+    try:
+        markers = sorted(folder.glob(f"{READING_PREFIX}*"))
+    except OSError:
+        return None
+    for marker in markers:
+        if who := _holder(marker, "reading it"):
+            return who, marker.name
+    return None
 
 
 @contextlib.contextmanager

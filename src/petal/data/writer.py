@@ -21,7 +21,7 @@ interrupted one left behind. A complete conversion being replaced (``overwrite``
 removed only once the new shards are complete, so a run that fails keeps it (at the cost
 of room for both on disk meanwhile). A conversion holds a local output folder
 (``petal.running.RUNNING_FILE``) from before its scan to its manifest, so a second one into
-it is refused; remote outputs are not held.
+it is refused, as is one into records a ``petal train`` reads; remote outputs are not held.
 
 Workers import only PIL, NumPy and google-crc32c (``petal.data.images``) and serialise
 the ``tf.train.Example`` themselves; TensorFlow is used in the main process for
@@ -60,7 +60,13 @@ from pathlib import Path
 from petal.data import folders, images, schema
 from petal.data.folders import some_names
 from petal.errors import PetalError, cannot_write, is_int_at_least, printable
-from petal.running import RUNNING_FILE, in_use_error, mark_running
+from petal.running import (
+    READING_PREFIX,
+    RUNNING_FILE,
+    in_use_error,
+    mark_running,
+    reading_elsewhere,
+)
 
 log = logging.getLogger(__name__)
 
@@ -701,7 +707,7 @@ def _listdir(path: str) -> list[str]:
 def _is_ours(name: str) -> bool:
     return (
         name in (schema.MANIFEST_NAME, RUNNING_FILE)
-        or name.startswith(_TEMP_PREFIX)
+        or name.startswith((_TEMP_PREFIX, READING_PREFIX))
         or bool(_SHARD_RE.match(name))
     )
 
@@ -754,6 +760,10 @@ def _claimed(output: str) -> Iterator[None]:
             Path(output), functools.partial(in_use_error, output, option="DST"),
             "converting into it",
         )
+        if reader := reading_elsewhere(Path(output)):
+            # Its shards replaced under it: epochs that mix two conversions' records.
+            who, marker = reader
+            raise in_use_error(output, who, "DST", marker=marker)
         yield
     finally:
         if unmark is not None:

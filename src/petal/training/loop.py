@@ -37,9 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from petal.data.folders import is_remote
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
-from petal.running import in_use_error, mark_running, running_elsewhere, signals_held
+from petal.running import (
+    in_use_error,
+    mark_reading,
+    mark_running,
+    running_elsewhere,
+    signals_held,
+)
 from petal.training.callbacks import (
     Checkpointer,
     MetricsWriter,
@@ -1085,6 +1092,7 @@ def train(
     bn_frozen = cfg.model_options.get("bn_frozen", True) is not False
     set_policy(policy)
     unmark = None
+    unread: Callable[[], None] = lambda: None  # noqa: E731
     try:
         keras.utils.set_random_seed(cfg.seed)
         with strategy.scope():
@@ -1108,6 +1116,9 @@ def train(
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite, log=log)
         unmark = _mark_running(workdir)
+        if source.kind == "records" and not is_remote(source.path):
+            # A conversion into these records is refused while this run reads them.
+            unread = mark_reading(Path(source.path), "training from it")
         # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
         # the checkpoint does not fit must not replace the one it does.
         config_saved = finished
@@ -1218,6 +1229,7 @@ def train(
         keras.mixed_precision.set_global_policy(previous_policy)
         if unmark is not None:
             unmark()
+        unread()
 
     rows = read_history(history_path)
     metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
