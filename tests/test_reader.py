@@ -342,6 +342,24 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     assert "validation-00000-of-00001-5.tfrec" in caplog.text
 
 
+def test_with_skip_corrupt_a_shard_removed_while_reading_is_named_as_gone(make_records, caplog):
+    # It was skipped as "record 0 is corrupt (CRC failure or truncation)".
+    folder = make_records(counts={"train": [7, 6], "validation": [5]})
+    src = open_source(str(folder))
+    gone = folder / "train-00001-of-00002-6.tfrec"
+    gone.unlink()  # after the source was opened and checked
+    before = reader.SKIPPED.skipped
+    with caplog.at_level(logging.WARNING, logger="petal.data.reader"):
+        ids = image_ids(eval_dataset(src, split="train", batch_size=4, normalization="raw",
+                                     skip_corrupt=True))  # fmt: skip
+    assert len(ids) == 7
+    assert reader.SKIPPED.skipped - before == 6
+    assert (
+        f"petal: skipped 6 record(s) of {gone}: the shard cannot be opened (not found; removed "
+        "while this ran? Restore it or convert again)"
+    ) in caplog.text
+
+
 def test_codelab_shards_open_past_a_damaged_first_record(make_records):
     # Opening peeks at the first records of each shard for class names and image size; a
     # CRC failure there stopped open_source with TensorFlow's bare DataLossError.

@@ -869,15 +869,23 @@ def _unopenable_shards(data) -> list[tuple[str, str]]:
         src = data if isinstance(data, Source) else open_source(str(data), verify=False)
         if src.kind == "folder" or src.remote:
             return []
-        out = []
-        for f in src.files("all"):
-            if not tf.io.gfile.exists(f):
-                out.append((f, "not found"))
-            elif not folders.is_remote(f) and not os.access(f, os.R_OK):
-                out.append((f, "permission denied"))
-        return out
+        return [(f, why) for f in src.files("all") if (why := _unopenable(f))]
     except (PetalError, tf.errors.OpError):
         return []
+
+
+def _unopenable(shard: str) -> str | None:
+    """Why the shard at ``shard`` (local or ``gs://``) cannot be opened: ``"not found"``,
+    ``"permission denied"`` (local); None when it can, or may (``http``: read staged)."""
+    import tensorflow as tf
+
+    if folders.is_http(shard):
+        return None
+    if not tf.io.gfile.exists(shard):
+        return "not found"
+    if not folders.is_remote(shard) and not os.access(shard, os.R_OK):
+        return "permission denied"
+    return None
 
 
 def _as_folder(data) -> Source | None:
@@ -917,6 +925,12 @@ def _report_skip(path, n, expected) -> bool:
         f"skipped {lost} record(s) of {path}: record {n} is corrupt (CRC failure or "
         "truncation) and the reader cannot resume inside a shard"
     )
+    if n == 0 and (why := _unopenable(path)):
+        # Not corruption: the shard went (or became unreadable) after it was listed.
+        message = (
+            f"skipped {lost} record(s) of {path}: the shard cannot be opened ({why}; removed "
+            "while this ran? Restore it or convert again)"
+        )
     log.warning("petal: %s", message)
     SKIPPED.add(lost, message, path)
     return False
