@@ -675,6 +675,40 @@ def test_head_then_all_is_refused_before_writing_when_it_cannot_run(
         assert not (tmp_path / "run").exists()
 
 
+def test_head_then_all_on_a_pretrained_model_without_a_backbone_is_refused_before_writing(
+    small_records, tmp_path
+):
+    """A registered pretrained model whose built model holds no backbone: found once built
+    (the registry cannot tell), still before the work directory is made."""
+    import keras
+
+    from petal.models import registry
+
+    @registry.register("test_flat_pretrained", family="test", description="test only",
+                       normalization="unit", default_image_size=32, min_image_size=8,
+                       pretrained=True)  # fmt: skip
+    def build(num_classes, image_size, weights=None, **kwargs):
+        inputs = keras.Input((*image_size, 3))
+        x = keras.layers.GlobalAveragePooling2D()(inputs)
+        return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+    try:
+        from petal.models import create_model
+
+        weights = tmp_path / "flat.weights.h5"
+        create_model("test_flat_pretrained", 5, 32).save_weights(weights)
+        cfg = tiny_config(small_records, model="test_flat_pretrained", fine_tune="head_then_all",
+                          weights=str(weights), head_epochs=1, epochs=2)  # fmt: skip
+        with pytest.raises(PetalError, match=r"^fine_tune='head_then_all' trains a new head on "
+                           r"a frozen pretrained backbone, which 'test_flat_pretrained' does "
+                           r"not have"):  # fmt: skip
+            train(cfg, tmp_path / "run", **QUIET)
+        assert not (tmp_path / "run").exists()
+    finally:
+        registry._INFOS.pop("test_flat_pretrained", None)
+        registry._BUILDERS.pop("test_flat_pretrained", None)
+
+
 def test_the_speed_of_a_fine_tuning_run_is_its_full_phases():
     """It was the median over both phases, which could be the frozen backbone's."""
     from petal.training.loop import _metrics
