@@ -118,6 +118,26 @@ def test_model_info_and_registry_errors():
         load_weights_file(create_model("dense", 5, 32), "nope.weights.h5")
 
 
+def test_numpy_integers_are_taken_as_ints():
+    # np.int64 passed the Integral check, then Keras' Dense refused it ("units=5").
+    model = create_model("squeezenet", np.int64(5), np.int64(32))
+    assert model.output_shape == (None, 5)
+    assert model_summary("convnet", np.int32(3), 32)["params"] > 0
+
+
+def test_an_empty_weights_path_is_refused_as_given():
+    """Path("") is the current folder: it read "Weights file . is a folder ... weights='.'"."""
+    from petal.models import load_weights_file
+
+    said = (r"^weights is empty and names no file; pass the path of a \.weights\.h5 file"
+            r"{}\. Received: weights=''$")  # fmt: skip
+    others = r", 'imagenet', or None: `--weights none` on the command line"
+    with pytest.raises(PetalError, match=said.format(others)):
+        create_model("squeezenet", 5, 32, weights="")
+    with pytest.raises(PetalError, match=said.format("")):
+        load_weights_file(create_model("squeezenet", 5, 32), "")
+
+
 def test_rectangular_image_size():
     model = create_model("convnet", 5, (48, 64))
     assert model.input_shape == (None, 48, 64, 3)
@@ -404,6 +424,19 @@ def test_count_flops_of_known_architectures():
     macs = 192 * 192 * 27 * 16 + 192 * 192 * 144 * 30 + 96 * 96 * 270 * 60 + 48 * 48 * 540 * 90
     macs += 24 * 24 * 810 * 110 + 12 * 12 * 990 * 130 + 12 * 12 * 130 * 40 + 40 * 5
     assert count_flops(create_model("convnet", 5, 192)) == 2 * macs
+
+
+@pytest.mark.parametrize("count", [count_flops, count_params])
+def test_counts_refuse_a_name_or_other_non_models(count):
+    # A name counted 0 FLOPs silently, and raised AttributeError for the parameters.
+    name = count.__name__
+    with pytest.raises(PetalError, match=rf"^{name} counts a built keras.Model, not a name: "
+                       r"build it first \(create_model\('squeezenet', num_classes, "
+                       r"image_size\)\), or use model_summary\('squeezenet'\) as `petal "
+                       r"models` does\. Received: model='squeezenet'$"):  # fmt: skip
+        count("squeezenet")
+    with pytest.raises(PetalError, match=r"Received: model of type NoneType$"):
+        count(None)
 
 
 def test_squeezenet_stem_stride_keeps_the_weights_and_quarters_the_work():

@@ -230,6 +230,7 @@ def create_model(
             f"num_classes must be an int of at least 2 for model {name!r}. "
             f"Received: num_classes={num_classes!r}"
         )
+    num_classes = int(num_classes)  # a NumPy integer is one, but Keras' Dense takes only int
     hw = info.image_hw(image_size)
 
     weights_file: Path | None = None
@@ -245,10 +246,10 @@ def create_model(
             )
         builder_weights = "imagenet"
     else:
-        weights_file = Path(weights)
         # Before the model is built: a file that is no weights file is named at once.
-        check_weights_file(weights_file, ", 'imagenet', or None: `--weights none` on the "
+        check_weights_file(weights, ", 'imagenet', or None: `--weights none` on the "
                            "command line")
+        weights_file = Path(weights)
 
     try:
         model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
@@ -319,8 +320,8 @@ def load_weights_file(
     Raises:
         PetalError: The file fits neither the model nor its backbone (the message names it).
     """
-    path = Path(path)
     check_weights_file(path)  # else Keras would say it does not fit
+    path = Path(path)
     with _named_for_keras(path) as keras_path:
         return _load_weights_file(model, path, keras_path, rebuild, fresh_head)
 
@@ -484,7 +485,7 @@ def _load_backbone_of_full_application(backbone: keras.Model, keras_path: str) -
     return top
 
 
-def check_weights_file(path: Path, others: str = "") -> None:
+def check_weights_file(path: str | Path, others: str = "") -> None:
     """Refuse a path that holds no readable Keras weights file, saying what it holds instead.
 
     Args:
@@ -492,12 +493,18 @@ def check_weights_file(path: Path, others: str = "") -> None:
         others: what may be passed instead of a file, for the messages (``", 'imagenet'"``).
 
     Raises:
-        PetalError: ``path`` is missing, a folder, not an ``.h5`` file, not HDF5, or an HDF5
-            file whose structure cannot be read (truncated, overwritten in part).
+        PetalError: ``path`` is empty, missing, a folder, not an ``.h5`` file, not HDF5, or an
+            HDF5 file whose structure cannot be read (truncated, overwritten in part).
     """
     import h5py
 
-    received = f"Received: weights={str(path)!r}"
+    received = f"Received: weights={str(path)!r}"  # as given: Path("") would say '.'
+    if not str(path).strip():
+        raise PetalError(
+            f"weights is empty and names no file; pass the path of a .weights.h5 "
+            f"file{others}. {received}"
+        )
+    path = Path(path)
     if path.is_dir():
         raise PetalError(
             f"Weights file {path} is a folder; pass a .weights.h5 file{others}. {received}"
@@ -648,8 +655,34 @@ def walk_layers(model: keras.Layer):
             yield layer
 
 
+def _check_model(model, function: str) -> None:
+    """Refuses anything but a built Keras model, a registered name included: what is counted
+    depends on the classes and the image size the model is built for."""
+    if isinstance(model, keras.Model):
+        return
+    if isinstance(model, str):
+        raise PetalError(
+            f"{function} counts a built keras.Model, not a name: build it first "
+            f"(create_model({model!r}, num_classes, image_size)), or use "
+            f"model_summary({model!r}) as `petal models` does. Received: model={model!r}"
+        )
+    raise PetalError(
+        f"{function} counts a built keras.Model (from create_model). "
+        f"Received: model of type {type(model).__name__}"
+    )
+
+
 def count_params(model: keras.Model) -> tuple[int, int]:
-    """(total, trainable) parameter counts, as ``model.summary()`` reports them."""
+    """(total, trainable) parameter counts, as ``model.summary()`` reports them.
+
+    Args:
+        model: A built model (a registered name is refused: build it with
+            :func:`create_model`, or describe it with :func:`model_summary`).
+
+    Raises:
+        PetalError: ``model`` is not a ``keras.Model``.
+    """
+    _check_model(model, "count_params")
     trainable = sum(_size(w) for w in model.trainable_weights)
     total = sum(_size(w) for w in model.weights)
     return total, trainable
@@ -694,11 +727,17 @@ def count_flops(model: keras.Model) -> int:
     slight undercount.
 
     Args:
-        model: A built functional model with a fixed input size.
+        model: A built functional model with a fixed input size (a registered name is
+            refused: build it with :func:`create_model`, or describe it with
+            :func:`model_summary`).
 
     Returns:
         FLOPs for one image (divide by 1e6 for MFLOPs).
+
+    Raises:
+        PetalError: ``model`` is not a ``keras.Model``.
     """
+    _check_model(model, "count_flops")
     macs = 0
     for layer in walk_layers(model):
         for node in getattr(layer, "_inbound_nodes", []):
