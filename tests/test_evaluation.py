@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -82,8 +83,43 @@ def test_classification_report_is_json_ready():
     json.dumps(report)
     with pytest.raises(PetalError, match="probs must be"):
         metrics.classification_report(Y_TRUE, PROBS, ["a", "b"])
-    with pytest.raises(PetalError, match="labels must be in"):
+    with pytest.raises(PetalError, match="class index 3, outside the model's 3 classes"):
         metrics.confusion_matrix([0, 3], [0, 1], 3)
+
+
+def test_top_k_k_must_be_a_whole_number_of_at_least_one():
+    # 1.5 and "2" failed inside NumPy ("slice indices must be integers", "'<' not supported").
+    for k in (1.5, "2", 0, True, None):
+        with pytest.raises(PetalError, match=rf"^k must be an integer >= 1 \(the k of a "
+                           rf"top-k\)\. Received: k={re.escape(repr(k))}$"):  # fmt: skip
+            metrics.top_k_accuracy(Y_TRUE, PROBS, k)
+        with pytest.raises(PetalError, match="^k must be an integer >= 1"):
+            metrics.top_k(PROBS, k)
+        with pytest.raises(PetalError, match="^k must be an integer >= 1"):
+            metrics.classification_report(Y_TRUE, PROBS, ["a", "b", "c"], ks=(1, k))
+    assert metrics.top_k_accuracy(Y_TRUE, PROBS, np.int64(2)) == pytest.approx(5 / 6)
+
+
+def test_classification_report_names_a_k_above_the_classes_by_the_k_counted():
+    # top_5 of 3 classes is their top-3 (1.0): named so, as `petal evaluate --top-k 5` does.
+    report = metrics.classification_report(Y_TRUE, PROBS, ["a", "b", "c"], ks=(1, 5))
+    assert report["top_k_accuracy"] == pytest.approx({"top_1": 4 / 6, "top_3": 1.0})
+    report = metrics.classification_report(Y_TRUE, PROBS, ["a", "b", "c"], ks=(5, 3, 1, 2))
+    assert list(report["top_k_accuracy"]) == ["top_1", "top_2", "top_3"]
+
+
+def test_labels_outside_the_model_classes_say_which_and_what_to_do():
+    y_true = np.array([0, 1, 2, 0, 1, 3])  # a record's class index beyond the model's head
+    with pytest.raises(PetalError, match=r"^The data's labels \(y_true, the records' class "
+                       r"index\) hold class index 3, outside the model's 3 classes \(0\.\.2\); "
+                       r"find the records with a bad class index \(petal inspect DATA "
+                       r"--verify\) and convert the images again \(petal convert\), or "
+                       r"evaluate data of the model's classes\. "
+                       r"Received: y_true min=0, max=3$"):  # fmt: skip
+        metrics.classification_report(y_true, PROBS, ["a", "b", "c"])
+    with pytest.raises(PetalError, match=r"^y_pred holds class index -1, .*; pass predicted "
+                       r"class indices in 0\.\.2\. Received: y_pred min=-1, max=1$"):  # fmt: skip
+        metrics.confusion_matrix([0, 1], [-1, 1], 3)
 
 
 # --- evaluate / predict / export / report on conftest's tiny trained run ------------------

@@ -12,27 +12,50 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from petal.errors import PetalError
+from petal.errors import PetalError, is_int_at_least
 
 
-def _labels(y_true, num_classes: int | None = None) -> np.ndarray:
+def _labels(y_true, num_classes: int | None = None, name: str = "y_true") -> np.ndarray:
+    """``y_true`` as an array of class indices, each below ``num_classes`` when given;
+    ``name`` names it in the messages."""
     y = np.asarray(y_true)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise PetalError(
-            f"labels must be a 1-D array of class indices. Received: shape={y.shape}, "
+            f"{name} must be a 1-D array of class indices. Received: shape={y.shape}, "
             f"dtype={y.dtype}"
         )
     if num_classes is not None and y.size and (y.min() < 0 or y.max() >= num_classes):
+        # The last check: the labels (a record's class index) and the model's head disagree,
+        # e.g. records whose class index is beyond their own list of classes.
+        n = num_classes
+        bad = int(y.min()) if y.min() < 0 else int(y.max())
+        if name == "y_true":
+            what = f"The data's labels ({name}, the records' class index) hold"
+            fix = (
+                "find the records with a bad class index (petal inspect DATA --verify) and "
+                "convert the images again (petal convert), or evaluate data of the model's classes"
+            )
+        else:
+            what, fix = f"{name} holds", f"pass predicted class indices in 0..{n - 1}"
         raise PetalError(
-            f"labels must be in [0, {num_classes}). Received: min={y.min()}, max={y.max()}"
+            f"{what} class index {bad}, outside the model's {n} classes (0..{n - 1}); "
+            f"{fix}. Received: {name} min={y.min()}, max={y.max()}"
         )
     return y
+
+
+def _check_k(k) -> int:
+    """``k`` of a top-k: an integer of at least 1 (a NumPy integer is one)."""
+    k = int(k) if isinstance(k, np.integer) else k
+    if not is_int_at_least(k, 1):
+        raise PetalError(f"k must be an integer >= 1 (the k of a top-k). Received: k={k!r}")
+    return k
 
 
 def confusion_matrix(y_true, y_pred, num_classes: int) -> np.ndarray:
     """Counts ``[num_classes, num_classes]``: row = true class, column = predicted class."""
     t = _labels(y_true, num_classes)
-    p = _labels(y_pred, num_classes)
+    p = _labels(y_pred, num_classes, "y_pred")
     if t.shape != p.shape:
         raise PetalError(f"y_true and y_pred differ in length. Received: {t.size} and {p.size}")
     cm = np.zeros((num_classes, num_classes), dtype=np.int64)
@@ -41,7 +64,7 @@ def confusion_matrix(y_true, y_pred, num_classes: int) -> np.ndarray:
 
 
 def accuracy(y_true, y_pred) -> float:
-    t, p = _labels(y_true), _labels(y_pred)
+    t, p = _labels(y_true), _labels(y_pred, name="y_pred")
     return float(np.mean(t == p)) if t.size else 0.0
 
 
@@ -49,19 +72,23 @@ def top_k_accuracy(y_true, probs, k: int) -> float:
     """Fraction of samples whose true class is among the ``k`` highest probabilities.
 
     Ties are broken toward the lower class index, so the result does not depend on
-    the sort's stability.
+    the sort's stability. A ``k`` above the number of classes counts them all (1.0).
+
+    Raises:
+        PetalError: ``k`` is not an integer >= 1, or a label is not one of the classes.
     """
+    k = _check_k(k)
     probs = np.asarray(probs, dtype=np.float64)
     t = _labels(y_true, probs.shape[1])
-    if k < 1:
-        raise PetalError(f"k must be >= 1. Received: k={k}")
     k = min(k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     return float(np.mean(np.any(top == t[:, None], axis=1))) if t.size else 0.0
 
 
 def top_k(probs, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and probabilities of the ``k`` most likely classes, best first, per row."""
+    """Indices and probabilities of the ``k`` most likely classes, best first, per row
+    (all of them, for a ``k`` above the number of classes)."""
+    k = _check_k(k)
     probs = np.asarray(probs)
     k = min(k, probs.shape[-1])
     idx = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
@@ -130,7 +157,9 @@ def classification_report(
         y_true: true class indices, ``[N]``.
         probs: predicted probabilities, ``[N, num_classes]``.
         classes: class names in index order.
-        ks: the k of each top-k accuracy reported (``top_1`` is plain accuracy).
+        ks: the k of each top-k accuracy reported (``top_1`` is plain accuracy). A k above
+            the number of classes is reported as the top-k of all of them (``top_3`` for 3
+            classes, which is 1.0), as ``petal evaluate --top-k`` reduces it.
     """
     probs = np.asarray(probs)
     if probs.ndim != 2 or probs.shape[1] != len(classes):
@@ -139,6 +168,8 @@ def classification_report(
             f"Received: shape={probs.shape}"
         )
     t = _labels(y_true, len(classes))
+    # Named for the k counted: top_5 of 3 classes would claim a measure it is not.
+    ks = sorted({min(_check_k(k), len(classes)) for k in ks})
     pred = np.argmax(probs, axis=1)
     cm = confusion_matrix(t, pred, len(classes))
     report = {
