@@ -132,7 +132,9 @@ def test_parse_image_size(value, expected):
     assert images.parse_image_size(value) == expected
 
 
-@pytest.mark.parametrize("value", ["0", "x", "1x2x3", -3, "axb", True, (True, 5), (19.5, 4)])
+@pytest.mark.parametrize(
+    "value", ["0", "x", "1x2x3", -3, "axb", True, (True, 5), (19.5, 4), (64,), [64], ()]
+)
 def test_parse_image_size_rejects(value):
     with pytest.raises(ValueError, match="Received: image_size"):
         images.parse_image_size(value)
@@ -919,6 +921,9 @@ def test_numpy_numbers_are_numbers(small_flowers, tmp_path):
         # Through the Python API, True is an int to Python: it wrote 1x1 records, or was
         # written into the manifest's options as true.
         ({"image_size": True}, r"^image_size must be .* Received: image_size=True$"),
+        # A 1-tuple was written at 64x64, where the input pipeline refuses it.
+        ({"image_size": (64,)}, r"^image_size must be .* Received: image_size=\(64,\)$"),
+        ({"image_size": [64]}, r"^image_size must be .* Received: image_size=\[64\]$"),
         ({"quality": True}, r"^quality must be an integer in 1\.\.100\. Received: quality=True$"),
         ({"seed": True}, r"^seed must be an integer\. Received: seed=True$"),
         ({"shards": True}, r"^shards must be a positive integer\. Received: shards=True$"),

@@ -86,6 +86,8 @@ def parse_image_size(value: int | str | tuple[int, int] | list[int]) -> tuple[in
         if isinstance(value, str):
             parts = value.lower().replace("×", "x").split("x")
             value = tuple(int(p) for p in parts)
+            if len(value) == 1:  # "192": a square's side
+                value = (value[0], value[0])
         elif _is_integer(value):
             value = (int(value), int(value))
         else:
@@ -93,8 +95,7 @@ def parse_image_size(value: int | str | tuple[int, int] | list[int]) -> tuple[in
             value = tuple(int(v) for v in value) if all(map(_is_integer, value)) else ()
     except (TypeError, ValueError):
         value = ()
-    if len(value) == 1:
-        value = (value[0], value[0])
+    # A sequence is (height, width): (64,) is refused, as the input pipeline refuses it.
     if len(value) != 2 or min(value) < 1:
         raise ValueError(
             "image_size must be a positive size such as 192 or HxW (e.g. 192x256). "
