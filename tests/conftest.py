@@ -171,6 +171,22 @@ def keep_only(folder: Path, keys=("image", "class")) -> Path:
     return folder
 
 
+def relabel_after(folder: Path, first: int, label: int) -> Path:
+    """Rewrite every ``*.tfrec`` in ``folder`` giving record ``first`` and those after it in
+    each shard class ``label`` (a class that the first records of a shard never show)."""
+    import tensorflow as tf
+
+    for shard in sorted(folder.glob("*.tfrec")):
+        records = tf.data.TFRecordDataset(str(shard))
+        examples = [tf.train.Example.FromString(r.numpy()) for r in records]
+        with tf.io.TFRecordWriter(str(shard)) as writer:
+            for k, example in enumerate(examples):
+                if k >= first:
+                    example.features.feature["class"].int64_list.value[:] = [label]
+                writer.write(example.SerializeToString())
+    return folder
+
+
 def write_test_records(
     folder: Path,
     *,

@@ -905,3 +905,102 @@ def test_the_library_names_the_files_an_image_folder_leaves_out(small_flowers, t
         train_dataset(open_source(str(folder)), batch_size=4, image_size=32)  # caller's notes
     said = [r.getMessage() for r in caplog.records if r.name == "petal.data.pipeline"]
     assert len(said) == 1 and "loose.jpg" in said[0], said
+
+
+def test_a_class_index_past_the_sources_classes_stops_in_one_line(make_records, monkeypatch):
+    """Codelab shards naming no class, whose sixth class comes after the records read when
+    opened: its records were trained on with all-zero one-hot labels, and evaluate failed
+    at its end naming neither the data nor the fix."""
+    import keras
+
+    from conftest import CLASSES, keep_only, relabel_after
+    from petal.data import reader
+
+    folder = make_records("late", counts={"all": [40] * 6}, codelab=True, fmt="jpeg")
+    relabel_after(keep_only(folder), 34, 5)  # records 34-39 of each shard: class index 5
+    # As shards too large to read whole (raising=False: the defect's test, before the fix).
+    monkeypatch.setattr(reader, "MAX_CLASS_SCAN_BYTES", 0, raising=False)
+    src = open_source(str(folder))
+    assert src.num_classes == 5
+    expected = (
+        f"{folder} holds class index 5 but the source has 5 classes (counted from the first "
+        "32 records of each shard; the shards name none): pass classes=[...] listing every "
+        "class in index order (open_source(PATH, classes=...), then train or evaluate the "
+        "Source it returns; petal train and evaluate take no class list: they count the "
+        "class of every record only in local shards of up to 0 GB in all)."
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        for _ in eval_dataset(src, batch_size=8, image_size=16, split="all"):
+            pass
+    assert str(reader.input_error(caught.value, str(folder), "evaluate")) == expected
+    # As a Keras training step raises it (train turns it into the same line).
+    model = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(5, activation="softmax")])  # fmt: skip
+    model.compile("sgd", "categorical_crossentropy")
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        ds = train_dataset(src, batch_size=8, image_size=16, seed=0, augment=None)
+        model.fit(ds, steps_per_epoch=25, epochs=1, verbose=0)
+    assert str(reader.input_error(caught.value, src, "train")) == expected
+    # Every class named: the sixth class's 36 records have its label.
+    named = open_source(str(folder), classes=[*CLASSES, "sixth"])
+    ds = eval_dataset(named, batch_size=64, image_size=16, split="all")
+    labels = np.concatenate([y for _, y in ds])
+    assert labels.shape == (240, 6) and labels[:, 5].sum() == 36
+    assert np.all(labels.sum(axis=1) == 1)
+
+
+def test_a_kept_cache_folder_gives_each_seed_the_batches_it_fills_itself(records, tmp_path):
+    """The cache held the records in the order of the seed that filled it, and the key left
+    the seed out: a run of seed 3 reading a cache that seed 5 (or an unseeded run) filled
+    got other batches than seed 3 filling its own."""
+
+    def take(seed, cache):
+        ds = train_dataset(str(records), batch_size=4, seed=seed, cache=cache, augment=None,
+                           normalization="raw", dtype="uint8")  # fmt: skip
+        return [_ids(x) for x, _ in ds.take(10)]  # two passes: the cache is filled
+
+    by_5, unseeded, own = (str(tmp_path / name) for name in ("by_5", "unseeded", "own"))
+    take(5, by_5)
+    take(None, unseeded)
+    expected = take(3, own)
+    assert take(3, by_5) == take(3, unseeded) == take(3, "ram") == expected
+    assert take(4, by_5) != expected
+
+
+def test_an_empty_training_split_names_the_splits_that_hold_images(make_records):
+    # It said "0 images per input pipeline, fewer than one batch of 1; Use a smaller batch".
+    folder = make_records(counts={"train": [7, 6]})
+    with pytest.raises(PetalError, match=r"^Split 'validation' of .* holds no images; choose a "
+                       r"split that does: train \(13 images\), all \(13 images\)\.$"):
+        train_dataset(str(folder), batch_size=1, split="validation")
+
+
+def test_load_image_names_a_file_it_cannot_read_or_decode(tmp_path):
+    # A missing file raised TensorFlow's NotFoundError, with its op names and a traceback.
+    with pytest.raises(PetalError, match=r"^Cannot load the image .*nowhere\.jpg: No such file "
+                       r"or directory\.$"):
+        pipeline.load_image(str(tmp_path / "nowhere.jpg"))
+    (tmp_path / "notes.jpg").write_text("not a photo")
+    with pytest.raises(PetalError, match=r"^Cannot load the image .*notes\.jpg: not an image"):
+        pipeline.load_image(str(tmp_path / "notes.jpg"), 8)
+
+
+def test_fit_size_with_resize_none_is_refused(records):
+    # resize 'none' keeps each file's size: a fit_size would be a second, other resize.
+    with pytest.raises(PetalError, match=r"fit_size=32, resize='none'$"):
+        eval_dataset(str(records), batch_size=2, resize="none", fit_size=32)
+
+
+@pytest.mark.parametrize("spec", ["flip+", "flip++crop", "+"])
+def test_an_augment_list_with_an_empty_name_is_refused(records, spec):
+    with pytest.raises(PetalError, match=r"augment holds an empty name"):
+        train_dataset(str(records), batch_size=2, augment=spec)
+
+
+def test_split_names_in_any_case(records):
+    # As normalization and label_mode are; 'Train' was an unknown split.
+    ids = _all_ids(eval_dataset(str(records), batch_size=4, split="Validation",
+                                normalization="raw"))  # fmt: skip
+    assert sorted(ids) == list(range(19, 28))
+    ds = train_dataset(str(records), batch_size=4, split="TRAIN", seed=0)
+    assert next(iter(ds))[0].shape == (4, 16, 16, 3)

@@ -523,3 +523,64 @@ def test_a_shard_removed_while_reading_fails_naming_it_and_does_not_hang(make_re
         "(train-00001-of-00002-10.tfrec: not found). Restore them (removed while it ran? "
         "convert again) or make them readable, then run it again."
     )
+
+
+@pytest.fixture
+def late_class(make_records):
+    """Kaggle-style codelab shards (image and class only), 6 x 40 records, whose records 34
+    and on in each shard are of a sixth class, index 5, past the first records read."""
+    from conftest import keep_only, relabel_after
+
+    folder = make_records("late", counts={"all": [40] * 6}, codelab=True, fmt="jpeg")
+    return relabel_after(keep_only(folder), 34, 5)
+
+
+def test_local_codelab_shards_count_the_class_of_every_record(late_class, monkeypatch):
+    # The first 32 records of each shard counted five classes: the sixth class's records
+    # had the all-zero one-hot label of an index past them.
+    src = open_source(str(late_class))
+    assert src.classes == (*CODELAB_CLASSES, "class_5")
+    assert src.classes_from == "counted from every record; the shards name none"
+    # Beyond the size read whole (or remote): the first records of each shard, said so.
+    monkeypatch.setattr(reader, "MAX_CLASS_SCAN_BYTES", 0)
+    src = open_source(str(late_class))
+    assert src.classes == CODELAB_CLASSES
+    assert src.classes_from == (
+        "counted from the first 32 records of each shard; the shards name none"
+    )
+
+
+def test_codelab_classes_may_be_given_as_a_comma_separated_string(make_records):
+    # It was split into characters (a class per letter), as convert's --classes is not.
+    folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)
+    names = "daisy, dandelion,roses,sunflowers,tulips"
+    assert open_source(str(folder), classes=names).classes == CODELAB_CLASSES
+
+
+def test_codelab_classes_given_must_cover_the_class_indices_read(make_records, late_class):
+    # Fewer names than classes: the records of the others had no class of their own.
+    folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)
+    names = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    assert open_source(str(folder), classes=[*names, "f"]).num_classes == 6  # more: fine
+    with pytest.raises(PetalError, match=r"^classes names 5 classes but the shards at .*late "
+                       r"hold class index 5 \(read in every record\): list every class in "
+                       r"index order, 6 at least\. Received: classes=daisy,dandelion,"):
+        open_source(str(late_class), classes=names)
+    with pytest.raises(PetalError, match=r"classes names 2 classes .* class index 4"):
+        open_source(str(folder), classes=["a", "b"])
+
+
+def test_a_val_fraction_that_is_no_number_is_named(make_records):
+    # float('abc') raised a bare ValueError.
+    folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)
+    with pytest.raises(PetalError, match=r"val_fraction must be in \[0, 1\)\. Received: "
+                       r"val_fraction=abc"):
+        open_source(str(folder), val_fraction="abc")
+
+
+def test_a_source_takes_split_names_in_any_case(make_records):
+    # As normalization and label_mode are.
+    src = open_source(str(make_records(counts={"train": [7, 6], "validation": [5]})))
+    assert src.count("Train") == 13 and src.files("ALL") == src.files("all")
+    with pytest.raises(PetalError, match=r"Unknown split 'test'"):
+        src.count("test")

@@ -544,7 +544,14 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
             f"Received: augment={spec!r}"
         )
     text = PRESETS.get(spec.strip().lower(), spec)
-    parts = [p.strip().lower() for p in text.replace(",", "+").split("+") if p.strip()]
+    parts = [p.strip().lower() for p in text.replace(",", "+").split("+")]
+    if text.strip() and not all(parts):
+        # "flip+" or "flip++crop": a name left out, most likely, not nothing meant.
+        raise PetalError(
+            f"augment holds an empty name between or beside its '+' (known: "
+            f"{', '.join(names())}). Received: augment={spec!r}"
+        )
+    parts = [p for p in parts if p]
     image_ops, mix_ops = [], []
     for part in parts:
         if part in PRESETS:

@@ -513,7 +513,7 @@ def find_images(
     if classes is None:
         chosen = [name for name in sorted(by_class) if by_class[name]]
     else:
-        chosen = _parse_classes(classes)
+        chosen = parse_classes(classes)
         present = sorted(name for name in by_class if by_class[name])
         hidden = [c for c in chosen if is_hidden(c)]
         if hidden:
@@ -586,7 +586,8 @@ def find_images(
     )
 
 
-def _parse_classes(classes: Sequence[str] | str) -> list[str]:
+def parse_classes(classes: Sequence[str] | str) -> list[str]:
+    """Class names in index order from a list or tuple, or a comma-separated string."""
     # Not a set: its order, so the class indices, would change from one run to the next.
     if not isinstance(classes, Sequence):
         raise PetalError(

@@ -144,8 +144,8 @@ def train_dataset(
             ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function.
         cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
             ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
-            path (kept and reused by later runs on the same data and input pipelines; not
-            with ``skip_corrupt``), or ``"off"``/None.
+            path (kept and reused by later runs on the same data and input pipelines,
+            whatever their seed; not with ``skip_corrupt``), or ``"off"``/None.
         shuffle_buffer: elements in the shuffle buffer. (Uncached data read over http is an
             endless stream: a pass no larger than the buffer is shuffled whole instead.)
         seed: makes shuffling and augmentation reproducible; None draws one.
@@ -209,6 +209,7 @@ def train_dataset(
             f"mixup/cutmix mix labels and need label_mode='one_hot'. "
             f"Received: label_mode={label_mode!r}, augment={augment!r}"
         )
+    split = _check_split(src, split)
     count = _pipeline_count(src, split, input_context)
     if count < per_replica:
         raise PetalError(
@@ -245,7 +246,7 @@ def train_dataset(
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
     ds = ds.enumerate(start=int(start_step))
     ds = ds.map(
-        _finish_fn(src.num_classes, label_mode, normalization, aug, seed.value, dtype),
+        _finish_fn(src.num_classes, label_mode, normalization, aug, seed.value, dtype, src),
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic,
     )
@@ -276,9 +277,10 @@ def eval_dataset(
     keep decoded images across repeated evaluations. ``fit_size``, for an image folder:
     fit each file to this size first (a model's records size, as ``petal convert`` did),
     then resize it to ``image_size`` as records are, so new photos get the pixels the
-    model's own records (and ``petal predict``) give it. ``resize`` may also be ``"none"``
-    here (with no ``fit_size``): files are resized as records of ``--resize none`` are
-    (see :func:`fit_image`).
+    model's own records (and ``petal predict``) give it; records are read as stored, as
+    with ``resize`` (a run's fitting applies to whatever data it is evaluated on).
+    ``resize`` may also be ``"none"`` here, with no ``fit_size`` (refused with one): files
+    are resized as records of ``--resize none`` are (see :func:`fit_image`).
 
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
@@ -291,11 +293,15 @@ def eval_dataset(
     dtype = _check_dtype(dtype, normalization)
     size = _resolve_size(src, image_size)
     fit = _as_size(fit_size, "fit_size") if fit_size is not None else None
+    if fit is not None and resize == "none":
+        # Records of --resize none keep each photo's size: there is no size to fit to.
+        raise PetalError(
+            "fit_size fits files as petal convert --resize fill, pad or stretch did; with "
+            "resize='none' they keep their own size: pass fit_size=None, or that resize. "
+            f"Received: fit_size={fit_size!r}, resize='none'"
+        )
     per_replica = _per_replica_batch(batch_size, input_context)
-    if src.count(split) == 0:
-        others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
-        fix = f"; choose a split that does: {', '.join(others)}" if others else ""
-        raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
+    split = _check_split(src, split)
     how = f"{resize}|{fit}"  # parsed: 192 and "192x192" fit the same pixels
     cache_to = _resolve_cache(cache, src, split, size, input_context, how, skip_corrupt)
     # Read in file order, decode, batch without dropping anything.
@@ -317,7 +323,7 @@ def eval_dataset(
         per_replica, drop_remainder=False, num_parallel_calls=AUTOTUNE, deterministic=True
     )
     ds = ds.enumerate().map(
-        _finish_fn(src.num_classes, label_mode, normalization, None, 0, dtype),
+        _finish_fn(src.num_classes, label_mode, normalization, None, 0, dtype, src),
         num_parallel_calls=AUTOTUNE,
         deterministic=True,
     )
@@ -379,7 +385,23 @@ def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
     given.
 
     Decoded as ``petal convert`` and ``petal predict`` decode (see :func:`fit_image`).
+
+    Raises:
+        PetalError: (eagerly) the file cannot be read or decoded; the message names it.
     """
+    if not tf.executing_eagerly():  # inside tf.data or a tf.function: the op's own error
+        return _load_image(path, image_size, resize)
+    try:
+        return _load_image(path, image_size, resize)
+    except PetalError:
+        raise  # a bad argument, named
+    except (tf.errors.OpError, ValueError) as err:  # ValueError: eagerly, from _decode_file
+        # ReadFile names the path again: "PATH; No such file or directory".
+        reason = _op_reason(err).removeprefix(f"{os.fspath(path)}; ")
+        raise PetalError(f"Cannot load the image {os.fspath(path)}: {reason}.") from None
+
+
+def _load_image(path, image_size, resize) -> tf.Tensor:
     data = tf.io.read_file(path)
     if image_size is None:
         image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
@@ -532,22 +554,21 @@ def _endless(
     The fast way, for pipelines whose order is not reproducible anyway: tf.data reshuffles
     each epoch (and fuses shuffle and repeat: a buffer that runs across epoch boundaries).
     """
-    # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
-    ds = _read(
-        src,
-        split,
-        training=True,
-        seed=seed,
-        deterministic=deterministic,
-        input_context=input_context,
-        skip_corrupt=skip_corrupt,
-        endless=cache_to is None,
-    )
     if cache_to is not None:
-        # 2. Decode once, then cache decoded uint8 images: later epochs skip the decode.
-        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = _ignore_decode_errors(ds, skip_corrupt, src)
-        ds = ds.cache(cache_to)
+        # 1-2. Read, decode once, cache decoded uint8 images: later epochs skip the decode.
+        ds = _cached(src, split, input_context, skip_corrupt, decode, cache_to)
+    else:
+        # 1. Read: records (still encoded) or file paths, sharded for this input pipeline.
+        ds = _read(
+            src,
+            split,
+            training=True,
+            seed=seed,
+            deterministic=deterministic,
+            input_context=input_context,
+            skip_corrupt=skip_corrupt,
+            endless=True,
+        )
     # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
     #    epoch; then repeat forever (training runs for a number of steps).
     if shuffle_buffer and src.remote and cache_to is None and count <= shuffle_buffer:
@@ -603,8 +624,9 @@ def _passes(
     few images of a pass wait for the next pass's order), so pass ``k`` never depends on
     the passes before it, as tf.data's reshuffling of one stream does (its epoch ``k`` is
     the ``k``-th reshuffle). A cache is filled once, on the first pass a run reads, in the
-    order of pass 0: every later pass only reshuffles it. Nothing here hangs on the global
-    seed (``tf.random.set_seed``): a run that set it before reads what one that did not does.
+    one order of :func:`_cached`, whatever the seed: every pass only reshuffles it. Nothing
+    here hangs on the global seed (``tf.random.set_seed``): a run that set it before reads
+    what one that did not does.
     """
     read = functools.partial(
         _read,
@@ -626,12 +648,8 @@ def _passes(
 
     cached = None
     if cache_to is not None:
-        # 1-2. Read in pass 0's file order, decode once, cache decoded uint8 images.
-        cached = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(
-            _graph(lambda index: read(seed=pass_seeds(index)[0]))
-        )
-        cached = cached.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
-        cached = _ignore_decode_errors(cached, skip_corrupt, src).cache(cache_to)
+        # 1-2. Read in the cache's order, decode once, cache decoded uint8 images.
+        cached = _cached(src, split, input_context, skip_corrupt, decode, cache_to)
 
     def one_pass(index):
         file_seed, order_seed = pass_seeds(index)
@@ -657,6 +675,43 @@ def _passes(
     if group_decode is not None:
         ds = ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     return ds
+
+
+# Seed of the one file order a cache is filled in (see _cached).
+CACHE_ORDER_SEED = 0
+
+
+def _cached(src, split, input_context, skip_corrupt, decode, cache_to):
+    """Decoded uint8 images of ``split`` through a cache (``cache_to``: "" for RAM, else a
+    file prefix), filled in one order whatever the run's seed: files shuffled once by
+    :data:`CACHE_ORDER_SEED`, read and decoded deterministically.
+
+    A cache folder outlives its run (see :func:`_cache_key`): filled by one seed in that
+    seed's order, it gave a run of another seed other batches than that run gets filling
+    it itself. Filled in one order, it serves runs of every seed, each reshuffling it by
+    its own seed (the file order is then the same in every pass, as it was within a run).
+    """
+    read = functools.partial(
+        _read,
+        src,
+        split,
+        training=True,
+        deterministic=True,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+    )
+    if src.remote:
+        ds = read(seed=CACHE_ORDER_SEED)  # a Python seed: its own order, no global seed
+    else:
+
+        def fill(_):
+            # A function graph of its own: its shuffle does not take the global seed.
+            tf.compat.v1.get_default_graph().seed = None
+            return read(seed=tf.constant(CACHE_ORDER_SEED, tf.int64))
+
+        ds = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(_graph(fill))
+    ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
+    return _ignore_decode_errors(ds, skip_corrupt, src).cache(cache_to)
 
 
 def _decoder(src: Source, size: tuple[int, int], resize: str = "fill", fit=None):
@@ -964,8 +1019,12 @@ def decode_skips(
     return bad, f"{len(bad)} of {total} {what} cannot be decoded and are skipped: {names}"
 
 
-def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32"):
+def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32", src=None):
     """``(batch index, (uint8 images, class ids)) -> (images of dtype, labels)``.
+
+    With ``src``, a class id outside ``[0, num_classes)`` stops the pipeline with the error
+    of :func:`reader.class_range_message` (one-hot, it would be a label of zeros: a run
+    trained on it silently; sparse, a loss that fails naming no record).
 
     The per-image random parameters are drawn first (stateless, keyed by seed and batch
     index); everything that touches pixels (augmentation, cast, normalisation, mixing)
@@ -992,8 +1051,20 @@ def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32
     if USE_XLA and (aug is None or aug.xla):
         compiled = tf.function(transform, jit_compile=True, reduce_retracing=True)
 
+    head, tail = reader.class_range_message(src) if src is not None else ("", "")
+
+    def checked(labels):
+        bad = tf.logical_or(labels < 0, labels >= num_classes)
+        first = tf.gather(labels, tf.argmax(tf.cast(bad, tf.int32)))
+        message = tf.strings.join([head, tf.strings.as_string(first), tail])
+        ok = tf.logical_not(tf.reduce_any(bad))
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message], summarize=1)]):
+            return tf.identity(labels)
+
     def finish(index, batch):
         images, labels = batch
+        if src is not None:
+            labels = checked(labels)
         if label_mode == "one_hot":
             labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
         if aug is None:
@@ -1048,6 +1119,17 @@ def _check_choice(name, value, choices):
     if value not in choices:
         raise PetalError(f"{name} must be one of {', '.join(choices)}. Received: {name}={value!r}")
     return value
+
+
+def _check_split(src: Source, split) -> str:
+    """``split`` by its name (in any case), refused when it holds no images, naming the
+    splits that do."""
+    split = reader.check_split(split)
+    if src.count(split) == 0:
+        others = [f"{s} ({src.count(s)} images)" for s in reader.SPLITS if src.count(s)]
+        fix = f"; choose a split that does: {', '.join(others)}" if others else ""
+        raise PetalError(f"Split {split!r} of {src.path} holds no images{fix}.")
+    return split
 
 
 def _check_dtype(dtype, normalization) -> str:
@@ -1218,7 +1300,8 @@ def _cache_key(src: Source, split, size, input_context, how: str) -> str:
         if input_context is not None
         else "0/1"
     )
-    text = f"{src.path}|{created}|{split}|{size}|{how}|{pipe}|{src.count(split)}"
+    # "order": caches filled in a seed's order (earlier builds) are not reused.
+    text = f"{src.path}|{created}|{split}|{size}|{how}|{pipe}|{src.count(split)}|order"
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

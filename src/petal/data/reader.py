@@ -6,7 +6,9 @@ Three kinds of source, told apart by what the path holds:
   from the manifest, and the shards are checked against it (present, count, bytes).
 - ``codelab``: the Keras-on-TPU codelab's own shards (``flowers00-230.tfrec`` ...), a
   folder or a glob, without a manifest. Counts come from the file names; classes from the
-  records' ``class``/``label`` fields, else the codelab's list. The split is **by file**,
+  records' ``class``/``label`` fields (every record of local shards of up to
+  ``MAX_CLASS_SCAN_BYTES``, else the first ``PEEK_RECORDS`` of each shard), else the
+  codelab's list. The split is **by file**,
   as the squeezenet notebook does it: the first ``int(n_files * 0.19)`` files (in sorted
   order) are the validation set, the rest the training set. Shards that petal convert
   named (``train-00000-of-00013-230.tfrec``) are never opened this way: without their
@@ -24,6 +26,7 @@ Paths are local or anything ``tf.io.gfile`` reads (``gs://``); ``http://`` URLs 
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import json
@@ -47,6 +50,10 @@ FOLDER_VAL_FRACTION = 0.19
 SPLITS = (*schema.SPLITS, "all")
 # Records read from the start of each codelab shard to learn class names and image size.
 PEEK_RECORDS = 32
+# Local codelab shards of up to this many bytes in all have every record's class read when
+# opened (a read of the shards at disk speed: about 0.3 s for 70 MB, 5 s for 1 GB, cached
+# in the page cache); larger or remote ones are known by the first PEEK_RECORDS of each.
+MAX_CLASS_SCAN_BYTES = 1_000_000_000
 # Records per block when counting what a shard yields (see guarded_records).
 GUARD_BLOCK = 256
 
@@ -66,6 +73,7 @@ class Source:
         notes: for an image folder, lines naming the files it holds that are not read.
         size_recorded: False for codelab shards whose records carry no ``size`` feature
             (``image_size`` is None then, though they may all have one size).
+        classes_from: how the classes were found, for messages (codelab shards).
     """
 
     path: str
@@ -76,6 +84,7 @@ class Source:
     manifest: dict | None = None
     notes: tuple[str, ...] = ()
     size_recorded: bool = True
+    classes_from: str = ""
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -91,14 +100,14 @@ class Source:
 
     def files(self, split: str = "train") -> list[str]:
         """Shard files (records, codelab) or image files (folder) of a split, in a fixed order."""
-        split = _check_split(split)
+        split = check_split(split)
         if split == "all":
             return self._files["train"] + self._files["validation"]
         return list(self._files[split])
 
     def counts(self, split: str = "train") -> list[int]:
         """Number of images in each of :meth:`files` (1 per file for an image folder)."""
-        split = _check_split(split)
+        split = check_split(split)
         if split == "all":
             return self._counts["train"] + self._counts["validation"]
         return list(self._counts[split])
@@ -109,7 +118,7 @@ class Source:
 
     def labels(self, split: str = "train") -> list[int]:
         """Class index of each file of an image folder (empty for records)."""
-        split = _check_split(split)
+        split = check_split(split)
         if split == "all":
             return self._labels.get("train", []) + self._labels.get("validation", [])
         return list(self._labels.get(split, []))
@@ -147,8 +156,9 @@ def open_source(
         path: a petal records folder, a folder or glob of the codelab's shards, a folder of
             class sub-folders of images; local, ``gs://`` (anything ``tf.io.gfile`` reads) or
             ``http://`` (see :mod:`petal.data.remote`).
-        classes: class names in index order, for codelab shards and image folders (records
-            folders take theirs from the manifest).
+        classes: class names in index order (a list, or a comma-separated string), for
+            codelab shards and image folders (records folders take theirs from the
+            manifest); for codelab shards, at least one per class index their records hold.
         val_fraction: validation fraction for codelab shards (by file, default 0.19) and
             image folders (by image, default 0.19).
         verify: check a records folder's shards against its manifest (exist, count, bytes).
@@ -164,8 +174,10 @@ def open_source(
     path = str(path)
     if not path:
         raise PetalError("Data source path is empty. Received: path=''")
-    if val_fraction is not None and not 0.0 <= float(val_fraction) < 1.0:
+    if val_fraction is not None and not 0.0 <= _fraction(val_fraction) < 1.0:
         raise PetalError(f"val_fraction must be in [0, 1). Received: val_fraction={val_fraction}")
+    if classes is not None:
+        classes = folders.parse_classes(classes)  # "a,b,c" as petal convert takes it
     fs = _fs_for(path)
     is_glob = is_pattern(path)
     root = path if is_glob else path.rstrip("/")
@@ -207,6 +219,14 @@ def open_source(
         f"Data source {root} is empty: no manifest.json, no *{schema.SHARD_SUFFIX} shards and no "
         "class sub-folders. Convert images with `petal convert SRC DST` first."
     )
+
+
+def _fraction(value) -> float:
+    """``value`` as a float, NaN when it is none (refused as out of range)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def is_pattern(path: str) -> bool:
@@ -343,23 +363,41 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
     # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
     n_val = int(len(shards) * fraction)
-    found_classes, sizes = _peek_codelab(shards)
-    names = tuple(classes) if classes is not None else found_classes
+    names, sizes, seen = _peek_codelab(shards)
+    read = f"the first {PEEK_RECORDS} records of each shard"
+    if _scan_classes_at_open(shards):
+        names, seen = _scan_codelab(shards, names, seen)
+        read = "every record"
+    if classes is not None:
+        if len(classes) < seen:
+            raise PetalError(
+                f"classes names {len(classes)} classes but the shards at {root} hold class "
+                f"index {seen - 1} (read in {read}): list every class in index order, "
+                f"{seen} at least. Received: classes={','.join(classes)}"
+            )
+        found = tuple(classes)
+        how = "as classes= lists them"
+    else:
+        found = _codelab_classes(names, seen)
+        unnamed = "" if names else "; the shards name none"
+        how = f"counted from {read}{unnamed}"
     source = Source(
         path=root.rstrip("/"),
         kind="codelab",
-        classes=names,
+        classes=found,
         image_size=next(iter(sizes)) if len(sizes) == 1 else None,
         format=schema.FORMAT_JPEG,
         size_recorded=bool(sizes),
+        classes_from=how,
     )
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
     return source
 
 
-def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], set[tuple[int, int]]]:
-    """Classes and the image sizes recorded, from the first records of each shard (one
+def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int]], int]:
+    """Class names by index, the image sizes recorded and the number of classes seen (the
+    highest index + 1, or a one-hot's length), from the first records of each shard (one
     small read each)."""
     import tensorflow as tf
 
@@ -396,10 +434,76 @@ def _peek_codelab(shards: list[str]) -> tuple[tuple[str, ...], set[tuple[int, in
                 sizes.add((h, w))
         if num_classes and len(names) >= num_classes and len(sizes) > 1:
             break
-    num_classes = max(num_classes, len(CODELAB_CLASSES) if not names else 0)
+    return names, sizes, num_classes
+
+
+def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
+    """Class names for ``seen`` class indices: the records' own, else the codelab's five
+    (at least five when the records name none)."""
+    num_classes = max(seen, len(CODELAB_CLASSES) if not names else 0)
     defaults = dict(enumerate(CODELAB_CLASSES))
-    classes = tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes))
-    return classes, sizes
+    return tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes))
+
+
+def _scan_classes_at_open(shards: list[str]) -> bool:
+    """Whether every record's class of these codelab shards is read when they are opened:
+    local shards of up to :data:`MAX_CLASS_SCAN_BYTES` in all."""
+    if any(folders.is_remote(s) for s in shards):
+        return False
+    total = 0
+    for shard in shards:
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(shard)
+    return total <= MAX_CLASS_SCAN_BYTES
+
+
+# (shard, size, mtime) of each shard -> (names, classes seen): a source opened again (its
+# error paths open it once more) is not read again while its shards are unchanged.
+_SCANNED: dict[tuple, tuple[dict[int, str], int]] = {}
+
+
+def _scan_codelab(
+    shards: list[str], names: dict[int, str], seen: int
+) -> tuple[dict[int, str], int]:
+    """:func:`_peek_codelab`'s names and classes seen, completed from every record's
+    ``class`` and ``label`` (one vectorised parse per block of records; images are read
+    from disk but not decoded). A class whose first records come late in a shard (a rare
+    class, shards sorted by class) is counted: with the peek alone its records had a class
+    index past the last class. A shard that stops on a damaged record counts what it
+    read (reading it names the record later)."""
+    import numpy as np
+    import tensorflow as tf
+
+    stamp = []
+    for shard in shards:
+        with contextlib.suppress(OSError):
+            info = os.stat(shard)
+            stamp.append((shard, info.st_size, info.st_mtime_ns))
+    key = tuple(stamp)
+    if key not in _SCANNED:
+        spec = {
+            schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+            schema.LABEL: tf.io.FixedLenFeature([], tf.string, default_value=""),
+        }
+        found: dict[int, str] = {}
+        top = 0
+        for shard in shards:
+            blocks = tf.data.TFRecordDataset(shard, buffer_size=1 << 20).batch(1024)
+            try:
+                for block in blocks.map(lambda r: tf.io.parse_example(r, spec)):
+                    ids = block[schema.CLASS].numpy()
+                    top = max(top, int(ids.max(initial=-1)) + 1)
+                    labels = block[schema.LABEL].numpy()
+                    named = (ids >= 0) & (labels != b"")
+                    for i in np.unique(ids[named]):
+                        if int(i) not in found:
+                            label = labels[np.argmax(named & (ids == i))]
+                            found[int(i)] = label.decode("utf-8", "replace")
+            except tf.errors.OpError:
+                continue
+        _SCANNED[key] = (found, top)
+    found, top = _SCANNED[key]
+    return {**found, **names}, max(seen, top)
 
 
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
@@ -598,12 +702,13 @@ def _list_http_folder(
     return pairs, names, _http_unread_note(root, objects, names)
 
 
-def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise PetalError(
-            f"Unknown split {split!r} (known: {', '.join(SPLITS)}). Received: split={split!r}"
-        )
-    return split
+def check_split(split: str) -> str:
+    """``split`` as its name in :data:`SPLITS` (in any case, as choices elsewhere are)."""
+    if isinstance(split, str) and split.lower() in SPLITS:
+        return split.lower()
+    raise PetalError(
+        f"Unknown split {split!r} (known: {', '.join(SPLITS)}). Received: split={split!r}"
+    )
 
 
 # --- reading records -------------------------------------------------------------------------
@@ -750,6 +855,47 @@ def _plus_one(n, _):
     return n + 1
 
 
+# Opens the message of the pipeline's check of every label (see class_range_message).
+CLASS_RANGE = "petal: class index out of range: "
+
+
+def class_range_message(src: Source) -> tuple[str, str]:
+    """The error for a record of ``src`` whose class index is not one of its classes, as
+    the text before the index and the text after it: the pipeline checks every label, so
+    that no run trains on the all-zero one-hot label of such a class (``tf.one_hot``)."""
+    n = src.num_classes
+    if src.kind == "codelab" and src.classes_from.startswith("as classes="):
+        fix = f"{src.classes_from}): pass classes listing every class in index order"
+    elif src.kind == "codelab":
+        fix = (
+            f"{src.classes_from}): pass classes=[...] listing every class in index order "
+            "(open_source(PATH, classes=...), then train or evaluate the Source it returns; "
+            "petal train and evaluate take no class list: they count the class of every "
+            f"record only in local shards of up to {MAX_CLASS_SCAN_BYTES / 1e9:g} GB in all)"
+        )
+    elif src.kind == "records":
+        fix = "its manifest lists them): its shards were changed after petal convert wrote "
+        fix += "them; convert again"
+    else:
+        fix = "one per class folder)"
+    return f"{CLASS_RANGE}{src.path} holds class index ", f" but the source has {n} classes ({fix}."
+
+
+def class_range_error(err) -> PetalError | None:
+    """The one-line error of the pipeline's label check (:func:`class_range_message`)
+    that stopped a run, else None."""
+    text = getattr(err, "message", None) or str(err)
+    start = text.find(CLASS_RANGE)
+    if start < 0:
+        return None
+    # Up to the end of the message: "...]" closes the assertion's data, whose text
+    # TensorFlow escaped as C does (a quote as \', a non-ASCII byte as octal).
+    line = text[start + len(CLASS_RANGE) :].splitlines()[0]
+    line = line[: line.rindex("]")] if "]" in line else line
+    raw = codecs.escape_decode(line.encode("utf-8", "backslashreplace"))[0]
+    return PetalError(raw.decode("utf-8", "replace"))
+
+
 def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalError:
     """A one-line error for a corrupt record or image that stopped ``action`` on ``data``.
 
@@ -818,12 +964,15 @@ def input_error(
     ``store_mark`` (:meth:`petal.data.remote.StoreErrors.mark`, taken before ``action``
     read anything): a request to the store that failed since is the cause, not the data.
 
-    A corrupt record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image
+    A record whose class index is past the source's classes stops the pipeline with
+    :func:`class_range_error`'s message (no corrupt data: that error, as it is). A corrupt record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image
     folder's file that cannot be read at all (a looping link, no permission, removed while
     training) raises others, and is to blame when the folder holds such a file.
     """
     import tensorflow as tf
 
+    if (error := class_range_error(err)) is not None:
+        return error
     if store_mark is not None:
         from petal.data.remote import store_error
 
