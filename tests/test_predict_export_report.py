@@ -249,6 +249,8 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
     (out / "saved_model" / "stale.pb").write_bytes(b"an earlier export's file")
     (out / "model.tflite").write_bytes(b"an earlier model")
     (out / "mine.txt").write_text("not the export's")
+    earlier = {"written_by": "petal export", "files": ["model.tflite", "saved_model"]}
+    (out / "export.json").write_text(json.dumps(earlier))
 
     def broken(*args):
         raise PetalError("TFLite conversion failed")
@@ -257,8 +259,11 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
     monkeypatch.setattr(export_module, "_to_tflite", broken)
     with pytest.raises(PetalError, match="TFLite conversion failed"):
         export_module.export(trained, out=out, tflite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "model.tflite", "saved_model"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "export.json", "mine.txt", "model.tflite", "saved_model"
+    ]
     assert [p.name for p in (out / "saved_model").iterdir()] == ["stale.pb"]
+    assert json.loads((out / "export.json").read_text()) == earlier
     # Interrupted (Ctrl-C, SIGTERM) while writing into new folders: none is left behind.
     def interrupted(*args):
         raise KeyboardInterrupt
@@ -274,7 +279,85 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
     assert not (out / "saved_model" / "stale.pb").exists()
     assert (out / "saved_model" / "saved_model.pb").is_file()
     assert got["removed"] == [str(out / "model.tflite")] and not (out / "model.tflite").exists()
-    assert sorted(p.name for p in out.iterdir()) == ["labels.txt", "mine.txt", "saved_model"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "export.json", "labels.txt", "mine.txt", "saved_model"
+    ]
+    marker = json.loads((out / "export.json").read_text())
+    assert marker["files"] == ["export.json", "labels.txt", "saved_model"]
+    assert marker["run"] == str(trained.absolute())
+
+
+def test_export_refuses_files_no_export_wrote_unless_overwrite(trained, tmp_path, capsys):
+    """A folder of the user's own saved_model/ (with notes in it), labels.txt and
+    model.tflite: replaced and deleted as "an earlier export" without a word."""
+    from petal.cli import main
+    from petal.evaluation.export import export
+
+    out = tmp_path / "deploy"
+    (out / "saved_model" / "variables").mkdir(parents=True)
+    (out / "saved_model" / "saved_model.pb").write_text("mine")
+    (out / "saved_model" / "NOTES.md").write_text("important")
+    (out / "labels.txt").write_text("cat\ndog\n")
+    (out / "model.tflite").write_text("x")
+    (out / "mine.txt").write_text("kept")
+
+    def files():
+        return sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+    before = files()
+    assert main(["export", str(trained), "--out", str(out)]) == 2
+    said = (
+        f"petal export: error: {out}/saved_model and {out}/labels.txt and {out}/model.tflite "
+        f"were not written by petal export (not listed in {out}/export.json, which it writes; "
+        "an older petal's export has none): pass --out another folder, or --overwrite to "
+        "replace the export's files there (saved_model, labels.txt, model.tflite, "
+        "export.json; other files stay).\n"
+    )
+    assert capsys.readouterr().err == said
+    assert files() == before and (out / "labels.txt").read_text() == "cat\ndog\n"
+    # A marker of something else (or none) is not an export's.
+    (out / "export.json").write_text('{"files": ["saved_model"]}')
+    with pytest.raises(PetalError, match=r"saved_model and .*/export.json were not written by"):
+        export(trained, out=out)
+
+    # Asked to: the export's names are replaced, a stale model.tflite removed, the rest kept.
+    assert main(["export", str(trained), "--out", str(out), "--overwrite"]) == 0
+    assert f"removed {out}/model.tflite, which would not match this export (pass --tflite" in (
+        capsys.readouterr().out
+    )
+    assert files()[:4] == ["export.json", "labels.txt", "mine.txt", "saved_model"]
+    assert not (out / "saved_model" / "NOTES.md").exists() and (out / "mine.txt").is_file()
+    assert (out / "labels.txt").read_text().split() == json.loads(
+        (trained / "config.json").read_text()
+    )["resolved"]["classes"]
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_export_refuses_a_link_where_it_writes_before_the_work(
+    trained, tmp_path, monkeypatch, overwrite
+):
+    """OUT/saved_model a link to a folder: "Cannot call rmtree on a symbolic link" after
+    the whole export, naming neither the path nor the fix."""
+    import keras
+
+    from petal.evaluation.export import export
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the export was built before the check")
+
+    monkeypatch.setattr(keras.export, "ExportArchive", no_work)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("kept")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "saved_model").symlink_to(elsewhere)
+    with pytest.raises(PetalError, match=(
+        rf"^{re.escape(str(out / 'saved_model'))} is a link, where the export writes its "
+        r"saved_model; move it away or pass --out another folder.$"
+    )):
+        export(trained, out=out, **({"overwrite": True} if overwrite else {}))
+    assert (out / "saved_model").is_symlink() and (elsewhere / "keep.txt").is_file()
 
 
 def test_export_refuses_what_is_in_the_way_and_writes_nothing_for_a_damaged_model(
@@ -535,3 +618,184 @@ def test_predictions_of_a_file_with_a_newline_in_its_name_stay_on_one_line():
         "new\\nphoto.jpg: roses 0.900",
         "tab\\there.jpg: skipped: empty file (0 bytes)",
     ]
+
+
+def _resumed_unfinished(trained: Path, run: Path, more: int) -> tuple[Path, int]:
+    """A copy of the run, resumed for more epochs and stopped after ``more`` of them: its
+    state.json is ahead of metrics.json and model.keras. Returns it and the epochs done."""
+    _copy_run(trained, run)
+    done = json.loads((run / "metrics.json").read_text())["epochs_completed"]
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "epochs": 30}))
+    state = json.loads((run / "state.json").read_text())
+    (run / "state.json").write_text(json.dumps({**state, "epoch": done + more}))
+    return run, done
+
+
+def test_predict_evaluate_and_export_say_the_model_is_not_the_latest(
+    trained, small_flowers, small_records, tmp_path, capsys
+):
+    """An unfinished resume, or a training still running in the folder: the model used is
+    the one of the run's last finish, as report says; used all the same."""
+    import socket
+    import subprocess
+    import sys
+
+    from petal.cli import main
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import predict
+    from petal.running import RUNNING_FILE
+
+    run, done = _resumed_unfinished(trained, tmp_path / "run", 9)
+    photo = sorted((small_flowers / "roses").iterdir())[0]
+    said = (
+        f"{run / 'metrics.json'} describes the run after epoch {done}; it was resumed and "
+        f"trained 9 more epoch(s) without finishing (model.keras is the model of epoch {done}, "
+        f"its last finish): finish it with `petal train --workdir {run} --resume`."
+    )
+    warnings: list[str] = []
+    [result] = predict(run, [photo], warn=warnings.append)
+    assert warnings == [said] and len(result["predictions"]) == 3
+    assert main(["predict", str(run), str(photo)]) == 0
+    assert capsys.readouterr().err == f"petal predict: warning: {said}\n"
+    warnings.clear()
+    report = evaluate(run, small_records, warn=warnings.append, log=lambda line: None,
+                      out_dir=tmp_path / "eval")
+    assert warnings[0] == said and report["warnings"][0] == said
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    with pytest.raises(PetalError, match="is a file"):  # warned first, then refused
+        export(run, out=in_the_way)
+    assert capsys.readouterr().err == f"petal export: warning: {said}\n"
+
+    # A training running in the folder (a resume: its model.keras is of its last finish).
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / RUNNING_FILE).write_text(json.dumps(
+            {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}))
+        warnings.clear()
+        predict(run, [photo], warn=warnings.append)
+        assert warnings == [
+            f"{run} is still training (process {live.pid} on {socket.gethostname()} is "
+            f"training in it): {run / 'model.keras'} is the model of epoch {done}, its last "
+            "finish, not of the epochs training now; run this again when it finishes to use "
+            "the new one."
+        ]
+    finally:
+        live.kill()
+        live.wait()
+    # Finished (or as trained): nothing to say.
+    warnings.clear()
+    predict(trained, [photo], warn=warnings.append)
+    assert warnings == []
+
+
+def test_a_folder_of_no_images_names_what_it_holds_and_how_to_pass_it(tmp_path):
+    """Only hidden images and other types: the error said "holds no image files" without
+    the note that carries the fix (pass them by name)."""
+    from petal.evaluation.predict import expand_images
+
+    photos = tmp_path / "photos"
+    (photos / ".ipynb_checkpoints").mkdir(parents=True)
+    (photos / ".ipynb_checkpoints" / "a.jpg").write_bytes(b"x")
+    (photos / "._b.jpg").write_bytes(b"x")
+    (photos / "c.tiff").write_bytes(b"x")
+    (photos / "d.jpe").write_bytes(b"x")
+    warnings: list[str] = []
+    with pytest.raises(PetalError) as err:
+        expand_images([photos], warn=warnings.append)
+    assert str(err.value) == (
+        f"Folder {photos} holds no image files (.bmp, .gif, .jpeg, .jpg, .png, .webp); "
+        f"2 hidden folder(s) or image file(s) under {photos} are not read (names starting "
+        f"with '.', or __MACOSX): {photos}/._b.jpg, {photos}/.ipynb_checkpoints/; pass them "
+        f"by name to predict them; 2 file(s) under {photos} are not image files (by "
+        f"extension: .bmp, .gif, .jpeg, .jpg, .png, .webp) and are not predicted: "
+        f"{photos}/c.tiff, {photos}/d.jpe; pass them by name to predict them; pass image "
+        "files or a folder of them."
+    )
+    assert warnings == []
+
+
+def test_predict_names_a_folder_link_back_to_its_own_path_as_such(tmp_path):
+    """`ln -s .. DIR/nested/loop` was one of the files "not image files (by extension)"."""
+    from petal.evaluation.predict import expand_images
+
+    photos = tmp_path / "photos"
+    (photos / "nested").mkdir(parents=True)
+    (photos / "a.jpg").write_bytes(b"x")
+    (photos / "nested" / "loop").symlink_to("..")
+    warnings: list[str] = []
+    assert expand_images([photos], warn=warnings.append) == [photos / "a.jpg"]
+    assert warnings == [
+        f"1 folder link(s) under {photos} lead back to a folder that holds them and are not "
+        f"followed: {photos}/nested/loop/ (that folder's images are predicted once, where it "
+        "lies)"
+    ]
+    (photos / "a.jpg").unlink()
+    with pytest.raises(PetalError, match=re.escape(
+        f"holds no image files (.bmp, .gif, .jpeg, .jpg, .png, .webp); 1 folder link(s) under "
+        f"{photos} lead back to a folder that holds them and are not followed: "
+        f"{photos}/nested/loop/; pass image files"
+    )):
+        expand_images([photos], warn=warnings.append)
+
+
+def test_predict_writes_a_name_that_is_not_utf8_as_convert_does(
+    trained, small_flowers, tmp_path, capsys
+):
+    """--json wrote the name's lone surrogate ("bad\\udcffn.jpg"), which no UTF-8 text holds;
+    the file is predicted, its name written with \\xff as in convert's manifest."""
+    import os
+
+    from petal.cli import main
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo = sorted((small_flowers / "roses").iterdir())[0]
+    with open(os.path.join(os.fsencode(photos), b"bad\xffn.jpg"), "wb") as f:
+        f.write(photo.read_bytes())
+    assert main(["predict", str(trained), str(photos), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "\\udcff" not in captured.out
+    [result] = json.loads(captured.out)
+    assert result["file"] == f"{photos}/bad\\xffn.jpg" and len(result["predictions"]) == 3
+    assert captured.err == (
+        "petal predict: warning: 1 file name(s) are not valid UTF-8: the results write each "
+        f"byte that is not as \\xNN: {photos}/bad\\xffn.jpg\n"
+    )
+    assert main(["predict", str(trained), str(photos)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"{photos}/bad\\xffn.jpg: ")
+    assert "not valid UTF-8" in captured.err
+
+
+def test_the_readme_serves_the_export_with_tensorflow_alone(trained, small_flowers, tmp_path):
+    """README's snippet, run as written (in a process without petal) on an export: the
+    signature names, input key and outputs it gives are the SavedModel's."""
+    from conftest import run_script
+    from petal.evaluation.export import export
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "tf.saved_model.load(" in block]
+    export(trained, out=tmp_path / "runs" / "quick" / "export")
+    shutil.copy(sorted((small_flowers / "roses").iterdir())[0], tmp_path / "photo.jpg")
+    h, w = json.loads((trained / "config.json").read_text())["resolved"]["image_size"]
+    checks = f"""
+import os, sys
+assert not any(name.startswith("petal") for name in sys.modules)
+other = model.signatures["serving_default"](image_bytes=images)
+assert sorted(other) == sorted(out) == ["label", "probabilities", "score"], (other, out)
+assert other["label"].numpy().tolist() == out["label"].numpy().tolist()
+pixels = model.serve_pixels(tf.zeros([2, {h}, {w}, 3]))
+assert list(pixels) == ["probabilities"] and pixels["probabilities"].shape == (2, 5)
+assert probabilities.shape == (1, 5)
+"""
+    script = tmp_path / "serve.py"
+    script.write_text(f"import os\nos.chdir({str(tmp_path)!r})\n{snippet}{checks}")
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr[-2000:]
+    label, score = done.stdout.split()
+    classes = (tmp_path / "runs" / "quick" / "export" / "labels.txt").read_text().split()
+    assert label in classes and 0 < float(score) <= 1

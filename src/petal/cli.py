@@ -563,18 +563,24 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a finished run")
     parser.add_argument("--out", default=None, metavar="DIR", help="default WORKDIR/export")
     parser.add_argument("--tflite", action="store_true", help="also write model.tflite (pixels in)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace saved_model, labels.txt, model.tflite and export.json in --out that no "
+        "petal export wrote there (an earlier export's are replaced anyway; other files stay)",
+    )
 
 
 def _run_export(args: argparse.Namespace) -> int:
     from petal.evaluation.export import export
 
-    out = export(args.workdir, args.out, tflite=args.tflite)
+    out = export(args.workdir, args.out, tflite=args.tflite, overwrite=args.overwrite)
     print(f"SavedModel (encoded image bytes in): {out['saved_model']}")
     print(f"labels: {out['labels']}")
     if out["tflite"]:
         print(f"TFLite (float pixels 0..255 in): {out['tflite']}")
     for path in out["removed"]:
-        print(f"removed {path} of an earlier export (pass --tflite to write a new one)")
+        print(f"removed {path}, which would not match this export (pass --tflite to write one)")
     return 0
 
 

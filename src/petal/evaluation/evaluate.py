@@ -113,8 +113,8 @@ def evaluate(
         raise PetalError(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
-    run = open_run(workdir)
     warnings: list[str] = []
+    run = open_run(workdir, warn=warnings.append)  # a stale model: said, and in eval.json
     top_k = top_k_for(run, top_k, warnings.append)
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     if is_within(out, data):

@@ -17,8 +17,10 @@ animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow'
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -347,26 +349,93 @@ def make_preprocess(run: RunInfo):
     return preprocess
 
 
-# What an export folder holds, and whether each is a folder.
-_OUTPUTS = {"saved_model": True, "labels.txt": False, "model.tflite": False}
+# What an export folder holds, and whether each is a folder; EXPORT_MARKER lists which of
+# them this export wrote (an earlier export's may be replaced, nothing else unasked).
+EXPORT_MARKER = "export.json"
+_OUTPUTS = {"saved_model": True, "labels.txt": False, "model.tflite": False, EXPORT_MARKER: False}
+_WRITTEN_BY = "petal export"
 
 
-def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = False) -> dict:
-    """Write ``WORKDIR/export/saved_model`` (and ``model.tflite``) plus ``labels.txt``.
+def exported_names(out: Path) -> set[str]:
+    """The names of ``out`` that an earlier ``petal export`` wrote there, as its
+    :data:`EXPORT_MARKER` lists them (the marker included); empty without one."""
+    try:
+        marker = json.loads((out / EXPORT_MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return set()
+    if not isinstance(marker, dict) or marker.get("written_by") != _WRITTEN_BY:
+        return set()
+    files = marker.get("files")
+    listed = {f for f in files if f in _OUTPUTS} if isinstance(files, list) else set()
+    return listed | {EXPORT_MARKER}
+
+
+def _write_marker(out: Path, staging: Path, run: RunInfo, names) -> None:
+    """:data:`EXPORT_MARKER` in ``out`` listing ``names``, written in ``staging`` and moved."""
+    marker = {"written_by": _WRITTEN_BY, "run": str(run.workdir.absolute()),
+              "files": sorted(names)}
+    (staging / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    os.replace(staging / EXPORT_MARKER, out / EXPORT_MARKER)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuses what is in the way of the export in ``out``, before any work: a link or the
+    wrong kind (file, folder) where it writes, or, without ``overwrite``, files an earlier
+    ``petal export`` did not write there (:func:`exported_names`)."""
+    elsewhere = "move it away or pass --out another folder."
+    for name, is_dir in _OUTPUTS.items():
+        target = out / name
+        if target.is_symlink():  # never written by an export: the link or its target?
+            raise PetalError(f"{target} is a link, where the export writes its {name}; {elsewhere}")
+        check_not_in_the_way(target, is_dir, f"the export writes its {name}", elsewhere)
+    if overwrite:
+        return
+    ours = exported_names(out)
+    foreign = [str(out / name) for name in _OUTPUTS if (out / name).exists() and name not in ours]
+    if foreign:
+        were = "was" if len(foreign) == 1 else "were"
+        raise PetalError(
+            f"{' and '.join(foreign)} {were} not written by petal export (not listed in "
+            f"{out / EXPORT_MARKER}, which it writes; an older petal's export has none): pass "
+            f"--out another folder, or --overwrite to replace the export's files there "
+            f"({', '.join(_OUTPUTS)}; other files stay)."
+        )
+
+
+def _warn(line: str) -> None:
+    print(f"petal export: warning: {line}", file=sys.stderr, flush=True)
+
+
+def export(
+    workdir: str | Path,
+    out: str | Path | None = None,
+    tflite: bool = False,
+    overwrite: bool = False,
+    warn=None,
+) -> dict:
+    """Write ``WORKDIR/export/saved_model`` (and ``model.tflite``) plus ``labels.txt``, and
+    ``export.json`` listing them.
 
     Everything is written into a temporary folder inside ``out`` first and moved into place
     at the end, replacing an earlier export's files: a failure leaves ``out`` as it was,
     and an earlier ``saved_model`` is never mixed with the new one. An earlier
-    ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest).
+    ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest). Files
+    of those names that no export wrote there (not listed in its ``export.json``, as in the
+    exports of petal before it wrote one) are refused, unless ``overwrite``; other files in
+    ``out`` are left alone.
 
     Args:
         workdir: a finished ``petal train`` work directory.
         out: output folder; default ``WORKDIR/export``.
         tflite: also convert the ``serve_pixels`` signature to ``model.tflite``.
+        overwrite: replace ``saved_model``, ``labels.txt``, ``model.tflite`` and
+            ``export.json`` in ``out`` whatever wrote them (``--overwrite``).
+        warn: receives the warning lines (default: printed to stderr): a model that is not
+            the run's latest (a training still running in it, or an unfinished resume).
 
     Returns:
         ``{"saved_model": path, "labels": path, "tflite": path or None,
-        "removed": [paths of an earlier export's files removed]}``.
+        "removed": [the model.tflite removed, which would not match]}``.
 
     Raises:
         PetalError: no finished run, a damaged model, or ``out`` (or one of the names
@@ -377,14 +446,14 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
 
     from petal.data.pipeline import normalize
 
-    run = open_run(workdir)
+    if not isinstance(overwrite, bool):
+        raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
+    run = open_run(workdir, warn=warn or _warn)
     # The model first: a damaged one leaves no empty export folder behind.
     model = load_model(run, float32=True)
     # Checked now, created once the archive is built (the folder is what is made last).
     out = check_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
-    for name, is_dir in _OUTPUTS.items():
-        elsewhere = "move it away or pass --out another folder."
-        check_not_in_the_way(out / name, is_dir, f"the export writes its {name}", elsewhere)
+    _check_out(out, overwrite)
     preprocess = make_preprocess(run)
     classes = list(run.classes)
     h, w = run.image_size
@@ -428,17 +497,24 @@ def export(workdir: str | Path, out: str | Path | None = None, tflite: bool = Fa
         (staging / "labels.txt").write_text("\n".join(classes) + "\n")
         if tflite:
             _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
-        # Everything written: only now replace the earlier export.
+        written = [name for name in _OUTPUTS if (staging / name).exists()]
+        # Everything written: only now replace the earlier export. The marker first lists
+        # what is replaced or removed too, so an interruption leaves all of it the export's.
+        gone = {name for name in _OUTPUTS if (out / name).exists()}
+        _write_marker(out, staging, run, set(written) | gone)
         removed = []
         for name in _OUTPUTS:
             target = out / name
+            if name == EXPORT_MARKER:
+                continue
             if target.is_dir():
                 shutil.rmtree(target)
-            if (staging / name).exists():
+            if name in written:
                 os.replace(staging / name, target)
             elif target.exists():
                 target.unlink()
                 removed.append(str(target))
+        _write_marker(out, staging, run, [*written, EXPORT_MARKER])
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
-from petal.data.folders import read_bytes
+from petal.data.folders import is_utf8, read_bytes, utf8_name
 from petal.errors import PetalError, is_int_at_least, printable, some_files
 from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
@@ -54,13 +54,14 @@ def _decode(
 
 
 def _error(path: Path, reason: str) -> PetalError:
+    path = printable(utf8_name(str(path)))
     if reason == "not found":
         return PetalError(f"Image not found: {path}")
     return PetalError(f"Cannot read image {path}: {reason}")
 
 
 def _listing(paths: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(map(str, paths[:limit]))
+    shown = ", ".join(printable(utf8_name(str(p))) for p in paths[:limit])
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
@@ -72,11 +73,12 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     """Image files, with each folder among ``paths`` replaced by the images under it.
 
     A folder contributes every file below it (sub-folders and links to folders included)
-    whose extension is an image's (case-insensitive), sorted by path; its other files, and
-    its hidden folders and image files (``.ipynb_checkpoints/``, macOS's ``._photo.jpg``),
-    which are not read, are named in a warning each (other hidden files, such as
-    ``.DS_Store``, are not). Files named directly are kept whatever
-    their extension, in the order given.
+    whose extension is an image's (case-insensitive), sorted by path; its other files, its
+    hidden folders and image files (``.ipynb_checkpoints/``, macOS's ``._photo.jpg``), which
+    are not read, and its links back to a folder on their own path, which are not followed,
+    are named in a warning each (other hidden files, such as ``.DS_Store``, are not); in the
+    error instead when it holds no image. Files named directly are kept whatever their
+    extension, in the order given.
 
     Args:
         paths: files and folders.
@@ -102,29 +104,42 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
             files.append(path)
             continue
         # Links to folders are followed, as petal convert does; a link back to a folder on
-        # its own path is listed among the other files (with a trailing /).
+        # its own path is not (listed among the other files, with a trailing /).
         image_names, other_names = walk_tree(str(path))
         found = [path / rel for rel in image_names]
-        hidden = hidden_entries(other_names)
+        hidden = [f"{path}/{rel}" for rel in hidden_entries(other_names)]
         # Other hidden files (.DS_Store, .gitkeep) are in every folder: not worth a word.
-        other = [f"{path}/{rel}" for rel in other_names if not is_hidden_entry(rel)]
-        if not found:
-            raise PetalError(
-                f"Folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}); pass "
-                "image files or a folder of them."
-            )
+        shown = [rel for rel in other_names if not is_hidden_entry(rel)]
+        loops = [f"{path}/{rel}" for rel in shown if rel.endswith("/")]
+        other = [f"{path}/{rel}" for rel in shown if not rel.endswith("/")]
+        notes = []
         if hidden:
-            warn(
+            notes.append(
                 f"{len(hidden)} hidden folder(s) or image file(s) under {path} are not read "
-                f"(names starting with '.', or __MACOSX): "
-                f"{_listing([f'{path}/{rel}' for rel in hidden])}; pass them by name to "
-                "predict them"
+                f"(names starting with '.', or __MACOSX): {_listing(hidden)}; pass them by name "
+                "to predict them"
             )
         if other:
-            warn(
+            notes.append(
                 f"{len(other)} file(s) under {path} are not image files (by extension: "
                 f"{', '.join(IMAGE_EXTENSIONS)}) and are not predicted: {_listing(other)}"
+                + ("; pass them by name to predict them" if not found else "")
             )
+        if loops:
+            notes.append(
+                f"{len(loops)} folder link(s) under {path} lead back to a folder that holds "
+                f"them and are not followed: {_listing(loops)}"
+                + (" (that folder's images are predicted once, where it lies)" if found else "")
+            )
+        if not found:
+            # What is there but not read is the fix: said in the one line of the error.
+            said = "".join(f"; {note}" for note in notes)
+            raise PetalError(
+                f"Folder {printable(utf8_name(str(path)))} holds no image files "
+                f"({', '.join(IMAGE_EXTENSIONS)}){said}; pass image files or a folder of them."
+            )
+        for note in notes:
+            warn(note)
         files += sorted(found)
     return files
 
@@ -161,7 +176,8 @@ def predict(
 
     Returns:
         One dict per image, in input order:
-        ``{"file": str, "predictions": [{"label", "index", "probability"}, ...]}``; an
+        ``{"file": str, "predictions": [{"label", "index", "probability"}, ...]}`` (a file
+        name that is not valid UTF-8 with each byte that is not as ``\\xNN``); an
         image skipped under ``skip_corrupt`` has no predictions and says why:
         ``{"file": str, "predictions": [], "skipped": reason}``.
 
@@ -182,9 +198,16 @@ def predict(
     from petal.data.pipeline import normalize
 
     warn = warn or _warn
-    run = open_run(workdir)
+    run = open_run(workdir, warn=warn)
     top_k = top_k_for(run, top_k, warn)
     images = expand_images(images, warn=warn)
+    if not_utf8 := [path for path in images if not is_utf8(str(path))]:
+        # Kept as Python holds them (lone surrogates) they are no text JSON or a terminal
+        # can hold: written as petal convert writes such names in its manifest.
+        warn(
+            f"{len(not_utf8)} file name(s) are not valid UTF-8: the results write each byte "
+            f"that is not as \\xNN: {_listing(not_utf8)}"
+        )
     model = None
     found: dict[Path, dict] = {}
     bad: list[tuple[Path, str]] = []
@@ -207,7 +230,7 @@ def predict(
                 idx, p = best_k(probs, top_k)
                 for n, path in enumerate(kept):
                     found[path] = {
-                        "file": str(path),
+                        "file": utf8_name(str(path)),
                         "predictions": [
                             {"label": run.classes[int(i)], "index": int(i), "probability": float(q)}
                             for i, q in zip(idx[n], p[n], strict=True)
@@ -217,7 +240,8 @@ def predict(
     if len(images) == 1 and bad:
         raise _error(*bad[0])  # one file: its own message
     if bad:
-        shown = some_files(bad, "--skip-corrupt marks each skipped")
+        named = [(utf8_name(str(path)), reason) for path, reason in bad]
+        shown = some_files(named, "--skip-corrupt marks each skipped")
         if len(bad) == len(images):
             raise PetalError(
                 f"None of the {len(images)} images can be read: {shown}; pass image files."
@@ -232,7 +256,7 @@ def predict(
             f"skipped in the results): {shown}"
         )
     for path, reason in bad:
-        found[path] = {"file": str(path), "predictions": [], "skipped": reason}
+        found[path] = {"file": utf8_name(str(path)), "predictions": [], "skipped": reason}
     return [found[path] for path in images]
 
 

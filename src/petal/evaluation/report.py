@@ -18,7 +18,7 @@ from pathlib import Path
 
 from petal.errors import PetalError, damage_reason, first_line
 from petal.evaluation import plots
-from petal.evaluation.workdir import check_not_in_the_way
+from petal.evaluation.workdir import check_not_in_the_way, unfinished_resume
 from petal.training.callbacks import read_history
 
 EVAL_DIR = "eval"
@@ -255,15 +255,11 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             )
             print(f"petal report: warning: {line}", file=sys.stderr)
             parts.append(f"<p><b>Stopped:</b> {html.escape(line)}</p>")
-        elif isinstance(completed, int) and len(epochs_done) > completed:
+        elif unfinished := unfinished_resume(
+            workdir, completed, len(epochs_done), "history.csv and the curves hold them"
+        ):
             # Resumed for more epochs and stopped before the end: metrics.json is the end
-            # of the run before the resume.
-            unfinished = (
-                f"{workdir / 'metrics.json'} describes the run after epoch {completed}; it was "
-                f"resumed and trained {len(epochs_done) - completed} more epoch(s) without "
-                f"finishing (history.csv and the curves hold them): finish it with `petal "
-                f"train --workdir {workdir} --resume`."
-            )
+            # of the run before the resume (predict, evaluate and export say so too).
             print(f"petal report: warning: {unfinished}", file=sys.stderr)
             parts.append(f"<p><b>Not finished:</b> {html.escape(unfinished)}</p>")
         elif stopped:

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.errors import PetalError, cannot_write, damage_reason, first_line
+from petal.errors import PetalError, cannot_write, damage_reason, first_line, is_int_at_least
 
 MODEL_FILE = "model.keras"
 CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.json"
+STATE_FILE = "state.json"
 
 # The input pipeline's "imagenet" scaling, in 0..1 units (inverted for image grids).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -151,8 +153,61 @@ def remove_created(out: Path, created: Path | None) -> None:
         folder = folder.parent
 
 
-def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
+def unfinished_resume(workdir: Path, completed, trained: int, held: str) -> str | None:
+    """The line saying that a run was resumed and stopped before its end: its
+    ``metrics.json`` (and ``model.keras``) are of the run after epoch ``completed``, and the
+    resume trained on to epoch ``trained``; ``held`` says, in parentheses, what holds what.
+    None when ``completed`` is no epoch count below ``trained``."""
+    if not is_int_at_least(completed, 0) or trained <= completed:
+        return None
+    return (
+        f"{workdir / METRICS_FILE} describes the run after epoch {completed}; it was resumed "
+        f"and trained {trained - completed} more epoch(s) without finishing ({held}): finish "
+        f"it with `petal train --workdir {workdir} --resume`."
+    )
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; {} when it is missing, unreadable or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stale_model_note(workdir: Path) -> str | None:
+    """What to know before using ``workdir``'s ``model.keras``, or None: a ``petal train``
+    still training in the folder, or a resume that stopped before its end. Either way the
+    model is the one of the run's last finish, not of its latest epochs."""
+    from petal.running import running_elsewhere
+
+    completed = _json_object(workdir / METRICS_FILE).get("epochs_completed")
+    if not is_int_at_least(completed, 1):
+        completed = None
+    if who := running_elsewhere(workdir, "training in it"):
+        of = f"of epoch {completed}, " if completed else ""
+        return (
+            f"{workdir} is still training ({who}): {workdir / MODEL_FILE} is the model "
+            f"{of}its last finish, not of the epochs training now; run this again when it "
+            "finishes to use the new one."
+        )
+    saved = _json_object(workdir / STATE_FILE).get("epoch")
+    if completed is None or not is_int_at_least(saved, 1):
+        return None
+    held = f"{MODEL_FILE} is the model of epoch {completed}, its last finish"
+    return unfinished_resume(workdir, completed, saved, held)
+
+
+def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo:
     """Read ``config.json`` of a training run.
+
+    Args:
+        workdir: the work directory.
+        need_model: refuse a run without ``model.keras``.
+        warn: with ``need_model``, receives a line when the model is not the run's latest
+            (:func:`stale_model_note`): a training still running in the folder, or a resume
+            stopped before its end. The model is used all the same.
 
     Raises:
         PetalError: the folder holds no run, or (with ``need_model``) no finished model.
@@ -198,7 +253,7 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
     try:
         size = resolved["image_size"]
         records = resolved.get("records_size")
-        return RunInfo(
+        run = RunInfo(
             workdir=workdir,
             config=config,
             classes=tuple(resolved["classes"]),
@@ -214,6 +269,9 @@ def open_run(workdir: str | Path, need_model: bool = True) -> RunInfo:
             f"{cfg_path} is damaged (resolved: {what}); the work directory cannot be used, "
             "retrain it."
         ) from None
+    if need_model and warn is not None and (note := stale_model_note(workdir)):
+        warn(note)
+    return run
 
 
 def load_model(run: RunInfo, float32: bool = False):
