@@ -109,7 +109,9 @@ def evaluate(
     for name, value in (("num_samples", num_samples), ("max_misclassified", max_misclassified)):
         if not is_int_at_least(value, 0):
             raise PetalError(f"{name} must be an integer >= 0. Received: {name}={value!r}")
-    if split is not None and split not in ("train", "validation", "all"):
+    if isinstance(split, str) and split.lower() in ("train", "validation", "all"):
+        split = split.lower()  # in any case, as the data library takes it
+    elif split is not None:
         raise PetalError(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
