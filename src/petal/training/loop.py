@@ -105,6 +105,13 @@ def _not_a_run(workdir: Path) -> PetalError:
     )
 
 
+def _not_petals(workdir: Path) -> PetalError:
+    return PetalError(
+        f"{workdir} holds files that are not a petal run ({workdir / 'config.json'} was not "
+        "written by petal train); pass another --workdir, or --overwrite to replace it."
+    )
+
+
 _TRAINING = "training in it"  # what a run's marker says it does in its work directory
 
 
@@ -217,13 +224,12 @@ def prepare_workdir(
     if resume:
         if not (workdir / "config.json").is_file():
             raise _not_a_run(workdir)
+        if _config_kind(workdir) == "other":  # resumed, it would be replaced as a run's
+            raise _not_petals(workdir)
         return
     failed_start = bool(found) and not overwrite and _failed_start(workdir, found)
     if not overwrite and _config_kind(workdir) == "other":
-        raise PetalError(
-            f"{workdir} holds files that are not a petal run ({workdir / 'config.json'} was not "
-            "written by petal train); pass another --workdir, or --overwrite to replace it."
-        )
+        raise _not_petals(workdir)
     if found and not overwrite and not failed_start:
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
@@ -242,11 +248,14 @@ def resume_config(workdir: str | Path) -> TrainConfig:
     """The config saved in a work directory (what ``--resume`` continues with).
 
     Raises:
-        PetalError: ``workdir`` holds no run (no ``config.json``).
+        PetalError: ``workdir`` holds no run (no ``config.json``), or a ``config.json``
+            petal train did not write.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
         raise _not_a_run(workdir)
+    if _config_kind(workdir) == "other":
+        raise _not_petals(workdir)
     return config_from_json(workdir / "config.json")
 
 
