@@ -172,8 +172,11 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
         schedule_options={},
     )
     run = tmp_path / "run"
+    lines = []
     with pytest.raises(PetalError) as caught:
-        train(cfg, run, **QUIET)
+        train(cfg, run, log=lines.append)
+    # A printed epoch line means the epoch is saved: the stopped one's is not printed.
+    assert not [line for line in lines if line.startswith("epoch")]
     assert str(caught.value) == (
         "Training stopped: the loss became NaN/inf at epoch 1/3 (step 2). Lower the learning "
         "rate (--set learning_rate=...; its peak was 1e+30) or clip the gradients (--set "
@@ -210,8 +213,10 @@ def test_nan_loss_after_a_saved_epoch_names_its_checkpoint(small_records, tmp_pa
     run = tmp_path / "run"
     train(cfg, run, **QUIET)
     good = read_history(run / "history.csv")[0]
+    lines = []
     with pytest.raises(PetalError) as caught:
-        train(cfg.replace(epochs=2, learning_rate=1e30), run, resume=True, **QUIET)
+        train(cfg.replace(epochs=2, learning_rate=1e30), run, resume=True, log=lines.append)
+    assert not [line for line in lines if line.startswith("epoch")]
     assert re.fullmatch(
         r"Training stopped: the loss became NaN/inf at epoch 2/2 \(step \d\)\. Lower the "
         r"learning rate \(--set learning_rate=\.\.\.; its peak was 1e\+30\) or clip the "

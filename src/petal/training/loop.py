@@ -1186,8 +1186,9 @@ def train(
                 *([ScalarLogger(workdir / "tensorboard")] if cfg.tensorboard else []),
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
                 # The epoch's line once it is saved: Ctrl-C just after a line seen used to
-                # lose that epoch (and name none to resume from).
-                writer.announcer(),
+                # lose that epoch (and name none to resume from). An epoch a non-finite
+                # loss stopped is not saved, and gets no line.
+                writer.announcer(saved=lambda epoch: state["epoch"] == epoch + 1),
                 StepProgress(steps),
             ]
             if phase.name == "full":
