@@ -398,6 +398,78 @@ def test_resume_on_data_with_other_classes_is_refused(small_records, make_record
     assert (run / "config.json").read_text() == saved
 
 
+def test_resume_on_the_runs_photos_split_another_way_is_refused(
+    small_flowers, small_records, tmp_path
+):
+    """Records converted again with another seed resumed silently: most of their validation
+    photos had trained, val_acc scored them, and config.json then named those records, so
+    petal evaluate took them for held out. The image folder the records came from (split by
+    file name) the same, with a warning meant for folder runs split by an older petal."""
+    from petal.data import convert
+
+    def converted(name, **kw):
+        out = tmp_path / name
+        convert(small_flowers, out, workers=1, progress=False, shards=1, **kw)
+        return out
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    files = {name: (run / name).read_bytes() for name in ("config.json", "history.csv")}
+    reseeded = converted("seed1", image_size=64, seed=1)
+    fix = (f"start a new run from this one's weights (--weights {run / 'best.weights.h5'} "
+           "--workdir NEW).")
+    harm = ("resuming on it would validate on photos the run trained on (and petal evaluate "
+            "would score them as held out)")
+    refused = (
+        f"{reseeded} and {small_records}, the records {run} trained on, were both converted "
+        f"from {small_flowers} but split otherwise (seed 1, not 0): {harm}. Resume on "
+        f"{small_records}, convert {small_flowers} again with --seed 0 --val-fraction 0.19, or "
+        f"{fix}"
+    )
+    for legacy in (False, True):  # a run saved before records_split: its records' manifest
+        if legacy:
+            config = json.loads(files["config.json"])
+            del config["resolved"]["records_split"]
+            (run / "config.json").write_text(json.dumps(config))
+            files["config.json"] = (run / "config.json").read_bytes()
+        with pytest.raises(PetalError) as caught:
+            train(tiny_config(reseeded, model="dense", epochs=2), run, resume=True, **QUIET)
+        assert str(caught.value) == refused
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(small_flowers, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{small_flowers} is the image folder that {small_records}, the records {run} trained "
+        "on, were converted from, and read as a folder it is split another way (by each "
+        f"file's name, not by petal convert's --seed 0): {harm}. Resume on {small_records}, or "
+        f"{fix}"
+    )
+    assert {name: (run / name).read_bytes() for name in files} == files
+    # Converted again with the same split (at another size): it goes on.
+    same_split = converted("seed0-48px", image_size=48, seed=0)
+    train(tiny_config(same_split, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert json.loads((run / "config.json").read_text())["data"] == str(same_split)
+
+    # A run on the image folder, resumed on records converted from it: split otherwise too.
+    on_folder = tmp_path / "on-folder"
+    train(tiny_config(small_flowers, model="dense", epochs=1), on_folder, **QUIET)
+    with pytest.raises(PetalError, match=re.escape(
+        f"{small_records} was converted from {small_flowers}, the image folder {on_folder} "
+        f"trained on, and petal convert split it another way (by --seed 0, not by each file's "
+        f"name): {harm}. Resume on {small_flowers}, or start a new run")):
+        train(tiny_config(small_records, model="dense", epochs=2), on_folder, resume=True,
+              **QUIET)
+    # Its own folder, split by an older petal: warned, after the run's header.
+    config = json.loads((on_folder / "config.json").read_text())
+    del config["resolved"]["folder_split"]
+    (on_folder / "config.json").write_text(json.dumps(config))
+    lines = []
+    train(tiny_config(small_flowers, model="dense", epochs=2), on_folder, resume=True,
+          log=lines.append)
+    warned = [i for i, line in enumerate(lines) if "split image folders another way" in line]
+    header = [i for i, line in enumerate(lines) if line.startswith("petal train: dense ")]
+    assert len(warned) == 1 and header and header[0] < warned[0]
+
+
 def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     small_records, tmp_path
 ):

@@ -420,6 +420,88 @@ def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None
         )
 
 
+def records_split(manifest: dict | None) -> dict | None:
+    """What decides which photo a conversion put in which split: its seed, validation
+    fraction and per-class counts (other photos in the folder since). None without a
+    manifest."""
+    if not manifest:
+        return None
+    splits = manifest.get("splits") or {}
+    return {
+        "seed": manifest.get("seed"),
+        "val_fraction": manifest.get("val_fraction"),
+        "per_class": {s: (splits.get(s) or {}).get("per_class") for s in ("train", "validation")},
+    }
+
+
+def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> None:
+    """Refuse to resume on other data holding the run's photos split another way (records
+    converted again with another seed or fraction, the image folder its records came from,
+    records of the folder it trained on): some photos it trained on would validate, and
+    ``config.json`` would name data whose validation split ``petal evaluate`` takes for held
+    out. A conversion split the same way (another image size) may go on."""
+    from petal.data.folders import same_place
+    from petal.data.writer import read_manifest
+
+    was = resume_config(workdir).data
+    if not was or same_place(was, source.path):
+        return
+    new_weights = f"--weights {workdir / 'best.weights.h5'} --workdir NEW"
+    fix = f"start a new run from this one's weights ({new_weights})"
+    harm = (
+        "resuming on it would validate on photos the run trained on (and petal evaluate "
+        "would score them as held out)"
+    )
+    origin = saved_resolved.get("records_source")
+    if saved_resolved.get("data_kind") == "records" and origin:
+        ours = saved_resolved.get("records_split")
+        if ours is None:  # a run saved before it was recorded: its records' manifest
+            try:
+                ours = records_split(read_manifest(was))
+            except PetalError:
+                return  # gone: what split it is not known
+        seed = f"--seed {ours['seed']}" if ours else "--seed"
+        if source.kind == "folder" and same_place(source.path, origin):
+            raise PetalError(
+                f"{source.path} is the image folder that {was}, the records {workdir} trained "
+                f"on, were converted from, and read as a folder it is split another way (by "
+                f"each file's name, not by petal convert's {seed}): {harm}. Resume on {was}, "
+                f"or {fix}."
+            )
+        theirs = records_split(source.manifest) if source.kind == "records" else None
+        if theirs is None or not same_place(source.manifest.get("source") or "", origin):
+            return  # other photos: the run may go on with them
+        if theirs == ours:
+            return
+        differ = [
+            f"{key} {theirs[key]}, not {ours[key]}"
+            for key in ("seed", "val_fraction")
+            if theirs[key] != ours[key]
+        ]
+        again = (
+            f", convert {origin} again with --seed {ours['seed']} --val-fraction "
+            f"{ours['val_fraction']}"
+            if differ
+            else ""
+        )
+        differ = differ or ["the same seed and fraction, but of other photos: added, removed "
+                            "or skipped since"]
+        raise PetalError(
+            f"{source.path} and {was}, the records {workdir} trained on, were both converted "
+            f"from {origin} but split otherwise ({', '.join(differ)}): {harm}. Resume on "
+            f"{was}{again}, or {fix}."
+        )
+    if saved_resolved.get("data_kind") == "folder" and source.kind == "records":
+        converted_from = (source.manifest or {}).get("source")
+        if converted_from and same_place(converted_from, was):
+            raise PetalError(
+                f"{source.path} was converted from {was}, the image folder {workdir} trained "
+                f"on, and petal convert split it another way (by --seed "
+                f"{source.manifest.get('seed')}, not by each file's name): {harm}. Resume on "
+                f"{was}, or {fix}."
+            )
+
+
 # What a checkpoint fixes: its weights (model, options, input size), its optimizer's state
 # and the training phase it belongs to. ``--resume`` may change anything else.
 CHECKPOINT_FIELDS = (
@@ -792,8 +874,8 @@ def train(
             epochs than it completed are refused. What its checkpoint holds
             (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
             normalization its weights learned and float16 loss scaling cannot change; the
-            rest may (epochs, data with the same classes, batch size, strategy): the
-            schedule continues from the saved epoch at the new steps per epoch (a
+            rest may (epochs, data with the same classes but not the run's photos split
+            another way, batch size, strategy): the schedule continues from the saved epoch at the new steps per epoch (a
             warmup_cosine one is rebuilt for new epochs, with a warning of the jump).
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
@@ -962,8 +1044,10 @@ def train(
         # How an image folder was split (evaluate checks that it splits the same way).
         "folder_split": FOLDER_SPLIT if source.kind == "folder" else None,
         # The image folder the records were converted from (evaluate refuses to score it
-        # as held-out data: it holds the training images).
+        # as held-out data: it holds the training images), and how they were split (a
+        # resume on records split otherwise is refused).
         "records_source": (source.manifest or {}).get("source"),
+        "records_split": records_split(source.manifest),
         "train_count": train_count,
         "val_count": val_count,
         "strategy": sinfo["name"],
@@ -982,15 +1066,11 @@ def train(
         "class_weights": weights_by_class,
     }
     was_steps = steps
+    saved_resolved: dict = {}
     if resume and start_epoch:
         saved_resolved = _check_resumed_checkpoint(workdir, cfg, resolved)
         was_steps = saved_resolved.get("steps_per_epoch", steps)
-        if source.kind == "folder" and saved_resolved.get("folder_split") != FOLDER_SPLIT:
-            log(
-                f"petal train: warning: {workdir} began when petal split image folders another "
-                "way: from here on some of its validation images train, and some training "
-                "images validate (start a new run for a clean held-out split)"
-            )
+        _check_resumed_split(workdir, source, saved_resolved)
     train_size = tuple(resolved["train_image_size"])
     crops = ""
     if train_size != image_size:
@@ -1005,6 +1085,18 @@ def train(
         log(f"petal train: warning: {upscaled}")
     for note in source.notes:  # an image folder's files that are not read
         log(f"petal train: warning: {note}")
+    if (
+        resume
+        and start_epoch
+        and source.kind == "folder"
+        and saved_resolved.get("data_kind") == "folder"
+        and saved_resolved.get("folder_split") != FOLDER_SPLIT
+    ):
+        log(
+            f"petal train: warning: {workdir} began when petal split image folders another "
+            "way: from here on some of its validation images train, and some training "
+            "images validate (start a new run for a clean held-out split)"
+        )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if resolved["steps_per_execution"] != cfg.steps_per_execution:
         log(
