@@ -381,6 +381,32 @@ def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
     assert resumed == whole
 
 
+def test_a_resumed_deterministic_float16_run_follows_the_schedule_of_an_uninterrupted_one(
+    small_records, tmp_path
+):
+    """float16 loss scaling skips the steps whose gradients overflow (the first ones, at
+    Keras' initial scale), and the optimizer does not count them: the resume set its count
+    to the epochs' steps, and the schedule jumped ahead (lr 0.0027 where the whole run had
+    0: another history)."""
+    from petal.training.callbacks import read_history
+
+    cfg = tiny_config(small_records, epochs=2, deterministic=True, seed=7, shuffle_buffer=16,
+                      precision="mixed_float16")
+    train(cfg, tmp_path / "whole", **QUIET)
+    with pytest.raises(_Interrupt):
+        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/2"))
+    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
+    kept = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr", "lr_end")
+    whole, resumed = (
+        [{k: row[k] for k in kept} for row in read_history(tmp_path / run / "history.csv")]
+        for run in ("whole", "resumed")
+    )
+    # Half an epoch's warm-up (1 step) then cosine: without skipped steps epoch 2 would
+    # begin past the peak, at 0.0027.
+    assert whole[1]["lr"] == 0.0, "no float16 step was skipped: the test shows nothing"
+    assert resumed == whole
+
+
 def test_resume_on_data_with_other_classes_is_refused(small_records, make_records, tmp_path):
     """Same names in another order would train the model's outputs under the wrong labels
     (and relabel the run in config.json); another class count stopped in Keras' loader."""

@@ -1252,8 +1252,16 @@ def train(
                     _load_checkpoint(model, workdir)
                     loaded = True
                     # The schedule runs by step: continue it at this epoch with this run's
-                    # steps per epoch (another batch size or training set changes them).
-                    model.optimizer.iterations.assign((start_epoch - phase.start) * steps)
+                    # steps per epoch (another batch size or training set changes them),
+                    # less the steps float16 loss scaling skipped, which the optimizer does
+                    # not count (an overflow applies no step): with the steps per epoch it
+                    # ran, the checkpoint's own count, as the uninterrupted run goes on.
+                    epochs_in = start_epoch - phase.start
+                    skipped = 0
+                    if policy == "mixed_float16":
+                        counted = keras.ops.convert_to_numpy(model.optimizer.iterations)
+                        skipped = max(0, epochs_in * was_steps - int(counted))
+                    model.optimizer.iterations.assign(max(0, epochs_in * steps - skipped))
             if not config_saved:
                 save_config(cfg, workdir / "config.json", **resolved)
                 config_saved = True
