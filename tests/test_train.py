@@ -121,6 +121,8 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     ):
         assert metrics[key] is not None, key
     assert metrics["global_batch"] == 10 and metrics["replicas"] == 1
+    # Resumed with the same batch: one session's batch for all the epochs.
+    assert metrics["batches"] == [{"from_epoch": 1, "global_batch": 10, "steps_per_epoch": 2}]
     assert json.loads((workdir / "metrics.json").read_text()) == metrics
     resolved = json.loads((workdir / "config.json").read_text())["resolved"]
     assert resolved["classes"] == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
@@ -547,12 +549,17 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
     (run / "last.keras").write_bytes(good)
     lines = []
-    train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=3), run,
-          resume=True, log=lines.append)
+    metrics = train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=3,
+                                batch_size=5), run, resume=True, log=lines.append)
     assert any(line.endswith("resuming after epoch 2 (it ran 2 steps/epoch)") for line in lines)
     model = keras.saving.load_model(run / "model.keras", safe_mode=True)
     assert int(model.optimizer.iterations) == 2 * 3 + 3
     assert json.loads((run / "config.json").read_text())["steps_per_epoch"] == 3
+    # metrics.json's global batch is the last session's: each session's is kept beside it
+    # (the bfloat16 session's was the first's).
+    assert (metrics["global_batch"], metrics["steps_per_epoch"]) == (5, 3)
+    assert metrics["batches"] == [{"from_epoch": 1, "global_batch": 10, "steps_per_epoch": 2},
+                                  {"from_epoch": 3, "global_batch": 5, "steps_per_epoch": 3}]
 
 
 def test_balanced_class_weights_golden():

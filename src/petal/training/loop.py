@@ -388,6 +388,14 @@ def _read_state(path: Path) -> dict:
             lambda v: isinstance(v, list) and all(count(e) for e in v),
             "a list of epochs",
         ),
+        "batches": (
+            lambda v: isinstance(v, list) and all(
+                isinstance(b, dict) and is_int_at_least(b.get("from_epoch"), 1)
+                and is_int_at_least(b.get("global_batch"), 1)
+                and is_int_at_least(b.get("steps_per_epoch"), 1) for b in v
+            ),
+            "a list of {from_epoch, global_batch, steps_per_epoch}",
+        ),
     }
     try:
         state = json.loads(path.read_text())
@@ -1175,6 +1183,19 @@ def train(
             return distributed_dataset(strategy, lambda ctx: train_fn(ctx, epoch))
         return train_fn(epoch=epoch)
 
+    # Each session's global batch and steps per epoch, from the first epoch it trains (a
+    # resume may change them): metrics.json's global_batch is the last session's alone.
+    batches = state.get("batches") or []
+    if not batches and start_epoch and saved_resolved.get("global_batch"):
+        # A run saved before they were kept: its config.json's, its last session's.
+        batches = [{"from_epoch": 1, "global_batch": saved_resolved["global_batch"],
+                    "steps_per_epoch": saved_resolved.get("steps_per_epoch", was_steps)}]
+    batches = [b for b in batches if b["from_epoch"] <= start_epoch]
+    now = {"global_batch": global_batch, "steps_per_epoch": steps}
+    if not batches or {key: batches[-1][key] for key in now} != now:
+        batches.append({"from_epoch": start_epoch + 1, **now})
+    state["batches"] = batches
+
     train_ds = train_from(start_epoch)
     val_ds = distributed_dataset(strategy, eval_fn) if replicas > 1 else eval_fn()
 
@@ -1534,6 +1555,8 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
         "precision": resolved["precision"],
         "global_batch": resolved["global_batch"],
         "steps_per_epoch": resolved["steps_per_epoch"],
+        # Those of each session, from the epoch it began (a resume may change them).
+        "batches": [b for b in state.get("batches", []) if b["from_epoch"] <= state["epoch"]],
         "train_count": resolved["train_count"],
         "val_count": resolved["val_count"],
         "classes": resolved["classes"],
