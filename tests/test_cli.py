@@ -157,7 +157,9 @@ def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text('{"preset": "quick", "data": "/photos", "epochs": 5}')
+    # A run's config.json (petal train's holds the run's classes under "resolved").
+    (run / "config.json").write_text('{"preset": "quick", "data": "/photos", "epochs": 5, '
+                                     '"resolved": {"classes": ["a", "b"]}}')
     given = {}
     monkeypatch.setattr(loop, "train", lambda config, *a, **k: given.update(cfg=config))
     argv = ["train", "--workdir", str(run), "--resume", "--epochs", "7"]

@@ -100,6 +100,28 @@ def test_parse_overrides_json_values_and_strings():
         parse_overrides(["epochs"])
 
 
+def test_set_takes_numbers_as_python_writes_them():
+    """JSON refuses ``.001``, ``5.`` and ``+1``: they were taken as strings, and refused as
+    "learning_rate must be a number or null"."""
+    cfg = load_config(
+        "quick",
+        None,
+        ["learning_rate=.001", "epochs=+3", "label_smoothing=0.", "shuffle_buffer=1_000",
+         "momentum=.5e-0", "schedule_options.warmup_epochs=.5"],
+    )
+    assert (cfg.learning_rate, cfg.epochs, cfg.label_smoothing, cfg.shuffle_buffer,
+            cfg.momentum) == (0.001, 3, 0.0, 1000, 0.5)
+    assert cfg.schedule_options == {"warmup_epochs": 0.5}
+    assert load_config("quick", None, ["learning_rate=5."]).learning_rate == 5.0
+    assert load_config("quick", None, ["epochs=4."]).epochs == 4
+    # Words float() would take, and things that only start like numbers, stay strings.
+    assert parse_overrides(["a=nan", "b=inf", "c=1__0", "d=1.2.3", "e=+", "f=."]) == {
+        "a": "nan", "b": "inf", "c": "1__0", "d": "1.2.3", "e": "+", "f": "."
+    }
+    with pytest.raises(PetalError, match=r"^momentum must be in \[0, 1\]\. Received: "):
+        load_config("quick", None, ["momentum=-.5"])
+
+
 def test_precedence_preset_file_flags_set(tmp_path):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"preset": "quick", "epochs": 4, "batch_size": 8, "seed": 1}))

@@ -194,6 +194,32 @@ def test_a_folder_with_another_programs_config_json_is_neither_a_run_nor_deleted
     assert sorted(p.name for p in proj.iterdir()) == ["notes.txt"]
 
 
+def test_resume_refuses_another_programs_config_json_as_a_plain_start_does(
+    small_records, tmp_path, capsys
+):
+    """--resume trained on a folder whose config.json another program wrote (replacing it
+    with the run's), or stopped at one of its keys ("Unknown config key 'lr'")."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    refused = (
+        f"{proj} holds files that are not a petal run ({proj / 'config.json'} was not "
+        "written by petal train); pass another --workdir, or --overwrite to replace it."
+    )
+    for theirs in ('{"epochs": 3, "batch_size": 16}', '{"lr": 1}'):
+        (proj / "config.json").write_text(theirs)
+        args = ["train", "--resume", "--workdir", str(proj), "--data", str(small_records),
+                "--image-size", "32", "--epochs", "1"]
+        assert main(args) == 2
+        assert capsys.readouterr().err.strip() == f"petal train: error: {refused}"
+        with pytest.raises(PetalError) as caught:
+            train(tiny_config(small_records, epochs=1), proj, resume=True, **QUIET)
+        assert str(caught.value) == refused
+        with pytest.raises(PetalError, match="holds files that are not a petal run"):
+            resume_config(proj)
+        assert sorted(p.name for p in proj.iterdir()) == ["config.json"]
+        assert (proj / "config.json").read_text() == theirs
+
+
 def test_a_first_epoch_still_running_in_another_process_is_not_a_failed_start(tmp_path):
     import socket
     import subprocess

@@ -192,14 +192,20 @@ class MetricsWriter(keras.callbacks.Callback):
         else:
             self.log(line)
 
-    def announcer(self) -> keras.callbacks.Callback:
-        """The callback that prints the kept epoch line (see ``defer``)."""
-        return keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: self._announce())
+    def announcer(self, saved: Callable[[int], bool] | None = None) -> keras.callbacks.Callback:
+        """The callback that prints the kept epoch line (see ``defer``).
 
-    def _announce(self) -> None:
-        if self._pending is not None:
-            self.log(self._pending)
-            self._pending = None
+        Args:
+            saved: told the epoch (0-based), says whether it was saved; the line of one
+                that was not (a non-finite loss stopped it) is dropped, not printed.
+        """
+
+        def announce(epoch, logs):
+            line, self._pending = self._pending, None
+            if line is not None and (saved is None or saved(epoch)):
+                self.log(line)
+
+        return keras.callbacks.LambdaCallback(on_epoch_end=announce)
 
 
 def _as_float(value) -> float:

@@ -6,8 +6,9 @@ later steps winning:
 1. a named preset (``default`` when none is given),
 2. a JSON config file (any subset of the fields, optionally naming a ``preset``),
 3. explicit command-line flags (``--epochs``, ``--model``, ...),
-4. ``--set key=value`` overrides (``value`` is parsed as JSON when it parses,
-   else taken as a string; ``schedule_options.warmup_epochs=2`` sets one dict key).
+4. ``--set key=value`` overrides (``value`` is parsed as JSON when it parses, else as a
+   Python number (``.001``, ``+1``), else taken as a string;
+   ``schedule_options.warmup_epochs=2`` sets one dict key).
 
 The resolved config is saved next to the results as ``config.json`` and can be
 fed back with ``--config``. Every preset is a function registered with
@@ -21,6 +22,7 @@ import difflib
 import json
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -570,7 +572,8 @@ def parse_overrides(items: Iterable[str]) -> dict:
     """``["epochs=3", "schedule_options.warmup_epochs=1"]`` -> ``{"epochs": 3, ...}``.
 
     Values are parsed as JSON when they parse (numbers, true/false, null, lists,
-    objects), otherwise taken as plain strings.
+    objects), then as Python's numbers (``.001``, ``5.``, ``+1``, ``1_000``, which JSON
+    refuses), otherwise taken as plain strings.
     """
     if isinstance(items, str):
         items = [items]  # one override, not a sequence of its characters
@@ -583,9 +586,25 @@ def parse_overrides(items: Iterable[str]) -> dict:
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
-            value = raw
+            value = _python_number(raw)
         out[key] = value
     return out
+
+
+# A number as Python writes it (int() or float() reads it), without float()'s words (nan, inf).
+_PYTHON_NUMBER = re.compile(r"\s*[+-]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][+-]?\d[\d_]*)?\s*")
+
+
+def _python_number(raw: str) -> int | float | str:
+    """``raw`` as an int or float when it is one in Python's syntax, else ``raw``."""
+    if not _PYTHON_NUMBER.fullmatch(raw):
+        return raw
+    for number in (int, float):
+        try:
+            return number(raw)
+        except ValueError:  # "5." is no int; "1__0" neither number
+            continue
+    return raw
 
 
 def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "") -> TrainConfig:

@@ -105,6 +105,13 @@ def _not_a_run(workdir: Path) -> PetalError:
     )
 
 
+def _not_petals(workdir: Path) -> PetalError:
+    return PetalError(
+        f"{workdir} holds files that are not a petal run ({workdir / 'config.json'} was not "
+        "written by petal train); pass another --workdir, or --overwrite to replace it."
+    )
+
+
 _TRAINING = "training in it"  # what a run's marker says it does in its work directory
 
 
@@ -217,13 +224,12 @@ def prepare_workdir(
     if resume:
         if not (workdir / "config.json").is_file():
             raise _not_a_run(workdir)
+        if _config_kind(workdir) == "other":  # resumed, it would be replaced as a run's
+            raise _not_petals(workdir)
         return
     failed_start = bool(found) and not overwrite and _failed_start(workdir, found)
     if not overwrite and _config_kind(workdir) == "other":
-        raise PetalError(
-            f"{workdir} holds files that are not a petal run ({workdir / 'config.json'} was not "
-            "written by petal train); pass another --workdir, or --overwrite to replace it."
-        )
+        raise _not_petals(workdir)
     if found and not overwrite and not failed_start:
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
@@ -242,11 +248,14 @@ def resume_config(workdir: str | Path) -> TrainConfig:
     """The config saved in a work directory (what ``--resume`` continues with).
 
     Raises:
-        PetalError: ``workdir`` holds no run (no ``config.json``).
+        PetalError: ``workdir`` holds no run (no ``config.json``), or a ``config.json``
+            petal train did not write.
     """
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
         raise _not_a_run(workdir)
+    if _config_kind(workdir) == "other":
+        raise _not_petals(workdir)
     return config_from_json(workdir / "config.json")
 
 
@@ -379,6 +388,14 @@ def _read_state(path: Path) -> dict:
             lambda v: isinstance(v, list) and all(count(e) for e in v),
             "a list of epochs",
         ),
+        "batches": (
+            lambda v: isinstance(v, list) and all(
+                isinstance(b, dict) and is_int_at_least(b.get("from_epoch"), 1)
+                and is_int_at_least(b.get("global_batch"), 1)
+                and is_int_at_least(b.get("steps_per_epoch"), 1) for b in v
+            ),
+            "a list of {from_epoch, global_batch, steps_per_epoch}",
+        ),
     }
     try:
         state = json.loads(path.read_text())
@@ -409,6 +426,88 @@ def _check_resumed_classes(workdir: Path, data: str, classes: list[str]) -> None
             f"{workdir} ({', '.join(run_classes)}); resume on data with the same classes in the "
             "same order, or start a new run in another --workdir."
         )
+
+
+def records_split(manifest: dict | None) -> dict | None:
+    """What decides which photo a conversion put in which split: its seed, validation
+    fraction and per-class counts (other photos in the folder since). None without a
+    manifest."""
+    if not manifest:
+        return None
+    splits = manifest.get("splits") or {}
+    return {
+        "seed": manifest.get("seed"),
+        "val_fraction": manifest.get("val_fraction"),
+        "per_class": {s: (splits.get(s) or {}).get("per_class") for s in ("train", "validation")},
+    }
+
+
+def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> None:
+    """Refuse to resume on other data holding the run's photos split another way (records
+    converted again with another seed or fraction, the image folder its records came from,
+    records of the folder it trained on): some photos it trained on would validate, and
+    ``config.json`` would name data whose validation split ``petal evaluate`` takes for held
+    out. A conversion split the same way (another image size) may go on."""
+    from petal.data.folders import same_place
+    from petal.data.writer import read_manifest
+
+    was = resume_config(workdir).data
+    if not was or same_place(was, source.path):
+        return
+    new_weights = f"--weights {workdir / 'best.weights.h5'} --workdir NEW"
+    fix = f"start a new run from this one's weights ({new_weights})"
+    harm = (
+        "resuming on it would validate on photos the run trained on (and petal evaluate "
+        "would score them as held out)"
+    )
+    origin = saved_resolved.get("records_source")
+    if saved_resolved.get("data_kind") == "records" and origin:
+        ours = saved_resolved.get("records_split")
+        if ours is None:  # a run saved before it was recorded: its records' manifest
+            try:
+                ours = records_split(read_manifest(was))
+            except PetalError:
+                return  # gone: what split it is not known
+        seed = f"--seed {ours['seed']}" if ours else "--seed"
+        if source.kind == "folder" and same_place(source.path, origin):
+            raise PetalError(
+                f"{source.path} is the image folder that {was}, the records {workdir} trained "
+                f"on, were converted from, and read as a folder it is split another way (by "
+                f"each file's name, not by petal convert's {seed}): {harm}. Resume on {was}, "
+                f"or {fix}."
+            )
+        theirs = records_split(source.manifest) if source.kind == "records" else None
+        if theirs is None or not same_place(source.manifest.get("source") or "", origin):
+            return  # other photos: the run may go on with them
+        if theirs == ours:
+            return
+        differ = [
+            f"{key} {theirs[key]}, not {ours[key]}"
+            for key in ("seed", "val_fraction")
+            if theirs[key] != ours[key]
+        ]
+        again = (
+            f", convert {origin} again with --seed {ours['seed']} --val-fraction "
+            f"{ours['val_fraction']}"
+            if differ
+            else ""
+        )
+        differ = differ or ["the same seed and fraction, but of other photos: added, removed "
+                            "or skipped since"]
+        raise PetalError(
+            f"{source.path} and {was}, the records {workdir} trained on, were both converted "
+            f"from {origin} but split otherwise ({', '.join(differ)}): {harm}. Resume on "
+            f"{was}{again}, or {fix}."
+        )
+    if saved_resolved.get("data_kind") == "folder" and source.kind == "records":
+        converted_from = (source.manifest or {}).get("source")
+        if converted_from and same_place(converted_from, was):
+            raise PetalError(
+                f"{source.path} was converted from {was}, the image folder {workdir} trained "
+                f"on, and petal convert split it another way (by --seed "
+                f"{source.manifest.get('seed')}, not by each file's name): {harm}. Resume on "
+                f"{was}, or {fix}."
+            )
 
 
 # What a checkpoint fixes: its weights (model, options, input size), its optimizer's state
@@ -783,8 +882,8 @@ def train(
             epochs than it completed are refused. What its checkpoint holds
             (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
             normalization its weights learned and float16 loss scaling cannot change; the
-            rest may (epochs, data with the same classes, batch size, strategy): the
-            schedule continues from the saved epoch at the new steps per epoch (a
+            rest may (epochs, data with the same classes but not the run's photos split
+            another way, batch size, strategy): the schedule continues from the saved epoch at the new steps per epoch (a
             warmup_cosine one is rebuilt for new epochs, with a warning of the jump).
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
@@ -953,8 +1052,10 @@ def train(
         # How an image folder was split (evaluate checks that it splits the same way).
         "folder_split": FOLDER_SPLIT if source.kind == "folder" else None,
         # The image folder the records were converted from (evaluate refuses to score it
-        # as held-out data: it holds the training images).
+        # as held-out data: it holds the training images), and how they were split (a
+        # resume on records split otherwise is refused).
         "records_source": (source.manifest or {}).get("source"),
+        "records_split": records_split(source.manifest),
         "train_count": train_count,
         "val_count": val_count,
         "strategy": sinfo["name"],
@@ -973,15 +1074,11 @@ def train(
         "class_weights": weights_by_class,
     }
     was_steps = steps
+    saved_resolved: dict = {}
     if resume and start_epoch:
         saved_resolved = _check_resumed_checkpoint(workdir, cfg, resolved)
         was_steps = saved_resolved.get("steps_per_epoch", steps)
-        if source.kind == "folder" and saved_resolved.get("folder_split") != FOLDER_SPLIT:
-            log(
-                f"petal train: warning: {workdir} began when petal split image folders another "
-                "way: from here on some of its validation images train, and some training "
-                "images validate (start a new run for a clean held-out split)"
-            )
+        _check_resumed_split(workdir, source, saved_resolved)
     train_size = tuple(resolved["train_image_size"])
     crops = ""
     if train_size != image_size:
@@ -996,6 +1093,18 @@ def train(
         log(f"petal train: warning: {upscaled}")
     for note in source.notes:  # an image folder's files that are not read
         log(f"petal train: warning: {note}")
+    if (
+        resume
+        and start_epoch
+        and source.kind == "folder"
+        and saved_resolved.get("data_kind") == "folder"
+        and saved_resolved.get("folder_split") != FOLDER_SPLIT
+    ):
+        log(
+            f"petal train: warning: {workdir} began when petal split image folders another "
+            "way: from here on some of its validation images train, and some training "
+            "images validate (start a new run for a clean held-out split)"
+        )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if resolved["steps_per_execution"] != cfg.steps_per_execution:
         log(
@@ -1074,6 +1183,19 @@ def train(
             return distributed_dataset(strategy, lambda ctx: train_fn(ctx, epoch))
         return train_fn(epoch=epoch)
 
+    # Each session's global batch and steps per epoch, from the first epoch it trains (a
+    # resume may change them): metrics.json's global_batch is the last session's alone.
+    batches = state.get("batches") or []
+    if not batches and start_epoch and saved_resolved.get("global_batch"):
+        # A run saved before they were kept: its config.json's, its last session's.
+        batches = [{"from_epoch": 1, "global_batch": saved_resolved["global_batch"],
+                    "steps_per_epoch": saved_resolved.get("steps_per_epoch", was_steps)}]
+    batches = [b for b in batches if b["from_epoch"] <= start_epoch]
+    now = {"global_batch": global_batch, "steps_per_epoch": steps}
+    if not batches or {key: batches[-1][key] for key in now} != now:
+        batches.append({"from_epoch": start_epoch + 1, **now})
+    state["batches"] = batches
+
     train_ds = train_from(start_epoch)
     val_ds = distributed_dataset(strategy, eval_fn) if replicas > 1 else eval_fn()
 
@@ -1151,8 +1273,16 @@ def train(
                     _load_checkpoint(model, workdir)
                     loaded = True
                     # The schedule runs by step: continue it at this epoch with this run's
-                    # steps per epoch (another batch size or training set changes them).
-                    model.optimizer.iterations.assign((start_epoch - phase.start) * steps)
+                    # steps per epoch (another batch size or training set changes them),
+                    # less the steps float16 loss scaling skipped, which the optimizer does
+                    # not count (an overflow applies no step): with the steps per epoch it
+                    # ran, the checkpoint's own count, as the uninterrupted run goes on.
+                    epochs_in = start_epoch - phase.start
+                    skipped = 0
+                    if policy == "mixed_float16":
+                        counted = keras.ops.convert_to_numpy(model.optimizer.iterations)
+                        skipped = max(0, epochs_in * was_steps - int(counted))
+                    model.optimizer.iterations.assign(max(0, epochs_in * steps - skipped))
             if not config_saved:
                 save_config(cfg, workdir / "config.json", **resolved)
                 config_saved = True
@@ -1177,8 +1307,9 @@ def train(
                 *([ScalarLogger(workdir / "tensorboard")] if cfg.tensorboard else []),
                 Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
                 # The epoch's line once it is saved: Ctrl-C just after a line seen used to
-                # lose that epoch (and name none to resume from).
-                writer.announcer(),
+                # lose that epoch (and name none to resume from). An epoch a non-finite
+                # loss stopped is not saved, and gets no line.
+                writer.announcer(saved=lambda epoch: state["epoch"] == epoch + 1),
                 StepProgress(steps),
             ]
             if phase.name == "full":
@@ -1424,6 +1555,8 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
         "precision": resolved["precision"],
         "global_batch": resolved["global_batch"],
         "steps_per_epoch": resolved["steps_per_epoch"],
+        # Those of each session, from the epoch it began (a resume may change them).
+        "batches": [b for b in state.get("batches", []) if b["from_epoch"] <= state["epoch"]],
         "train_count": resolved["train_count"],
         "val_count": resolved["val_count"],
         "classes": resolved["classes"],
