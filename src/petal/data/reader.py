@@ -965,8 +965,9 @@ def input_error(
     read anything): a request to the store that failed since is the cause, not the data.
 
     A record whose class index is past the source's classes stops the pipeline with
-    :func:`class_range_error`'s message (no corrupt data: that error, as it is). A corrupt record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image
-    folder's file that cannot be read at all (a looping link, no permission, removed while
+    :func:`class_range_error`'s message (no corrupt data: that error, as it is). A corrupt
+    record or image raises ``DataLossError`` or ``InvalidArgumentError``; an image folder's
+    file that cannot be read at all (a looping link, no permission, removed while
     training) raises others, and is to blame when the folder holds such a file.
     """
     import tensorflow as tf

@@ -883,8 +883,9 @@ def train(
             (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
             normalization its weights learned and float16 loss scaling cannot change; the
             rest may (epochs, data with the same classes but not the run's photos split
-            another way, batch size, strategy): the schedule continues from the saved epoch at the new steps per epoch (a
-            warmup_cosine one is rebuilt for new epochs, with a warning of the jump).
+            another way, batch size, strategy): the schedule continues from the saved epoch
+            at the new steps per epoch (a warmup_cosine one is rebuilt for new epochs, with a
+            warning of the jump).
         overwrite: replace the run saved in ``workdir``.
         log: receives the progress lines (default: print).
 
