@@ -628,15 +628,7 @@ def _passes(
     here hangs on the global seed (``tf.random.set_seed``): a run that set it before reads
     what one that did not does.
     """
-    read = functools.partial(
-        _read,
-        src,
-        split,
-        training=True,
-        deterministic=True,
-        input_context=input_context,
-        skip_corrupt=skip_corrupt,
-    )
+    read = _ordered_reader(src, split, input_context, skip_corrupt)
 
     def pass_seeds(index):
         """Seeds of pass ``index``'s file order and shuffle, in a tf.data function."""
@@ -677,6 +669,20 @@ def _passes(
     return ds
 
 
+def _ordered_reader(src, split, input_context, skip_corrupt):
+    """:func:`_read` of a training split in the order its ``seed`` gives (a function of
+    ``seed``)."""
+    return functools.partial(
+        _read,
+        src,
+        split,
+        training=True,
+        deterministic=True,
+        input_context=input_context,
+        skip_corrupt=skip_corrupt,
+    )
+
+
 # Seed of the one file order a cache is filled in (see _cached).
 CACHE_ORDER_SEED = 0
 
@@ -691,15 +697,7 @@ def _cached(src, split, input_context, skip_corrupt, decode, cache_to):
     it itself. Filled in one order, it serves runs of every seed, each reshuffling it by
     its own seed (the file order is then the same in every pass, as it was within a run).
     """
-    read = functools.partial(
-        _read,
-        src,
-        split,
-        training=True,
-        deterministic=True,
-        input_context=input_context,
-        skip_corrupt=skip_corrupt,
-    )
+    read = _ordered_reader(src, split, input_context, skip_corrupt)
     if src.remote:
         ds = read(seed=CACHE_ORDER_SEED)  # a Python seed: its own order, no global seed
     else:
