@@ -496,7 +496,7 @@ def test_evaluate_counts_a_record_whose_image_does_not_decode(trained, make_reco
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
-    trained, small_records, tmp_path, capsys
+    trained, small_records, tmp_path, capsys, monkeypatch
 ):
     import shutil
 
@@ -520,6 +520,20 @@ def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     in_shard = int(shard.stem.rsplit("-", 1)[1])
     assert report["skipped_corrupt_records"] == in_shard - 3
     assert report["count"] == 10 - (in_shard - 3)
+    # The reader's line is kept with the rest of what the evaluation left out (report shows
+    # eval.json's warnings; this one was only logged).
+    assert report["warnings"] == [
+        f"--skip-corrupt: skipped {in_shard - 3} record(s) of {shard}: record 3 is corrupt (CRC "
+        "failure or truncation) and the reader cannot resume inside a shard"
+    ]
+    # Paths as absolute as train's config.json's, whatever was typed: report reads eval.json
+    # from elsewhere.
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", str(trained), "--data", "records", "--out", "eval2",
+                 "--skip-corrupt"]) == 0  # fmt: skip
+    again = json.loads((tmp_path / "eval2" / "eval.json").read_text())
+    assert again["data"] == str(records) and again["workdir"] == str(trained)
+    assert again["model"] == str(trained / "model.keras")
 
 
 def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(

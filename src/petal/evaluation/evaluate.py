@@ -174,7 +174,7 @@ def evaluate(
         fit_size=run.records_size if run.fit_mode != "none" else None,
     )
     model = load_model(run)
-    skipped_before = SKIPPED.skipped
+    skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
     store_mark = STORE_ERRORS.mark()
 
     start = time.perf_counter()
@@ -207,12 +207,16 @@ def evaluate(
 
     ks = sorted({1, top_k})
     report = classification_report(y_true, y_prob, run.classes, ks=ks)
+    # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
+    # with the rest of what this evaluation left out.
+    warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
     report.update(
         {
-            "data": str(data),
+            # Absolute, as train's config.json: eval.json is read from elsewhere (report).
+            "data": _absolute(data),
             "split": split,
-            "workdir": str(run.workdir),
-            "model": str(run.model_path),
+            "workdir": str(run.workdir.absolute()),
+            "model": str(run.model_path.absolute()),
             "seconds": round(seconds, 2),
             "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
         }
@@ -253,6 +257,11 @@ def evaluate(
         + f" -> {out}"
     )
     return report
+
+
+def _absolute(data) -> str:
+    """A local path made absolute; a URL or ``gs://`` path as it is."""
+    return str(data) if is_remote(str(data)) else os.path.abspath(data)
 
 
 def _split_for(
