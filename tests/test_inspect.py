@@ -590,3 +590,11 @@ def test_shards_of_image_and_class_alone_verify_and_draw(make_records, tmp_path)
     assert report.ok, report.problems
     assert report.verified == 12
     assert (tmp_path / "g.png").stat().st_size > 10_000
+
+
+def test_grid_draws_names_with_dollars_as_written(make_records, tmp_path):
+    """matplotlib read `price_$1_to_$5` as mathematics and failed to parse it."""
+    records = make_records("rec $1 to $5", classes=("price_$1_to_$5", "save$ 50% off $"))
+    out = tmp_path / "grid.png"
+    report = inspect_records(str(records), grid=str(out), grid_per_class=2, progress=False)
+    assert report.grid == str(out) and out.stat().st_size > 1_000

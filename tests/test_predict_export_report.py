@@ -456,7 +456,9 @@ def test_the_savedmodel_refuses_animated_webp_and_empty_input(trained, tmp_path)
         ({"classes": ["a"]}, r"a confusion matrix of 2 rows for 1 classes"),
         ({"macro": {}}, r"no 'f1'"),
         ({"per_class": {"a": {}}}, r"no 'precision'"),
-        ({"accuracy": "high"}, r"Unknown format code"),
+        ({"accuracy": "high"}, r"accuracy 'high' is not a number"),
+        ({"confusion_matrix": [[1, "1"], [1, 1]]}, r"a confusion matrix that holds other "
+                                                   r"values than counts"),
     ],
 )
 def test_report_names_an_eval_json_with_values_of_the_wrong_kind(trained, tmp_path, edit, reason):
@@ -605,6 +607,190 @@ def test_report_names_a_file_or_folder_in_its_way_before_drawing(trained, tmp_pa
     with pytest.raises(PetalError, match=rf"{name} is a {make}, where the report writes its "):
         build_report(run)
     assert not (run / "plots").is_dir()  # nothing drawn
+
+
+_DOLLARS = ["price_$1_to_$5", "save$ 50% off $", "$5-$10 bills"]
+
+
+def _write_eval(run: Path, classes=("a", "b"), **changes) -> Path:
+    """A small eval/eval.json (and misclassified.npz) of ``classes`` in a copied run."""
+    import numpy as np
+
+    (run / "eval").mkdir(exist_ok=True)
+    n = len(classes)
+    evaluation = {
+        "count": 2 * n, "accuracy": 0.5, "classes": list(classes),
+        "confusion_matrix": [[1 if i == j else (1 if j == (i + 1) % n else 0)
+                              for j in range(n)] for i in range(n)],
+        "per_class": {c: {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
+                      for c in classes},
+        "macro": {"precision": 0.5, "recall": 0.5, "f1": 0.5},
+        "data": "/elsewhere/records", "split": "validation", "workdir": str(run),
+        **changes,
+    }
+    (run / "eval" / "eval.json").write_text(json.dumps(evaluation))
+    np.savez_compressed(
+        run / "eval" / "misclassified.npz", images=np.zeros((2, 8, 8, 3), np.uint8),
+        true=np.array([0, 1]), pred=np.array([1, 0]), prob=np.array([0.6, 0.7]),
+        classes=np.asarray(list(classes)),
+    )
+    return run / "eval" / "eval.json"
+
+
+def test_class_names_with_dollars_are_drawn_as_written(trained, tmp_path, capsys):
+    """matplotlib read text between two "$" as mathematics: `price_$1_to_$5` crashed
+    evaluate's plots (and report called eval.json damaged), `$5-$10 bills` drew "5 - 10"."""
+    from matplotlib import cbook
+
+    from petal.display import plot_labels
+    from petal.evaluation import plots
+    from petal.evaluation.report import build_report
+
+    assert not any(cbook.is_math_text(label) for label in plot_labels(_DOLLARS))
+    plots.plot_confusion_matrix([[1, 0, 0], [0, 1, 0], [0, 0, 1]], _DOLLARS, tmp_path / "cm.png")
+    run = _copy_run(trained, tmp_path / "run")
+    _write_eval(run, classes=_DOLLARS)
+    capsys.readouterr()
+    page = build_report(run).read_text()
+    assert capsys.readouterr().err == ""
+    assert (run / "plots" / "confusion_matrix.png").is_file()
+    assert (run / "plots" / "misclassified.png").is_file()
+    assert "price_$1_to_$5" in page
+
+
+def test_report_does_not_call_eval_json_damaged_for_a_plot_it_cannot_draw(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """A drawing error was reported as "eval.json is damaged (...)"; the page is written
+    without that plot, which is named."""
+    from petal.evaluation import plots
+    from petal.evaluation.report import build_report
+
+    def fails(*args, **kwargs):
+        raise ValueError("matplotlib could not lay it out")
+
+    monkeypatch.setattr(plots, "plot_confusion_matrix", fails)
+    run = _copy_run(trained, tmp_path / "run")
+    _write_eval(run)
+    capsys.readouterr()
+    page = build_report(run).read_text()
+    assert capsys.readouterr().err == (
+        f"petal report: warning: cannot draw {run / 'plots' / 'confusion_matrix.png'} "
+        "(matplotlib could not lay it out); the report leaves it out.\n"
+    )
+    assert "Confusion matrix" not in page and "<h3>Misclassified" in page
+
+
+def test_report_on_a_run_still_training_does_not_say_to_resume(trained, tmp_path, capsys):
+    """A live `petal train` in the folder: report told to finish it with --resume (refused
+    while it trains), for a resumed run and for a first run alike."""
+    import socket
+    import subprocess
+    import sys
+
+    from petal.evaluation.report import build_report
+    from petal.running import RUNNING_FILE
+
+    run = _copy_run(trained, tmp_path / "run")
+    done = json.loads((run / "metrics.json").read_text())["epochs_completed"]
+    history = run / "history.csv"
+    last = history.read_text().strip().splitlines()[-1].split(",")
+    for epoch in (done + 1, done + 2):  # the resume saved one epoch and is in the next
+        last[0] = str(epoch)
+        history.write_text(history.read_text() + ",".join(last) + "\n")
+    state = json.loads((run / "state.json").read_text())
+    (run / "state.json").write_text(json.dumps({**state, "epoch": done + 1}))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    who = f"process {live.pid} on {socket.gethostname()} is training in it"
+    try:
+        (run / RUNNING_FILE).write_text(json.dumps(
+            {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}))
+        capsys.readouterr()
+        build_report(run)
+        said = (f"{run} is still training ({who}): {run / 'metrics.json'} and model.keras are "
+                f"of its last finish (epoch {done}), the curves show the {done + 1} epoch(s) "
+                f"it has saved so far; run `petal report {run}` again when it finishes.")
+        assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+        page = (run / "report.html").read_text()
+        assert "<b>Still training:</b>" in page and "--resume" not in page
+        (run / "metrics.json").unlink()  # a first run, in its epoch done + 2
+        build_report(run)
+        said = (f"{run} is still training ({who}): the curves show the {done + 1} epoch(s) it "
+                f"has saved so far; run `petal report {run}` again when it finishes.")
+        assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+        assert "--resume" not in (run / "report.html").read_text()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_report_names_the_split_scored_and_what_it_skipped(trained, tmp_path):
+    """The heading said "Evaluation on REC" for the train split too, and the records
+    evaluate --skip-corrupt dropped were nowhere."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    own = json.loads((run / "config.json").read_text())["data"]
+    for data, split, shown in (
+        (own, "train", f"<code>{own}</code> (train split: images the model trained on)"),
+        (own, "all", f"<code>{own}</code> (all images: the model trained on some of them)"),
+        (own, "validation", f"<code>{own}</code> (validation split)"),
+        ("/elsewhere/new", "all", "<code>/elsewhere/new</code> (all images)"),
+    ):
+        _write_eval(run, data=data, split=split, skipped_corrupt_records=11,
+                    skipped_undecodable_records=["r-0: not an image", "r-1: not an image"])
+        page = build_report(run).read_text()
+        assert f"<h2>Evaluation on {shown}</h2>" in page
+        assert ("<tr><th>images</th><td class='num'>4</td></tr>"
+                "<tr><th>skipped: corrupt records</th><td class='num'>11</td></tr>"
+                "<tr><th>skipped: undecodable records</th><td class='num'>2</td></tr>") in page
+
+
+def test_report_tells_a_copied_run_from_one_trained_since_its_evaluation(trained, tmp_path,
+                                                                         capsys):
+    """`cp -r RUN COPY` gives the copy new times, model.keras's possibly after eval.json's:
+    report said eval.json scored an earlier model."""
+    import os
+
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    eval_json = _write_eval(run, workdir=str(trained))  # evaluated, then copied
+    later = eval_json.stat().st_mtime + 60
+    os.utime(run / "model.keras", (later, later))
+    capsys.readouterr()
+    assert "scored an earlier model" not in build_report(run).read_text()
+    assert capsys.readouterr().err == ""
+    # Where eval.json names its model by content: a copy matches, another model does not.
+    from petal.evaluation.workdir import file_sha256
+
+    for digest, stale in ((file_sha256(run / "model.keras"), False), ("0" * 64, True)):
+        _write_eval(run, model_sha256=digest)
+        os.utime(run / "model.keras", (later, later))
+        assert ("scored an earlier model" in build_report(run).read_text()) == stale
+
+
+def test_report_titles_its_misclassified_grid_and_writes_names_as_they_are(
+    trained, tmp_path, monkeypatch
+):
+    """The grid had no title (evaluate's own says "Misclassified (N of M)"), and the
+    configuration table showed "ros\\u00e9" for "rosé"."""
+    from petal.evaluation import plots
+    from petal.evaluation.report import build_report
+
+    titles = []
+    real = plots.plot_image_grid
+    monkeypatch.setattr(plots, "plot_image_grid",
+                        lambda data, out, title="": titles.append(title) or real(data, out, title))
+    run = _copy_run(trained, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["classes"][0] = "rosé"
+    (run / "config.json").write_text(json.dumps(config))
+    _write_eval(run)
+    page = build_report(run).read_text()
+    assert "rosé" in page and "\\u00e9" not in page
+    assert titles == ["Misclassified (2 of 4)"]
+    assert "<h3>Misclassified (2 of 4)</h3>" in page
 
 
 def test_predictions_of_a_file_with_a_newline_in_its_name_stay_on_one_line():

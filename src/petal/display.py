@@ -4,7 +4,8 @@ Class names are folder names, so any script: a CJK name takes two terminal colum
 character, and matplotlib's bundled font (DejaVu Sans) has no CJK glyphs, drawing empty boxes
 with a warning per glyph. Tables pad by columns; plots fall back glyph by glyph to an installed
 font that has them, and label a class that no installed font can draw by its number (with
-one warning naming the font to install).
+one warning naming the font to install). Names are drawn literally: a ``$`` is escaped, so
+matplotlib never reads ``price_$1_to_$5`` as mathematics (:func:`literal`).
 """
 
 from __future__ import annotations
@@ -79,14 +80,21 @@ def can_draw(text: str) -> bool:
     return all(ch.isprintable() and (ch == " " or ord(ch) in drawable) for ch in text)
 
 
+def literal(text: str) -> str:
+    """``text`` for a matplotlib title, label or tick, drawn as written: matplotlib reads
+    text between two ``$`` as mathematics (``$5-$10 bills`` drew "5 - 10 bills", and
+    ``price_$1_to_$5`` failed to parse); an escaped ``\\$`` is drawn as ``$``."""
+    return text.replace("$", r"\$")
+
+
 def plot_labels(classes: Sequence[str]) -> list[str]:
-    """The class names to draw: each name, or ``class N`` for one the installed fonts
-    cannot draw (said once per set of names on stderr)."""
+    """The class names to draw (:func:`literal`): each name, or ``class N`` for one the
+    installed fonts cannot draw (said once per set of names on stderr)."""
     labels = [c if can_draw(c) else f"class {i}" for i, c in enumerate(classes)]
     missing = tuple(c for c, label in zip(classes, labels, strict=True) if c != label)
     if missing:
         _warn_once(missing, tuple(labels[list(classes).index(c)] for c in missing))
-    return labels
+    return [literal(label) for label in labels]
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
-from petal.display import can_draw, columns, ljust, plot_labels
+from petal.display import can_draw, columns, literal, ljust, plot_labels
 from petal.errors import PetalError, is_int_at_least, printable, tf_message
 
 _MB = 1_000_000
@@ -778,10 +778,11 @@ def _draw_grid(
                 image, filename = samples[r][c]
                 ax.imshow(image)
                 base = os.path.basename(filename)[:22]
-                ax.set_title(f"{name}\n{base if can_draw(base) else ''}", fontsize=7)
+                ax.set_title(f"{name}\n{literal(base) if can_draw(base) else ''}", fontsize=7)
     size = "x".join(map(str, manifest["image_size"])) if manifest.get("image_size") else "orig."
     shown = path if can_draw(path) else os.path.basename(path.rstrip("/"))
-    fig.suptitle(f"{shown if can_draw(shown) else ''} ({manifest['format']} {size})", fontsize=9)
+    shown = literal(shown) if can_draw(shown) else ""  # drawn as written, "$" included
+    fig.suptitle(f"{shown} ({manifest['format']} {size})", fontsize=9)
     fig.tight_layout()
     if folders.is_remote(out):
         # matplotlib writes local files only: draw into memory, write through tf.io.gfile.

@@ -152,15 +152,36 @@ def plot_confusion_from_json(eval_json: str | Path, out: str | Path) -> Path:
     return plot_confusion_matrix(data["confusion_matrix"], data["classes"], out, title)
 
 
+SAMPLE_KEYS = ("images", "true", "pred", "prob", "classes")
+
+
+def read_samples(samples_npz: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of an image samples file (:data:`SAMPLE_KEYS`), read so that a damaged
+    file fails here, not half-way through a drawing.
+
+    Raises:
+        ValueError, KeyError, EOFError, zipfile.BadZipFile: not such a file (numpy's errors),
+            or its arrays do not hold one entry per image (ValueError).
+    """
+    with np.load(samples_npz, allow_pickle=False) as data:
+        samples = {key: data[key] for key in SAMPLE_KEYS}
+    if any(len(samples[key]) != len(samples["images"]) for key in ("true", "pred", "prob")):
+        raise ValueError("its arrays do not hold one entry per image")
+    return samples
+
+
 def plot_image_grid(
-    samples_npz: str | Path, out: str | Path, title: str = "", cols: int = 6
+    samples_npz: str | Path | dict, out: str | Path, title: str = "", cols: int = 6
 ) -> Path | None:
     """A grid of images titled ``predicted (p)`` over ``correct`` or ``true: class``.
+
+    ``samples_npz``: the file, or its arrays from :func:`read_samples`. ``title`` is
+    petal's text, drawn with matplotlib's markup (class names are drawn as written).
 
     Returns:
         The PNG path, or ``None`` when the file holds no images (nothing to draw).
     """
-    data = np.load(samples_npz, allow_pickle=False)
+    data = samples_npz if isinstance(samples_npz, dict) else read_samples(samples_npz)
     images = data["images"]
     if len(images) == 0:
         return None

@@ -16,9 +16,16 @@ import sys
 import zipfile
 from pathlib import Path
 
+from petal.data.folders import same_place
 from petal.errors import PetalError, damage_reason, first_line
 from petal.evaluation import plots
-from petal.evaluation.workdir import check_not_in_the_way, unfinished_resume
+from petal.evaluation.workdir import (
+    MODEL_FILE,
+    check_not_in_the_way,
+    file_sha256,
+    still_training,
+    unfinished_resume,
+)
 from petal.training.callbacks import read_history
 
 EVAL_DIR = "eval"
@@ -65,7 +72,7 @@ def _fmt(value) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, (dict, list)):
-        return f"<code>{html.escape(json.dumps(value))}</code>"
+        return f"<code>{html.escape(json.dumps(value, ensure_ascii=False))}</code>"
     return html.escape(str(value))
 
 
@@ -176,7 +183,21 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         saved = max(saved, completed)
     unsaved = [row["epoch"] for row in epochs_done if saved is not None and row["epoch"] > saved]
     not_saved = None
-    if unsaved:
+    training = still_training(workdir)  # --resume would be refused: say so instead
+    if training:
+        epochs_done = [row for row in epochs_done if saved is None or row["epoch"] <= saved]
+        of = (
+            f"{workdir / 'metrics.json'} and {MODEL_FILE} are of its last finish (epoch "
+            f"{completed}), "
+            if metrics is not None and isinstance(completed, int)
+            else ""
+        )
+        training = (
+            f"{training}: {of}the curves show the {len(epochs_done)} epoch(s) it has saved so "
+            f"far; run `petal report {workdir}` again when it finishes."
+        )
+        print(f"petal report: warning: {training}", file=sys.stderr)
+    elif unsaved:
         # Interrupted before the epoch's checkpoint: --resume trains it again.
         epochs_done = [row for row in epochs_done if row["epoch"] <= saved]
         which = f"epoch {unsaved[0]}" if len(unsaved) == 1 else f"epochs {unsaved[0]}-{unsaved[-1]}"
@@ -200,31 +221,41 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         if missing:
             raise PetalError(f"{eval_json} has no {', '.join(missing)}; {evaluate_again}")
         try:
-            eval_parts = _eval_section(evaluation)
-            figures.append(
-                (
-                    "Confusion matrix",
-                    plots.plot_confusion_from_json(eval_json, plot_dir / "confusion_matrix.png"),
-                )
+            eval_parts = _eval_section(evaluation, config)
+            wrong = evaluation["count"] - sum(
+                row[i] for i, row in enumerate(evaluation["confusion_matrix"])
             )
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             # Values of the wrong kind or shape (the keys are there): one line, not numpy's.
             reason = damage_reason(err)
             raise PetalError(f"{eval_json} is damaged ({reason}); {evaluate_again}") from None
-        for name, title in (("samples", "Sample predictions"), ("misclassified", "Misclassified")):
+        # Every file read before any drawing, so that only a damaged file is called damaged.
+        grids = []
+        for name, title in (
+            ("samples", "Sample predictions"),
+            # Titled as petal evaluate's own misclassified.png.
+            ("misclassified", f"Misclassified ({wrong} of {evaluation['count']})"),
+        ):
             npz = workdir / EVAL_DIR / f"{name}.npz"
             if npz.is_file():
                 try:
-                    png = plots.plot_image_grid(npz, plot_dir / f"{name}.png")
-                except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+                    grids.append((title, plots.read_samples(npz), name))
+                except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
                     reason = first_line(err)
                     if not zipfile.is_zipfile(npz):  # numpy's guess: "pickled data"
                         reason = "not an .npz archive: truncated or overwritten"
                     raise PetalError(
                         f"{npz} is damaged ({reason}); {evaluate_again}"
                     ) from None
-                if png is not None:
-                    figures.append((title, png))
+        confusion = _draw(
+            plots.plot_confusion_from_json, eval_json, plot_dir / "confusion_matrix.png"
+        )
+        figures += [("Confusion matrix", confusion)] if confusion else []
+        for title, samples, name in grids:
+            grid_title = title if name == "misclassified" else ""
+            png = _draw(plots.plot_image_grid, samples, plot_dir / f"{name}.png", grid_title)
+            if png is not None:
+                figures.append((title, png))
 
     title = f"petal run: {config.get('preset', '')} / {config.get('model', '')}"
     parts = [
@@ -241,6 +272,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         if isinstance(completed, int) and 0 < completed < 5:
             labels["mean_last5_val_accuracy"] = f"mean of last {completed} validation accuracies"
         rows = [(label, shown[key]) for key, label in labels.items() if key in shown]
+        rows += _skipped_rows(metrics)
         parts += ["<h2>Training</h2>", _table(rows)]
         if stopped and isinstance(completed, int) and len(epochs_done) == completed + 1:
             # history.csv holds the epoch the loss stopped, which completed nothing.
@@ -255,9 +287,9 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             )
             print(f"petal report: warning: {line}", file=sys.stderr)
             parts.append(f"<p><b>Stopped:</b> {html.escape(line)}</p>")
-        elif unfinished := unfinished_resume(
+        elif not training and (unfinished := unfinished_resume(
             workdir, completed, len(epochs_done), "history.csv and the curves hold them"
-        ):
+        )):
             # Resumed for more epochs and stopped before the end: metrics.json is the end
             # of the run before the resume (predict, evaluate and export say so too).
             print(f"petal report: warning: {unfinished}", file=sys.stderr)
@@ -268,11 +300,13 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         parts.append("<p>metrics.json missing: the run has not finished.</p>")
         if epochs_done:
             parts += ["<h2>Training so far</h2>", _table(_so_far(epochs_done, config))]
+    if training:
+        parts.append(f"<p><b>Still training:</b> {html.escape(training)}</p>")
     if not_saved is not None:
         parts.append(f"<p><b>Not saved:</b> {html.escape(not_saved)}</p>")
     if evaluation is not None:
-        model_file = workdir / "model.keras"
-        if model_file.is_file() and model_file.stat().st_mtime > eval_json.stat().st_mtime:
+        model_file = workdir / MODEL_FILE
+        if _scored_another_model(evaluation, eval_json, model_file, workdir):
             # Resumed since: the scores are an earlier model's.
             stale = (
                 f"{eval_json} scored an earlier model: {model_file} was saved after it (the "
@@ -309,26 +343,105 @@ def _saved_epoch(workdir: Path, metrics: dict | None) -> int | None:
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
-def _eval_section(evaluation: dict) -> list[str]:
+def _draw(plot, source, out: Path, *args) -> Path | None:
+    """``plot(source, out, *args)``: the PNG drawn, or None when matplotlib could not draw
+    it (said on stderr; the files it is drawn from were read and checked before)."""
+    try:
+        return plot(source, out, *args)
+    except (ValueError, RuntimeError) as err:
+        print(
+            f"petal report: warning: cannot draw {out} ({first_line(err)}); the report leaves "
+            "it out.",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _scored_another_model(
+    evaluation: dict, eval_json: Path, model_file: Path, workdir: Path
+) -> bool:
+    """Whether ``eval.json`` scored another model than ``model.keras`` (the run was trained
+    further, or again, since): by the model's SHA-256 where eval.json records it, else by the
+    files' times, which only the folder evaluate wrote keeps (``cp -r`` gives a copy new
+    ones, the model's possibly later than eval.json's)."""
+    if not model_file.is_file():
+        return False
+    digest = evaluation.get("model_sha256")
+    if isinstance(digest, str):
+        return digest != file_sha256(model_file)
+    scored_in = evaluation.get("workdir")
+    if not isinstance(scored_in, str) or not same_place(scored_in, workdir):
+        return False  # a copy of the run (or moved from where it was scored): times unknown
+    return model_file.stat().st_mtime > eval_json.stat().st_mtime
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scored_split(evaluation: dict, config: dict) -> str:
+    """The split evaluate scored, for the heading: `` (train split: images the model trained
+    on)`` when it holds them (the train or whole split of the run's own data), "" when
+    eval.json does not say."""
+    split = evaluation.get("split")
+    if not isinstance(split, str) or not split:
+        return ""
+    data = evaluation.get("data")
+    own = (config.get("data"), (config.get("resolved") or {}).get("records_source"))
+    trained_on = (
+        split in ("train", "all")
+        and isinstance(data, str)
+        and any(isinstance(path, str) and path and same_place(data, path) for path in own)
+    )
+    if split == "all":
+        return " (all images" + (": the model trained on some of them)" if trained_on else ")")
+    return f" ({split} split" + (": images the model trained on)" if trained_on else ")")
+
+
+def _skipped_rows(data: dict) -> list[tuple[str, object]]:
+    """A row per ``skipped_*`` entry of metrics.json or eval.json: a count, or the number of
+    entries of a list (of the files or records dropped)."""
+    rows: list[tuple[str, object]] = []
+    for key, value in data.items():
+        if key.startswith("skipped_") and (_is_number(value) or isinstance(value, list)):
+            label = "skipped: " + key.removeprefix("skipped_").replace("_", " ")
+            rows.append((label, len(value) if isinstance(value, list) else value))
+    return rows
+
+
+def _eval_section(evaluation: dict, config: dict) -> list[str]:
     """The evaluation's heading and tables.
 
     Raises:
-        ValueError: the confusion matrix does not match the classes (and the errors of
-            values of the wrong kind: KeyError, TypeError...).
+        ValueError: the confusion matrix does not match the classes, or holds no counts; the
+            count or the accuracy is no number (and the errors of values of the wrong kind:
+            KeyError, TypeError...).
     """
-    n = len(evaluation["classes"])
+    classes = evaluation["classes"]
+    n = len(classes)
     shape = [len(row) for row in evaluation["confusion_matrix"]]
     if shape != [n] * n:
         raise ValueError(f"a confusion matrix of {len(shape)} rows for {n} classes")
+    if not all(isinstance(c, int) for row in evaluation["confusion_matrix"] for c in row):
+        raise ValueError("a confusion matrix that holds other values than counts")
+    if not all(isinstance(name, str) for name in classes):
+        raise ValueError("classes that are not all names")
+    for key in ("count", "accuracy"):
+        if not _is_number(evaluation[key]):
+            raise ValueError(f"{key} {evaluation[key]!r} is not a number")
     warnings = [
         f"<p><b>Warning:</b> {html.escape(str(line))}</p>"
         for line in evaluation.get("warnings", [])
     ]
+    data = html.escape(str(evaluation.get("data", "")))
+    split = html.escape(_scored_split(evaluation, config))
     return [
-        f"<h2>Evaluation on <code>{html.escape(str(evaluation.get('data', '')))}</code></h2>",
+        f"<h2>Evaluation on <code>{data}</code>{split}</h2>",
         *warnings,
         _table(
-            [("images", evaluation["count"]), ("accuracy", evaluation["accuracy"])]
+            [("images", evaluation["count"])]
+            + _skipped_rows(evaluation)
+            + [("accuracy", evaluation["accuracy"])]
             + list(evaluation.get("top_k_accuracy", {}).items())
             + [("macro F1", evaluation["macro"]["f1"])]
         ),

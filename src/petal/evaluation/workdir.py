@@ -7,6 +7,7 @@ so evaluate, predict, export and report never need the training data or its conf
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import zipfile
@@ -176,19 +177,37 @@ def _json_object(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def still_training(workdir: Path) -> str | None:
+    """``{workdir} is still training (process PID on HOST is training in it)`` while a
+    ``petal train`` runs in the folder (its ``--resume`` would be refused), else None."""
+    from petal.running import running_elsewhere
+
+    if who := running_elsewhere(workdir, "training in it"):
+        return f"{workdir} is still training ({who})"
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex: a model file's identity, which a copy keeps
+    (its modification time it does not)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def stale_model_note(workdir: Path) -> str | None:
     """What to know before using ``workdir``'s ``model.keras``, or None: a ``petal train``
     still training in the folder, or a resume that stopped before its end. Either way the
     model is the one of the run's last finish, not of its latest epochs."""
-    from petal.running import running_elsewhere
-
     completed = _json_object(workdir / METRICS_FILE).get("epochs_completed")
     if not is_int_at_least(completed, 1):
         completed = None
-    if who := running_elsewhere(workdir, "training in it"):
+    if training := still_training(workdir):
         of = f"of epoch {completed}, " if completed else ""
         return (
-            f"{workdir} is still training ({who}): {workdir / MODEL_FILE} is the model "
+            f"{training}: {workdir / MODEL_FILE} is the model "
             f"{of}its last finish, not of the epochs training now; run this again when it "
             "finishes to use the new one."
         )
