@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -534,6 +535,9 @@ def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     again = json.loads((tmp_path / "eval2" / "eval.json").read_text())
     assert again["data"] == str(records) and again["workdir"] == str(trained)
     assert again["model"] == str(trained / "model.keras")
+    # The model scored, by its bytes (report tells a copied run from one trained since).
+    assert again["model_sha256"] == hashlib.sha256((trained / "model.keras").read_bytes()
+                                                   ).hexdigest()  # fmt: skip
 
 
 def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(

@@ -491,7 +491,11 @@ def test_report_says_when_the_evaluation_scored_an_earlier_model(trained, tmp_pa
     build_report(run)
     assert "scored an earlier model" not in (run / "report.html").read_text()
     eval_time = (run / "eval" / "eval.json").stat().st_mtime
-    os.utime(run / "model.keras", (eval_time + 60, eval_time + 60))  # trained further since
+    os.utime(run / "model.keras", (eval_time + 60, eval_time + 60))  # saved again since,
+    build_report(run)  # but the same model (eval.json holds its hash): nothing to say
+    assert "scored an earlier model" not in (run / "report.html").read_text()
+    with open(run / "model.keras", "ab") as f:  # trained further (report loads no model)
+        f.write(b"\0")
     capsys.readouterr()
     build_report(run)
     said = (f"{run / 'eval' / 'eval.json'} scored an earlier model: {run / 'model.keras'} was "

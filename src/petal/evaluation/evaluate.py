@@ -25,6 +25,7 @@ from petal.evaluation.workdir import (
     check_output_folder,
     class_index,
     denormalize_np,
+    file_sha256,
     load_model,
     make_output_folder,
     open_run,
@@ -173,6 +174,7 @@ def evaluate(
         resize=run.fit_mode,
         fit_size=run.records_size if run.fit_mode != "none" else None,
     )
+    model_sha256 = file_sha256(run.model_path)  # before it loads: the bytes it loads
     model = load_model(run)
     skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
     store_mark = STORE_ERRORS.mark()
@@ -217,6 +219,8 @@ def evaluate(
             "split": split,
             "workdir": str(run.workdir.absolute()),
             "model": str(run.model_path.absolute()),
+            # Which model this scored, as report checks it (a copy of the run keeps it).
+            "model_sha256": model_sha256,
             "seconds": round(seconds, 2),
             "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
         }
