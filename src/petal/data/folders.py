@@ -173,6 +173,17 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def absolute_data(data: str | None) -> str | None:
+    """A local data path made absolute, so a run folder (and what it wrote) works from any
+    directory.
+
+    URLs (``gs://``, ``http(s)://``, anything with a scheme) are returned unchanged.
+    """
+    if not data or is_remote(data):
+        return data
+    return os.path.abspath(data)
+
+
 def is_http(path: str) -> bool:
     """True for ``http(s)://`` paths, which petal reads itself (not through ``tf.io.gfile``);
     the scheme in any case, as URLs allow (``HTTP://``)."""

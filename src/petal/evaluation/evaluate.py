@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import find_images, is_http, is_remote, is_within, same_place
+from petal.data.folders import (
+    absolute_data,
+    find_images,
+    is_http,
+    is_remote,
+    is_within,
+    same_place,
+)
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, is_int_at_least
 from petal.evaluation import plots
@@ -215,7 +222,7 @@ def evaluate(
     report.update(
         {
             # Absolute, as train's config.json: eval.json is read from elsewhere (report).
-            "data": _absolute(data),
+            "data": absolute_data(str(data)),
             "split": split,
             "workdir": str(run.workdir.absolute()),
             "model": str(run.model_path.absolute()),
@@ -261,11 +268,6 @@ def evaluate(
         + f" -> {out}"
     )
     return report
-
-
-def _absolute(data) -> str:
-    """A local path made absolute; a URL or ``gs://`` path as it is."""
-    return str(data) if is_remote(str(data)) else os.path.abspath(data)
 
 
 def _split_for(

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal.data.folders import is_remote
+from petal.data.folders import absolute_data, is_remote
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
 from petal.running import (
@@ -282,16 +282,6 @@ def finished_epochs(workdir: str | Path) -> int:
     done = metrics.get("epochs_completed") if isinstance(metrics, dict) else None
     complete = epoch and done == epoch and "stopped" not in metrics
     return epoch if complete and (workdir / "model.keras").is_file() else 0
-
-
-def absolute_data(data: str | None) -> str | None:
-    """A local data path made absolute, so a run folder works from any directory.
-
-    URLs (``gs://``, ``http(s)://``, anything with a scheme) are returned unchanged.
-    """
-    if not data or "://" in data:
-        return data
-    return os.path.abspath(data)
 
 
 def _check_workdir_outside_data(workdir: Path, data: str) -> None:
