@@ -236,6 +236,9 @@ def test_base_config_is_used_without_a_preset():
         ({"weight_decay": float("nan")}, "weight_decay must be >= 0"),
         ({"clipnorm": -1.0}, "clipnorm must be > 0, or null"),
         ({"learning_rate": float("inf")}, "learning_rate must be > 0"),
+        ({"classes": "daisy,,roses"}, "comma-separated non-empty names"),
+        ({"classes": "daisy,daisy"}, "names 'daisy' twice"),
+        ({"classes": [1, 2]}, r"^classes must be a string or null"),
     ],
 )
 def test_bad_values_name_the_field(values, match):
@@ -388,3 +391,18 @@ def test_a_run_config_that_is_no_json_object_is_named_with_its_fix(tmp_path):
     path.write_text("true")
     with pytest.raises(PetalError, match=r"holds true or false, not a JSON object .* Pass a JSON"):
         load_config(None, path)
+
+
+def test_classes_come_from_the_command_line_a_json_list_or_set(monkeypatch, tmp_path):
+    from petal import cli
+    from petal.training import loop
+
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda config, workdir, **kw: seen.update(config=config))
+    argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir",
+            str(tmp_path / "run"), "--classes", "roses,daisy"]  # fmt: skip
+    assert cli.main(argv) == 0 and seen["config"].classes == "roses,daisy"
+    assert load_config("quick", None, ["classes=a,b"]).classes == "a,b"
+    (tmp_path / "c.json").write_text('{"classes": ["tulips", "roses"]}')
+    assert load_config("quick", tmp_path / "c.json").classes == "tulips,roses"
+    assert TrainConfig().classes is None

@@ -927,10 +927,9 @@ def test_a_class_index_past_the_sources_classes_stops_in_one_line(make_records, 
     assert src.num_classes == 5
     expected = (
         f"{folder} holds class index 5 but the source has 5 classes (counted from the first "
-        "32 records of each shard; the shards name none): pass classes=[...] listing every "
-        "class in index order (open_source(PATH, classes=...), then train or evaluate the "
-        "Source it returns; petal train and evaluate take no class list: they count the "
-        "class of every record only in local shards of up to 0 GB in all)."
+        "32 records of each shard; the shards name none): pass --classes NAME,NAME,... "
+        "(classes=[...] in Python) listing every class in index order (the class of every "
+        "record is counted only in local shards of up to 0 GB in all)."
     )
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
         for _ in eval_dataset(src, batch_size=8, image_size=16, split="all"):

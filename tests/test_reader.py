@@ -570,6 +570,18 @@ def test_codelab_classes_given_must_cover_the_class_indices_read(make_records, l
         open_source(str(folder), classes=["a", "b"])
 
 
+def test_a_records_folders_classes_are_its_manifests(make_records):
+    # classes= was ignored without a word for a records folder: its manifest's were read.
+    folder = make_records(counts={"train": [4, 4], "validation": [2, 2]},
+                          classes=("daisy", "dandelion"))
+    assert open_source(str(folder), classes="daisy,dandelion").classes == ("daisy", "dandelion")
+    with pytest.raises(PetalError, match=r"^.*records is a records folder of classes "
+                       r"daisy,dandelion \(its manifest\); classes cannot choose or reorder "
+                       r"them: drop classes \(--classes\), or convert again with --classes "
+                       r"to keep other ones\. Received: classes=dandelion,daisy$"):
+        open_source(str(folder), classes=["dandelion", "daisy"])
+
+
 def test_a_val_fraction_that_is_no_number_is_named(make_records):
     # float('abc') raised a bare ValueError.
     folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)

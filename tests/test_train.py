@@ -1339,3 +1339,39 @@ def test_too_few_images_for_a_batch_names_the_setting_that_made_it(make_records,
         train(cfg.replace(single_device_batch_size=None, batch_size=40), tmp_path / "run2",
               log=lambda line: None)
     assert str(err.value).endswith("Received: batch_size=40 per replica x 1 replica(s)")
+
+
+def test_train_and_evaluate_take_the_classes_of_codelab_shards_that_name_none(
+    make_records, monkeypatch, tmp_path, capsys
+):
+    """Shards too large to count every record's class, naming no class, whose sixth class
+    comes after the records read when opened: the error's fix was the Python API's
+    open_source(classes=...), which petal train and evaluate had no way to take."""
+    from conftest import CLASSES, keep_only, relabel_after
+    from petal.cli import main
+    from petal.data import reader
+
+    folder = make_records("late", counts={"all": [40] * 6}, codelab=True, fmt="jpeg")
+    relabel_after(keep_only(folder), 34, 5)  # records 34-39 of each shard: class index 5
+    monkeypatch.setattr(reader, "MAX_CLASS_SCAN_BYTES", 0)
+    workdir, names = tmp_path / "run", ",".join([*CLASSES, "sixth"])
+    args = ["train", "--preset", "quick", "--model", "dense", "--data", str(folder), "--workdir",
+            str(workdir), "--epochs", "1", "--image-size", "16", "--batch-size", "8",
+            "--precision", "float32", "--set", "steps_per_epoch=2", "--set",
+            "tensorboard=false"]  # fmt: skip
+    assert main(args) == 2  # the validation shard's records 34-39
+    assert "index 5 but the source has 5 classes" in capsys.readouterr().err
+    assert main([*args, "--overwrite", "--classes", names]) == 0
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["classes"] == names and config["resolved"]["classes"] == names.split(",")
+    capsys.readouterr()
+    # On the run's own data, evaluate reads it with the run's classes.
+    assert main(["evaluate", str(workdir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["classes"] == names.split(",") and report["per_class"]["sixth"]["support"] == 6
+    # On the same shards given as other data: --classes, else the one-line error.
+    assert main(["evaluate", str(workdir), "--data", f"{folder}/*.tfrec", "--split", "all"]) == 2
+    assert "pass --classes NAME,NAME,..." in capsys.readouterr().err
+    assert main(["evaluate", str(workdir), "--data", f"{folder}/*.tfrec", "--split", "all",
+                 "--classes", names, "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["per_class"]["sixth"]["support"] == 36

@@ -320,6 +320,13 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help="records folder from petal convert, codelab shards or an image folder",
     )
     parser.add_argument(
+        "--classes",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated class names in index order: for codelab shards (needed when "
+        "they name no classes) or an image folder (the class folders to train on)",
+    )
+    parser.add_argument(
         "--workdir",
         default=None,
         metavar="DIR",
@@ -408,6 +415,7 @@ def _run_train(args: argparse.Namespace) -> int:
         overrides,
         base=base,
         data=args.data,
+        classes=args.classes,
         model=args.model,
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -461,6 +469,13 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
         help="records or image folder (default: the run's training data)",
     )
     parser.add_argument(
+        "--classes",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated class names in index order of codelab shards that name none, "
+        "or the class folders of an image folder to read (default: the run's, on its data)",
+    )
+    parser.add_argument(
         "--split",
         default=None,
         help="validation, train or all (default: validation for records and for the image "
@@ -504,6 +519,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         out_dir=args.out,
         skip_corrupt=args.skip_corrupt,
+        classes=args.classes,
         log=quiet,
     )
     if args.json:

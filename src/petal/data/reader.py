@@ -157,8 +157,9 @@ def open_source(
             class sub-folders of images; local, ``gs://`` (anything ``tf.io.gfile`` reads) or
             ``http://`` (see :mod:`petal.data.remote`).
         classes: class names in index order (a list, or a comma-separated string), for
-            codelab shards and image folders (records folders take theirs from the
-            manifest); for codelab shards, at least one per class index their records hold.
+            codelab shards (at least one per class index their records hold) and image
+            folders (the class folders to read, in this order); a records folder's are its
+            manifest's (others are refused).
         val_fraction: validation fraction for codelab shards (by file, default 0.19) and
             image folders (by image, default 0.19).
         verify: check a records folder's shards against its manifest (exist, count, bytes).
@@ -197,7 +198,7 @@ def open_source(
     if posixpath.basename(root) == schema.MANIFEST_NAME and not fs.isdir(root):
         root = posixpath.dirname(root) or "."  # a records folder's manifest: that folder
     if fs.exists(_join(root, schema.MANIFEST_NAME)):
-        return _open_records(root, verify=verify)
+        return _records_classes(_open_records(root, verify=verify), classes)
     if not fs.isdir(root):
         raise _file_given(root)
     names = sorted(fs.listdir(root))
@@ -348,6 +349,18 @@ def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
             f"{' ...' if len(extra) > 3 else ''}; two conversions were mixed: convert again "
             "into an empty folder."
         )
+
+
+def _records_classes(src: Source, classes: list[str] | None) -> Source:
+    """A records folder's classes are its manifest's, in its order: ``classes`` naming
+    others is refused, not ignored (the class indices are written in the records)."""
+    if classes is None or list(classes) == list(src.classes):
+        return src
+    raise PetalError(
+        f"{src.path} is a records folder of classes {','.join(src.classes)} (its manifest); "
+        "classes cannot choose or reorder them: drop classes (--classes), or convert again "
+        f"with --classes to keep other ones. Received: classes={','.join(classes)}"
+    )
 
 
 def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source:
@@ -868,10 +881,9 @@ def class_range_message(src: Source) -> tuple[str, str]:
         fix = f"{src.classes_from}): pass classes listing every class in index order"
     elif src.kind == "codelab":
         fix = (
-            f"{src.classes_from}): pass classes=[...] listing every class in index order "
-            "(open_source(PATH, classes=...), then train or evaluate the Source it returns; "
-            "petal train and evaluate take no class list: they count the class of every "
-            f"record only in local shards of up to {MAX_CLASS_SCAN_BYTES / 1e9:g} GB in all)"
+            f"{src.classes_from}): pass --classes NAME,NAME,... (classes=[...] in Python) "
+            "listing every class in index order (the class of every record is counted only "
+            f"in local shards of up to {MAX_CLASS_SCAN_BYTES / 1e9:g} GB in all)"
         )
     elif src.kind == "records":
         fix = "its manifest lists them): its shards were changed after petal convert wrote "

@@ -58,6 +58,7 @@ def evaluate(
     num_samples: int = 12,
     out_dir: str | Path | None = None,
     skip_corrupt: bool = False,
+    classes: list[str] | str | None = None,
     log=None,
     warn=None,
     progress: bool | None = None,
@@ -79,6 +80,10 @@ def evaluate(
         out_dir: output folder; default ``WORKDIR/eval``.
         skip_corrupt: skip corrupt records and undecodable images with a warning (counted
             in ``eval.json`` as ``skipped_corrupt_records``) instead of stopping.
+        classes: class names in index order of codelab shards that name none (a list or a
+            comma-separated string; matched to the model's by name), or the class folders
+            of an image folder to read; default: the run's own (``classes`` of its config)
+            for the run's own data, else the data's.
         log: receives one summary line (default: print).
         warn: receives warning lines (default: printed to stderr); they are also kept in
             ``eval.json`` under ``warnings``.
@@ -135,12 +140,14 @@ def evaluate(
         )
     # Before the evaluation, which may take minutes: a file in the way stops it now.
     check_output_folder(out, "evaluation")  # created once there is something to write
-    # New photos may be of one of the model's classes.
-    source = open_source(str(data), min_classes=1)
-    to_model = class_index(source.classes, run, str(data))  # labels by class name
     # The run's own data (the default) needs no comparison with itself: its manifest, if
-    # any, is not read a second time.
+    # any, is not read a second time; its classes are those the run was given.
     own_data = same_place(data, run.config.get("data") or "")
+    if classes is None and own_data:
+        classes = run.config.get("classes")
+    # New photos may be of one of the model's classes.
+    source = open_source(str(data), classes=classes, min_classes=1)
+    to_model = class_index(source.classes, run, str(data))  # labels by class name
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
     warnings += [
@@ -487,7 +494,10 @@ def _trained_names(run, origin: str) -> set[str] | None:
     ):
         return None
     try:
-        trained_on = open_source(origin if kind == "folder" else run.config["data"])
+        trained_on = open_source(
+            origin if kind == "folder" else run.config["data"],
+            classes=run.config.get("classes") if kind == "folder" else None,
+        )
         return _scored_names(trained_on, "train")
     except (PetalError, KeyError, OSError):
         return None

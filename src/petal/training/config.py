@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petal.data.folders import parse_classes
 from petal.errors import PetalError, first_line, is_int_at_least
 from petal.jsonfile import write_json
 
@@ -47,6 +48,10 @@ class TrainConfig:
     Attributes:
         preset: name of the preset this config was derived from (informational).
         data: a petal records folder (or any source the input pipeline accepts).
+        classes: class names in index order, comma-separated (``"daisy,roses"``; a JSON
+            list too), for codelab shards (every class index their records hold; needed
+            when the shards name no classes) or an image folder (the class folders to
+            train on, in this order); ``None``: a records folder's manifest's, or found.
         model: registered model name (``petal models`` lists them).
         model_options: extra keyword arguments for ``create_model``.
         weights: ``None`` (random init), ``"imagenet"`` or a local weights file.
@@ -112,6 +117,7 @@ class TrainConfig:
 
     preset: str = "default"
     data: str | None = None
+    classes: str | None = None
     model: str = "squeezenet"
     model_options: dict = field(default_factory=dict)
     weights: str | None = None
@@ -251,6 +257,8 @@ class TrainConfig:
                 "head_epochs is only used with fine_tune='head_then_all'. "
                 f"Received: head_epochs={self.head_epochs}, fine_tune={self.fine_tune!r}"
             )
+        if self.classes is not None:
+            parse_classes(self.classes)  # names, none twice
         for name, expected in _EXPECTED.items():
             value = getattr(self, name)
             if value not in ("auto", True, False):
@@ -665,6 +673,8 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             return os.fspath(value)  # a path given as a Path
         if option is dict and isinstance(value, dict):
             return dict(value)
+        if option is str and name == "classes" and _names(value):
+            return ",".join(value)  # a JSON config's list of names
     expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
 
@@ -683,6 +693,13 @@ _EXPECTED = {
     "cache": "'auto', true or false",
     "jit_compile": "'auto', true or false",
 }
+
+
+def _names(value: Any) -> bool:
+    """A non-empty list of names without commas (``classes`` from a JSON config)."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(n, str) and "," not in n for n in value
+    )
 
 
 def _is_union(hint: Any) -> bool:

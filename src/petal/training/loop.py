@@ -995,7 +995,7 @@ def train(
     policy = resolve_precision(cfg.precision, sinfo, cfg.model)
     previous_policy = keras.mixed_precision.global_policy().name
 
-    source = open_source(cfg.data)
+    source = open_source(cfg.data, classes=cfg.classes)
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
