@@ -199,22 +199,11 @@ def test_demo_never_replaces_records_it_did_not_write(
     with pytest.raises(PetalError, match=r"records holds files that petal demo did not write"):
         run_demo(photos, tmp_path / "notes")
     assert not converted
-    # A demo from before demo.json: its run trained on the records, so they are the demo's.
-    manifest = json.loads(before)
-    resolved = {"records_source": manifest["source"], "classes": manifest["classes"],
-                "records_size": manifest["image_size"],
-                "train_count": manifest["splits"]["train"]["count"],
-                "val_count": manifest["splits"]["validation"]["count"]}
-    config = {"data": str(workdir / "records"), "resolved": resolved}
-    # Not when records were put there by hand since (any config.json let them be replaced).
-    (workdir / "config.json").write_text(json.dumps({**config, "resolved": {
-        **resolved, "classes": manifest["classes"][::-1]}}))
-    with pytest.raises(PetalError, match=r"holds records that petal demo did not write"):
+    # A run trained on them, no demo.json: someone's too (the last test of this file).
+    (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
+    with pytest.raises(PetalError, match=r"holds a petal train run that petal demo did not"):
         run_demo(photos, workdir)
     assert not converted
-    (workdir / "config.json").write_text(json.dumps(config))
-    assert "converted from other photos" in run_demo(photos, workdir)
-    assert converted == [photos]
 
 
 def test_demo_converts_again_when_the_photos_change(small_flowers, tmp_path, demo_without_training):
@@ -348,3 +337,48 @@ def test_demo_deletes_a_damaged_cached_archive(tmp_path, monkeypatch):
     folder = demo.download_flowers(**quiet)
     assert folder == tmp_path / "flower_photos"
     assert (folder / "roses" / "a.jpg").read_bytes() == b"a"
+
+
+def test_demo_replaces_no_run_or_records_without_its_marker(
+    small_records, small_flowers, tmp_path, demo_without_training
+):
+    """petal convert into WORKDIR/records, petal train there, then petal demo in WORKDIR: it
+    once took both for a demo's (the run trained on WORKDIR/records) and replaced them."""
+    import shutil
+
+    from petal.data import writer
+    from petal.errors import PetalError
+
+    converted, run_demo = demo_without_training
+    workdir = tmp_path / "mine"
+    shutil.copytree(small_records, workdir / "records")  # 64 px; the demo wants 32 px
+    manifest = json.loads((workdir / "records" / "manifest.json").read_text())
+    splits = manifest["splits"]
+    resolved = {"records_source": manifest["source"], "classes": manifest["classes"],
+                "records_size": manifest["image_size"], "train_count": splits["train"]["count"],
+                "val_count": splits["validation"]["count"]}  # what petal train saves
+    run = json.dumps({"data": str(workdir / "records"), "model": "codelab_convnet",
+                      "resolved": resolved})  # fmt: skip
+    (workdir / "config.json").write_text(run)
+    (workdir / "model.keras").write_bytes(b"my run")
+    with pytest.raises(PetalError, match=rf"^{workdir} holds a petal train run that petal demo "
+                       rf"did not write \(its data is {workdir}/records\); the demo would "
+                       r"replace it\. Pass another --workdir\.$"):  # fmt: skip
+        run_demo(small_flowers, workdir)
+    assert not converted and not (workdir / "demo.json").exists()
+    assert (workdir / "config.json").read_text() == run
+    assert (workdir / "model.keras").read_bytes() == b"my run"
+    assert json.loads((workdir / "records" / "manifest.json").read_text()) == manifest
+    # Someone's records of the very photos the demo converts are reused, not claimed: the
+    # run trained on them is the demo's to replace, the records stay theirs.
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    workdir = tmp_path / "reused"
+    writer.convert(photos, workdir / "records", image_size=32, workers=1, progress=False)
+    assert "reusing the records" in run_demo(photos, workdir)
+    (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
+    assert "reusing the records" in run_demo(photos, workdir)
+    extra = sorted((small_flowers / "roses").iterdir())[-1]
+    (photos / "daisy" / extra.name).symlink_to(extra.resolve())
+    with pytest.raises(PetalError, match=r"holds records that petal demo did not write"):
+        run_demo(photos, workdir)
+    assert not converted

@@ -138,7 +138,8 @@ def run_demo(
 
     Records already in ``WORKDIR/records`` from the same photos (same classes and number of
     files) are reused; records a demo converted from other photos, and a previous demo run in
-    ``WORKDIR``, are replaced. Records or a run that no demo wrote are never replaced.
+    ``WORKDIR``, are replaced. Records or a run that no demo wrote are never replaced: a demo
+    knows its own by the ``demo.json`` it leaves in ``WORKDIR``.
 
     Returns:
         ``{"metrics": ..., "evaluation": ..., "report": path}``.
@@ -187,6 +188,9 @@ def run_demo(
     if manifest is not None and stale is None:
         log(f"petal demo: reusing the records in {records}")
         _check_validation(manifest, source)
+        if _read_marker(workdir) is None:
+            # Someone's records of these very photos: the run is the demo's, they are not.
+            _write_marker(workdir, source, None, records_too=False)
     else:
         _refuse_other_records(workdir, records, manifest, source, stale)
         if manifest is not None:
@@ -264,43 +268,49 @@ def _why_not_reuse(manifest: dict | None, source: Path, size: int, photos) -> st
     return None
 
 
-MARKER = "demo.json"  # in WORKDIR: the demo converted WORKDIR/records (which conversion)
+MARKER = "demo.json"  # in WORKDIR: the demo works there (and converted WORKDIR/records)
 
 
-def _write_marker(workdir: Path, source: Path, created: str | None) -> None:
-    """Record that the demo writes ``WORKDIR/records`` (``created``: None while converting,
-    then the manifest's ``created``), so a later demo may replace them but no others."""
+def _write_marker(
+    workdir: Path, source: Path, created: str | None, *, records_too: bool = True
+) -> None:
+    """Record that the demo trains in ``workdir`` and, unless ``records_too`` is False
+    (records of someone's it reuses), writes ``WORKDIR/records`` (``created``: None while
+    converting, then the manifest's ``created``), so a later demo may replace them but no
+    others."""
     workdir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"records": "records", "source": str(source.resolve()), "created": created})
+    text = json.dumps(
+        {
+            "records": "records" if records_too else None,
+            "source": str(source.resolve()),
+            "created": created,
+        }
+    )
     (workdir / MARKER).write_text(text + "\n")
+
+
+def _read_marker(workdir: Path) -> dict | None:
+    """The demo's marker in ``workdir``, or None where no demo left one (or it is damaged)."""
+    try:
+        marker = json.loads((workdir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def _demo_wrote(workdir: Path, records: Path, manifest: dict | None) -> bool:
     """Whether ``records`` are the demo's to replace: its marker names this conversion (or a
-    conversion it began), or (a demo from before the marker) the run in ``workdir``, which
-    :func:`_refuse_other_runs` found to be a demo's, trained on them."""
-    try:
-        marker = json.loads((workdir / MARKER).read_text())
-    except (OSError, ValueError):
-        marker = None
-    if isinstance(marker, dict) and "created" in marker:
-        created = marker["created"]
-        return created is None or (manifest is not None and manifest.get("created") == created)
-    # No marker: the run must have trained on these very records (records put there by
-    # hand since have other photos, classes or a size of their own).
-    try:
-        resolved = json.loads((workdir / "config.json").read_text())["resolved"]
-    except (OSError, ValueError, KeyError, TypeError):
+    conversion it began).
+
+    Nothing else tells: records and a run trained on them, with no marker, are what a demo
+    from before the marker left, and just as much what ``petal convert`` and ``petal train``
+    leave, by hand, in that folder. Such a demo folder is refused like anyone's.
+    """
+    marker = _read_marker(workdir)
+    if marker is None or marker.get("records") != "records" or "created" not in marker:
         return False
-    if manifest is None or not isinstance(resolved, dict):
-        return False
-    counts = [manifest["splits"][s]["count"] for s in ("train", "validation")]
-    return (
-        resolved.get("records_source") == manifest.get("source")
-        and resolved.get("classes") == manifest.get("classes")
-        and resolved.get("records_size") == manifest.get("image_size")
-        and [resolved.get("train_count"), resolved.get("val_count")] == counts
-    )
+    created = marker["created"]
+    return created is None or (manifest is not None and manifest.get("created") == created)
 
 
 def _refuse_other_records(
@@ -359,7 +369,12 @@ def _check_validation(manifest: dict, source: Path) -> None:
 
 def _refuse_other_runs(workdir: Path, records: Path) -> None:
     """Raise when ``workdir`` holds a training run that no demo wrote: the demo replaces the
-    run in its work directory, and must not delete someone's checkpoints and results."""
+    run in its work directory, and must not delete someone's checkpoints and results.
+
+    A demo's run trained on ``WORKDIR/records`` in a folder holding the demo's marker; a run
+    on those records in a folder without one is someone's (``petal convert`` then
+    ``petal train`` there).
+    """
     config = workdir / "config.json"
     if not config.is_file():
         return
@@ -367,7 +382,8 @@ def _refuse_other_runs(workdir: Path, records: Path) -> None:
         data = json.loads(config.read_text()).get("data")
     except (ValueError, AttributeError):  # damaged or not an object: not a demo's
         data = None
-    if not data or Path(data).resolve() != records.resolve():
+    ours = bool(data) and Path(data).resolve() == records.resolve()
+    if not ours or _read_marker(workdir) is None:
         raise PetalError(
             f"{workdir} holds a petal train run that petal demo did not write (its data is "
             f"{data}); the demo would replace it. Pass another --workdir."
