@@ -140,12 +140,20 @@ def independent(pool: ProcessPoolExecutor, paths: list[str], size: tuple[int, in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="class-folder tree")
-    parser.add_argument("--per-class", type=int, default=None, help="use a subset per class")
+    parser.add_argument(
+        "--per-class", type=int, default=None, help="use a subset per class (default: all)"
+    )
     parser.add_argument("--image-size", type=int, default=192)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # Before the warm-up (a --rounds 0 run ended in a traceback after it); --per-class 0
+    # once meant every image.
+    for flag, value in (("--rounds", args.rounds), ("--per-class", args.per_class),
+                        ("--workers", args.workers), ("--image-size", args.image_size)):  # fmt: skip
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1. Received: {value}")
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # imported once up front: its start-up is not conversion work

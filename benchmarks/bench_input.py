@@ -54,6 +54,19 @@ def main() -> None:
     args = parser.parse_args()
 
     from petal.data import bench, convert
+    from petal.errors import PetalError
+
+    # Before converting (a minute or more): bench.run would refuse them only then.
+    try:
+        cases = bench.check_settings(
+            batch_size=args.batch_size, seconds=args.seconds, repeats=args.repeat,
+            cases=_cases(args.cases),
+        )  # fmt: skip
+    except PetalError as err:
+        parser.error(str(err))
+    if not 0 <= args.remote_latency_ms < float("inf"):
+        parser.error(f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
+                     f"Received: {args.remote_latency_ms}")  # fmt: skip
 
     tmp = tempfile.mkdtemp(prefix="petal-bench-input-")
     try:
@@ -74,7 +87,7 @@ def main() -> None:
             seconds=args.seconds,
             repeats=args.repeat,
             remote_latency_ms=args.remote_latency_ms or None,
-            cases=_cases(args.cases),
+            cases=cases,
             progress=lambda line: print(line, flush=True),
         )
     finally:
@@ -95,8 +108,9 @@ def main() -> None:
 
 
 def _cases(text: str | None) -> tuple[str, ...] | None:
-    """``"ceiling,jpeg,jpeg+aug"`` -> ``("ceiling", "jpeg")``: "+aug" runs with its base case."""
-    if not text:
+    """``"ceiling,jpeg,jpeg+aug"`` -> ``("ceiling", "jpeg")``: "+aug" runs with its base case.
+    None (no --cases) is all; an empty --cases is refused by ``bench.check_settings``."""
+    if text is None:
         return None
     names = [name.strip().removesuffix("+aug") for name in text.split(",") if name.strip()]
     return tuple(dict.fromkeys(names))

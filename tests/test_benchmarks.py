@@ -224,7 +224,7 @@ def test_bench_findings_follow_the_numbers():
     assert ("Augmentation (codelab) costs none measured: the pipeline without it ran 54% slower "
             "in this run.") in found, found
     found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6})
-    assert any(f.endswith("costs 1% of the float32 pipeline's throughput (within noise).")
+    assert any(f.endswith("costs 1% of the uint8 pipeline's throughput (within noise).")
                for f in found), found  # fmt: skip
     assert "Augmentation (codelab) costs 12% of the JPEG pipeline's throughput." in found
     # The remote target is defined at 20 ms per request: judged there only.
@@ -250,3 +250,105 @@ def test_bench_input_reads_the_ceilings_images_only_for_the_ceiling(make_records
     result = bench.run(str(records), batch_size=4, seconds=0.2, cases=("ceiling",),
                        progress=lambda line: None)  # fmt: skip
     assert [c.name for c in result.cases] == ["ceiling"] and len(read) == 1
+
+
+# --- settings and findings of the benchmarks themselves ---------------------------------------
+
+
+def test_bench_input_checks_its_folder_decodes_before_measuring(
+    make_records, small_flowers, tmp_path
+):
+    """The remote case met a bad file of --folder last of all, as a bare ValueError."""
+    from petal.data import bench
+    from petal.errors import PetalError
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    (photos / "roses" / "zz_broken.jpg").write_bytes(b"not a jpeg")
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg",
+                           classes=("daisy", "roses"))  # fmt: skip
+    lines = []
+    with pytest.raises(PetalError, match=rf"^1 image\(s\) in --folder {photos} cannot be "
+                       rf"decoded, e.g. {photos}/roses/zz_broken.jpg: .*; pass a folder without "
+                       r"them \(petal convert skips them and lists them in its manifest\)\.$"):
+        bench.run(str(records), folder=str(photos), cases=("jpeg", "remote"),
+                  remote_latency_ms=0, batch_size=4, seconds=0.2, progress=lines.append)
+    assert not [line for line in lines if line.startswith("[1/1]")], lines  # nothing measured
+
+
+def test_bench_uint8_finding_takes_the_uint8_pipeline_as_its_base():
+    # 926 float32 against 1341 uint8 images/s: the conversion costs 31% of the uint8
+    # pipeline's throughput (it said "of the float32 pipeline's", which would be 45%).
+    found = _findings({"jpeg/ceiling": 926 / 2000, "jpeg-uint8/ceiling": 1341 / 2000})
+    [line] = [f for f in found if f.startswith("uint8 batches")]
+    assert line.endswith("the host's float conversion costs 31% of the uint8 pipeline's "
+                         "throughput."), line  # fmt: skip
+
+
+def test_bench_input_repeats_the_remote_case_in_every_round(make_records):
+    from petal.data import bench
+
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    lines = []
+    result = bench.run(str(records), batch_size=4, seconds=0.1, repeats=2, cases=("remote",),
+                       remote_latency_ms=0, progress=lines.append)  # fmt: skip
+    remote = result.remote
+    assert remote["rounds"] == 2 and len(remote["runs"]) == 2
+    reads = [r["sharded_reads_per_s"] for r in remote["runs"]]
+    assert remote["sharded_reads_per_s"] == sum(reads) / 2 and remote["latency_ms"] == 0
+    assert [line.split()[0] for line in lines if "remote sharded read" in line] == [
+        "[1/2]", "[2/2]"
+    ]  # fmt: skip
+    assert "median of 2 round(s)" in bench.format_table(result)
+
+
+def test_bench_input_settings_are_checked_for_every_caller(make_records, tmp_path):
+    """bench.run ran 5-batch measurements for seconds <= 0, never ended for NaN, ran every
+    case for cases=() and read cases="jpeg" as the cases e, g, j, p."""
+    from petal.data import bench
+    from petal.errors import PetalError
+
+    records = str(make_records("jpeg", counts={"train": [12, 12], "validation": [4]},
+                               fmt="jpeg"))  # fmt: skip
+    quiet = {"batch_size": 4, "progress": lambda line: None}
+    for seconds in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(PetalError, match=r"^seconds \(--seconds\) must be positive and "
+                           rf"finite\. Received: seconds={seconds}$"):  # fmt: skip
+            bench.run(records, seconds=seconds, cases=("jpeg",), **quiet)
+    with pytest.raises(PetalError, match=r"^cases \(--cases\) needs one or more of ceiling, "):
+        bench.run(records, seconds=0.1, cases=(), **quiet)
+    with pytest.raises(PetalError, match=r"^batch_size \(--batch-size\) must be a positive"):
+        bench.run(records, seconds=0.1, batch_size=0, progress=lambda line: None)
+    result = bench.run(records, seconds=0.1, cases="jpeg", **quiet)  # the --cases spelling
+    assert [c.name for c in result.cases] == ["jpeg", "jpeg+aug"]
+    # The script refuses them before converting its folder, in one line.
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_input.py"), "--folder", str(tmp_path),
+         "--seconds", "0", "--out", str(tmp_path / "no.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "converting" not in done.stdout, done.stdout
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "error: seconds (--seconds) must be positive and finite. Received: seconds=0.0"
+    ) and "Traceback" not in done.stderr, done.stderr  # fmt: skip
+
+
+def test_bench_convert_refuses_bad_arguments_in_one_line(tmp_path):
+    if not FLOWERS.is_dir():
+        pytest.skip(f"sample data not found at {FLOWERS}")
+    # --rounds 0 ended in a StatisticsError traceback, --workers 0 in ProcessPoolExecutor's
+    # ValueError; --per-class 0 converted every image.
+    for flag in ("--rounds", "--workers", "--per-class"):
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "bench_convert.py"), "--data", str(FLOWERS),
+             "--per-class", "2", "--image-size", "32", flag, "0",
+             "--out", str(tmp_path / "no.json")],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1].endswith(
+            f"error: {flag} must be at least 1. Received: 0"
+        ) and "Traceback" not in done.stderr, done.stderr  # fmt: skip
