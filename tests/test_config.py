@@ -406,3 +406,13 @@ def test_classes_come_from_the_command_line_a_json_list_or_set(monkeypatch, tmp_
     (tmp_path / "c.json").write_text('{"classes": ["tulips", "roses"]}')
     assert load_config("quick", tmp_path / "c.json").classes == "tulips,roses"
     assert TrainConfig().classes is None
+
+
+def test_codelab_convnet_preset_says_the_batch_it_trains_with():
+    """It said "Batch 128 global on any number of replicas"; 2 and 4 replicas get 32 and 64."""
+    from petal.training.config import get_preset, preset_doc
+    from petal.training.loop import _global_batch
+
+    cfg = get_preset("codelab-convnet")
+    assert {n: _global_batch(cfg, n) for n in (1, 2, 4, 8)} == {1: 128, 2: 32, 4: 64, 8: 128}
+    assert "batch 16 x replicas (128 on one device)" in preset_doc("codelab-convnet")

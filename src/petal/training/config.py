@@ -404,11 +404,14 @@ def codelab_xception() -> TrainConfig:
 
 @register_preset("codelab-convnet")
 def codelab_convnet() -> TrainConfig:
-    """Codelab part 3's plain six-conv convnet: 192px, batch 128, Adam 1e-3, 20 epochs.
+    """Codelab part 3's plain six-conv convnet: 192px, batch 16 x replicas (128 on one
+    device), Adam 1e-3, 20 epochs.
 
     Reproduces ``07_Keras_Flowers_TPU_solution.ipynb`` (final val accuracy 0.704, 293,233
-    parameters). No augmentation, no BatchNorm. Batch 128 global on any number of replicas
-    (16 per replica on 8). Roughly half an hour on the 2-core CPU; 2-3 s per epoch on a TPU.
+    parameters). No augmentation, no BatchNorm. Batch 16 x replicas (128 on an 8-core TPU,
+    where the codelab ran it), 128 on one device, as the codelab's ``if tpu:`` picks it
+    (``--batch-size N`` replaces both). Roughly half an hour on the 2-core CPU; 2-3 s per
+    epoch on a TPU.
     """
     return dataclasses.replace(
         default(),
