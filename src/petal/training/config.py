@@ -430,7 +430,8 @@ def codelab_convnet() -> TrainConfig:
 
 @register_preset("codelab-dense")
 def codelab_dense() -> TrainConfig:
-    """Codelab part 3's dense baseline (Flatten-500-50-N): 192px, batch 128, 20 epochs.
+    """Codelab part 3's dense baseline (Flatten-500-50-N): 192px, batch 16 x replicas (128 on
+    one device), 20 epochs.
 
     The "no convolutions" starting point of the codelab: it overfits and stays near 0.4-0.5
     validation accuracy. No augmentation. A few minutes on the 2-core CPU.
