@@ -53,6 +53,28 @@ def test_named_strategies_and_errors(monkeypatch):
         get_strategy("multi-worker")
 
 
+@pytest.mark.parametrize(
+    "tf_config, match",
+    [
+        ("{", r"^TF_CONFIG is not valid JSON: "),
+        # A JSON list trained as one worker without a word.
+        ("[1, 2]", r'^TF_CONFIG must be a JSON object with "cluster" \(task type -> addresses\) '
+                   r'and "task" .* Received: TF_CONFIG=\'\[1, 2\]\'$'),
+        # TensorFlow's ValueError traceback, exit 1.
+        ('{"cluster": {"worker": ["localhost:12345"]}, "task": {"type": "chief", "index": 0}}',
+         r"^TF_CONFIG's task \('chief', index 0\) is not in its cluster \(worker: 1\): name a "
+         r"task type of the cluster and an index below its count\. Received: "),
+        ('{"cluster": {"worker": ["localhost:12345"]}, "task": {"type": "worker", "index": 1}}',
+         r"task \('worker', index 1\) is not in its cluster"),
+    ],
+)
+def test_a_tf_config_that_names_no_task_of_its_cluster_is_one_line(monkeypatch, tf_config,
+                                                                   match):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(PetalError, match=match):
+        get_strategy("multi-worker")
+
+
 def test_check_global_batch():
     assert check_global_batch(128, 8) == 16
     assert check_global_batch(32, 1) == 32
@@ -102,6 +124,24 @@ def test_resolve_precision_per_platform(monkeypatch):
     assert resolve_precision("mixed_bfloat16", None, "mobilenet_v2") == "mixed_bfloat16"
     monkeypatch.setattr("petal.training.precision.cpu_flags", lambda: {"avx2", "fma"})
     assert resolve_precision("auto", None) == "float32"
+
+
+def test_a_mixed_precision_slower_than_float32_on_this_cpu_is_said():
+    """Named on a CPU without bfloat16 instructions it trained about 5x slower, silently."""
+    from petal.training.precision import slow_precision_warning
+
+    cpu = {"tpu": False, "gpu": False}
+    plain, bf16 = {"avx2", "fma"}, {"avx2", "amx_bf16"}
+    said = slow_precision_warning("mixed_bfloat16", cpu, plain)
+    assert said.startswith("precision mixed_bfloat16 trains slower than float32 on a CPU (this "
+                           "CPU lacks the bfloat16 instructions (amx_bf16, avx512_bf16)")
+    assert said.endswith(": use --precision auto or float32 unless you are checking numerics")
+    assert "no fast float16 kernels" in slow_precision_warning("mixed_float16", cpu, bf16)
+    assert slow_precision_warning("mixed_bfloat16", cpu, bf16) is None  # auto's pick there
+    for name in ("auto", "float32"):
+        assert slow_precision_warning(name, cpu, plain) is None
+    assert slow_precision_warning("mixed_float16", {"gpu": True}, plain) is None
+    assert slow_precision_warning("mixed_bfloat16", {"tpu": True}, plain) is None
 
 
 def test_cpu_flags_parsing(tmp_path):

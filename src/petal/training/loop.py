@@ -906,7 +906,12 @@ def train(
         set_backbone_trainable,
     )
     from petal.training.fused_bn import use_fused_batch_norm
-    from petal.training.precision import agree_on_overflow, resolve_precision, set_policy
+    from petal.training.precision import (
+        agree_on_overflow,
+        resolve_precision,
+        set_policy,
+        slow_precision_warning,
+    )
     from petal.training.strategy import (
         check_global_batch,
         describe,
@@ -1097,6 +1102,8 @@ def train(
             "images validate (start a new run for a clean held-out split)"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    if slow := slow_precision_warning(cfg.precision, sinfo):
+        log(f"petal train: warning: {slow}")
     if resolved["steps_per_execution"] != cfg.steps_per_execution:
         log(
             f"petal train: steps_per_execution {cfg.steps_per_execution} -> "

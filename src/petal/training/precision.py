@@ -108,6 +108,27 @@ def resolve_precision(
     return "mixed_bfloat16" if cpu_prefers_bfloat16() else "float32"
 
 
+def slow_precision_warning(
+    name: str, strategy_info: dict[str, Any] | None = None, flags: set[str] | None = None
+) -> str | None:
+    """A warning for a mixed precision asked for by name on a CPU where it trains slower than
+    float32 (``auto`` would not pick it there); None otherwise."""
+    info = strategy_info or {}
+    if name == "auto" or info.get("tpu") or info.get("gpu"):
+        return None
+    if name == "mixed_float16":
+        why = "CPUs have no fast float16 kernels"
+    elif name == "mixed_bfloat16" and not cpu_prefers_bfloat16(flags):
+        why = "this CPU lacks the bfloat16 instructions (amx_bf16, avx512_bf16) that make it pay"
+    else:
+        return None
+    return (
+        f"precision {name} trains slower than float32 on a CPU ({why}; several times slower "
+        "for squeezenet on this project's CPU): use --precision auto or float32 unless you "
+        "are checking numerics"
+    )
+
+
 def set_policy(policy: str) -> str:
     """Set Keras' global dtype policy (call before building the model).
 

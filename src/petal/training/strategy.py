@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from petal.errors import PetalError
+from petal.errors import PetalError, first_line
 
 STRATEGIES = ("auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default")
 
@@ -59,6 +59,35 @@ def _info(strategy, name: str, *, tpu: bool) -> dict[str, Any]:
         "gpu": uses_gpu,
         "gpu_compute_capability": _gpu_compute_capability(gpus) if uses_gpu else None,
     }
+
+
+def _check_tf_config(text: str) -> None:
+    """TF_CONFIG as MultiWorkerMirroredStrategy reads it: a JSON object whose ``cluster``
+    maps task types to address lists and whose ``task`` names one of them (``type``,
+    ``index``). TensorFlow raised a traceback for a task missing from the cluster, and took
+    a JSON list as one worker without a word."""
+    received = f"Received: TF_CONFIG={text[:80]!r}"
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PetalError(f"TF_CONFIG is not valid JSON: {err}. {received}") from err
+    cluster = config.get("cluster") if isinstance(config, dict) else None
+    task = config.get("task") if isinstance(config, dict) else None
+    if not (isinstance(cluster, dict) and cluster and isinstance(task, dict)):
+        raise PetalError(
+            'TF_CONFIG must be a JSON object with "cluster" (task type -> addresses) and '
+            f'"task" ({{"type": ..., "index": ...}}) of this worker. {received}'
+        )
+    kind, index = task.get("type"), task.get("index", 0)
+    addresses = cluster.get(kind)
+    if not isinstance(addresses, list) or not (
+        isinstance(index, int) and 0 <= index < len(addresses)
+    ):
+        raise PetalError(
+            f"TF_CONFIG's task ({kind!r}, index {index!r}) is not in its cluster "
+            f"({', '.join(f'{k}: {len(v)}' for k, v in cluster.items() if isinstance(v, list))}"
+            f"): name a task type of the cluster and an index below its count. {received}"
+        )
 
 
 def get_strategy(name: str = "auto", tpu_address: str | None = None):
@@ -114,13 +143,14 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
                 "strategy 'multi-worker' needs the TF_CONFIG environment variable (cluster and "
                 "task of this worker); see tf.distribute.MultiWorkerMirroredStrategy. Received: TF_CONFIG unset"
             )
+        _check_tf_config(os.environ["TF_CONFIG"])
         try:
-            json.loads(os.environ["TF_CONFIG"])
-        except json.JSONDecodeError as err:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        except ValueError as err:  # what TensorFlow finds wrong with the cluster
             raise PetalError(
-                f"TF_CONFIG is not valid JSON: {err}. Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}"
+                f"TF_CONFIG does not describe this worker's cluster: {first_line(err)}. "
+                f"Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}"
             ) from err
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return strategy, _info(strategy, "multi-worker", tpu=False)
     if name == "one-device":
         device = gpus[0].name if gpus else "/cpu:0"
