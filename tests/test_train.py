@@ -1375,3 +1375,30 @@ def test_train_and_evaluate_take_the_classes_of_codelab_shards_that_name_none(
     assert main(["evaluate", str(workdir), "--data", f"{folder}/*.tfrec", "--split", "all",
                  "--classes", names, "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["per_class"]["sixth"]["support"] == 36
+
+
+def test_resume_checks_the_split_of_every_data_the_run_trained_on(
+    small_flowers, small_records, make_records, tmp_path
+):
+    """Resumed on other photos, then on the first records converted again with another seed:
+    only the last data was compared, so the second resume went on silently and petal
+    evaluate scored photos the run had trained on as held out."""
+    from petal.data import convert
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    other = make_records("other-photos")  # the same classes, other photos
+    train(tiny_config(other, model="dense", epochs=2), run, resume=True, **QUIET)
+    trained_on = json.loads((run / "config.json").read_text())["resolved"]["trained_on"]
+    assert [entry["data"] for entry in trained_on] == [str(small_records), str(other)]
+    assert trained_on[0]["records_split"]["seed"] == 0
+    reseeded = tmp_path / "seed1"
+    convert(small_flowers, reseeded, workers=1, progress=False, shards=1, image_size=64, seed=1)
+    with pytest.raises(PetalError, match=re.escape(
+        f"{reseeded} and {small_records}, the records {run} trained on, were both converted "
+        f"from {small_flowers} but split otherwise (seed 1, not 0)")):
+        train(tiny_config(reseeded, model="dense", epochs=3), run, resume=True, **QUIET)
+    # Back on its first records: the list keeps each data once, the latest last.
+    train(tiny_config(small_records, model="dense", epochs=3), run, resume=True, **QUIET)
+    trained_on = json.loads((run / "config.json").read_text())["resolved"]["trained_on"]
+    assert [entry["data"] for entry in trained_on] == [str(other), str(small_records)]

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal.data.folders import absolute_data, is_remote
+from petal.data.folders import absolute_data, is_remote, same_place
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
 from petal.running import (
@@ -318,8 +318,6 @@ def _check_resumed_data(cfg: TrainConfig, workdir: Path) -> None:
 def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) -> None:
     """A finished run resumed without more epochs trains nothing: settings that differ from
     its own would be ignored, so they are refused instead (with what would apply them)."""
-    from petal.data.folders import same_place
-
     saved = resume_config(workdir).to_dict()
     now = cfg.to_dict()
     if now["epochs"] == epochs_done:
@@ -432,16 +430,42 @@ def records_split(manifest: dict | None) -> dict | None:
     }
 
 
-def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> None:
-    """Refuse to resume on other data holding the run's photos split another way (records
-    converted again with another seed or fraction, the image folder its records came from,
-    records of the folder it trained on): some photos it trained on would validate, and
-    ``config.json`` would name data whose validation split ``petal evaluate`` takes for held
-    out. A conversion split the same way (another image size) may go on."""
-    from petal.data.folders import same_place
+# What says how the data of a training session split its photos (``trained_on``).
+_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split")
+
+
+def _trained_on(workdir: Path, saved_resolved: dict) -> list[dict]:
+    """Every data the run in ``workdir`` trained on, with how each split its photos: its
+    ``config.json``'s ``trained_on`` list, or (a run saved before it was kept) its data."""
+    history = saved_resolved.get("trained_on")
+    if isinstance(history, list) and all(isinstance(h, dict) for h in history):
+        return history
+    was = resume_config(workdir).data
+    return [{"data": was, **{k: saved_resolved.get(k) for k in _SPLIT_KEYS}}] if was else []
+
+
+def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> list[dict]:
+    """Refuse to resume on other data holding photos the run trained on split another way
+    (records converted again with another seed or fraction, the image folder its records
+    came from, records of the folder it trained on), checked against every data it trained
+    on, not only the last: some photos it trained on would validate, and ``config.json``
+    would name data whose validation split ``petal evaluate`` takes for held out. A
+    conversion split the same way (another image size) may go on.
+
+    Returns:
+        The data it trained on before (``trained_on`` of ``config.json``).
+    """
+    history = _trained_on(workdir, saved_resolved)
+    for entry in history:
+        _check_split_against(workdir, source, entry["data"], entry)
+    return history
+
+
+def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) -> None:
+    """:func:`_check_resumed_split` for one data ``was`` the run trained on, whose split is
+    described by ``saved_resolved`` (its ``_SPLIT_KEYS``)."""
     from petal.data.writer import read_manifest
 
-    was = resume_config(workdir).data
     if not was or same_place(was, source.path):
         return
     new_weights = f"--weights {workdir / 'best.weights.h5'} --workdir NEW"
@@ -1071,10 +1095,17 @@ def train(
     }
     was_steps = steps
     saved_resolved: dict = {}
+    history: list[dict] = []
     if resume and start_epoch:
         saved_resolved = _check_resumed_checkpoint(workdir, cfg, resolved)
         was_steps = saved_resolved.get("steps_per_epoch", steps)
-        _check_resumed_split(workdir, source, saved_resolved)
+        history = _check_resumed_split(workdir, source, saved_resolved)
+    # Every data the run trained on, how each split its photos: a later --resume on any of
+    # their photos split another way is refused (not only on the last one's).
+    resolved["trained_on"] = [
+        *(h for h in history if not same_place(h.get("data") or "", cfg.data)),
+        {"data": cfg.data, **{k: resolved[k] for k in _SPLIT_KEYS}},
+    ]
     train_size = tuple(resolved["train_image_size"])
     crops = ""
     if train_size != image_size:
