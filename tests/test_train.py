@@ -1402,3 +1402,18 @@ def test_resume_checks_the_split_of_every_data_the_run_trained_on(
     train(tiny_config(small_records, model="dense", epochs=3), run, resume=True, **QUIET)
     trained_on = json.loads((run / "config.json").read_text())["resolved"]["trained_on"]
     assert [entry["data"] for entry in trained_on] == [str(other), str(small_records)]
+
+
+def test_train_prints_its_warnings_on_stderr(make_records, tmp_path, capsys):
+    """They were on stdout, while every other command prints its warnings on stderr."""
+    from petal.cli import main
+
+    records = make_records()  # 16x16 records, trained at 32x32: upscaled, with a warning
+    assert main(["train", "--preset", "quick", "--model", "dense", "--data", str(records),
+                 "--workdir", str(tmp_path / "run"), "--epochs", "1", "--image-size", "32",
+                 "--batch-size", "8",
+                 "--precision", "float32", "--set", "steps_per_epoch=1", "--set",
+                 "tensorboard=false"]) == 0  # fmt: skip
+    printed = capsys.readouterr()
+    assert "petal train: warning: the records are 16x16 and are upscaled to 32x32" in printed.err
+    assert ": warning:" not in printed.out and "petal train: dense 32x32" in printed.out

@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import time
 import warnings
 from collections import Counter
@@ -90,7 +91,9 @@ class _Phase:
 
 
 def _log_default(line: str) -> None:
-    print(line, flush=True)
+    # Warnings on stderr, as every petal command prints them; progress on stdout.
+    warning = line.startswith("petal train: warning: ")
+    print(line, flush=True, file=sys.stderr if warning else sys.stdout)
 
 
 # Files a run holds before its first checkpoint: a work directory with only these (and no
