@@ -339,7 +339,10 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
         help="registered model name (petal models); it takes its own input normalization, "
         "not the preset's, unless --set normalization=... is given",
     )
-    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument(
+        "--epochs", type=int, default=None,
+        help="total epochs (the preset's by default; with --resume, more trains on)",
+    )
     parser.add_argument("--batch-size", type=int, default=None, help="batch per replica")
     parser.add_argument(
         "--image-size",
@@ -481,7 +484,8 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
         help="validation, train or all (default: validation for records and for the image "
         "folder the run trained on, all for other image folders)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass "
+                        "(default 64)")
     parser.add_argument(
         "--top-k", type=int, default=None,
         help="k of the top-k accuracy (default 3; at most the class count)",
