@@ -701,10 +701,10 @@ def test_raw_copy_of_codelab_shards_holds_the_same_pixels(make_records, tmp_path
         ("raw", [], r"holds raw records: pass them as --raw-records"),
         ("jpeg", ["--cases", "folder"], r"Case 'folder' needs --folder SRC"),
         ("jpeg", ["--cases", "remote"], r"Case 'remote' needs --remote-latency-ms MS"),
-        ("jpeg", ["--cases", ","], r"--cases needs one or more of ceiling"),
+        ("jpeg", ["--cases", ","], r"cases \(--cases\) needs one or more of ceiling"),
         ("jpeg", ["--remote-latency-ms", "-5"], r"--remote-latency-ms must be >= 0"),
         ("jpeg", ["--remote-latency-ms", "inf"], r"--remote-latency-ms must be >= 0 \(and fin"),
-        ("jpeg", ["--seconds", "nan"], r"--seconds must be positive \(and finite\)"),
+        ("jpeg", ["--seconds", "nan"], r"seconds \(--seconds\) must be positive and finite"),
         ("jpeg", ["--augment", "bogus"], r"Unknown augmentation 'bogus'"),
         ("jpeg", ["--folder", "{jpeg}"], r"--folder .* is not a folder of images"),
         # Photos of other classes: the per-file case would measure other images.

@@ -12,7 +12,6 @@ import _thread
 import argparse
 import contextlib
 import dataclasses
-import math
 import os
 import re
 import signal
@@ -197,9 +196,9 @@ def _run_bench_input(args: argparse.Namespace) -> int:
 
     from petal.data import bench
 
-    if args.batch_size <= 0 or not 0 < args.seconds < math.inf:
-        raise PetalError(f"--batch-size and --seconds must be positive (and finite). Received: "
-                         f"batch_size={args.batch_size}, seconds={args.seconds}")
+    cases = bench.check_settings(
+        batch_size=args.batch_size, seconds=args.seconds, repeats=args.repeat, cases=args.cases
+    )
     # Output paths fail now, not after minutes of measuring.
     if args.json:
         _check_output_file(args.json, "--json")
@@ -208,12 +207,6 @@ def _run_bench_input(args: argparse.Namespace) -> int:
 
         args.png = image_path(args.png, "--png")
         _check_output_file(args.png, "--png")
-    cases = None
-    if args.cases is not None:
-        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-        if not cases:
-            raise PetalError(f"--cases needs one or more of {', '.join(bench.CASES)}. "
-                             f"Received: --cases {args.cases!r}")
     try:
         result = bench.run(
             args.records,
