@@ -250,3 +250,57 @@ def test_predict_json_is_strict_json(monkeypatch, capsys, tmp_path):
 
     out = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert out[0]["predictions"][0]["probability"] is None
+
+
+def test_an_error_once_an_epoch_is_saved_says_how_to_resume_and_a_full_disk_its_fix(
+    monkeypatch, capsys, tmp_path
+):
+    """A full disk said `[Errno 28] No space left on device`: no file, no fix, and the
+    epochs saved before it were not named (the hint came after Ctrl-C only)."""
+    import errno
+
+    from petal.errors import PetalError
+    from petal.training import loop
+
+    run = tmp_path / "run"
+    run.mkdir()
+    raised = {}
+
+    def failing_train(config, workdir, resume=False, overwrite=False):
+        if raised.get("after_epoch"):  # saved now: a state.json with a new wall time
+            raised["wall"] = raised.get("wall", 0) + 1
+            (run / "state.json").write_text(
+                f'{{"epoch": {raised["after_epoch"]}, "wall_seconds": {raised["wall"]}}}')
+        raise raised["error"]
+
+    monkeypatch.setattr(loop, "train", failing_train)
+    argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir", str(run)]
+    hint = (f"petal train: epoch 2 is saved; continue with `petal train --resume --workdir "
+            f"{run}`")
+    fix = "free space on that disk, or write to another one (pass another --workdir or " \
+          "output folder)."
+
+    raised.update(after_epoch=2, error=OSError(errno.ENOSPC, "No space left on device"))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        hint, f"petal train: error: No space left on the device: {fix}"]
+    where = str(run / "last.keras")
+    raised.update(error=OSError(errno.ENOSPC, "Unable to create file (\nerrno = 28)", where))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        hint, f"petal train: error: No space left on the device writing {where}: {fix}"]
+
+    # Other errors once an epoch is saved (a corrupt record in epoch 3) get the hint too,
+    # unless they say how to resume (a non-finite loss); none when no epoch was saved now.
+    raised.update(error=PetalError("Corrupt record in shard x."))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        hint, "petal train: error: Corrupt record in shard x."]
+    raised.update(error=PetalError("NaN loss: go on with `petal train --resume`."))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "petal train: error: NaN loss: go on with `petal train --resume`."]
+    raised.update(after_epoch=None, error=OSError(errno.EACCES, "Permission denied\n(x)", where))
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal train: error: [Errno 13] Permission denied (x): '{where}'"]

@@ -12,6 +12,7 @@ import _thread
 import argparse
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import signal
@@ -425,17 +426,36 @@ def _run_train(args: argparse.Namespace) -> int:
 
     from petal.training.loop import train
 
+    before = _state_file(args.workdir)
     try:
         train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt:
         _print_resume_hint(args.workdir)
         raise
+    except Exception as err:
+        # An error once this run saved an epoch (a full disk, a corrupt record): say how to
+        # go on from it, unless the message says so (a non-finite loss).
+        if _state_file(args.workdir) != before and "--resume" not in str(err):
+            _print_resume_hint(args.workdir)
+        raise
     return 0
 
 
+def _state_file(workdir: str) -> tuple | None:
+    """``workdir``'s ``state.json`` (None without one), to tell whether it changed: training
+    replaces it with each epoch it saves (its wall time too), and writes it nowhere else."""
+    path = os.path.join(workdir, "state.json")
+    try:
+        stat = os.stat(path)
+        with open(path, "rb") as f:
+            return stat.st_ino, stat.st_mtime_ns, f.read()
+    except OSError:
+        return None
+
+
 def _print_resume_hint(workdir: str) -> None:
-    """After Ctrl-C: say how to continue from the last saved epoch, if one was saved (or
-    that the run is complete, when it was stopped after its last file)."""
+    """After Ctrl-C (or an error): say how to continue from the last saved epoch, if one was
+    saved (or that the run is complete, when it was stopped after its last file)."""
     import shlex
 
     from petal.training.loop import finished_epochs, saved_epoch
@@ -778,6 +798,18 @@ def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
         signal.pthread_kill(thread_id, signum)
 
 
+def _os_error_line(err: OSError) -> str:
+    """An OSError in one line, naming its file when it has one; a full disk with its fix
+    (its message, ``[Errno 28] No space left on device``, said neither)."""
+    if err.errno == errno.ENOSPC:
+        where = f" writing {printable(err.filename)}" if err.filename else ""
+        return (
+            f"No space left on the device{where}: free space on that disk, or write to "
+            "another one (pass another --workdir or output folder)."
+        )
+    return re.sub(r"\s*\n\s*", " ", str(err).strip())  # h5py's messages span lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -795,9 +827,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except (PetalError, OSError) as err:
         # OSError: a file the command could not read or write (missing, a folder, no
-        # permission, disk full); its message names the file.
+        # permission, disk full).
+        text = _os_error_line(err) if isinstance(err, OSError) else str(err)
         # A URL's user and password are never shown, whatever message carries them.
-        shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", str(err), flags=re.I)
+        shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text, flags=re.I)
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

@@ -7,6 +7,7 @@ parsers (``jq``, JavaScript, Go) refuse the whole file. A loss that became NaN i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -33,5 +34,12 @@ def write_json(path: str | Path, data) -> None:
     """Write :func:`json_text` through a temporary file and an atomic rename."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}")
-    tmp.write_text(json_text(data))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json_text(data))
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):  # a full disk: leave no temporary file
+            tmp.unlink(missing_ok=True)
+        if err.filename is None:  # a write's error names no file
+            err.filename = str(path)
+        raise

@@ -308,14 +308,25 @@ def load_model(run: RunInfo, float32: bool = False):
 
     import petal.models  # noqa: F401 (registers any custom objects the models use)
 
+    whole = zipfile.is_zipfile(run.model_path)
     try:
-        if not zipfile.is_zipfile(run.model_path):  # Keras would call it "File not found"
+        if not whole:  # Keras would call it "File not found"
             raise ValueError("not a .keras zip archive: truncated or overwritten")
         model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises ValueError, TypeError, KeyError, zip errors...
+        retrain = f"retrain with `petal train --workdir {run.workdir} --overwrite`"
+        saved = _json_object(run.workdir / STATE_FILE).get("epoch")
+        last = run.workdir / "last.keras"
+        if not whole and is_int_at_least(saved, 1) and last.is_file():
+            # A run killed while writing it (before petal wrote it through a temporary
+            # file): its last checkpoint holds the final epoch, and --resume writes it again.
+            retrain = (
+                f"`petal train --workdir {run.workdir} --resume` writes it again from the "
+                f"run's last checkpoint ({last}, epoch {saved}), or {retrain}"
+            )
         raise PetalError(
-            f"Cannot load {run.model_path} ({first_line(err)}); the model file is damaged: retrain "
-            f"with `petal train --workdir {run.workdir} --overwrite`."
+            f"Cannot load {run.model_path} ({first_line(err)}); the model file is damaged: "
+            f"{retrain}."
         ) from None
     outputs = model.outputs[0].shape[-1]
     if outputs != len(run.classes):

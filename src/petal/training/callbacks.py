@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -133,8 +134,8 @@ class MetricsWriter(keras.callbacks.Callback):
         steps_per_epoch: training steps per epoch.
         epochs: total epochs, for the ``epoch 3/35`` display.
         log: where lines go (``print`` to stdout by default).
-        defer: keep each epoch's line for :meth:`announcer` to print (placed after the
-            checkpoint, so a line on the console means its epoch is saved).
+        defer: keep each epoch's line for :meth:`announce` to print (the checkpoint's, once
+            the epoch is saved, so a line on the console means its epoch is saved).
     """
 
     def __init__(
@@ -192,20 +193,11 @@ class MetricsWriter(keras.callbacks.Callback):
         else:
             self.log(line)
 
-    def announcer(self, saved: Callable[[int], bool] | None = None) -> keras.callbacks.Callback:
-        """The callback that prints the kept epoch line (see ``defer``).
-
-        Args:
-            saved: told the epoch (0-based), says whether it was saved; the line of one
-                that was not (a non-finite loss stopped it) is dropped, not printed.
-        """
-
-        def announce(epoch, logs):
-            line, self._pending = self._pending, None
-            if line is not None and (saved is None or saved(epoch)):
-                self.log(line)
-
-        return keras.callbacks.LambdaCallback(on_epoch_end=announce)
+    def announce(self) -> None:
+        """Print the kept epoch line (see ``defer``), if one is kept."""
+        line, self._pending = self._pending, None
+        if line is not None:
+            self.log(line)
 
 
 def _as_float(value) -> float:
@@ -285,6 +277,8 @@ class Checkpointer(keras.callbacks.Callback):
             ``last.keras``, so the state never points at a checkpoint not yet written.
         clock: returns the wall-clock seconds of the run so far (for ``wall_seconds``).
         nan_guard: epochs with a non-finite loss are not checkpointed.
+        saved: called once an epoch is saved (to print its line), before a Ctrl-C or
+            SIGTERM that came meanwhile stops training.
     """
 
     def __init__(
@@ -293,12 +287,14 @@ class Checkpointer(keras.callbacks.Callback):
         state: dict,
         clock: Callable[[], float] | None = None,
         nan_guard: NanGuard | None = None,
+        saved: Callable[[], None] | None = None,
     ):
         super().__init__()
         self.workdir = Path(workdir)
         self.state = state
         self.clock = clock
         self.nan_guard = nan_guard
+        self.saved = saved
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -309,6 +305,8 @@ class Checkpointer(keras.callbacks.Callback):
         # left a best.weights.h5 of an epoch that state.json did not name.
         with signals_held():
             self._save(epoch, logs)
+            if self.saved is not None:
+                self.saved()
 
     def _save(self, epoch: int, logs: dict) -> None:
         best = self.workdir / "best.weights.h5"
@@ -316,13 +314,22 @@ class Checkpointer(keras.callbacks.Callback):
         val_acc = logs.get("val_accuracy")
         improved = val_acc is not None and float(val_acc) > state.get("best_val_accuracy", -1.0)
         if improved:
-            self.model.save_weights(str(_tmp(best)))
+            try:
+                self.model.save_weights(str(_tmp(best)))
+            except BaseException as err:
+                _failed_write(err, best, _tmp(best))
+                raise
             state["best_val_accuracy"] = float(val_acc)
             state["best_epoch"] = epoch + 1
         if self.clock is not None:
             state["wall_seconds"] = round(self.clock(), 2)
-        _atomic(self.workdir / "last.keras", self.model.save)
-        write_json(self.workdir / "state.json", state)
+        try:
+            save_atomically(self.workdir / "last.keras", self.model.save)
+            write_json(self.workdir / "state.json", state)
+        except BaseException as err:
+            # The epoch is not saved: its best weights are not kept either.
+            _failed_write(err, self.workdir / "state.json", _tmp(best) if improved else None)
+            raise
         self.state.update(state)
         if improved:
             # Only once state.json names its epoch: a resume keeps the state's best.
@@ -334,10 +341,31 @@ def _tmp(path: Path) -> Path:
     return path.with_name(f".tmp-{path.name}")
 
 
-def _atomic(path: Path, save: Callable[[str], None]) -> None:
+def save_atomically(path: Path, save: Callable[[str], None]) -> None:
+    """``save(FILE)`` into a temporary file renamed to ``path`` once it is whole, so
+    ``path`` is never a file cut short (by a kill, a full disk).
+
+    Raises:
+        what ``save`` raised, once its temporary file is removed (a full disk kept it, and
+        filled up again at the next try); an OSError naming no file names ``path``.
+    """
     tmp = _tmp(path)
-    save(str(tmp))
-    os.replace(tmp, path)
+    try:
+        save(str(tmp))
+        os.replace(tmp, path)
+    except BaseException as err:
+        _failed_write(err, path, tmp)
+        raise
+
+
+def _failed_write(err: BaseException, path: Path, tmp: Path | None = None) -> None:
+    """After ``err`` writing ``path``: remove its temporary file ``tmp``, and name ``path``
+    in an OSError that names no file (Keras' and h5py's on a full disk do not)."""
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    if isinstance(err, OSError) and err.filename is None:
+        err.filename = str(path)
 
 
 class StoreGuard(keras.callbacks.Callback):

@@ -56,6 +56,7 @@ from petal.training.callbacks import (
     StepProgress,
     StoreGuard,
     read_history,
+    save_atomically,
     truncate_history,
     write_json,
 )
@@ -285,6 +286,14 @@ def finished_epochs(workdir: str | Path) -> int:
     done = metrics.get("epochs_completed") if isinstance(metrics, dict) else None
     complete = epoch and done == epoch and "stopped" not in metrics
     return epoch if complete and (workdir / "model.keras").is_file() else 0
+
+
+def _whole_model(path: Path) -> bool:
+    """Whether ``path`` is a .keras archive that is not cut short (a zip's index is at its
+    end)."""
+    import zipfile
+
+    return path.is_file() and zipfile.is_zipfile(path)
 
 
 def _check_workdir_outside_data(workdir: Path, data: str) -> None:
@@ -1000,7 +1009,9 @@ def train(
     if finished:
         # Also a run stopped early and ended now (--epochs as many as it completed).
         _check_nothing_changed(workdir, cfg, start_epoch)
-    if finished and (workdir / "model.keras").is_file() and (workdir / "metrics.json").is_file():
+    # A model.keras cut short (by a petal before it was written through a temporary file)
+    # is written again from last.keras.
+    if finished and _whole_model(workdir / "model.keras") and (workdir / "metrics.json").is_file():
         log(
             f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to do "
             f"(to train it further, pass --epochs {start_epoch + 1} or more)"
@@ -1279,6 +1290,19 @@ def train(
         if resume:
             truncate_history(history_path, start_epoch)
         loaded = False
+
+        def compile_for(phase: _Phase) -> None:
+            """Compile the model for ``phase``, whose schedule runs from its first epoch."""
+            lr = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas)
+            model.compile(
+                optimizer=_optimizer(cfg, lr),
+                loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),
+                metrics=["accuracy"],
+                jit_compile=cfg.jit_compile,
+                steps_per_execution=resolved["steps_per_execution"],
+            )
+            agree_on_overflow(model.optimizer, replicas)
+
         for phase in phases:
             if phase.end <= start_epoch:
                 continue
@@ -1289,16 +1313,7 @@ def train(
                     # The checkpoint ends an earlier phase: take its weights, not its optimizer.
                     _load_checkpoint(model, workdir)
                     loaded = True
-                phase_epochs = phase.end - phase.start
-                lr = _schedule(cfg, phase.lr, phase_epochs, steps, replicas)
-                model.compile(
-                    optimizer=_optimizer(cfg, lr),
-                    loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),
-                    metrics=["accuracy"],
-                    jit_compile=cfg.jit_compile,
-                    steps_per_execution=resolved["steps_per_execution"],
-                )
-                agree_on_overflow(model.optimizer, replicas)
+                compile_for(phase)
                 if resume and start_epoch and not loaded:
                     # Same phase as the checkpoint: restore weights and optimizer state.
                     model.optimizer.build(model.trainable_variables)
@@ -1337,11 +1352,13 @@ def train(
                 # Before the checkpoint: an epoch saved is never trained again, so scalars
                 # written after it were lost for good to a signal in between.
                 *([ScalarLogger(workdir / "tensorboard")] if cfg.tensorboard else []),
-                Checkpointer(workdir, state, clock=clock, nan_guard=nan_guard),
-                # The epoch's line once it is saved: Ctrl-C just after a line seen used to
-                # lose that epoch (and name none to resume from). An epoch a non-finite
-                # loss stopped is not saved, and gets no line.
-                writer.announcer(saved=lambda epoch: state["epoch"] == epoch + 1),
+                # The epoch's line once it is saved (before a signal held meanwhile stops
+                # training): Ctrl-C just after a line seen used to lose that epoch (and name
+                # none to resume from). An epoch a non-finite loss stopped is not saved, and
+                # gets no line.
+                Checkpointer(
+                    workdir, state, clock=clock, nan_guard=nan_guard, saved=writer.announce
+                ),
                 StepProgress(steps),
             ]
             if phase.name == "full":
@@ -1385,57 +1402,73 @@ def train(
             if nan_guard.nan_epoch is not None:
                 break
         if resume and start_epoch and not loaded:
-            # Every epoch was already done: the final model is the last checkpoint.
+            # Every epoch was already done (stopped in or after its last checkpoint): the
+            # final model is the last checkpoint, compiled for its phase with the optimizer's
+            # state, as the run that ended there would have saved it (uncompiled, it was not).
             log(f"petal train: {workdir} already completed {_epochs(start_epoch)}")
-            _load_checkpoint(model, workdir)
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
+            last = next((p for p in phases if p.name == state.get("phase")), phases[-1])
+            with strategy.scope():
+                if last.backbone_trainable is not None:
+                    set_backbone_trainable(model, last.backbone_trainable, bn_frozen=bn_frozen)
+                compile_for(last)
+                model.optimizer.build(model.trainable_variables)
+                _load_checkpoint(model, workdir)
+    except BaseException:
         if unmark is not None:
             unmark()
+        raise
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
         unread()
 
-    rows = read_history(history_path)
-    metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
-    if undecodable is not None:
-        metrics[skip_list_key(source)] = [f"{where}: {reason}" for where, reason in undecodable]
-    if cfg.skip_corrupt and source.kind == "folder":
-        # The files dropped (each epoch), as evaluate counts them; null when they were not
-        # checked (too many, or not on a local disk), as the log said.
-        metrics["skipped_corrupt_records"] = None if undecodable is None else len(undecodable)
-    elif cfg.skip_corrupt:
-        # Records lost to CRC failures, each once however many epochs skipped it, and
-        # records whose image does not decode (named up front).
-        lost = SKIPPED.lost_since(skip_mark)
-        metrics["skipped_corrupt_records"] = sum(lost.values()) + len(undecodable or [])
-        train_files = set(source.files("train"))
-        lost_train = sum(n for shard, n in lost.items() if shard in train_files)
-        lost_train += _in_split(undecodable or [], source, "train")
-        metrics["skipped_corrupt_train_records"] = lost_train
-        # False: records whose image does not decode were not looked for (too many, or not
-        # on a local disk) and are not in these counts, as the log said.
-        metrics["undecodable_records_counted"] = undecodable is not None
-        stored = source.count("train")  # train_count leaves the undecodable ones out
-        if lost_train > 0.1 * stored:
-            log(
-                f"petal train: warning: --skip-corrupt left {lost_train} of the {stored} "
-                f"training records ({100 * lost_train / stored:.0f}%) out of every epoch: "
-                "after a corrupt record the reader skips the rest of its shard. Restore the "
-                "shard, or convert the photos again, to train on all of them."
+    # The marker stays until model.keras and metrics.json are written: a run stopped
+    # before then is one a resume finishes, and is still training to evaluate meanwhile.
+    try:
+        rows = read_history(history_path)
+        metrics = _metrics(rows, state, clock(), resolved, cfg, total_params)
+        if undecodable is not None:
+            metrics[skip_list_key(source)] = [f"{where}: {reason}" for where, reason in undecodable]
+        if cfg.skip_corrupt and source.kind == "folder":
+            # The files dropped (each epoch), as evaluate counts them; null when they were not
+            # checked (too many, or not on a local disk), as the log said.
+            metrics["skipped_corrupt_records"] = None if undecodable is None else len(undecodable)
+        elif cfg.skip_corrupt:
+            # Records lost to CRC failures, each once however many epochs skipped it, and
+            # records whose image does not decode (named up front).
+            lost = SKIPPED.lost_since(skip_mark)
+            metrics["skipped_corrupt_records"] = sum(lost.values()) + len(undecodable or [])
+            train_files = set(source.files("train"))
+            lost_train = sum(n for shard, n in lost.items() if shard in train_files)
+            lost_train += _in_split(undecodable or [], source, "train")
+            metrics["skipped_corrupt_train_records"] = lost_train
+            # False: records whose image does not decode were not looked for (too many, or not
+            # on a local disk) and are not in these counts, as the log said.
+            metrics["undecodable_records_counted"] = undecodable is not None
+            stored = source.count("train")  # train_count leaves the undecodable ones out
+            if lost_train > 0.1 * stored:
+                log(
+                    f"petal train: warning: --skip-corrupt left {lost_train} of the {stored} "
+                    f"training records ({100 * lost_train / stored:.0f}%) out of every epoch: "
+                    "after a corrupt record the reader skips the rest of its shard. Restore the "
+                    "shard, or convert the photos again, to train on all of them."
+                )
+        if nan_guard.nan_epoch is not None:
+            where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
+                f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
             )
-    if nan_guard.nan_epoch is not None:
-        where = f"epoch {nan_guard.nan_epoch}/{cfg.epochs}" + (
-            f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
-        )
-        metrics["stopped"] = f"non-finite {nan_guard.nan_what} at {where}"
-        write_json(workdir / "metrics.json", metrics)
-        raise _non_finite_loss(
-            workdir, where, cfg, resolved, int(state["epoch"]), nan_guard.nan_what
-        )
-    # Keras swallowed a signal raised while it opened the file; and a resume takes a run
-    # with both files for finished, so they are written together.
-    with signals_held():
-        model.save(str(workdir / "model.keras"))
-        write_json(workdir / "metrics.json", metrics)
+            metrics["stopped"] = f"non-finite {nan_guard.nan_what} at {where}"
+            write_json(workdir / "metrics.json", metrics)
+            raise _non_finite_loss(
+                workdir, where, cfg, resolved, int(state["epoch"]), nan_guard.nan_what
+            )
+        # Keras swallowed a signal raised while it opened the file; and a resume takes a run
+        # with both files for finished, so they are written together. Through a temporary
+        # file: one cut short (killed, a full disk) was taken for a damaged run.
+        with signals_held():
+            save_atomically(workdir / "model.keras", model.save)
+            write_json(workdir / "metrics.json", metrics)
+    finally:
+        unmark()
     earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
     command = {"eval": "evaluate", "export": "export"}  # what writes each folder
     if earlier:

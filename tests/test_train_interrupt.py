@@ -1,0 +1,216 @@
+"""A run stopped in or after its checkpoints: the final model a resume writes, what a kill or
+a full disk leaves in the work directory, and the epoch line of an epoch saved under Ctrl-C."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from petal.errors import PetalError
+from petal.training.loop import train
+
+QUIET = {"log": lambda line: None}
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt_at(prefix: str):
+    """A log function that raises at the line for ``prefix`` ("epoch 2/2"): the line is
+    printed once its epoch is saved, so this leaves the run as Ctrl-C during that save."""
+
+    def log(line: str) -> None:
+        if line.startswith(prefix):
+            raise _Interrupt(line)
+
+    return log
+
+
+def _load(path: Path):
+    """A saved model as Keras loads it in one's own code (compiled, when it was saved so)."""
+    import keras
+
+    import petal.training.schedules  # noqa: F401 (registers the schedule for loading)
+
+    return keras.saving.load_model(path, safe_mode=True)
+
+
+@pytest.fixture
+def tiny_backbone():
+    """A registered model with a nested ``backbone`` (for fine_tune='head_then_all')."""
+    import keras
+    from keras import layers
+
+    from petal.models import registry
+
+    name = "test_interrupt_backbone"
+
+    @registry.register(name, family="test", description="test only", normalization="unit",
+                       default_image_size=32, min_image_size=8, pretrained=True)
+    def build(num_classes, image_size, weights=None, **kwargs):
+        x = inp = keras.Input((*image_size, 3))
+        x = layers.GlobalAveragePooling2D()(layers.Conv2D(4, 3, strides=2, name="conv")(x))
+        backbone = keras.Model(inp, x, name=registry.BACKBONE_NAME)
+        inputs = keras.Input((*image_size, 3))
+        out = layers.Dense(num_classes, activation="softmax", name="head")(backbone(inputs))
+        return keras.Model(inputs, out, name=name)
+
+    yield name
+    registry._INFOS.pop(name, None)
+    registry._BUILDERS.pop(name, None)
+
+
+@pytest.mark.parametrize("fine_tune", ["all", "head_then_all"])
+def test_a_run_stopped_in_its_last_checkpoint_resumes_to_the_compiled_model_of_a_finish(
+    small_records, tmp_path, request, fine_tune
+):
+    """Every phase was skipped, so nothing compiled the model: the resume saved it
+    uncompiled (README promises petal's schedule), without its optimizer."""
+    from petal.models import create_model, get_backbone
+
+    changes = {"model": "dense"}
+    if fine_tune == "head_then_all":
+        name = request.getfixturevalue("tiny_backbone")
+        weights = tmp_path / "start.weights.h5"
+        create_model(name, 5, 32).save_weights(weights)
+        changes = {"model": name, "weights": str(weights), "fine_tune": fine_tune,
+                   "head_epochs": 1}
+    cfg = tiny_config(small_records, **changes)  # 2 epochs of 2 steps
+    run = tmp_path / "run"
+    with pytest.raises(_Interrupt):
+        train(cfg, run, log=_interrupt_at("epoch 2/2"))
+    assert json.loads((run / "state.json").read_text())["epoch"] == 2
+    assert not (run / "model.keras").exists()
+
+    lines = []
+    metrics = train(cfg, run, resume=True, log=lines.append)
+    assert f"petal train: {run} already completed 2 epochs" in lines
+    assert metrics["epochs_completed"] == 2
+    model, last = _load(run / "model.keras"), _load(run / "last.keras")
+    assert model.compiled
+    assert type(model.optimizer.learning_rate).__name__ == type(
+        last.optimizer.learning_rate).__name__
+    # The optimizer's state goes on from the last step: 4 steps, or the full phase's 2.
+    assert int(model.optimizer.iterations) == int(last.optimizer.iterations)
+    assert int(model.optimizer.iterations) == (4 if fine_tune == "all" else 2)
+    for got, want in zip(model.get_weights(), last.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+    if fine_tune == "head_then_all":  # saved as the full phase trained it: unfrozen
+        assert get_backbone(model).trainable
+
+
+def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
+    small_records, tmp_path, monkeypatch
+):
+    """model.keras was written in place after the run's marker was removed: a kill there
+    left a 0-byte model.keras that evaluate called damaged ("retrain with --overwrite"),
+    though last.keras held the final epoch; and a resume then said there was nothing to do
+    once metrics.json was written too."""
+    import keras
+
+    from petal.evaluation.workdir import load_model, open_run
+    from petal.running import RUNNING_FILE
+
+    run = tmp_path / "run"
+    real_save = keras.Model.save
+    seen = {}
+
+    def killed_in_the_final_save(self, path, *args, **kwargs):
+        if Path(path).name.endswith("model.keras") and not seen:
+            seen["marker"] = (run / RUNNING_FILE).is_file()
+            Path(path).write_bytes(b"")  # as far as it got
+            raise _Interrupt("killed")
+        return real_save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Model, "save", killed_in_the_final_save)
+    cfg = tiny_config(small_records, model="dense")
+    with pytest.raises(_Interrupt):
+        train(cfg, run, **QUIET)
+    assert seen["marker"]  # the run held its work directory until then
+    assert not (run / RUNNING_FILE).exists()
+    assert sorted(p.name for p in run.glob("*model.keras")) == []  # nothing cut short
+    with pytest.raises(PetalError, match=r"has no model.keras: the run has not finished\. "
+                       r"Resume it with `petal train --workdir .* --resume`"):
+        open_run(run)
+
+    # A model.keras cut short (as the kill left it before): --resume writes it again from
+    # last.keras, even once metrics.json is written too, and evaluate says so.
+    train(cfg, run, resume=True, **QUIET)
+    (run / "model.keras").write_bytes((run / "model.keras").read_bytes()[:3000])
+    with pytest.raises(PetalError, match=(
+        r"the model file is damaged: `petal train --workdir \S+ --resume` writes it again "
+        r"from the run's last checkpoint \(\S+last.keras, epoch 2\), or retrain with "
+        r"`petal train --workdir \S+ --overwrite`\.$"
+    )):
+        load_model(open_run(run))
+    lines = []
+    train(cfg, run, resume=True, log=lines.append)
+    assert f"petal train: {run} already completed 2 epochs" in lines
+    assert _load(run / "model.keras").compiled
+
+
+def test_a_full_disk_in_a_checkpoint_names_the_file_and_leaves_no_temporary_files(
+    tmp_path, monkeypatch
+):
+    """ENOSPC from Keras and h5py names no file, and their temporary files stayed, filling
+    the disk again at the next try."""
+    import keras
+
+    from petal.training.callbacks import Checkpointer
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    checkpointer = Checkpointer(tmp_path, {"epoch": 0, "best_epoch": 0,
+                                           "best_val_accuracy": -1.0})
+    checkpointer.set_model(model)
+    checkpointer.on_epoch_end(0, {"val_accuracy": 0.5})
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full(path, *args, **kwargs):
+        Path(path).write_bytes(b"partly")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    # The best weights, last.keras, state.json in turn (a better epoch each time).
+    for where, target, name in ((model, "save_weights", "best.weights.h5"),
+                                (model, "save", "last.keras"),
+                                (Path, "write_text", "state.json")):
+        with monkeypatch.context() as patch:
+            patch.setattr(where, target, full)
+            with pytest.raises(OSError) as raised:
+                checkpointer.on_epoch_end(1, {"val_accuracy": 0.9})
+        assert raised.value.filename == str(tmp_path / name)
+        now = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        if name == "state.json":  # (last.keras was written: the state names epoch 1 still)
+            now["last.keras"] = saved["last.keras"]
+        assert now == saved, name
+    assert checkpointer.state["epoch"] == 1
+    assert json.loads((tmp_path / "state.json").read_text())["epoch"] == 1
+
+
+def test_ctrl_c_in_a_checkpoint_prints_its_epoch_line_before_stopping(
+    small_records, tmp_path, monkeypatch
+):
+    """The signal, held until the checkpoint was written, stopped training before the
+    line of the epoch it saved was printed (history.csv had its row)."""
+    from petal.training import callbacks
+
+    real = callbacks.write_json
+
+    def write_json(path, data):
+        if Path(path).name == "state.json":
+            os.kill(os.getpid(), signal.SIGINT)  # held until the epoch is saved
+        real(path, data)
+
+    monkeypatch.setattr(callbacks, "write_json", write_json)
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(small_records, model="dense"), tmp_path / "run", log=lines.append)
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["epoch"] == 1
+    assert lines[-1].startswith("epoch 1/2  loss "), lines[-1]
