@@ -1279,3 +1279,63 @@ def test_evaluate_fits_a_folder_of_new_photos_as_the_runs_records_were(
     report = evaluate(run, folder, out_dir=tmp_path / "eval", log=lambda line: None,
                       progress=False)
     assert seen == ["pad"] and report["count"] == len(list(folder.iterdir()))
+
+
+def test_an_interrupted_evaluation_leaves_no_eval_json_beside_another_ones_plots(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """Ctrl-C while evaluate drew its plots left its new eval.json (validation, 10 images)
+    beside the previous evaluation's misclassified.png ("Misclassified (n of 60)")."""
+    from petal.evaluation import evaluate as evaluate_module
+    from petal.evaluation.report import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("eval", "plots", "report.html"))
+    out = run / "eval"
+    evaluate_module.evaluate(run, small_records, split="all", log=lambda line: None)
+    (out / "notes.txt").write_text("the user's")
+    drawn = []
+
+    def interrupted(*args, **kwargs):
+        drawn.append(args[1])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate_module.plots, "plot_image_grid", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_module.evaluate(run, small_records, log=lambda line: None)
+    assert drawn == [out / "misclassified.png"]
+    # Neither evaluation's files: none of the earlier one beside the new one's.
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    monkeypatch.undo()
+    # The report of a run whose evaluation did not finish: the training only.
+    text = build_report(run).read_text()
+    assert "Confusion matrix" not in text and "curves.png" in text
+    evaluate_module.evaluate(run, small_records, log=lambda line: None)
+    assert json.loads((out / "eval.json").read_text())["count"] == 10
+
+
+def test_evaluate_on_a_full_disk_removes_what_it_wrote_and_says_so(
+    trained, small_records, tmp_path, monkeypatch, capsys
+):
+    """--out on a full disk: eval.json, the .npz files and confusion_matrix.png were left,
+    looking complete, without misclassified.png; the error, "[Errno 28] No space left on
+    device", named no folder."""
+    import errno
+
+    from petal.cli import main
+    from petal.evaluation import plots
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(plots, "plot_image_grid", full)
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    args = ["evaluate", str(trained), "--data", str(small_records), "--out", str(out)]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"petal evaluate: error: Cannot write the evaluation in {out}: no space left on its "
+        "disk; free some space there or pass --out a folder on another disk.\n"
+    )
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]

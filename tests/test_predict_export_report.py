@@ -989,3 +989,105 @@ assert probabilities.shape == (1, 5)
     label, score = done.stdout.split()
     classes = (tmp_path / "runs" / "quick" / "export" / "labels.txt").read_text().split()
     assert label in classes and 0 < float(score) <= 1
+
+
+@pytest.mark.parametrize("where", ["saved_model", "labels.txt"])
+def test_export_on_a_full_disk_is_one_line_naming_the_folder(
+    trained, tmp_path, monkeypatch, capsys, where
+):
+    """--out on a full disk: a 45-line traceback ending in TensorFlow's ResourceExhaustedError
+    (SaveV2), exit 1; or "[Errno 28] No space left on device", naming no folder."""
+    import errno
+
+    import keras
+    import tensorflow as tf
+
+    from petal.cli import main
+
+    if where == "saved_model":
+        make = keras.export.ExportArchive
+
+        def archive():
+            made = make()
+            write_out = made.write_out
+
+            def full(path, **kwargs):
+                write_out(path, **kwargs)  # files written part-way, then the disk is full
+                raise tf.errors.ResourceExhaustedError(
+                    None, None, f"{path}/variables/variables.data-00000-of-00001.tempstate; "
+                    "No space left on device [Op:SaveV2]"
+                )
+
+            made.write_out = full
+            return made
+
+        monkeypatch.setattr(keras.export, "ExportArchive", archive)
+    else:
+        write_text = Path.write_text
+
+        def full(self, *args, **kwargs):
+            if self.name == "labels.txt":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "full" / "export"
+    assert main(["export", str(trained), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"petal export: error: Cannot write the export in {out}: no space left on its disk; "
+        "free some space there or pass --out a folder on another disk.\n"
+    )
+    assert not (tmp_path / "full").exists()
+
+
+def test_export_removes_what_killed_exports_left_not_what_running_ones_write(
+    trained, tmp_path
+):
+    """kill -9 during an export left its .export-XXXXXXXX/ (a partial SavedModel) in the
+    output folder, and no later export removed it."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from petal.evaluation.export import export
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def staging(name: str, pid: int | None = None, age: float = 0) -> Path:
+        folder = out / name
+        (folder / "saved_model" / "variables").mkdir(parents=True)
+        (folder / "saved_model" / "variables" / "variables.data").write_bytes(b"x" * 1000)
+        if pid is not None:
+            holder = {"pid": pid, "host": socket.gethostname(), "doing": "exporting into it"}
+            (folder / ".petal-running").write_text(json.dumps(holder))
+        if age:
+            os.utime(folder, (time.time() - age,) * 2)
+        return folder
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    killed = staging(".export-killed01", int(ended.stdout))
+    # Left by a petal before the staging folder held a marker, two hours ago.
+    unmarked = staging(".export-unmarked", age=7200)
+    staging(".export-running", os.getppid())  # another export, running
+    staging(".export-thread01", os.getpid())  # another export of this process
+    staging(".export-justmade")  # made a moment ago by an export about to mark it
+    (out / ".export-notes.txt").write_text("a file of that name is not a staging folder")
+    (tmp_path / "elsewhere").mkdir()
+    (out / ".export-link").symlink_to(tmp_path / "elsewhere")
+    said = []
+    export(trained, out=out, warn=said.append)
+    assert said == [
+        f"removed {folder}, left by an export that was stopped before it ended"
+        for folder in (killed, unmarked)
+    ]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".export-justmade", ".export-link", ".export-notes.txt", ".export-running",
+        ".export-thread01", "export.json", "labels.txt", "saved_model",
+    ]
+    # Its own staging folder held its marker while it wrote (and is gone with it).
+    assert (out / "saved_model" / "saved_model.pb").is_file()
+    assert not (out / ".petal-running").exists()

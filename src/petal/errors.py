@@ -1,5 +1,6 @@
 """Errors petal raises for bad input; the CLI prints them as one line and exits non-zero."""
 
+import errno
 import os
 import re
 import tempfile
@@ -81,3 +82,26 @@ def tf_message(err) -> str:
     # The record reader's "truncated record at 625547' failed with Read less bytes ...".
     text = re.sub(r"truncated record at (\d+)' failed with ", r"truncated record at byte \1: ", text)
     return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
+
+
+def disk_full(err) -> bool:
+    """Whether ``err`` (an ``OSError``, or a TensorFlow error such as ``SaveV2``'s
+    ``ResourceExhaustedError``) says that the disk or the user's quota is full."""
+    if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(getattr(err, "message", err))
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def write_failed(folder, what: str, err) -> PetalError:
+    """The one-line error of a command whose writing of ``what`` into ``folder`` (its
+    ``--out``) failed with ``err``: a full disk says to free space or write elsewhere."""
+    if disk_full(err):
+        return PetalError(
+            f"Cannot write the {what} in {folder}: no space left on its disk; free some space "
+            "there or pass --out a folder on another disk."
+        )
+    reason = getattr(err, "strerror", None) or first_line(err)
+    return PetalError(
+        f"Cannot write the {what} in {folder} ({reason}); pass --out a folder you can write."
+    )

@@ -3,11 +3,13 @@
 Writes into ``WORKDIR/eval/`` (or ``out_dir``): ``eval.json`` (accuracy, top-k, per-class
 precision/recall/F1, confusion matrix), ``confusion_matrix.png``, ``misclassified.png`` and
 the image samples the plots are drawn from (``samples.npz``, ``misclassified.npz``), so the
-report can redraw them later without the data.
+report can redraw them later without the data. ``eval.json`` is written last: it marks the
+other files as those of one finished evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -25,7 +27,7 @@ from petal.data.folders import (
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
-from petal.errors import PetalError, is_int_at_least
+from petal.errors import PetalError, is_int_at_least, write_failed
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
@@ -95,8 +97,9 @@ def evaluate(
 
     Raises:
         PetalError: no finished run, unreadable data, a corrupt record (without
-            ``skip_corrupt``), a class the model does not know, or the image folder the
-            run's records came from without ``split="all"``.
+            ``skip_corrupt``), a class the model does not know, the image folder the
+            run's records came from without ``split="all"``, or files that cannot be
+            written in the output folder (a full disk).
     """
     from tensorflow import errors as tf_errors
 
@@ -254,17 +257,9 @@ def evaluate(
         if undecodable is not None:
             report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
     out = make_output_folder(out, "evaluation")
-    write_json(out / "eval.json", report)
-    for name, bucket in (("samples", samples), ("misclassified", wrong)):
-        _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
-    plots.plot_confusion_from_json(out / "eval.json", out / "confusion_matrix.png")
-    grid = plots.plot_image_grid(
-        out / "misclassified.npz",
-        out / "misclassified.png",
-        title=f"Misclassified ({int((y_true != y_prob.argmax(1)).sum())} of {len(y_true)})",
-    )
-    if grid is None:  # nothing misclassified: drop a grid left by an earlier evaluation
-        (out / "misclassified.png").unlink(missing_ok=True)
+    wrong_count = int((y_true != y_prob.argmax(1)).sum())
+    _write_outputs(out, report, samples, wrong, run, f"Misclassified ({wrong_count} of "
+                   f"{len(y_true)})")
     top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
     skipped = report.get("skipped_corrupt_records")
     log(
@@ -501,6 +496,47 @@ def _trained_names(run, origin: str) -> set[str] | None:
         return _scored_names(trained_on, "train")
     except (PetalError, KeyError, OSError):
         return None
+
+
+# What an evaluation writes in its folder besides eval.json, which is written last; the
+# report is drawn from the JSON written as PENDING_JSON and renamed at the end.
+_OUTPUTS = ("samples.npz", "misclassified.npz", "confusion_matrix.png", "misclassified.png")
+EVAL_JSON = "eval.json"
+PENDING_JSON = ".pending-eval.json"
+
+
+def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:
+    """Writes an evaluation's files into ``out``, ``eval.json`` last, so that the folder never
+    mixes two evaluations: an earlier evaluation's files are removed first (its eval.json
+    before the rest), and what was written is removed again when the writing fails or is
+    interrupted (Ctrl-C), leaving no eval.json beside files of another evaluation or with
+    some of its own missing. ``title`` is the misclassified grid's.
+
+    Raises:
+        PetalError: the files cannot be written (a full disk), naming ``out`` and the fix.
+    """
+    # eval.json first: an interruption part-way leaves no eval.json that looks complete.
+    names = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, f".tmp-{PENDING_JSON}")
+
+    def remove() -> None:
+        for name in names:
+            (out / name).unlink(missing_ok=True)
+
+    try:
+        remove()
+        for name, bucket in (("samples", samples), ("misclassified", wrong)):
+            _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
+        write_json(out / PENDING_JSON, report)
+        plots.plot_confusion_from_json(out / PENDING_JSON, out / "confusion_matrix.png")
+        # Nothing misclassified: no grid (the earlier evaluation's is gone).
+        plots.plot_image_grid(out / "misclassified.npz", out / "misclassified.png", title=title)
+        os.replace(out / PENDING_JSON, out / EVAL_JSON)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            remove()
+        if isinstance(err, OSError):  # the disk is full, most likely
+            raise write_failed(out, "evaluation", err) from None
+        raise
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:

@@ -22,9 +22,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from petal.errors import PetalError, first_line
+from petal.errors import PetalError, first_line, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
     check_not_in_the_way,
@@ -35,6 +36,7 @@ from petal.evaluation.workdir import (
     open_run,
     remove_created,
 )
+from petal.running import RUNNING_FILE, mark_running, running_elsewhere
 
 EXPORT_DIR = "export"
 
@@ -402,6 +404,40 @@ def _check_out(out: Path, overwrite: bool) -> None:
         )
 
 
+# The temporary folder an export writes into inside ``out`` (``.export-XXXXXXXX``), with the
+# marker of the process writing it (:func:`petal.running.mark_running`). One whose process
+# died (killed before its cleanup) is removed by the next export into ``out``; one without a
+# marker (left by a petal before it wrote one, or made a moment ago by an export about to
+# write it) once it has not changed for this long.
+_STAGING_PREFIX = ".export-"
+_UNMARKED_STALE_SECONDS = 3600
+
+
+def _abandoned(staging: Path) -> bool:
+    """Whether the staging folder ``staging`` of an export is no live process's."""
+    try:
+        holder = json.loads((staging / RUNNING_FILE).read_text())
+        ours = holder.get("pid") == os.getpid()  # another export of this process (a thread)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        try:
+            return time.time() - staging.stat().st_mtime > _UNMARKED_STALE_SECONDS
+        except OSError:
+            return False  # gone meanwhile
+    return not ours and running_elsewhere(staging) is None
+
+
+def _remove_abandoned(out: Path, warn) -> None:
+    """Removes the staging folders in ``out`` of exports that were killed before their
+    cleanup (a partial SavedModel may be large), saying so with ``warn``; those of exports
+    still running are left alone."""
+    for staging in sorted(out.glob(f"{_STAGING_PREFIX}*")):
+        if staging.is_symlink() or not staging.is_dir() or not _abandoned(staging):
+            continue
+        shutil.rmtree(staging, ignore_errors=True)
+        if not staging.exists():
+            warn(f"removed {staging}, left by an export that was stopped before it ended")
+
+
 def _warn(line: str) -> None:
     print(f"petal export: warning: {line}", file=sys.stderr, flush=True)
 
@@ -418,8 +454,9 @@ def export(
 
     Everything is written into a temporary folder inside ``out`` first and moved into place
     at the end, replacing an earlier export's files: a failure leaves ``out`` as it was,
-    and an earlier ``saved_model`` is never mixed with the new one. An earlier
-    ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest). Files
+    and an earlier ``saved_model`` is never mixed with the new one. The temporary folders
+    of exports killed before their cleanup are removed (not those of exports running). An
+    earlier ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest). Files
     of those names that no export wrote there (not listed in its ``export.json``, as in the
     exports of petal before it wrote one) are refused, unless ``overwrite``; other files in
     ``out`` are left alone.
@@ -431,15 +468,16 @@ def export(
         overwrite: replace ``saved_model``, ``labels.txt``, ``model.tflite`` and
             ``export.json`` in ``out`` whatever wrote them (``--overwrite``).
         warn: receives the warning lines (default: printed to stderr): a model that is not
-            the run's latest (a training still running in it, or an unfinished resume).
+            the run's latest (a training still running in it, or an unfinished resume), and
+            the temporary folders of killed exports removed from ``out``.
 
     Returns:
         ``{"saved_model": path, "labels": path, "tflite": path or None,
         "removed": [the model.tflite removed, which would not match]}``.
 
     Raises:
-        PetalError: no finished run, a damaged model, or ``out`` (or one of the names
-            above inside it) is in the way.
+        PetalError: no finished run, a damaged model, ``out`` (or one of the names
+            above inside it) is in the way, or it cannot be written (a full disk).
     """
     import keras
     import tensorflow as tf
@@ -448,7 +486,8 @@ def export(
 
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
-    run = open_run(workdir, warn=warn or _warn)
+    warn = warn or _warn
+    run = open_run(workdir, warn=warn)
     # The model first: a damaged one leaves no empty export folder behind.
     model = load_model(run, float32=True)
     # Checked now, created once the archive is built (the folder is what is made last).
@@ -490,9 +529,12 @@ def export(
     )
     created = first_missing(out)  # removed again if the export fails or is interrupted
     out = make_output_folder(out, "export")
+    _remove_abandoned(out, warn)
     removed, staging = None, None
     try:
-        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out))
+        # Tells a later export that this folder is not left over while this process lives.
+        mark_running(staging, lambda who: PetalError(who), "exporting into it")
         archive.write_out(str(staging / "saved_model"), verbose=False)
         (staging / "labels.txt").write_text("\n".join(classes) + "\n")
         if tflite:
@@ -515,6 +557,8 @@ def export(
                 target.unlink()
                 removed.append(str(target))
         _write_marker(out, staging, run, [*written, EXPORT_MARKER])
+    except (OSError, tf.errors.OpError) as err:  # SaveV2's ResourceExhaustedError: disk full
+        raise write_failed(out, "export", err) from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
