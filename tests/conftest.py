@@ -117,6 +117,48 @@ def image_ids(dataset) -> list[int]:
     return out
 
 
+# --- training: interrupted and resumed runs --------------------------------------------
+
+
+class Interrupt(Exception):
+    """What :func:`interrupt_at`'s log function raises."""
+
+
+def interrupt_at(prefix: str):
+    """A log function that raises when the line for ``prefix`` (e.g. "epoch 2/3") is logged.
+
+    The epoch line is printed once that epoch's checkpoint is saved (Ctrl-C just after a
+    line once lost its epoch): this leaves the work directory as Ctrl-C after the line.
+    """
+
+    def log(line: str) -> None:
+        if line.startswith(prefix):
+            raise Interrupt(line)
+
+    return log
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def whole_and_resumed_at_epoch_1(cfg, tmp_path):
+    """The (loss, accuracy, val_loss, val_accuracy) rows of ``cfg`` trained without a stop,
+    and of ``cfg`` interrupted during epoch 1 and resumed."""
+    from petal.training.callbacks import read_history
+    from petal.training.loop import train
+
+    train(cfg, tmp_path / "whole", log=_quiet)
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "resumed", log=interrupt_at("epoch 1/3"))
+    train(cfg, tmp_path / "resumed", resume=True, log=_quiet)
+    measured = ("loss", "accuracy", "val_loss", "val_accuracy")
+    return (
+        [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
+        for run in ("whole", "resumed")
+    )
+
+
 def corrupt_record(path: Path, record: int) -> None:
     """Flip one byte inside record number ``record`` of a TFRecord file (breaks its data CRC)."""
     data = bytearray(path.read_bytes())

@@ -1,5 +1,6 @@
 """The training loop on tiny real records: artefacts, resume, NaN stop, work-directory rules,
-fine-tuning from a saved weights file with a head-only warm-up, class weights."""
+bad data, signals. Resume refusals are in test_train_resume.py, fine-tuning and weights files
+in test_train_finetune.py."""
 
 from __future__ import annotations
 
@@ -7,36 +8,17 @@ import json
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import Interrupt, interrupt_at, tiny_config
 from petal.errors import PetalError
 from petal.training.config import get_preset
-from petal.training.loop import class_weights, prepare_workdir, train
+from petal.training.loop import prepare_workdir, train
 
 QUIET = {"log": lambda line: None}
-
-
-class _Interrupt(Exception):
-    pass
-
-
-def _interrupt_at(prefix: str):
-    """A log function that raises when the line for ``prefix`` (e.g. "epoch 2/3") is logged.
-
-    The epoch line is printed once that epoch's checkpoint is saved (Ctrl-C just after a
-    line once lost its epoch): this leaves the work directory as Ctrl-C after the line.
-    """
-
-    def log(line: str) -> None:
-        if line.startswith(prefix):
-            raise _Interrupt(line)
-
-    return log
 
 
 def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_records, tmp_path):
@@ -47,8 +29,8 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
 
     workdir = tmp_path / "run"
     cfg = tiny_config(small_records, epochs=3, tensorboard=True)
-    with pytest.raises(_Interrupt):
-        train(cfg, workdir, log=_interrupt_at("epoch 2/3"))
+    with pytest.raises(Interrupt):
+        train(cfg, workdir, log=interrupt_at("epoch 2/3"))
     state = json.loads((workdir / "state.json").read_text())
     assert state["epoch"] == 2 and (workdir / "last.keras").is_file()
     assert not (workdir / "model.keras").exists()
@@ -355,544 +337,6 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     assert not (records / "config.json").exists()
 
 
-def _whole_and_resumed_at_epoch_1(cfg, tmp_path):
-    """The (loss, accuracy, val_loss, val_accuracy) rows of ``cfg`` trained without a stop,
-    and of ``cfg`` interrupted during epoch 1 and resumed."""
-    from petal.training.callbacks import read_history
-
-    train(cfg, tmp_path / "whole", **QUIET)
-    with pytest.raises(_Interrupt):
-        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/3"))
-    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
-    measured = ("loss", "accuracy", "val_loss", "val_accuracy")
-    return (
-        [[row[k] for k in measured] for row in read_history(tmp_path / run / "history.csv")]
-        for run in ("whole", "resumed")
-    )
-
-
-def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
-    small_records, tmp_path
-):
-    # 50 images, batch 10: a pass is 5 steps, an epoch 2, so the resume starts mid-pass.
-    cfg = tiny_config(
-        small_records, model="dense", epochs=3, deterministic=True, seed=7, shuffle_buffer=16
-    )
-    whole, resumed = _whole_and_resumed_at_epoch_1(cfg, tmp_path)
-    assert len(whole) == 3
-    assert resumed == whole
-
-
-def test_a_resumed_deterministic_float16_run_follows_the_schedule_of_an_uninterrupted_one(
-    small_records, tmp_path
-):
-    """float16 loss scaling skips the steps whose gradients overflow (the first ones, at
-    Keras' initial scale), and the optimizer does not count them: the resume set its count
-    to the epochs' steps, and the schedule jumped ahead (lr 0.0027 where the whole run had
-    0: another history)."""
-    from petal.training.callbacks import read_history
-
-    cfg = tiny_config(small_records, epochs=2, deterministic=True, seed=7, shuffle_buffer=16,
-                      precision="mixed_float16")
-    train(cfg, tmp_path / "whole", **QUIET)
-    with pytest.raises(_Interrupt):
-        train(cfg, tmp_path / "resumed", log=_interrupt_at("epoch 1/2"))
-    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
-    kept = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr", "lr_end")
-    whole, resumed = (
-        [{k: row[k] for k in kept} for row in read_history(tmp_path / run / "history.csv")]
-        for run in ("whole", "resumed")
-    )
-    # Half an epoch's warm-up (1 step) then cosine: without skipped steps epoch 2 would
-    # begin past the peak, at 0.0027.
-    assert whole[1]["lr"] == 0.0, "no float16 step was skipped: the test shows nothing"
-    assert resumed == whole
-
-
-def test_resume_on_data_with_other_classes_is_refused(small_records, make_records, tmp_path):
-    """Same names in another order would train the model's outputs under the wrong labels
-    (and relabel the run in config.json); another class count stopped in Keras' loader."""
-    from conftest import CLASSES
-
-    run = tmp_path / "run"
-    train(tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
-    saved = (run / "config.json").read_text()
-    for classes in (tuple(reversed(CLASSES)), tuple(CLASSES[:2])):
-        other = make_records(f"other-{len(classes)}", classes=classes)
-        with pytest.raises(PetalError, match=r"Classes of .* differ from those of the run in .*"
-                           r"same classes in the same order"):
-            train(tiny_config(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
-                  **QUIET)
-    assert (run / "config.json").read_text() == saved
-
-
-def test_resume_on_the_runs_photos_split_another_way_is_refused(
-    small_flowers, small_records, tmp_path
-):
-    """Records converted again with another seed resumed silently: most of their validation
-    photos had trained, val_acc scored them, and config.json then named those records, so
-    petal evaluate took them for held out. The image folder the records came from (split by
-    file name) the same, with a warning meant for folder runs split by an older petal."""
-    from petal.data import convert
-
-    def converted(name, **kw):
-        out = tmp_path / name
-        convert(small_flowers, out, workers=1, progress=False, shards=1, **kw)
-        return out
-
-    run = tmp_path / "run"
-    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
-    files = {name: (run / name).read_bytes() for name in ("config.json", "history.csv")}
-    reseeded = converted("seed1", image_size=64, seed=1)
-    fix = (f"start a new run from this one's weights (--weights {run / 'best.weights.h5'} "
-           "--workdir NEW).")
-    harm = ("resuming on it would validate on photos the run trained on (and petal evaluate "
-            "would score them as held out)")
-    refused = (
-        f"{reseeded} and {small_records}, the records {run} trained on, were both converted "
-        f"from {small_flowers} but split otherwise (seed 1, not 0): {harm}. Resume on "
-        f"{small_records}, convert {small_flowers} again with --seed 0 --val-fraction 0.19, or "
-        f"{fix}"
-    )
-    for legacy in (False, True):  # a run saved before records_split: its records' manifest
-        if legacy:
-            config = json.loads(files["config.json"])
-            del config["resolved"]["records_split"]
-            (run / "config.json").write_text(json.dumps(config))
-            files["config.json"] = (run / "config.json").read_bytes()
-        with pytest.raises(PetalError) as caught:
-            train(tiny_config(reseeded, model="dense", epochs=2), run, resume=True, **QUIET)
-        assert str(caught.value) == refused
-    with pytest.raises(PetalError) as caught:
-        train(tiny_config(small_flowers, model="dense", epochs=2), run, resume=True, **QUIET)
-    assert str(caught.value) == (
-        f"{small_flowers} is the image folder that {small_records}, the records {run} trained "
-        "on, were converted from, and read as a folder it is split another way (by each "
-        f"file's name, not by petal convert's --seed 0): {harm}. Resume on {small_records}, or "
-        f"{fix}"
-    )
-    assert {name: (run / name).read_bytes() for name in files} == files
-    # Converted again with the same split (at another size): it goes on.
-    same_split = converted("seed0-48px", image_size=48, seed=0)
-    train(tiny_config(same_split, model="dense", epochs=2), run, resume=True, **QUIET)
-    assert json.loads((run / "config.json").read_text())["data"] == str(same_split)
-
-    # A run on the image folder, resumed on records converted from it: split otherwise too.
-    on_folder = tmp_path / "on-folder"
-    train(tiny_config(small_flowers, model="dense", epochs=1), on_folder, **QUIET)
-    with pytest.raises(PetalError, match=re.escape(
-        f"{small_records} was converted from {small_flowers}, the image folder {on_folder} "
-        f"trained on, and petal convert split it another way (by --seed 0, not by each file's "
-        f"name): {harm}. Resume on {small_flowers}, or start a new run")):
-        train(tiny_config(small_records, model="dense", epochs=2), on_folder, resume=True,
-              **QUIET)
-    # Its own folder, split by an older petal: warned, after the run's header.
-    config = json.loads((on_folder / "config.json").read_text())
-    del config["resolved"]["folder_split"]
-    (on_folder / "config.json").write_text(json.dumps(config))
-    lines = []
-    train(tiny_config(small_flowers, model="dense", epochs=2), on_folder, resume=True,
-          log=lines.append)
-    warned = [i for i, line in enumerate(lines) if "split image folders another way" in line]
-    header = [i for i, line in enumerate(lines) if line.startswith("petal train: dense ")]
-    assert len(warned) == 1 and header and header[0] < warned[0]
-
-
-def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
-    small_records, tmp_path
-):
-    import keras
-
-    run = tmp_path / "run"
-    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
-    saved = (run / "config.json").read_text()
-    # Settings the checkpoint fixes are refused before anything is written (a changed
-    # model once rewrote config.json and then failed to load, breaking every later resume).
-    for change, message in (
-        ({"model": "convnet"}, 'model "dense" -> "convnet"'),
-        ({"image_size": 24}, "image_size 32x32 -> 24x24"),
-        ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
-        # Inputs scaled another way than the weights learned (the model's own: unit).
-        ({"normalization": "symmetric"}, 'normalization "unit" -> "symmetric"'),
-        # Loss scaling wraps the optimizer: its state would not load (Keras only warned).
-        ({"precision": "mixed_float16"},
-         'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),
-    ):
-        cfg = tiny_config(small_records, **{"model": "dense", "epochs": 2, **change})
-        with pytest.raises(PetalError, match=f"holds a checkpoint that --resume cannot change: "
-                           f"{message}. Leave those settings out"):
-            train(cfg, run, resume=True, **QUIET)
-        assert (run / "config.json").read_text() == saved
-    # A checkpoint that does not load (another model's) leaves config.json as it was.
-    other = tmp_path / "other"
-    train(tiny_config(small_records, model="convnet", epochs=1), other, **QUIET)
-    good = (run / "last.keras").read_bytes()
-    (run / "last.keras").write_bytes((other / "last.keras").read_bytes())
-    cfg = tiny_config(small_records, model="dense", epochs=2, learning_rate=0.5)
-    with pytest.raises(PetalError, match=r"last.keras does not fit the model of this config"):
-        train(cfg, run, resume=True, **QUIET)
-    assert (run / "config.json").read_text() == saved
-    # A damaged checkpoint (cut short) is one line too.
-    (run / "last.keras").write_bytes(good[: len(good) // 2])
-    with pytest.raises(PetalError, match=r"last.keras cannot be read \(.*\); it is damaged"):
-        train(tiny_config(small_records, model="dense", epochs=2), run, resume=True, **QUIET)
-    assert (run / "config.json").read_text() == saved
-    # bfloat16 keeps the optimizer's state (same variables): a change that may go on; so is
-    # a training size equal to the image size (the run's, resolved from null).
-    (run / "last.keras").write_bytes(good)
-    lines = []
-    train(tiny_config(small_records, model="dense", epochs=2, precision="mixed_bfloat16",
-                      train_image_size=32), run, resume=True, log=lines.append)
-    assert json.loads((run / "config.json").read_text())["resolved"]["precision"] == (
-        "mixed_bfloat16")
-    # Another steps per epoch (batch size, training set): the schedule goes on from this
-    # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
-    (run / "last.keras").write_bytes(good)
-    lines = []
-    metrics = train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=3,
-                                batch_size=5), run, resume=True, log=lines.append)
-    assert any(line.endswith("resuming after epoch 2 (it ran 2 steps/epoch)") for line in lines)
-    model = keras.saving.load_model(run / "model.keras", safe_mode=True)
-    assert int(model.optimizer.iterations) == 2 * 3 + 3
-    assert json.loads((run / "config.json").read_text())["steps_per_epoch"] == 3
-    # metrics.json's global batch is the last session's: each session's is kept beside it
-    # (the bfloat16 session's was the first's).
-    assert (metrics["global_batch"], metrics["steps_per_epoch"]) == (5, 3)
-    assert metrics["batches"] == [{"from_epoch": 1, "global_batch": 10, "steps_per_epoch": 2},
-                                  {"from_epoch": 3, "global_batch": 5, "steps_per_epoch": 3}]
-
-
-def test_balanced_class_weights_golden():
-    source = types.SimpleNamespace(
-        manifest={"splits": {"train": {"per_class": {"a": 10, "b": 30}}}}, kind="records", path="x"
-    )
-    assert class_weights(source, ["a", "b"]) == pytest.approx({0: 2.0, 1: 40 / 60})
-    source.manifest["splits"]["train"]["per_class"]["b"] = 0
-    with pytest.raises(PetalError, match="no training images for b"):
-        class_weights(source, ["a", "b"])
-    codelab = types.SimpleNamespace(manifest=None, kind="codelab", path="shards")
-    with pytest.raises(PetalError, match="per-class counts"):
-        class_weights(codelab, ["a", "b"])
-
-
-# --- fine-tuning: a tiny "pretrained" model with a backbone, weights from a saved file ----
-
-
-@pytest.fixture
-def tiny_backbone_model():
-    """Registers a two-layer model with a nested ``backbone`` for the test, then removes it."""
-    import keras
-    from keras import layers
-
-    from petal.models import registry
-
-    name = "test_tiny_backbone"
-
-    @registry.register(
-        name,
-        family="test",
-        description="test only",
-        normalization="unit",
-        default_image_size=32,
-        min_image_size=8,
-        pretrained=True,
-    )
-    def build(num_classes, image_size, weights=None, **kwargs):
-        x = inp = keras.Input((*image_size, 3))
-        x = layers.Conv2D(8, 3, strides=2, name="conv")(x)
-        x = layers.BatchNormalization(name="bn")(x)
-        x = layers.GlobalAveragePooling2D()(x)
-        backbone = keras.Model(inp, x, name=registry.BACKBONE_NAME)
-        inputs = keras.Input((*image_size, 3))
-        out = layers.Dense(num_classes, activation="softmax", dtype="float32", name="head")(
-            backbone(inputs)
-        )
-        return keras.Model(inputs, out, name=name)
-
-    yield name
-    registry._INFOS.pop(name, None)
-    registry._BUILDERS.pop(name, None)
-
-
-def _part(model, layer: str, index: int = 0) -> np.ndarray:
-    from petal.models import get_backbone
-
-    owner = model if layer == "head" else get_backbone(model)
-    return np.asarray(owner.get_layer(layer).weights[index])
-
-
-def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
-    small_records, tmp_path, tiny_backbone_model
-):
-    import keras
-
-    from petal.models import create_model
-
-    start = create_model(tiny_backbone_model, 5, 32)
-    weights = tmp_path / "start.weights.h5"
-    start.save_weights(weights)
-
-    workdir = tmp_path / "run"
-    cfg = tiny_config(
-        small_records,
-        model=tiny_backbone_model,
-        weights=str(weights),
-        fine_tune="head_then_all",
-        head_epochs=1,
-        epochs=2,
-        class_weight="balanced",
-        schedule="constant",
-        schedule_options={},
-        learning_rate=0.05,
-    )
-    # Stop after the head-only epoch, then resume into the fine-tuning phase.
-    with pytest.raises(_Interrupt):
-        train(cfg, workdir, log=_interrupt_at("epoch 1/2"))
-    head_only = keras.saving.load_model(workdir / "last.keras", safe_mode=True)
-    np.testing.assert_array_equal(_part(head_only, "conv"), _part(start, "conv"))
-    assert not np.allclose(_part(head_only, "head"), _part(start, "head"))
-
-    metrics = train(cfg, workdir, resume=True, **QUIET)
-    assert metrics["epochs_completed"] == 2
-    final = keras.saving.load_model(workdir / "model.keras", safe_mode=True)
-    assert not np.allclose(_part(final, "conv"), _part(start, "conv"))  # unfrozen
-    # BatchNorm stayed in inference mode: its moving mean (weights[2]) never moved.
-    np.testing.assert_array_equal(_part(final, "bn", 2), _part(start, "bn", 2))
-    resolved = json.loads((workdir / "config.json").read_text())["resolved"]
-    assert resolved["class_weights"] == pytest.approx(
-        {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0}
-    )
-
-
-def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted_one_does(
-    small_records, tmp_path, tiny_backbone_model
-):
-    from petal.models import create_model
-
-    weights = tmp_path / "start.weights.h5"
-    create_model(tiny_backbone_model, 5, 32).save_weights(weights)
-    cfg = tiny_config(
-        small_records,
-        model=tiny_backbone_model,
-        weights=str(weights),
-        fine_tune="head_then_all",
-        head_epochs=2,
-        epochs=3,
-        deterministic=True,
-        seed=3,
-    )
-    # Stopped inside the head-only phase: the resumed run trains both phases' inputs.
-    whole, resumed = _whole_and_resumed_at_epoch_1(cfg, tmp_path)
-    assert len(whole) == 3
-    assert resumed == whole
-
-
-def _tiny_backbone_weights(name: str, tmp_path: Path):
-    """A weights file of the test's backbone model, and the model it holds."""
-    from petal.models import create_model
-
-    path = tmp_path / "start.weights.h5"
-    model = create_model(name, 5, 32)
-    model.save_weights(path)
-    return str(path), model
-
-
-def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
-    small_records, tmp_path, tiny_backbone_model
-):
-    """With codelab_ramp and no learning_rate (codelab-xception), the full phase ran at the
-    codelab's rule undivided (2e-4 on one device) while the log said "lr x0.1"."""
-    from petal.training.callbacks import read_history
-
-    weights, _ = _tiny_backbone_weights(tiny_backbone_model, tmp_path)
-    cfg = tiny_config(small_records, model=tiny_backbone_model, weights=weights,
-                      fine_tune="head_then_all", head_epochs=1, epochs=3, steps_per_epoch=1,
-                      learning_rate=None, schedule="codelab_ramp",
-                      schedule_options={"rampup_epochs": 1})  # fmt: skip
-    lines = []
-    train(cfg, tmp_path / "rule", log=lines.append)
-    lrs = [r["lr"] for r in read_history(tmp_path / "rule" / "history.csv")]
-    # Each phase ramps from start_lr (1e-5) to its peak in one epoch.
-    assert lrs == pytest.approx([1e-5, 1e-5, 2e-5])
-    assert ("petal train: unfreezing the backbone (BatchNorm kept in inference mode), peak lr "
-            "2e-05 (x0.1 of the head phase's 0.0002)") in lines
-    # Its only BatchNormalization layer is in the backbone, frozen in both phases.
-    assert not [line for line in lines if "fused kernel" in line]
-
-    # schedule_options.max_lr stands for the rule: it is scaled too.
-    cfg = cfg.replace(schedule_options={"rampup_epochs": 1, "max_lr": 1e-3},
-                      fine_tune_lr_factor=0.5)  # fmt: skip
-    train(cfg, tmp_path / "max_lr", **QUIET)
-    lrs = [r["lr"] for r in read_history(tmp_path / "max_lr" / "history.csv")]
-    assert lrs == pytest.approx([1e-5, 1e-5, 5e-4])
-
-
-def test_bn_frozen_false_trains_batchnorm_once_the_backbone_is_unfrozen(
-    small_records, tmp_path, tiny_backbone_model
-):
-    """model_options.bn_frozen=false was ignored: BatchNorm stayed in inference mode."""
-    import keras
-
-    weights, start = _tiny_backbone_weights(tiny_backbone_model, tmp_path)
-    cfg = tiny_config(small_records, model=tiny_backbone_model, weights=weights,
-                      fine_tune="head_then_all", head_epochs=1, epochs=2,
-                      model_options={"bn_frozen": False})  # fmt: skip
-    lines = []
-    train(cfg, tmp_path / "run", log=lines.append)
-    unfreezing = next(i for i, line in enumerate(lines) if "unfreezing" in line)
-    assert lines[unfreezing].startswith(
-        "petal train: unfreezing the backbone (BatchNorm training), peak lr "
-    )
-    # The fused kernel is named when (and only once) a BatchNormalization layer trains.
-    fused = [i for i, line in enumerate(lines) if "fused kernel" in line]
-    assert fused == [unfreezing + 1]
-    assert lines[unfreezing + 1] == (
-        "petal train: 1 BatchNormalization layers train with the fused kernel"
-    )
-    final = keras.saving.load_model(tmp_path / "run" / "model.keras", safe_mode=True)
-    # BatchNorm trained: its moving mean (weights[2]) moved.
-    assert not np.allclose(_part(final, "bn", 2), _part(start, "bn", 2))
-
-
-def test_head_then_all_is_refused_before_writing_when_it_cannot_run(
-    tmp_path, tiny_backbone_model
-):
-    """A warm-up longer than a phase was named as longer than the whole run (--epochs 4
-    asked for --epochs 2), and a model without a backbone failed once built: both after the
-    work directory was made."""
-    base = get_preset("quick").replace(
-        data=str(tmp_path / "no-records-here"), model=tiny_backbone_model,
-        weights=str(tmp_path / "w.weights.h5"), fine_tune="head_then_all", epochs=4,
-        head_epochs=1, schedule_options={"warmup_epochs": 2},
-    )  # fmt: skip
-    cases = [
-        (base, r"^The learning-rate warm-up \(schedule_options\.warmup_epochs=2\) is longer "
-               r"than the head-only phase's 1 epoch \(head_epochs=1; each phase of "
-               r"fine_tune='head_then_all' warms up anew\): pass --set head_epochs=2 or more, "
-               r"or a shorter warm-up"),
-        (base.replace(epochs=3), r"pass --set head_epochs=2 and --epochs 4 or more"),
-        (base.replace(head_epochs=2, epochs=3),
-         r"longer than the 1 epoch after the head-only phase \(epochs 3 - head_epochs 2; each "
-         r"phase of fine_tune='head_then_all' warms up anew\): pass --epochs 4 or more"),
-        (base.replace(model="squeezenet", schedule_options={}),
-         r"^fine_tune='head_then_all' trains a new head on a frozen pretrained backbone, which "
-         r"'squeezenet' does not have \(models with one: .*mobilenet_v2.*\); use "
-         r"fine_tune='all'"),
-    ]
-    for cfg, match in cases:
-        with pytest.raises(PetalError, match=match):
-            train(cfg, tmp_path / "run", **QUIET)
-        assert not (tmp_path / "run").exists()
-
-
-def test_head_then_all_on_a_pretrained_model_without_a_backbone_is_refused_before_writing(
-    small_records, tmp_path
-):
-    """A registered pretrained model whose built model holds no backbone: found once built
-    (the registry cannot tell), still before the work directory is made."""
-    import keras
-
-    from petal.models import registry
-
-    @registry.register("test_flat_pretrained", family="test", description="test only",
-                       normalization="unit", default_image_size=32, min_image_size=8,
-                       pretrained=True)  # fmt: skip
-    def build(num_classes, image_size, weights=None, **kwargs):
-        inputs = keras.Input((*image_size, 3))
-        x = keras.layers.GlobalAveragePooling2D()(inputs)
-        return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
-
-    try:
-        from petal.models import create_model
-
-        weights = tmp_path / "flat.weights.h5"
-        create_model("test_flat_pretrained", 5, 32).save_weights(weights)
-        cfg = tiny_config(small_records, model="test_flat_pretrained", fine_tune="head_then_all",
-                          weights=str(weights), head_epochs=1, epochs=2)  # fmt: skip
-        with pytest.raises(PetalError, match=r"^fine_tune='head_then_all' trains a new head on "
-                           r"a frozen pretrained backbone, which 'test_flat_pretrained' does "
-                           r"not have"):  # fmt: skip
-            train(cfg, tmp_path / "run", **QUIET)
-        assert not (tmp_path / "run").exists()
-    finally:
-        registry._INFOS.pop("test_flat_pretrained", None)
-        registry._BUILDERS.pop("test_flat_pretrained", None)
-
-
-def test_the_speed_of_a_fine_tuning_run_is_its_full_phases():
-    """It was the median over both phases, which could be the frozen backbone's."""
-    from petal.training.loop import _metrics
-
-    speeds = {1: 5.0, 2: 300.0, 3: 310.0, 4: 4.0, 5: 30.0, 6: 31.0}  # epochs 1, 4 compile
-    rows = [dict(epoch=e, loss=1.0, val_loss=1.0, val_accuracy=0.5, images_per_sec=v)
-            for e, v in speeds.items()]  # fmt: skip
-    state = {"epoch": 6, "compile_epochs": [1, 4]}
-    resolved = dict.fromkeys(
-        ("image_size", "replicas", "strategy", "precision", "global_batch", "steps_per_epoch",
-         "train_count", "val_count", "classes")
-    )  # fmt: skip
-    cfg = get_preset("quick").replace(weights="w.h5", fine_tune="head_then_all", head_epochs=3,
-                                      epochs=6)  # fmt: skip
-    metrics = _metrics(rows, state, 1.0, resolved, cfg, 10)
-    assert metrics["train_images_per_sec"] == 30.5
-    assert metrics["train_images_per_sec_by_phase"] == {"head": 305.0, "full": 30.5}
-    # One phase: every steady epoch, as before.
-    metrics = _metrics(rows, state, 1.0, resolved, get_preset("quick").replace(epochs=6), 10)
-    assert metrics["train_images_per_sec"] == 165.5  # the median of 30, 31, 300, 310
-    assert "train_images_per_sec_by_phase" not in metrics
-
-
-def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
-    from petal.models import create_model
-
-    other = create_model("dense", 5, 32)
-    weights = tmp_path / "dense.weights.h5"
-    other.save_weights(weights)
-    with pytest.raises(PetalError, match="does not match"):
-        train(tiny_config(small_records, weights=str(weights)), tmp_path / "run", **QUIET)
-    assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind
-
-
-def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
-    trained, make_records, tmp_path
-):
-    import shutil
-
-    # Fine-tuning one's own 5-class flowers model on 3 new classes: all but the head loads.
-    records = make_records(classes=("cats", "dogs", "fish"), size=(32, 32))
-    weights = tmp_path / "start.weights.h5"
-    shutil.copy(trained / "best.weights.h5", weights)
-    lines: list[str] = []
-    cfg = tiny_config(records, weights=str(weights), epochs=1, steps_per_epoch=1, batch_size=4)
-    metrics = train(cfg, tmp_path / "run", log=lines.append)
-    assert metrics["epochs_completed"] == 1
-    assert f"petal train: weights from {weights}: all but the 5-class head" in lines
-    assert [line for line in lines if line.startswith("petal train: 1 steps/epoch x 1 epoch, ")]
-
-    # A resume needs only the checkpoint, which holds every weight from here on: the file
-    # may have moved. Another starting file would be recorded but never loaded: refused.
-    weights.unlink()
-    more = cfg.replace(epochs=2)
-    with pytest.raises(PetalError, match=r"cannot change: weights .*other\.weights\.h5\" "
-                       r"\(loaded once, at the start\)"):  # fmt: skip
-        train(more.replace(weights=str(tmp_path / "other.weights.h5")), tmp_path / "run",
-              resume=True, **QUIET)  # fmt: skip
-    lines.clear()
-    metrics = train(more, tmp_path / "run", resume=True, log=lines.append)
-    assert metrics["epochs_completed"] == 2
-    assert not [line for line in lines if "weights from" in line]
-
-    # Five other classes: the head's size fits, but its outputs mean other flowers. Read
-    # from the run folder the file lies in, the head starts fresh (it loaded).
-    five = make_records("five", classes=("k0", "k1", "k2", "k3", "k4"), size=(32, 32))
-    lines.clear()
-    own = trained / "best.weights.h5"
-    train(cfg.replace(data=str(five), weights=str(own)), tmp_path / "five-run", log=lines.append)
-    assert (f"petal train: {own} comes from a run on other classes (daisy, dandelion, roses, "
-            "sunflowers, tulips): its classifier head is not loaded") in lines
-    assert f"petal train: weights from {own}: all but the 5-class head" in lines
-
-
 def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
     """train_image_size: 24px random resized crops for training, 32px images for validation."""
     import keras
@@ -1125,8 +569,8 @@ def test_resuming_a_run_without_a_saved_epoch_says_it_starts_over(small_records,
     """It said "resuming after epoch 0"; and "already completed 1 epochs"."""
     workdir = tmp_path / "run"
     cfg = tiny_config(small_records, epochs=1, model="dense")
-    with pytest.raises(_Interrupt):
-        train(cfg, workdir, log=_interrupt_at("epoch 1/1"))
+    with pytest.raises(Interrupt):
+        train(cfg, workdir, log=interrupt_at("epoch 1/1"))
     for name in ("state.json", "last.keras", "best.weights.h5"):  # as if killed in epoch 1
         (workdir / name).unlink()
     lines = []
@@ -1233,10 +677,10 @@ def test_best_weights_are_those_of_the_best_epoch_state_json_names(tmp_path, mon
     real = callbacks.write_json
 
     def write_json(path, data):
-        raise _Interrupt("before state.json")
+        raise Interrupt("before state.json")
 
     monkeypatch.setattr(callbacks, "write_json", write_json)
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         checkpointer.on_epoch_end(1, {"val_accuracy": 0.9})
     assert json.loads((tmp_path / "state.json").read_text())["best_epoch"] == 1
     np.testing.assert_array_equal(weights_of(tmp_path / "best.weights.h5"), first)
@@ -1272,11 +716,11 @@ def test_an_epochs_tensorboard_scalars_are_written_before_it_is_saved(
     def write_json(path, data):
         real(path, data)
         if Path(path).name == "state.json":
-            raise _Interrupt("just after state.json")
+            raise Interrupt("just after state.json")
 
     monkeypatch.setattr(callbacks, "write_json", write_json)
     workdir = tmp_path / "run"
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         train(tiny_config(small_records, model="dense", tensorboard=True), workdir, **QUIET)
     assert json.loads((workdir / "state.json").read_text())["epoch"] == 1
     tags = set()
@@ -1305,19 +749,19 @@ def test_resuming_for_more_epochs_says_the_cosine_schedule_is_rebuilt(small_reco
             "its epochs)") in lines
     # Not when the rate goes on as it was: the same epochs, or a decay not yet begun.
     cfg = cfg.replace(epochs=4, schedule_options={"warmup_epochs": 2})
-    with pytest.raises(_Interrupt):
-        train(cfg, tmp_path / "more", log=_interrupt_at("epoch 1/4"))
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "more", log=interrupt_at("epoch 1/4"))
     for epoch, epochs in ((2, 4), (3, 6)):
         lines = []
-        with pytest.raises(_Interrupt):
+        with pytest.raises(Interrupt):
             train(cfg.replace(epochs=epochs), tmp_path / "more", resume=True,
                   log=_kept_until(lines, f"epoch {epoch}/{epochs}"))
         assert not [line for line in lines if "rebuilt" in line], lines
 
 
 def _kept_until(lines: list[str], prefix: str):
-    """A log function that keeps the lines and raises at ``prefix`` (see _interrupt_at)."""
-    stop = _interrupt_at(prefix)
+    """A log function that keeps the lines and raises at ``prefix`` (see interrupt_at)."""
+    stop = interrupt_at(prefix)
 
     def log(line: str) -> None:
         lines.append(line)

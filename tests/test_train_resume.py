@@ -1,0 +1,209 @@
+"""Resuming a training run: a deterministic run resumed trains as an uninterrupted one does,
+and a resume on other data or with settings the checkpoint fixes is refused (split from
+test_train.py so that the test processes share its load)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import Interrupt, interrupt_at, tiny_config, whole_and_resumed_at_epoch_1
+from petal.errors import PetalError
+from petal.training.loop import train
+
+QUIET = {"log": lambda line: None}
+
+
+def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
+    small_records, tmp_path
+):
+    # 50 images, batch 10: a pass is 5 steps, an epoch 2, so the resume starts mid-pass.
+    cfg = tiny_config(
+        small_records, model="dense", epochs=3, deterministic=True, seed=7, shuffle_buffer=16
+    )
+    whole, resumed = whole_and_resumed_at_epoch_1(cfg, tmp_path)
+    assert len(whole) == 3
+    assert resumed == whole
+
+
+def test_a_resumed_deterministic_float16_run_follows_the_schedule_of_an_uninterrupted_one(
+    small_records, tmp_path
+):
+    """float16 loss scaling skips the steps whose gradients overflow (the first ones, at
+    Keras' initial scale), and the optimizer does not count them: the resume set its count
+    to the epochs' steps, and the schedule jumped ahead (lr 0.0027 where the whole run had
+    0: another history)."""
+    from petal.training.callbacks import read_history
+
+    # The dense model (float16 convolutions take minutes on a loaded CPU) on 0..255 pixels,
+    # whose gradients overflow float16 at Keras' initial scale as squeezenet's did.
+    cfg = tiny_config(small_records, model="dense", normalization="raw", epochs=2,
+                      deterministic=True, seed=7, shuffle_buffer=16, precision="mixed_float16")
+    train(cfg, tmp_path / "whole", **QUIET)
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path / "resumed", log=interrupt_at("epoch 1/2"))
+    train(cfg, tmp_path / "resumed", resume=True, **QUIET)
+    kept = ("epoch", "loss", "accuracy", "val_loss", "val_accuracy", "lr", "lr_end")
+    whole, resumed = (
+        [{k: row[k] for k in kept} for row in read_history(tmp_path / run / "history.csv")]
+        for run in ("whole", "resumed")
+    )
+    # Half an epoch's warm-up (1 step) then cosine: without skipped steps epoch 2 would
+    # begin past the peak, at 0.0027.
+    assert whole[1]["lr"] == 0.0, "no float16 step was skipped: the test shows nothing"
+    assert resumed == whole
+
+
+def test_resume_on_data_with_other_classes_is_refused(small_records, make_records, tmp_path):
+    """Same names in another order would train the model's outputs under the wrong labels
+    (and relabel the run in config.json); another class count stopped in Keras' loader."""
+    from conftest import CLASSES
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
+    saved = (run / "config.json").read_text()
+    for classes in (tuple(reversed(CLASSES)), tuple(CLASSES[:2])):
+        other = make_records(f"other-{len(classes)}", classes=classes)
+        with pytest.raises(PetalError, match=r"Classes of .* differ from those of the run in .*"
+                           r"same classes in the same order"):
+            train(tiny_config(other, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
+                  **QUIET)
+    assert (run / "config.json").read_text() == saved
+
+
+def test_resume_on_the_runs_photos_split_another_way_is_refused(
+    small_flowers, small_records, tmp_path
+):
+    """Records converted again with another seed resumed silently: most of their validation
+    photos had trained, val_acc scored them, and config.json then named those records, so
+    petal evaluate took them for held out. The image folder the records came from (split by
+    file name) the same, with a warning meant for folder runs split by an older petal."""
+    from petal.data import convert
+
+    def converted(name, **kw):
+        out = tmp_path / name
+        convert(small_flowers, out, workers=1, progress=False, shards=1, **kw)
+        return out
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    files = {name: (run / name).read_bytes() for name in ("config.json", "history.csv")}
+    reseeded = converted("seed1", image_size=64, seed=1)
+    fix = (f"start a new run from this one's weights (--weights {run / 'best.weights.h5'} "
+           "--workdir NEW).")
+    harm = ("resuming on it would validate on photos the run trained on (and petal evaluate "
+            "would score them as held out)")
+    refused = (
+        f"{reseeded} and {small_records}, the records {run} trained on, were both converted "
+        f"from {small_flowers} but split otherwise (seed 1, not 0): {harm}. Resume on "
+        f"{small_records}, convert {small_flowers} again with --seed 0 --val-fraction 0.19, or "
+        f"{fix}"
+    )
+    for legacy in (False, True):  # a run saved before records_split: its records' manifest
+        if legacy:
+            config = json.loads(files["config.json"])
+            del config["resolved"]["records_split"]
+            (run / "config.json").write_text(json.dumps(config))
+            files["config.json"] = (run / "config.json").read_bytes()
+        with pytest.raises(PetalError) as caught:
+            train(tiny_config(reseeded, model="dense", epochs=2), run, resume=True, **QUIET)
+        assert str(caught.value) == refused
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(small_flowers, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{small_flowers} is the image folder that {small_records}, the records {run} trained "
+        "on, were converted from, and read as a folder it is split another way (by each "
+        f"file's name, not by petal convert's --seed 0): {harm}. Resume on {small_records}, or "
+        f"{fix}"
+    )
+    assert {name: (run / name).read_bytes() for name in files} == files
+    # Converted again with the same split (at another size): it goes on.
+    same_split = converted("seed0-48px", image_size=48, seed=0)
+    train(tiny_config(same_split, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert json.loads((run / "config.json").read_text())["data"] == str(same_split)
+
+    # A run on the image folder, resumed on records converted from it: split otherwise too.
+    on_folder = tmp_path / "on-folder"
+    train(tiny_config(small_flowers, model="dense", epochs=1), on_folder, **QUIET)
+    with pytest.raises(PetalError, match=re.escape(
+        f"{small_records} was converted from {small_flowers}, the image folder {on_folder} "
+        f"trained on, and petal convert split it another way (by --seed 0, not by each file's "
+        f"name): {harm}. Resume on {small_flowers}, or start a new run")):
+        train(tiny_config(small_records, model="dense", epochs=2), on_folder, resume=True,
+              **QUIET)
+    # Its own folder, split by an older petal: warned, after the run's header.
+    config = json.loads((on_folder / "config.json").read_text())
+    del config["resolved"]["folder_split"]
+    (on_folder / "config.json").write_text(json.dumps(config))
+    lines = []
+    train(tiny_config(small_flowers, model="dense", epochs=2), on_folder, resume=True,
+          log=lines.append)
+    warned = [i for i, line in enumerate(lines) if "split image folders another way" in line]
+    header = [i for i, line in enumerate(lines) if line.startswith("petal train: dense ")]
+    assert len(warned) == 1 and header and header[0] < warned[0]
+
+
+def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
+    small_records, tmp_path
+):
+    import keras
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    saved = (run / "config.json").read_text()
+    # Settings the checkpoint fixes are refused before anything is written (a changed
+    # model once rewrote config.json and then failed to load, breaking every later resume).
+    for change, message in (
+        ({"model": "convnet"}, 'model "dense" -> "convnet"'),
+        ({"image_size": 24}, "image_size 32x32 -> 24x24"),
+        ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
+        # Inputs scaled another way than the weights learned (the model's own: unit).
+        ({"normalization": "symmetric"}, 'normalization "unit" -> "symmetric"'),
+        # Loss scaling wraps the optimizer: its state would not load (Keras only warned).
+        ({"precision": "mixed_float16"},
+         'precision "float32" -> "mixed_float16" \\(--precision float32 keeps it\\)'),
+    ):
+        cfg = tiny_config(small_records, **{"model": "dense", "epochs": 2, **change})
+        with pytest.raises(PetalError, match=f"holds a checkpoint that --resume cannot change: "
+                           f"{message}. Leave those settings out"):
+            train(cfg, run, resume=True, **QUIET)
+        assert (run / "config.json").read_text() == saved
+    # A checkpoint that does not load (another model's) leaves config.json as it was.
+    other = tmp_path / "other"
+    train(tiny_config(small_records, model="convnet", epochs=1), other, **QUIET)
+    good = (run / "last.keras").read_bytes()
+    (run / "last.keras").write_bytes((other / "last.keras").read_bytes())
+    cfg = tiny_config(small_records, model="dense", epochs=2, learning_rate=0.5)
+    with pytest.raises(PetalError, match=r"last.keras does not fit the model of this config"):
+        train(cfg, run, resume=True, **QUIET)
+    assert (run / "config.json").read_text() == saved
+    # A damaged checkpoint (cut short) is one line too.
+    (run / "last.keras").write_bytes(good[: len(good) // 2])
+    with pytest.raises(PetalError, match=r"last.keras cannot be read \(.*\); it is damaged"):
+        train(tiny_config(small_records, model="dense", epochs=2), run, resume=True, **QUIET)
+    assert (run / "config.json").read_text() == saved
+    # bfloat16 keeps the optimizer's state (same variables): a change that may go on; so is
+    # a training size equal to the image size (the run's, resolved from null).
+    (run / "last.keras").write_bytes(good)
+    lines = []
+    train(tiny_config(small_records, model="dense", epochs=2, precision="mixed_bfloat16",
+                      train_image_size=32), run, resume=True, log=lines.append)
+    assert json.loads((run / "config.json").read_text())["resolved"]["precision"] == (
+        "mixed_bfloat16")
+    # Another steps per epoch (batch size, training set): the schedule goes on from this
+    # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
+    (run / "last.keras").write_bytes(good)
+    lines = []
+    metrics = train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=3,
+                                batch_size=5), run, resume=True, log=lines.append)
+    assert any(line.endswith("resuming after epoch 2 (it ran 2 steps/epoch)") for line in lines)
+    model = keras.saving.load_model(run / "model.keras", safe_mode=True)
+    assert int(model.optimizer.iterations) == 2 * 3 + 3
+    assert json.loads((run / "config.json").read_text())["steps_per_epoch"] == 3
+    # metrics.json's global batch is the last session's: each session's is kept beside it
+    # (the bfloat16 session's was the first's).
+    assert (metrics["global_batch"], metrics["steps_per_epoch"]) == (5, 3)
+    assert metrics["batches"] == [{"from_epoch": 1, "global_batch": 10, "steps_per_epoch": 2},
+                                  {"from_epoch": 3, "global_batch": 5, "steps_per_epoch": 3}]
