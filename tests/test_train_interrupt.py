@@ -12,26 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import tiny_config
+from conftest import Interrupt, interrupt_at, tiny_config
 from petal.errors import PetalError
 from petal.training.loop import train
 
 QUIET = {"log": lambda line: None}
-
-
-class _Interrupt(Exception):
-    pass
-
-
-def _interrupt_at(prefix: str):
-    """A log function that raises at the line for ``prefix`` ("epoch 2/2"): the line is
-    printed once its epoch is saved, so this leaves the run as Ctrl-C during that save."""
-
-    def log(line: str) -> None:
-        if line.startswith(prefix):
-            raise _Interrupt(line)
-
-    return log
 
 
 def _load(path: Path):
@@ -85,8 +70,8 @@ def test_a_run_stopped_in_its_last_checkpoint_resumes_to_the_compiled_model_of_a
                    "head_epochs": 1}
     cfg = tiny_config(small_records, **changes)  # 2 epochs of 2 steps
     run = tmp_path / "run"
-    with pytest.raises(_Interrupt):
-        train(cfg, run, log=_interrupt_at("epoch 2/2"))
+    with pytest.raises(Interrupt):
+        train(cfg, run, log=interrupt_at("epoch 2/2"))
     assert json.loads((run / "state.json").read_text())["epoch"] == 2
     assert not (run / "model.keras").exists()
 
@@ -127,12 +112,12 @@ def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
         if Path(path).name.endswith("model.keras") and not seen:
             seen["marker"] = (run / RUNNING_FILE).is_file()
             Path(path).write_bytes(b"")  # as far as it got
-            raise _Interrupt("killed")
+            raise Interrupt("killed")
         return real_save(self, path, *args, **kwargs)
 
     monkeypatch.setattr(keras.Model, "save", killed_in_the_final_save)
     cfg = tiny_config(small_records, model="dense")
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         train(cfg, run, **QUIET)
     assert seen["marker"]  # the run held its work directory until then
     assert not (run / RUNNING_FILE).exists()
