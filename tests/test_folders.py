@@ -306,3 +306,13 @@ def test_same_place_reads_a_urls_scheme_and_host_in_any_case_but_not_its_path():
     assert same_place("GS://bucket/flowers", "gs://bucket/flowers")
     assert not same_place("http://store.example/Data", "http://store.example/data")
     assert not same_place("gs://bucket/a", "gs://bucket/b")
+
+
+def test_a_link_in_a_class_folder_back_to_the_source_is_a_loop(tree):
+    """It was followed: every other class's photos were filed under that class too (and a
+    loose image in the source both listed as unclassified and written under the class)."""
+    (tree / "daisy" / "up").symlink_to("..", target_is_directory=True)
+    found = find_images(str(tree))
+    assert found.loops() == ["daisy/up/"]
+    daisy = [f.relpath for f in found.files if found.classes[f.label] == "daisy"]
+    assert daisy == ["daisy/y.jpeg", "daisy/z.webp"]

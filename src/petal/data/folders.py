@@ -498,6 +498,9 @@ def find_images(
             f"Received: source={root}"
         )
     listdir = _list_remote if is_remote(root) else _list_local
+    # The source holds every class folder: a link in one back to it is a loop too (followed,
+    # it filed every class's photos under that class).
+    above = frozenset() if is_remote(root) else frozenset({os.path.realpath(root)})
     by_class: dict[str, list[str]] = {}
     ignored: list[str] = []
     try:
@@ -507,7 +510,7 @@ def find_images(
             elif is_hidden(name):
                 ignored.append(name + "/")
             else:
-                found, skipped = walk_tree(root, name, listdir)
+                found, skipped = walk_tree(root, name, listdir, above)
                 by_class[name] = found
                 ignored += skipped
     except OSError as err:
