@@ -1296,3 +1296,41 @@ def test_read_manifest_needs_a_path(tmp_path):
         with pytest.raises(PetalError, match=r"^read_manifest needs path as a records folder "
                            rf"or its manifest.json \(str or Path\)\. Received: path={path!r}$"):
             read_manifest(path)
+
+
+def test_files_that_fail_to_convert_are_replaced_in_their_class_s_share(tmp_path, monkeypatch):
+    """Undecodable files were dropped after the split: the validation photos of class a
+    failing left it none ("too few images"), although 8 of its 10 converted. Now the share
+    holds over the images written: a's next files in the seeded order replace them, and b,
+    which lost 4 training photos, gives one of its validation photos back (round(0.2 * 6))."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 10)
+    before = convert(src, tmp_path / "o0", image_size=8, val_fraction=0.2, seed=3, workers=1,
+                     progress=False)  # fmt: skip
+    where = {r["filename"]: r["split"] for r in _records(tmp_path / "o0")}
+    bad = sorted(f for f, s in where.items() if f.startswith("a/") and s == "validation")
+    bad += sorted(f for f, s in where.items() if f.startswith("b/") and s == "train")[:4]
+    for i, name in enumerate(bad):  # not images, and no two alike (copies go together)
+        (src / name).write_bytes(np.random.default_rng(i).bytes(200 + i))
+    outs = {}
+    for name, workers in (("w1", 1), ("w2", 2), ("tf", 1)):
+        if name == "tf":  # the records path (remote outputs) too
+            monkeypatch.setattr(writer, "_pieces_possible", lambda output: False)
+        summary = convert(src, tmp_path / name, image_size=8, val_fraction=0.2, seed=3,
+                          workers=workers, progress=False)  # fmt: skip
+        m = summary.manifest
+        assert m["splits"]["validation"]["per_class"] == {"a": 2, "b": 1}
+        assert m["splits"]["train"]["per_class"] == {"a": 6, "b": 5}
+        assert sorted(s["file"] for s in m["skipped"]) == sorted(bad)
+        assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
+        assert summary.warnings == []
+        outs[name] = _shard_bytes(tmp_path / name)
+        assert sorted(p.name for p in (tmp_path / name).iterdir() if p.name[0] == ".") == []
+    assert outs["w1"] == outs["w2"] == outs["tf"]
+    again = {r["filename"]: r["split"] for r in _records(tmp_path / "w1")}
+    kept = {f for f, s in where.items() if s == "validation" and f.startswith("b/")}
+    assert {f for f, s in again.items() if s == "validation"} - kept  # a's replacements
+    assert {f for f, s in again.items() if s == "validation" and f.startswith("b/")} < kept
+    assert set(again) == set(where) - set(bad)
+    assert before.manifest["splits"]["validation"]["per_class"] == {"a": 2, "b": 2}
+
