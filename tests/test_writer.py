@@ -1334,3 +1334,30 @@ def test_files_that_fail_to_convert_are_replaced_in_their_class_s_share(tmp_path
     assert set(again) == set(where) - set(bad)
     assert before.manifest["splits"]["validation"]["per_class"] == {"a": 2, "b": 2}
 
+
+def test_ctrl_c_while_the_forkserver_forks_a_worker_prints_no_traceback(tmp_path):
+    """Ctrl-C while a submit waited for the forkserver to fork a worker (the first one waits
+    for the server's imports) left a worker the pool did not know; forked after close() had
+    removed the pool's semaphores, it printed a FileNotFoundError traceback."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from multiprocessing import forkserver\n"
+        "from petal.data import writer\n"
+        "read_signed = forkserver.read_signed\n"
+        "def interrupted(fd):  # the first call waits for the first worker's pid\n"
+        "    forkserver.read_signed = read_signed\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # while the server is still importing\n"
+        "    return read_signed(fd)\n"
+        "forkserver.read_signed = interrupted\n"
+        "pool = writer._Mapper(2)\n"
+        "try:\n"
+        "    pool.submit(abs, [-1])\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    pool.close()\n"
+        "time.sleep(2)  # the server's imports end: it forks what it was asked to\n"
+    )
+    done = run_script(script)
+    assert done.stdout.split() == ["interrupted"]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]

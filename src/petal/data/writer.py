@@ -66,6 +66,7 @@ from petal.running import (
     in_use_error,
     mark_running,
     reading_elsewhere,
+    signals_held,
 )
 
 log = logging.getLogger(__name__)
@@ -503,8 +504,12 @@ class _Mapper:
         return lambda: self._result(future)
 
     def _submit(self, fn: Callable, chunk: Sequence):
-        # A submit starts a worker process when none is idle.
-        with _caller_script_hidden():
+        # A submit starts a worker process when none is idle. Ctrl-C or SIGTERM wait until
+        # it is started and known to the pool: raised while the forkserver forked it (the
+        # first one waits for the server's imports), it left a worker the pool did not
+        # know, which read the pool's queue after close() had removed its semaphores and
+        # printed a traceback under "interrupted".
+        with _caller_script_hidden(), signals_held():
             return self._pool.submit(_run_chunk, fn, chunk)
 
     @staticmethod
