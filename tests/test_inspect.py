@@ -627,3 +627,17 @@ def test_a_manifest_without_per_class_counts_shows_no_table_of_zeros(make_record
     assert "balance: largest/smallest class 1.33 (daisy 4 / sunflowers 3)" in text
     assert not any("problems below" in line for line in text)
 
+
+def test_a_folder_of_codelab_shards_one_without_a_count_gives_the_reason(make_records):
+    """The folder said "No readable manifest.json ... not a petal records folder" where the
+    glob and petal train name the shard whose name carries no record count."""
+    folder = make_records("cl", counts={"all": [4, 4, 4, 4]}, codelab=True, fmt="jpeg")
+    (folder / "flowers03-4.tfrec").rename(folder / "flowers03.tfrec")
+    reason = (
+        f"Codelab shard {folder}/flowers03.tfrec carries no record count in its name "
+        "(expected '...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+    )
+    for path in (folder, f"{folder}/", f"{folder}/*.tfrec"):
+        with pytest.raises(PetalError) as info:
+            inspect_records(path, progress=False)
+        assert str(info.value) == reason

@@ -163,6 +163,8 @@ def _codelab_source(path: str):
             raise
         if not folders.isdir(path):
             raise PetalError(f"{path} is a file, not a records folder; {what}.") from None
+        if any(schema.is_shard_file(name) for name in _names(path)):
+            raise  # shards that training cannot read either: its reason is the precise one
         return None  # read_manifest says what is missing
     if source.kind == "folder":
         raise PetalError(
