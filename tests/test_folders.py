@@ -306,3 +306,24 @@ def test_same_place_reads_a_urls_scheme_and_host_in_any_case_but_not_its_path():
     assert same_place("GS://bucket/flowers", "gs://bucket/flowers")
     assert not same_place("http://store.example/Data", "http://store.example/data")
     assert not same_place("gs://bucket/a", "gs://bucket/b")
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("./daisy", "pass the folder's name ('daisy')"),
+        ("daisy/", "pass the folder's name ('daisy')"),
+        (".", "pass the class folders' names"),
+        ("..", "pass the class folders' names"),
+    ],
+)
+def test_a_path_in_classes_is_told_to_be_a_name(tree, given, fix):
+    """'./daisy' was called a hidden folder name, with the fix "rename the folder"."""
+    with pytest.raises(PetalError) as info:
+        find_images(tree, [given, "roses"])
+    assert str(info.value) == (
+        f"Class {given!r} in --classes is a path, not a class name: --classes takes the names "
+        f"of sub-folders of {tree}; {fix}. Found classes: daisy, roses, tulips."
+    )
+    with pytest.raises(PetalError, match=r"^Class '\.hidden' in --classes is a hidden folder"):
+        find_images(tree, [".hidden", "roses"])

@@ -840,7 +840,7 @@ def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
     for file, reason in reasons.items():
         assert skipped[file].startswith(reason), (file, skipped[file])
     assert skipped["b/bomb.png"] == (
-        "too many pixels (1500x1000 = 1,500,000 > max_pixels 1,000,000, a guard against "
+        "too many pixels (HxW 1000x1500 = 1,500,000 > max_pixels 1,000,000, a guard against "
         "decompression bombs): --max-pixels N accepts larger images"
     )
     assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
@@ -1361,3 +1361,16 @@ def test_ctrl_c_while_the_forkserver_forks_a_worker_prints_no_traceback(tmp_path
     done = run_script(script)
     assert done.stdout.split() == ["interrupted"]
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_sizes_in_skip_reasons_are_height_by_width_and_say_so(tmp_path):
+    """They read width x height, while --image-size and petal inspect give height x width."""
+    wide = io.BytesIO()
+    Image.new("RGB", (images.JPEG_MAX_SIDE + 1, 2)).save(wide, "PNG")  # 2 high
+    with pytest.raises(images.ImageError) as info:
+        images.convert_image(wide.getvalue(), size=None, mode="none")
+    assert str(info.value).startswith(f"too large for JPEG (HxW 2x{images.JPEG_MAX_SIDE + 1};")
+    tall = io.BytesIO()
+    Image.new("RGB", (3, 5)).save(tall, "PNG")  # 5 high, 3 wide
+    with pytest.raises(images.PixelLimitError, match=r"^too many pixels \(HxW 5x3 = 15 > "):
+        images.convert_image(tall.getvalue(), size=(2, 2), max_pixels=10)
