@@ -14,9 +14,11 @@ The conversion reads the files twice:
    does not depend on the number of workers.
 
 Between the passes the files are split (seeded, stratified by class, disjoint by content),
-shuffled with the seed and cut into shards. Shards are written under temporary names and
-renamed once all are complete; the manifest is written last, so a folder without
-``manifest.json`` is never a finished conversion, and the next run removes what an
+shuffled with the seed and cut into shards. Files that pass 2 skips leave their class's
+validation share short or long; where they do, the files are split again without them (the
+others keep their seeded order) and every shard is written again. Shards are written under
+temporary names and renamed once all are complete; the manifest is written last, so a folder
+without ``manifest.json`` is never a finished conversion, and the next run removes what an
 interrupted one left behind. A complete conversion being replaced (``overwrite``) is
 removed only once the new shards are complete, so a run that fails keeps it (at the cost
 of room for both on disk meanwhile). A conversion holds a local output folder
@@ -1147,6 +1149,8 @@ def convert(
             def resplit(failed: set[str]) -> tuple[dict, dict[str, int]] | None:
                 """The split over the files that converted, where it is not the one written
                 less the failed files (their class's share counted them)."""
+                if not failed:
+                    return None
                 again = split_files(probed, folder.classes, val_fraction, seed, failed)
                 if all(
                     {p.file.relpath for p in again[s]}
