@@ -316,3 +316,24 @@ def test_a_link_in_a_class_folder_back_to_the_source_is_a_loop(tree):
     assert found.loops() == ["daisy/up/"]
     daisy = [f.relpath for f in found.files if found.classes[f.label] == "daisy"]
     assert daisy == ["daisy/y.jpeg", "daisy/z.webp"]
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("./daisy", "pass the folder's name ('daisy')"),
+        ("daisy/", "pass the folder's name ('daisy')"),
+        (".", "pass the class folders' names"),
+        ("..", "pass the class folders' names"),
+    ],
+)
+def test_a_path_in_classes_is_told_to_be_a_name(tree, given, fix):
+    """'./daisy' was called a hidden folder name, with the fix "rename the folder"."""
+    with pytest.raises(PetalError) as info:
+        find_images(tree, [given, "roses"])
+    assert str(info.value) == (
+        f"Class {given!r} in --classes is a path, not a class name: --classes takes the names "
+        f"of sub-folders of {tree}; {fix}. Found classes: daisy, roses, tulips."
+    )
+    with pytest.raises(PetalError, match=r"^Class '\.hidden' in --classes is a hidden folder"):
+        find_images(tree, [".hidden", "roses"])

@@ -598,3 +598,46 @@ def test_grid_draws_names_with_dollars_as_written(make_records, tmp_path):
     out = tmp_path / "grid.png"
     report = inspect_records(str(records), grid=str(out), grid_per_class=2, progress=False)
     assert report.grid == str(out) and out.stat().st_size > 1_000
+
+
+def test_a_manifest_without_per_class_counts_shows_no_table_of_zeros(make_records):
+    """check_manifest accepts a manifest without per_class: inspect showed a table of zeros,
+    "every class 0 images" and "see the problems below" with none below, even with --verify,
+    which counted every record's class. Now --verify shows the counts read; without it the
+    summary says the manifest has none."""
+    folder = make_records()  # train 7 + 6, validation 5, labels i % 5; no per_class
+    assert "per_class" not in json.loads((folder / "manifest.json").read_text())["splits"]["train"]
+    report = inspect_records(folder, progress=False)
+    text = str(report)
+    assert "balance" not in text and "problems below" not in text and "daisy" not in text
+    assert "the manifest gives no per-class counts for train and validation" in text
+    assert report.ok and report.uncounted == ["train", "validation"]
+
+    report = inspect_records(folder, verify=True, progress=False)
+    text = str(report).splitlines()
+    assert report.ok and report.verified == 18
+    assert report.manifest["splits"]["train"]["per_class"] == {
+        "daisy": 3, "dandelion": 3, "roses": 3, "sunflowers": 2, "tulips": 2
+    }  # fmt: skip
+    assert [line.split() for line in text if line.startswith(("daisy", "tulips", "all"))] == [
+        ["daisy", "3", "1", "4", "22.2%"],
+        ["tulips", "2", "1", "3", "16.7%"],
+        ["all", "13", "5", "18", "100.0%"],
+    ]
+    assert "balance: largest/smallest class 1.33 (daisy 4 / sunflowers 3)" in text
+    assert not any("problems below" in line for line in text)
+
+
+def test_a_folder_of_codelab_shards_one_without_a_count_gives_the_reason(make_records):
+    """The folder said "No readable manifest.json ... not a petal records folder" where the
+    glob and petal train name the shard whose name carries no record count."""
+    folder = make_records("cl", counts={"all": [4, 4, 4, 4]}, codelab=True, fmt="jpeg")
+    (folder / "flowers03-4.tfrec").rename(folder / "flowers03.tfrec")
+    reason = (
+        f"Codelab shard {folder}/flowers03.tfrec carries no record count in its name "
+        "(expected '...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+    )
+    for path in (folder, f"{folder}/", f"{folder}/*.tfrec"):
+        with pytest.raises(PetalError) as info:
+            inspect_records(path, progress=False)
+        assert str(info.value) == reason

@@ -156,7 +156,7 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     message = str(caught.value)
     assert message.startswith(
         "12 of 13 images cannot be read: "
-        f"{tmp_path}/bad0-huge.png: too many pixels (10000x9000 = 90,000,000 > max_pixels "
+        f"{tmp_path}/bad0-huge.png: too many pixels (HxW 9000x10000 = 90,000,000 > max_pixels "
         "89,478,485, a guard against decompression bombs): --max-pixels N reads larger images; "
     )
     assert "petal convert" not in message

@@ -840,7 +840,7 @@ def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
     for file, reason in reasons.items():
         assert skipped[file].startswith(reason), (file, skipped[file])
     assert skipped["b/bomb.png"] == (
-        "too many pixels (1500x1000 = 1,500,000 > max_pixels 1,000,000, a guard against "
+        "too many pixels (HxW 1000x1500 = 1,500,000 > max_pixels 1,000,000, a guard against "
         "decompression bombs): --max-pixels N accepts larger images"
     )
     assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
@@ -1296,3 +1296,81 @@ def test_read_manifest_needs_a_path(tmp_path):
         with pytest.raises(PetalError, match=r"^read_manifest needs path as a records folder "
                            rf"or its manifest.json \(str or Path\)\. Received: path={path!r}$"):
             read_manifest(path)
+
+
+def test_files_that_fail_to_convert_are_replaced_in_their_class_s_share(tmp_path, monkeypatch):
+    """Undecodable files were dropped after the split: the validation photos of class a
+    failing left it none ("too few images"), although 8 of its 10 converted. Now the share
+    holds over the images written: a's next files in the seeded order replace them, and b,
+    which lost 4 training photos, gives one of its validation photos back (round(0.2 * 6))."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 10)
+    before = convert(src, tmp_path / "o0", image_size=8, val_fraction=0.2, seed=3, workers=1,
+                     progress=False)  # fmt: skip
+    where = {r["filename"]: r["split"] for r in _records(tmp_path / "o0")}
+    bad = sorted(f for f, s in where.items() if f.startswith("a/") and s == "validation")
+    bad += sorted(f for f, s in where.items() if f.startswith("b/") and s == "train")[:4]
+    for i, name in enumerate(bad):  # not images, and no two alike (copies go together)
+        (src / name).write_bytes(np.random.default_rng(i).bytes(200 + i))
+    outs = {}
+    for name, workers in (("w1", 1), ("w2", 2), ("tf", 1)):
+        if name == "tf":  # the records path (remote outputs) too
+            monkeypatch.setattr(writer, "_pieces_possible", lambda output: False)
+        summary = convert(src, tmp_path / name, image_size=8, val_fraction=0.2, seed=3,
+                          workers=workers, progress=False)  # fmt: skip
+        m = summary.manifest
+        assert m["splits"]["validation"]["per_class"] == {"a": 2, "b": 1}
+        assert m["splits"]["train"]["per_class"] == {"a": 6, "b": 5}
+        assert sorted(s["file"] for s in m["skipped"]) == sorted(bad)
+        assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
+        assert summary.warnings == []
+        outs[name] = _shard_bytes(tmp_path / name)
+        assert sorted(p.name for p in (tmp_path / name).iterdir() if p.name[0] == ".") == []
+    assert outs["w1"] == outs["w2"] == outs["tf"]
+    again = {r["filename"]: r["split"] for r in _records(tmp_path / "w1")}
+    kept = {f for f, s in where.items() if s == "validation" and f.startswith("b/")}
+    assert {f for f, s in again.items() if s == "validation"} - kept  # a's replacements
+    assert {f for f, s in again.items() if s == "validation" and f.startswith("b/")} < kept
+    assert set(again) == set(where) - set(bad)
+    assert before.manifest["splits"]["validation"]["per_class"] == {"a": 2, "b": 2}
+
+
+def test_ctrl_c_while_the_forkserver_forks_a_worker_prints_no_traceback(tmp_path):
+    """Ctrl-C while a submit waited for the forkserver to fork a worker (the first one waits
+    for the server's imports) left a worker the pool did not know; forked after close() had
+    removed the pool's semaphores, it printed a FileNotFoundError traceback."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from multiprocessing import forkserver\n"
+        "from petal.data import writer\n"
+        "read_signed = forkserver.read_signed\n"
+        "def interrupted(fd):  # the first call waits for the first worker's pid\n"
+        "    forkserver.read_signed = read_signed\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # while the server is still importing\n"
+        "    return read_signed(fd)\n"
+        "forkserver.read_signed = interrupted\n"
+        "pool = writer._Mapper(2)\n"
+        "try:\n"
+        "    pool.submit(abs, [-1])\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    pool.close()\n"
+        "time.sleep(2)  # the server's imports end: it forks what it was asked to\n"
+    )
+    done = run_script(script)
+    assert done.stdout.split() == ["interrupted"]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_sizes_in_skip_reasons_are_height_by_width_and_say_so(tmp_path):
+    """They read width x height, while --image-size and petal inspect give height x width."""
+    wide = io.BytesIO()
+    Image.new("RGB", (images.JPEG_MAX_SIDE + 1, 2)).save(wide, "PNG")  # 2 high
+    with pytest.raises(images.ImageError) as info:
+        images.convert_image(wide.getvalue(), size=None, mode="none")
+    assert str(info.value).startswith(f"too large for JPEG (HxW 2x{images.JPEG_MAX_SIDE + 1};")
+    tall = io.BytesIO()
+    Image.new("RGB", (3, 5)).save(tall, "PNG")  # 5 high, 3 wide
+    with pytest.raises(images.PixelLimitError, match=r"^too many pixels \(HxW 5x3 = 15 > "):
+        images.convert_image(tall.getvalue(), size=(2, 2), max_pixels=10)

@@ -529,6 +529,20 @@ def find_images(
     else:
         chosen = parse_classes(classes)
         present = sorted(name for name in by_class if by_class[name])
+        found = f"Found classes: {', '.join(map(printable, present)) or '(none)'}."
+        # A path (./daisy, ., ..) starts with '.' too: it is no hidden folder's name.
+        paths = [c for c in chosen if c in (".", "..") or "/" in c or os.sep in c]
+        if paths:
+            base = paths[0].replace(os.sep, "/").rstrip("/").rsplit("/", 1)[-1]
+            fix = (
+                f"pass the folder's name ({base!r})"
+                if base not in ("", ".", "..")
+                else "pass the class folders' names"
+            )
+            raise PetalError(
+                f"Class {paths[0]!r} in --classes is a path, not a class name: --classes takes "
+                f"the names of sub-folders of {root}; {fix}. {found}"
+            )
         hidden = [c for c in chosen if is_hidden(c)]
         if hidden:
             raise PetalError(
@@ -538,8 +552,7 @@ def find_images(
         unknown = [c for c in chosen if c not in by_class]
         if unknown:
             raise PetalError(
-                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. "
-                f"Found classes: {', '.join(map(printable, present)) or '(none)'}."
+                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. {found}"
             )
         empty = [c for c in chosen if not by_class[c]]
         if empty:

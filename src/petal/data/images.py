@@ -134,8 +134,9 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image
         Image.MAX_IMAGE_PIXELS = previous
     width, height = image.size
     if width * height > max_pixels:
+        # Height first, as --image-size and petal inspect give sizes.
         raise PixelLimitError(
-            f"too many pixels ({width}x{height} = {width * height:,} > max_pixels "
+            f"too many pixels (HxW {height}x{width} = {width * height:,} > max_pixels "
             f"{max_pixels:,}, a guard against decompression bombs)"
         )
     return image
@@ -351,10 +352,10 @@ def convert_image(
     h, w = out.shape[:2]
     # Only reachable with mode "none" (petal convert checks a target size up front).
     if format == "raw" and h * w * 3 > RAW_MAX_BYTES:
-        raise ImageError(f"too large for a raw record ({w}x{h}); use --format jpeg")
+        raise ImageError(f"too large for a raw record (HxW {h}x{w}); use --format jpeg")
     if format != "raw" and max(h, w) > JPEG_MAX_SIDE:
         raise ImageError(
-            f"too large for JPEG ({w}x{h}; at most {JPEG_MAX_SIDE} pixels per side); "
+            f"too large for JPEG (HxW {h}x{w}; at most {JPEG_MAX_SIDE} pixels per side); "
             "use --format raw"
         )
     if format == "raw":

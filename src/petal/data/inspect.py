@@ -52,6 +52,9 @@ class InspectReport:
             else by comparing the shard files with the manifest (present, size, listed); and
             records the grid could not read or draw.
         grid: path of the sample grid written, if any.
+        uncounted: splits with records whose per-class counts the manifest does not give
+            (hand-written or another tool's); ``verify`` counts them (``manifest`` then
+            holds the counts read, and this names the splits counted).
     """
 
     path: str
@@ -59,6 +62,7 @@ class InspectReport:
     verified: int | None = None
     problems: list[str] = field(default_factory=list)
     grid: str | None = None
+    uncounted: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -97,18 +101,28 @@ def inspect_records(
         path = os.path.dirname(path.rstrip("/")) or "."  # its shards lie beside it
     grid = image_path(str(grid)) if grid is not None else None
     counted: list[str] = []
+    uncounted: list[str] = []
     source = None if given_manifest else _codelab_source(path)
     if source is not None:
         path, manifest, counted = _codelab_manifest(source, progress)
     else:
-        manifest = _complete(read_manifest(manifest_path))
-    report = InspectReport(path=path, manifest=manifest)
+        given = read_manifest(manifest_path)
+        manifest = _complete(given)
+        # No per-class counts (check_manifest accepts that): a table of zeros would be false.
+        uncounted = [
+            split for split in schema.SPLITS
+            if manifest["splits"][split]["count"]
+            and "per_class" not in given["splits"].get(split, {})
+        ]  # fmt: skip
+    report = InspectReport(path=path, manifest=manifest, uncounted=uncounted)
     # convert's totals, from the manifest alone: they must agree with its splits.
     name = os.path.basename(manifest_path.rstrip("/")) if given_manifest else schema.MANIFEST_NAME
     totals = _check_totals(manifest, name)
     if verify:
-        report.verified, report.problems = _verify(path, manifest, progress)
+        report.verified, report.problems, read = _verify(path, manifest, progress)
         report.problems = totals + report.problems
+        for split in uncounted:  # the classes of the records read, as for codelab shards
+            manifest["splits"][split]["per_class"] = read[split]
     else:
         report.problems = totals + counted + _check_files(path, manifest)
     if source is None:  # a glob of shards may leave others beside them out on purpose
@@ -149,6 +163,8 @@ def _codelab_source(path: str):
             raise
         if not folders.isdir(path):
             raise PetalError(f"{path} is a file, not a records folder; {what}.") from None
+        if any(schema.is_shard_file(name) for name in _names(path)):
+            raise  # shards that training cannot read either: its reason is the precise one
         return None  # read_manifest says what is missing
     if source.kind == "folder":
         raise PetalError(
@@ -270,37 +286,20 @@ def _format(report: InspectReport) -> list[str]:
         ]
     else:
         lines = _conversion_lines(printable(report.path), m, size, quality)
-    width = max(10, *(columns(c) for c in classes))
-    lines.append(f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}")
-    totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
-    grand = max(1, sum(totals.values()))
-    for c in classes:
-        lines.append(
-            f"{ljust(c, width)} {splits['train']['per_class'].get(c, 0):>8} "
-            f"{splits['validation']['per_class'].get(c, 0):>11} {totals[c]:>8} "
-            f"{100 * totals[c] / grand:>6.1f}%"
-        )
-    read = {s: sum(splits[s]["per_class"].get(c, 0) for c in classes) for s in schema.SPLITS}
-    lines.append(
-        f"{'all':<{width}} {read['train']:>8} {read['validation']:>11} "
-        f"{sum(totals.values()):>8} {100.0:>6.1f}%"
-    )
-    short = [f"{s} {read[s]} of {splits[s]['count']}" for s in schema.SPLITS
-             if read[s] != splits[s]["count"]]  # fmt: skip
-    if short:
-        lines.append(
-            f"(classes of the records read: {', '.join(short)} that the file names count; "
-            "see the problems below)"
-        )
-    big = max(classes, key=lambda c: totals[c])
-    small = min(classes, key=lambda c: totals[c])
-    ratio = totals[big] / totals[small] if totals[small] else float("inf")
-    if totals[big] == totals[small]:
-        balance = f"balance: every class {totals[big]} images"
+    if report.uncounted and report.verified is None:
+        lines += [
+            f"classes: the manifest gives no per-class counts for "
+            f"{' and '.join(report.uncounted)} (--verify reads every record and counts them)",
+            "",
+        ]
     else:
-        balance = (f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} "
-                   f"{totals[small]})")
-    lines += [balance, ""]
+        if report.uncounted:
+            lines.append(
+                f"(per-class counts of {' and '.join(report.uncounted)}: not in the manifest; "
+                "the classes of the records read)"
+            )
+        counter = "the file names" if m.get("origin") == "codelab" else "the manifest's shards"
+        lines += _class_table(classes, splits, counter)
     for split in schema.SPLITS:
         shards = splits[split]["shards"]
         lines.append(
@@ -347,6 +346,43 @@ def _format(report: InspectReport) -> list[str]:
             lines += _listed(report.problems)
     if report.grid:
         lines.append(f"grid: {printable(report.grid)}")
+    return lines
+
+
+def _class_table(classes: list[str], splits: dict, counter: str) -> list[str]:
+    """Records per class and split, their shares, and the balance line; ``counter`` says
+    what counts the records of a split (the file names, the manifest)."""
+    width = max(10, *(columns(c) for c in classes))
+    lines = [f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}"]
+    totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
+    grand = max(1, sum(totals.values()))
+    for c in classes:
+        lines.append(
+            f"{ljust(c, width)} {splits['train']['per_class'].get(c, 0):>8} "
+            f"{splits['validation']['per_class'].get(c, 0):>11} {totals[c]:>8} "
+            f"{100 * totals[c] / grand:>6.1f}%"
+        )
+    read = {s: sum(splits[s]["per_class"].get(c, 0) for c in classes) for s in schema.SPLITS}
+    lines.append(
+        f"{'all':<{width}} {read['train']:>8} {read['validation']:>11} "
+        f"{sum(totals.values()):>8} {100.0:>6.1f}%"
+    )
+    short = [f"{s} {read[s]} of {splits[s]['count']}" for s in schema.SPLITS
+             if read[s] != splits[s]["count"]]  # fmt: skip
+    if short:
+        lines.append(
+            f"(classes of the records read: {', '.join(short)} that {counter} count; "
+            "see the problems below)"
+        )
+    big = max(classes, key=lambda c: totals[c])
+    small = min(classes, key=lambda c: totals[c])
+    ratio = totals[big] / totals[small] if totals[small] else float("inf")
+    if totals[big] == totals[small]:
+        balance = f"balance: every class {totals[big]} images"
+    else:
+        balance = (f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} "
+                   f"{totals[small]})")
+    lines += [balance, ""]
     return lines
 
 
@@ -438,17 +474,20 @@ def _shard_size(file: str, name: str) -> tuple[int | None, str | None]:
 def _unlisted(path: str, manifest: dict) -> list[str]:
     """Shards in the folder that the manifest does not list (two conversions mixed)."""
     listed = {shard["file"] for s in schema.SPLITS for shard in manifest["splits"][s]["shards"]}
+    return [
+        f"{name}: not listed in the manifest (another conversion's shard?)"
+        for name in sorted(_names(path))
+        if schema.is_shard_file(name) and name not in listed
+    ]
+
+
+def _names(path: str) -> list[str]:
+    """The names in folder ``path`` (local or remote)."""
     if folders.is_remote(path):
         import tensorflow as tf
 
-        names = [n.rstrip("/") for n in tf.io.gfile.listdir(path)]
-    else:
-        names = os.listdir(path)
-    return [
-        f"{name}: not listed in the manifest (another conversion's shard?)"
-        for name in sorted(names)
-        if schema.is_shard_file(name) and name not in listed
-    ]
+        return [n.rstrip("/") for n in tf.io.gfile.listdir(path)]
+    return os.listdir(path)
 
 
 # --- verify --------------------------------------------------------------------------------------
@@ -508,7 +547,10 @@ def _file_digest(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
+def _verify(
+    path: str, manifest: dict, progress: bool
+) -> tuple[int, list[str], dict[str, dict[str, int]]]:
+    """(records read, problems, per split the classes of the records that read whole)."""
     import tensorflow as tf
     from tqdm.auto import tqdm
 
@@ -517,6 +559,7 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
     check = _checker(manifest["format"], codelab=manifest.get("origin") == "codelab")
     problems: list[str] = []
     read = 0
+    read_per_class: dict[str, dict[str, int]] = {}
     total = sum(manifest["splits"][s]["count"] for s in schema.SPLITS)
     with tqdm(total=total, desc="verify", unit="rec", disable=not progress) as bar:
         for split in schema.SPLITS:
@@ -601,7 +644,8 @@ def _verify(path: str, manifest: dict, progress: bool) -> tuple[int, list[str]]:
                     for c, n in zip(classes, per_class, strict=True)
                     if n != said.get(c, 0)
                 ]
-    return read, problems
+            read_per_class[split] = {c: n for c, n in zip(classes, per_class, strict=True) if n}
+    return read, problems, read_per_class
 
 
 def _field_issue(

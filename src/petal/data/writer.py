@@ -14,9 +14,11 @@ The conversion reads the files twice:
    does not depend on the number of workers.
 
 Between the passes the files are split (seeded, stratified by class, disjoint by content),
-shuffled with the seed and cut into shards. Shards are written under temporary names and
-renamed once all are complete; the manifest is written last, so a folder without
-``manifest.json`` is never a finished conversion, and the next run removes what an
+shuffled with the seed and cut into shards. Files that pass 2 skips leave their class's
+validation share short or long; where they do, the files are split again without them (the
+others keep their seeded order) and every shard is written again. Shards are written under
+temporary names and renamed once all are complete; the manifest is written last, so a folder
+without ``manifest.json`` is never a finished conversion, and the next run removes what an
 interrupted one left behind. A complete conversion being replaced (``overwrite``) is
 removed only once the new shards are complete, so a run that fails keeps it (at the cost
 of room for both on disk meanwhile). A conversion holds a local output folder
@@ -51,7 +53,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
@@ -66,6 +68,7 @@ from petal.running import (
     in_use_error,
     mark_running,
     reading_elsewhere,
+    signals_held,
 )
 
 log = logging.getLogger(__name__)
@@ -503,8 +506,12 @@ class _Mapper:
         return lambda: self._result(future)
 
     def _submit(self, fn: Callable, chunk: Sequence):
-        # A submit starts a worker process when none is idle.
-        with _caller_script_hidden():
+        # A submit starts a worker process when none is idle. Ctrl-C or SIGTERM wait until
+        # it is started and known to the pool: raised while the forkserver forked it (the
+        # first one waits for the server's imports), it left a worker the pool did not
+        # know, which read the pool's queue after close() had removed its semaphores and
+        # printed a traceback under "interrupted".
+        with _caller_script_hidden(), signals_held():
             return self._pool.submit(_run_chunk, fn, chunk)
 
     @staticmethod
@@ -839,7 +846,11 @@ def _prepare_output(output: str) -> list[str]:
 
 
 def split_files(
-    probed: Sequence[_Probed], classes: Sequence[str], val_fraction: float, seed: int
+    probed: Sequence[_Probed],
+    classes: Sequence[str],
+    val_fraction: float,
+    seed: int,
+    failed: Collection[str] = (),
 ) -> dict[str, list[_Probed]]:
     """Seeded, class-stratified split, disjoint by content.
 
@@ -848,21 +859,30 @@ def split_files(
     (counting groups it owns) to validation, chosen by a generator seeded with the seed
     and the class name, so one class's split does not depend on the others. A group under
     several classes belongs to the first: a copy filed under a later class goes with it.
+
+    ``failed`` names (by relpath) files that could not be converted: they are left out of
+    both sides and of ``n``, and a class's next files in the same seeded order take their
+    places, so the share holds over the images written. With none failed the split is
+    the same as without the argument.
     """
+    failed = frozenset(failed)
     groups: dict[str, list[_Probed]] = {}
     for item in probed:
         groups.setdefault(item.content, []).append(item)
     owned: dict[int, list[list[_Probed]]] = {}
     for group in groups.values():  # a group belongs to its first member's class
         owned.setdefault(group[0].file.label, []).append(group)
-    totals = Counter(item.file.label for item in probed)
+    totals = Counter(item.file.label for item in probed if item.file.relpath not in failed)
     in_val: Counter = Counter()
     splits: dict[str, list[_Probed]] = {"train": [], "validation": []}
     for label, name in enumerate(classes):
         target = math.floor(val_fraction * totals[label] + 0.5)
+        # Shuffled with the failed files still in: the order, and so the choice of the
+        # others, stays that of the split made before they failed.
         class_groups = owned.get(label, [])
         random.Random(f"petal-split:{seed}:{name}").shuffle(class_groups)
         for group in class_groups:
+            group = [item for item in group if item.file.relpath not in failed]
             side = "validation" if in_val[label] < target else "train"
             splits[side] += group
             if side == "validation":
@@ -1125,10 +1145,33 @@ def convert(
                     "share is rounded); lower --val-fraction or add images."
                 )
             shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
+
+            def resplit(failed: set[str]) -> tuple[dict, dict[str, int]] | None:
+                """The split over the files that converted, where it is not the one written
+                less the failed files (their class's share counted them)."""
+                if not failed:
+                    return None
+                again = split_files(probed, folder.classes, val_fraction, seed, failed)
+                if all(
+                    {p.file.relpath for p in again[s]}
+                    == {p.file.relpath for p in splits[s]} - failed
+                    for s in schema.SPLITS
+                ):
+                    return None
+                if not again["train"]:
+                    raise PetalError(
+                        f"The train split would be empty: val_fraction={val_fraction} sends "
+                        f"all {len(probed) - len(failed)} images under {source} that could be "
+                        "converted to validation (each class's share is rounded); lower "
+                        "--val-fraction or add images."
+                    )
+                return again, _shard_counts(again, options, shards, shard_mb, estimate)
+
             try:
                 written = _write(
-                    source, output, splits, shard_counts, options, mapper, progress, skipped
-                )
+                    source, output, splits, shard_counts, options, mapper, progress, skipped,
+                    resplit,
+                )  # fmt: skip
                 manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
                 _write_manifest(output, manifest)
             except tensorflow.errors.OpError as err:
@@ -1298,30 +1341,30 @@ def _write(
     mapper: _Mapper,
     progress: bool,
     skipped: list[dict],
+    resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
 ) -> dict[str, list[dict]]:
     """Pass 2: converts and writes every shard; returns per split its shards' entries.
 
     Each entry holds the final file name, record count, bytes, checksum and per-class
-    counts. Files that fail to convert are appended to ``skipped``.
+    counts. Files that fail to convert are appended to ``skipped``. When they change the
+    split, ``resplit(failed)`` gives the new one (splits and shard counts) and every shard
+    is written again without them (converted again: a cost only conversions with such
+    files pay).
     """
-    # (split, shard index) for every record, in writing order.
-    plan: list[tuple[str, int, _Probed]] = []
-    for split in schema.SPLITS:
-        items = iter(splits[split])
-        for index, size in enumerate(_shard_sizes(len(splits[split]), shard_counts[split])):
-            plan += [(split, index, next(items)) for _ in range(size)]
-
+    write = _write_pieces if _pieces_possible(output) else _write_records
     previous = _prepare_output(output)
     temp_paths: list[str] = []
     try:
-        if _pieces_possible(output):
-            shards = _write_pieces(
-                source, output, plan, options, mapper, progress, skipped, temp_paths
-            )
-        else:
-            shards = _write_records(
-                source, output, plan, options, mapper, progress, skipped, temp_paths
-            )
+        before = len(skipped)
+        plan = _plan(splits, shard_counts)
+        shards = write(source, output, plan, options, mapper, progress, skipped, temp_paths)
+        if shards and (again := resplit({s["file"] for s in skipped[before:]})):
+            log.info("petal: files that could not be converted changed the split: writing again")
+            for shard in shards.values():
+                _remove(shard["temp"])
+            splits, shard_counts = again
+            plan = _plan(splits, shard_counts)
+            shards = write(source, output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
         if not any(split == "train" for split, _ in shards):
@@ -1372,6 +1415,18 @@ def _write(
         except Exception as cleanup:  # e.g. the store became unreachable: report the cause
             log.warning("Could not remove the temporary files in %s: %s", output, cleanup)
         raise
+
+
+def _plan(
+    splits: dict[str, list[_Probed]], shard_counts: dict[str, int]
+) -> list[tuple[str, int, _Probed]]:
+    """(split, shard index, file) for every record, in writing order."""
+    plan: list[tuple[str, int, _Probed]] = []
+    for split in schema.SPLITS:
+        items = iter(splits[split])
+        for index, size in enumerate(_shard_sizes(len(splits[split]), shard_counts[split])):
+            plan += [(split, index, next(items)) for _ in range(size)]
+    return plan
 
 
 def _temp_shard(output: str, key: tuple[str, int], temp_paths: list[str]) -> str:
