@@ -150,8 +150,9 @@ def main() -> None:
     args = parser.parse_args()
     # Before the warm-up (a --rounds 0 run ended in a traceback after it); --per-class 0
     # once meant every image.
-    for flag, value in (("--rounds", args.rounds), ("--per-class", args.per_class),
-                        ("--workers", args.workers), ("--image-size", args.image_size)):  # fmt: skip
+    flags = (("--rounds", args.rounds), ("--per-class", args.per_class),
+             ("--workers", args.workers), ("--image-size", args.image_size))  # fmt: skip
+    for flag, value in flags:
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1. Received: {value}")
 

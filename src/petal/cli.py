@@ -12,7 +12,6 @@ import _thread
 import argparse
 import contextlib
 import dataclasses
-import errno
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
 from petal.display import columns, ljust
-from petal.errors import PetalError, cannot_write, printable, tf_message
+from petal.errors import PetalError, cannot_write, disk_full, printable, tf_message
 from petal.jsonfile import json_text
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
@@ -801,7 +800,7 @@ def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
 def _os_error_line(err: OSError) -> str:
     """An OSError in one line, naming its file when it has one; a full disk with its fix
     (its message, ``[Errno 28] No space left on device``, said neither)."""
-    if err.errno == errno.ENOSPC:
+    if disk_full(err):
         where = f" writing {printable(err.filename)}" if err.filename else ""
         return (
             f"No space left on the device{where}: free space on that disk, or write to "
