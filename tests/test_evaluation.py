@@ -627,7 +627,7 @@ def test_a_folder_photo_over_the_pixel_limit_names_the_option_that_reads_it(
         evaluate(trained, folder, log=lambda line: None, warn=lambda line: None)
     assert str(caught.value) == (
         f"1 image(s) in {folder} cannot be decoded: {folder}/daisy/huge.png: too many pixels "
-        "(10000x9000 = 90,000,000 > max_pixels 89,478,485, a guard against decompression "
+        "(HxW 9000x10000 = 90,000,000 > max_pixels 89,478,485, a guard against decompression "
         "bombs). Remove or replace them, convert the folder with `petal convert` (it skips "
         "and lists unreadable files in manifest.json; its --max-pixels N converts larger "
         "photos), or evaluate with --skip-corrupt."
