@@ -598,8 +598,9 @@ def run(
         seconds: timed seconds per case and round (after warm-up).
         augment: the augmentation of the "+aug" cases.
         repeats: rounds over all cases (``remote`` included). Each case reports its median;
-            each ratio, and each case's ``x_ceiling``, is the median of the ratios within a round (cases of one
-            round ran under the same machine load, which matters on a shared machine).
+            each ratio, and each case's ``x_ceiling``, is the median of the ratios within a
+            round (cases of one round ran under the same machine load, which matters on a
+            shared machine).
         remote_latency_ms: also measure reads through a loopback object server with this
             latency per request.
         cases: only these case names (``ceiling``, ``folder``, ``jpeg``, ``jpeg-uint8``,
