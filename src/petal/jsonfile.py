@@ -1,4 +1,5 @@
-"""The one place petal writes its JSON files (``config.json``, ``state.json``, ``metrics.json``).
+"""The one place petal writes its JSON files (``config.json``, ``state.json``, ``metrics.json``),
+and how it writes any file atomically (:func:`save_atomically`).
 
 Python's ``json`` writes a non-finite float as ``NaN`` or ``Infinity``, which is not JSON: strict
 parsers (``jq``, JavaScript, Go) refuse the whole file. A loss that became NaN is written as
@@ -32,14 +33,37 @@ def json_text(data) -> str:
 
 def write_json(path: str | Path, data) -> None:
     """Write :func:`json_text` through a temporary file and an atomic rename."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}")
+    save_atomically(Path(path), lambda tmp: Path(tmp).write_text(json_text(data)))
+
+
+def temporary_name(path: Path) -> Path:
+    """The temporary file ``path`` is written as before its rename (``.tmp-NAME``: Keras
+    picks a model's format from the suffix, so the name keeps it)."""
+    return path.with_name(f".tmp-{path.name}")
+
+
+def save_atomically(path: Path, save) -> None:
+    """``save(FILE)`` into a temporary file renamed to ``path`` once it is whole, so
+    ``path`` is never a file cut short (by a kill, a full disk).
+
+    Raises:
+        what ``save`` raised, once its temporary file is removed (a full disk kept it, and
+        filled up again at the next try); an OSError naming no file names ``path``.
+    """
+    tmp = temporary_name(path)
     try:
-        tmp.write_text(json_text(data))
+        save(str(tmp))
         os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):  # a full disk: leave no temporary file
-            tmp.unlink(missing_ok=True)
-        if err.filename is None:  # a write's error names no file
-            err.filename = str(path)
+    except BaseException as err:
+        failed_write(err, path, tmp)
         raise
+
+
+def failed_write(err: BaseException, path: Path, tmp: Path | None = None) -> None:
+    """After ``err`` writing ``path``: remove its temporary file ``tmp``, and name ``path``
+    in an OSError that names no file (a write's, Keras' and h5py's on a full disk do not)."""
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    if isinstance(err, OSError) and err.filename is None:
+        err.filename = str(path)

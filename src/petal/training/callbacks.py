@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import keras
 
-from petal.jsonfile import write_json
+from petal.jsonfile import failed_write, save_atomically, temporary_name, write_json
 from petal.running import signals_held
 
 HISTORY_FIELDS = (
@@ -315,9 +314,9 @@ class Checkpointer(keras.callbacks.Callback):
         improved = val_acc is not None and float(val_acc) > state.get("best_val_accuracy", -1.0)
         if improved:
             try:
-                self.model.save_weights(str(_tmp(best)))
+                self.model.save_weights(str(temporary_name(best)))
             except BaseException as err:
-                _failed_write(err, best, _tmp(best))
+                failed_write(err, best, temporary_name(best))
                 raise
             state["best_val_accuracy"] = float(val_acc)
             state["best_epoch"] = epoch + 1
@@ -328,44 +327,13 @@ class Checkpointer(keras.callbacks.Callback):
             write_json(self.workdir / "state.json", state)
         except BaseException as err:
             # The epoch is not saved: its best weights are not kept either.
-            _failed_write(err, self.workdir / "state.json", _tmp(best) if improved else None)
+            tmp = temporary_name(best) if improved else None
+            failed_write(err, self.workdir / "state.json", tmp)
             raise
         self.state.update(state)
         if improved:
             # Only once state.json names its epoch: a resume keeps the state's best.
-            os.replace(_tmp(best), best)
-
-
-def _tmp(path: Path) -> Path:
-    # Keras picks the format from the suffix, so the temporary name keeps it.
-    return path.with_name(f".tmp-{path.name}")
-
-
-def save_atomically(path: Path, save: Callable[[str], None]) -> None:
-    """``save(FILE)`` into a temporary file renamed to ``path`` once it is whole, so
-    ``path`` is never a file cut short (by a kill, a full disk).
-
-    Raises:
-        what ``save`` raised, once its temporary file is removed (a full disk kept it, and
-        filled up again at the next try); an OSError naming no file names ``path``.
-    """
-    tmp = _tmp(path)
-    try:
-        save(str(tmp))
-        os.replace(tmp, path)
-    except BaseException as err:
-        _failed_write(err, path, tmp)
-        raise
-
-
-def _failed_write(err: BaseException, path: Path, tmp: Path | None = None) -> None:
-    """After ``err`` writing ``path``: remove its temporary file ``tmp``, and name ``path``
-    in an OSError that names no file (Keras' and h5py's on a full disk do not)."""
-    if tmp is not None:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-    if isinstance(err, OSError) and err.filename is None:
-        err.filename = str(path)
+            os.replace(temporary_name(best), best)
 
 
 class StoreGuard(keras.callbacks.Callback):

@@ -41,6 +41,7 @@ from pathlib import Path
 from petal.data.folders import absolute_data, is_remote, same_place
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
+from petal.jsonfile import save_atomically
 from petal.running import (
     in_use_error,
     mark_reading,
@@ -56,7 +57,6 @@ from petal.training.callbacks import (
     StepProgress,
     StoreGuard,
     read_history,
-    save_atomically,
     truncate_history,
     write_json,
 )
