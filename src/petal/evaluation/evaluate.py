@@ -41,7 +41,7 @@ from petal.evaluation.workdir import (
     progress_bar,
     top_k_for,
 )
-from petal.jsonfile import write_json
+from petal.jsonfile import temporary_name, write_json
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -516,7 +516,7 @@ def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, tit
         PetalError: the files cannot be written (a full disk), naming ``out`` and the fix.
     """
     # eval.json first: an interruption part-way leaves no eval.json that looks complete.
-    names = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, f".tmp-{PENDING_JSON}")
+    names = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
 
     def remove() -> None:
         for name in names:
