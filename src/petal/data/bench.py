@@ -597,9 +597,9 @@ def run(
         batch_size: batch size of every pipeline.
         seconds: timed seconds per case and round (after warm-up).
         augment: the augmentation of the "+aug" cases.
-        repeats: rounds over all cases (``remote`` included). Each case reports its median;
-            each ratio, and each case's ``x_ceiling``, is the median of the ratios within a
-            round (cases of one round ran under the same machine load, which matters on a
+        repeats: rounds over all cases (``remote`` included, its rounds after all the
+            others'). Each case reports its median; each ratio, and each case's
+            ``x_ceiling``, is the median of the ratios within a round (cases of one round ran under the same machine load, which matters on a
             shared machine).
         remote_latency_ms: also measure reads through a loopback object server with this
             latency per request.
@@ -812,8 +812,14 @@ def run(
                     f"{step} {name}: {ips:,.0f} images/s, "
                     f"{bps:,.1f} batches/s, {cpu_ms:.3f} CPU ms/image"
                 )
-            if "remote" in wanted and remote_latency_ms is not None:
-                # In every round like the other cases, so --repeat gives it a median too.
+        # The remote rounds come after every local one: once a process has read a
+        # ``Dataset.from_generator`` (the remote readers' downloads), TensorFlow runs its
+        # float pipelines there about 3x slower (cached 14,557 -> 3,691 images/s in the rounds
+        # after it, session 23). The remote ratio is within its own round, so --repeat still
+        # gives it a median.
+        if "remote" in wanted and remote_latency_ms is not None:
+            for round_index in range(repeats):
+                step = f"[{round_index + 1}/{repeats}]"
                 remote_runs.append(
                     remote_bench(
                         src,
