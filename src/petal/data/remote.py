@@ -24,6 +24,8 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import ctypes
+import ctypes.util
 import http.client
 import http.server
 import io
@@ -583,6 +585,34 @@ def store_error(mark: int, action: str) -> PetalError | None:
     )
 
 
+# glibc's largest adaptive thresholds (its defaults grow up to these): buffers up to 32 MB
+# come from the heap and are reused, and up to 64 MB of free heap stays with the process.
+_MMAP_THRESHOLD = 32 << 20
+_TRIM_THRESHOLD = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def restore_malloc_thresholds() -> bool:
+    """Undoes what TensorFlow's first ``Dataset.from_generator`` iterator does to the process.
+
+    That iterator sets glibc's ``M_TRIM_THRESHOLD`` to 128 KB ("Memory patch applied" in
+    TensorFlow's log), which also ends glibc's adaptive mmap threshold: from then on every
+    buffer over 128 KB (each batch of images) is mapped and unmapped afresh, page by page,
+    and every tf.data pipeline of the process turns float32 batches out about 3x slower
+    (cached images 11,645 -> 3,403 images/s; see benchmarks/README.md, session 23). Called
+    when a remote reader's generator starts (after TensorFlow's patch): it sets the
+    thresholds the adaptive ones grow to. True when set; False where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )
+
+
 def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False):
     """A generator factory: ``fetch(item)`` run ``parallel`` at a time, yielded in order.
 
@@ -593,6 +623,7 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
     """
 
     def generate():
+        restore_malloc_thresholds()
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
             for i in _order(len(items), shuffle_seed, repeat):
@@ -745,6 +776,7 @@ def _staged_shards(urls, expected, *, budget, shuffle_seed, repeat, deterministi
     """
 
     def generate():
+        restore_malloc_thresholds()
         staging_dir, staging = _staging_dir(), _Staging()
 
         def fetch(url):
