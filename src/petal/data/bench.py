@@ -812,11 +812,11 @@ def run(
                     f"{step} {name}: {ips:,.0f} images/s, "
                     f"{bps:,.1f} batches/s, {cpu_ms:.3f} CPU ms/image"
                 )
-        # The remote rounds come after every local one: once a process has read a
-        # ``Dataset.from_generator`` (the remote readers' downloads), TensorFlow runs its
-        # float pipelines there about 3x slower (cached 14,557 -> 3,691 images/s in the rounds
-        # after it, session 23). The remote ratio is within its own round, so --repeat still
-        # gives it a median.
+        # The remote rounds come after every local one, so nothing they leave in the process
+        # weighs on the local cases: TensorFlow's from_generator patch made the rounds after
+        # a remote one ~3x slower (cached 14,557 -> 3,691 images/s, session 23) until
+        # remote.restore_malloc_thresholds. The remote ratio is within its own round, so
+        # --repeat still gives it a median.
         if "remote" in wanted and remote_latency_ms is not None:
             for round_index in range(repeats):
                 step = f"[{round_index + 1}/{repeats}]"
