@@ -596,3 +596,48 @@ def test_a_source_takes_split_names_in_any_case(make_records):
     assert src.count("Train") == 13 and src.files("ALL") == src.files("all")
     with pytest.raises(PetalError, match=r"Unknown split 'test'"):
         src.count("test")
+
+
+def test_codelab_classes_given_must_agree_with_the_names_the_records_hold(
+    make_records, monkeypatch
+):
+    """Codelab-named shards whose records carry their class names (``label``): classes= in
+    another order was taken silently, and a run trained with --classes called every daisy
+    "tulips". Compared where the names are known: a peek knows those of its records only."""
+    from conftest import CLASSES, keep_only
+
+    folder = make_records("late", counts={"all": [40] * 6}, codelab=True, fmt="jpeg")
+    # Records 34-39 of each shard: a sixth class, named "sixth", past the first 32 read.
+    for shard in sorted(folder.glob("*.tfrec")):
+        examples = [tf.train.Example.FromString(r.numpy())
+                    for r in tf.data.TFRecordDataset(str(shard))]  # fmt: skip
+        with tf.io.TFRecordWriter(str(shard)) as writer:
+            for k, example in enumerate(examples):
+                if k >= 34:
+                    feature = example.features.feature
+                    feature["class"].int64_list.value[:] = [5]
+                    feature["label"].bytes_list.value[:] = [b"sixth"]
+                writer.write(example.SerializeToString())
+    assert open_source(str(folder)).classes == (*CLASSES, "sixth")
+    named = [*CLASSES, "sixth"]
+    assert open_source(str(folder), classes=named).classes == tuple(named)
+    with pytest.raises(PetalError, match=(
+        rf"^classes names class index 0 'tulips' but the shards at {folder} name it 'daisy' "
+        r"\(their label field, read in every record\): leave classes \(--classes\) out, the "
+        r"records name their classes, or give them in the records' order \(daisy,dandelion,"
+        r"roses,sunflowers,tulips,sixth\)\. Received: classes=tulips,sunflowers,roses,"
+        r"dandelion,daisy,sixth$"
+    )):
+        open_source(str(folder), classes=[*CLASSES[::-1], "sixth"])
+    with pytest.raises(PetalError, match=r"class index 5 'lilies' but .* name it 'sixth'"):
+        open_source(str(folder), classes=[*CLASSES, "lilies"])
+    # Peeked (too large to read whole, or remote): index 5's name is not known, so not compared;
+    # the five read still are.
+    monkeypatch.setattr(reader, "MAX_CLASS_SCAN_BYTES", 0)
+    assert open_source(str(folder), classes=[*CLASSES, "lilies"]).classes[5] == "lilies"
+    with pytest.raises(PetalError, match=r"class index 2 'sunflowers' but .* name it 'roses' "
+                       r"\(their label field, read in the first 32 records of each shard\)"):
+        open_source(str(folder), classes=["daisy", "dandelion", "sunflowers", "roses", "tulips"])
+    # Records with class ids alone: classes names them, in any words.
+    keep_only(folder)
+    assert open_source(str(folder), classes="a,b,c,d,e,f").classes == tuple("abcdef")

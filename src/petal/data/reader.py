@@ -157,7 +157,8 @@ def open_source(
             class sub-folders of images; local, ``gs://`` (anything ``tf.io.gfile`` reads) or
             ``http://`` (see :mod:`petal.data.remote`).
         classes: class names in index order (a list, or a comma-separated string), for
-            codelab shards (at least one per class index their records hold) and image
+            codelab shards (at least one per class index their records hold, and the names
+            their records' ``label`` gives, where it gives them) and image
             folders (the class folders to read, in this order); a records folder's are its
             manifest's (others are refused).
         val_fraction: validation fraction for codelab shards (by file, default 0.19) and
@@ -388,6 +389,7 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
                 f"index {seen - 1} (read in {read}): list every class in index order, "
                 f"{seen} at least. Received: classes={','.join(classes)}"
             )
+        _check_named_classes(root, names, classes, read)
         found = tuple(classes)
         how = "as classes= lists them"
     else:
@@ -406,6 +408,24 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
     return source
+
+
+def _check_named_classes(root: str, names: dict[int, str], classes, read: str) -> None:
+    """``classes`` given for codelab shards whose records name their classes (``names``: by
+    index, those read) must agree with them: else every record of a class would be called by
+    another's name (a run trained on it mislabels every prediction). Shards that name none
+    take ``classes`` as given: naming them is what it is for."""
+    wrong = [i for i in sorted(names) if i < len(classes) and classes[i] != names[i]]
+    if not wrong:
+        return
+    i = wrong[0]
+    order = ",".join(names.get(k, "?") for k in range(max(names) + 1))
+    raise PetalError(
+        f"classes names class index {i} {classes[i]!r} but the shards at {root} name it "
+        f"{names[i]!r} (their label field, read in {read}): leave classes (--classes) out, "
+        f"the records name their classes, or give them in the records' order ({order}). "
+        f"Received: classes={','.join(classes)}"
+    )
 
 
 def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int]], int]:
