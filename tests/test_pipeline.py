@@ -998,3 +998,48 @@ def test_split_names_in_any_case(records):
     assert sorted(ids) == list(range(19, 28))
     ds = train_dataset(str(records), batch_size=4, split="TRAIN", seed=0)
     assert next(iter(ds))[0].shape == (4, 16, 16, 3)
+
+
+def test_skip_corrupt_names_and_counts_an_image_folders_undecodable_files(
+    small_flowers, tmp_path, caplog, capfd
+):
+    """Library callers of an image folder with skip_corrupt: its undecodable files were
+    dropped unnamed and uncounted, with two anonymous Python tracebacks on stderr."""
+    import logging
+
+    from conftest import link_photos
+
+    photos = link_photos(small_flowers, tmp_path / "photos", per_class=4, classes=2)
+    a, b = sorted(p for p in photos.iterdir())
+    (a / "zz_bad.jpg").write_bytes(b"notanimage")
+    first = sorted(small_flowers.glob(f"{a.name}/*.jpg"))[0]
+    (b / "zz_trunc.jpg").write_bytes(first.read_bytes()[:3000])
+    caplog.set_level(logging.WARNING, logger="petal")
+    images = [x for x, _ in eval_dataset(str(photos), batch_size=3, image_size=32, split="all",
+                                         skip_corrupt=True)]  # fmt: skip
+    assert sum(len(x) for x in images) == 8
+    # Decoded in parallel: either file may come first.
+    lines = sorted(r.getMessage().rsplit("; ", 1) for r in caplog.records)
+    assert lines == [
+        [f"petal: skipped {a}/zz_bad.jpg of {photos}: it cannot be decoded (not an image (no "
+         "known image format in the file))", lines[0][1]],
+        [f"petal: skipped {b}/zz_trunc.jpg of {photos}: it cannot be decoded (corrupt or "
+         "truncated image: image file is truncated (15 bytes not processed))", lines[1][1]],
+    ]  # fmt: skip
+    assert sorted(line[1] for line in lines) == [
+        "1 file(s) skipped so far", "2 file(s) skipped so far"
+    ]
+    assert "Traceback" not in capfd.readouterr().err
+    # Training: each file named once, not again every epoch (8 images: 2 batches a pass).
+    caplog.clear()
+    ds = train_dataset(str(photos), batch_size=4, image_size=32, split="all",
+                       skip_corrupt=True, seed=0, cache="off")  # fmt: skip
+    assert sum(len(x) for x, _ in ds.take(6)) == 24
+    assert len(caplog.records) == 2 and "Traceback" not in capfd.readouterr().err
+    # Named up front by the caller (as petal train and evaluate do): not named again.
+    caplog.clear()
+    bad, _ = pipeline.decode_skips(str(photos), "all")
+    assert len(bad) == 2
+    assert sum(len(x) for x, _ in eval_dataset(str(photos), batch_size=3, image_size=32,
+                                               split="all", skip_corrupt=True)) == 8  # fmt: skip
+    assert not caplog.records

@@ -51,6 +51,7 @@ import math
 import os
 import secrets
 import tempfile
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -219,7 +220,7 @@ def train_dataset(
         )
     cache_to = _resolve_cache(cache, src, split, size, input_context, resize, skip_corrupt)
 
-    decode = _decoder(src, size, resize)
+    decode = _decoder(src, size, resize, skip_corrupt=skip_corrupt)
     # Batches of records at the requested size are decoded a batch per map call.
     group_decode = None
     if cache_to is None and not skip_corrupt:
@@ -314,7 +315,7 @@ def eval_dataset(
         input_context=input_context,
         skip_corrupt=skip_corrupt,
     )
-    decode = _decoder(src, size, resize, fit)
+    decode = _decoder(src, size, resize, fit, skip_corrupt=skip_corrupt)
     ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = _ignore_decode_errors(ds, skip_corrupt, src)
     if cache_to is not None:
@@ -510,6 +511,8 @@ def _read(
         if training:
             # File names are cheap to shuffle: shuffle them all, then read in parallel.
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        if skip_corrupt:
+            return ds  # paths: the decoder reads each file, and names one it skips
         return ds.map(
             _graph(lambda p, y: (tf.io.read_file(p), y)),
             num_parallel_calls=AUTOTUNE,
@@ -712,12 +715,17 @@ def _cached(src, split, input_context, skip_corrupt, decode, cache_to):
     return _ignore_decode_errors(ds, skip_corrupt, src).cache(cache_to)
 
 
-def _decoder(src: Source, size: tuple[int, int], resize: str = "fill", fit=None):
+def _decoder(
+    src: Source, size: tuple[int, int], resize: str = "fill", fit=None, skip_corrupt=False
+):
     """``element -> (uint8 image [H, W, 3], int32 class)`` for this source; image-folder
     files are fitted to ``size`` with ``resize`` (to ``fit`` first, then resized to
-    ``size`` as records are, when ``fit`` is another size)."""
+    ``size`` as records are, when ``fit`` is another size). An image folder's with
+    ``skip_corrupt``: ``-> (image, class, decoded)``, see :func:`_skipping_file_decoder`."""
     stored = src.image_size
     h, w = size
+    if src.kind == "folder" and skip_corrupt:
+        return _skipping_file_decoder(src, size, resize, fit)
     if src.kind == "folder":
 
         def decode_file(data, label):
@@ -921,10 +929,88 @@ def _op_reason(err) -> str:
 
 def _ignore_decode_errors(ds, skip_corrupt: bool, src: Source):
     # A record whose CRC is fine but whose image does not decode: drop it when asked to,
-    # with TensorFlow's warning naming the error. An image folder's file is dropped without
-    # it (a Python traceback that does not name the file, every epoch): its callers name
-    # the files up front (folder_skips).
-    return ds.ignore_errors(log_warning=src.kind != "folder") if skip_corrupt else ds
+    # with TensorFlow's warning naming the error. An image folder's file that does not
+    # decode was named by its decoder (_skipping_file_decoder), which flags it to drop here.
+    if not skip_corrupt:
+        return ds
+    if src.kind == "folder":
+        ds = ds.filter(_graph(lambda image, label, decoded: decoded))
+        ds = ds.map(_graph(lambda image, label, decoded: (image, label)))
+        # (Anything else that fails, as a request over http: dropped, as before.)
+        return ds.ignore_errors(log_warning=False)
+    return ds.ignore_errors(log_warning=True)
+
+
+# Files that the caller named up front as undecodable (decode_skips): not named again.
+_NAMED_UP_FRONT: set[str] = set()
+
+
+class _FileSkips:
+    """The files of one image-folder pipeline that ``skip_corrupt`` drops: each named in a
+    warning the first time it fails, with the number skipped so far (later epochs fail on
+    the same files quietly)."""
+
+    def __init__(self, src: Source):
+        self.src = src
+        self.seen: set = set()
+        self.lock = threading.Lock()
+
+    def skip(self, path: str | None, data: bytes, reason: str) -> None:
+        # A file read over http comes as its bytes alone: known again by their hash.
+        key = path if path is not None else hashlib.sha1(data).hexdigest()
+        with self.lock:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+            n = len(self.seen)
+        if path in _NAMED_UP_FRONT:
+            return
+        if path is None:
+            what = "a file (read over http: not named here; undecodable_files names them)"
+        else:
+            what = path
+        log.warning(
+            "petal: skipped %s of %s: it cannot be decoded (%s); %d file(s) skipped so far",
+            what, self.src.path, reason, n,
+        )
+
+
+def _skipping_file_decoder(src: Source, size, resize: str, fit):
+    """``(path or bytes, label) -> (uint8 image, label, decoded)`` for an image folder read
+    with ``skip_corrupt``: a file that cannot be read or decoded is named in a warning (see
+    :class:`_FileSkips`) and comes out as a blank image with ``decoded`` False, which
+    :func:`_ignore_decode_errors` drops. Its error is caught here, in Python: raised
+    inside the pipeline, TensorFlow printed its traceback (naming no file) every epoch.
+    Local files come as paths (:func:`_read`), read here; over http, as their bytes."""
+    skips = _FileSkips(src)
+    target = tuple(fit or size)
+    shape = (1, 1, 3) if resize == "none" else (*target, 3)
+
+    def load(element) -> tuple[np.ndarray, bool]:
+        element = element.item() if isinstance(element, np.ndarray) else element
+        path, data = (None, element) if src.remote else (element.decode("utf-8"), b"")
+        try:
+            if path is not None:
+                with tf.io.gfile.GFile(path, "rb") as f:  # local or gs://
+                    data = f.read()
+            if resize == "none":
+                return _decode_file(data), True
+            return _fit_file(data, target, resize), True
+        except (OSError, tf.errors.OpError) as err:
+            reason = f"unreadable: {first_line(err)}"
+        except ValueError as err:  # _decode_file's, for an image_io.ImageError
+            reason = str(err)
+        skips.skip(path, data, reason)
+        return np.zeros(shape, np.uint8), False
+
+    def decode_file(element, label):
+        image, decoded = tf.numpy_function(load, [element], [tf.uint8, tf.bool], stateful=True)
+        image = tf.ensure_shape(image, [None, None, 3] if resize == "none" else [*target, 3])
+        if resize == "none" or target != tuple(size):
+            image = resize_fill(image, size)
+        return image, label, tf.ensure_shape(decoded, [])
+
+    return _graph(decode_file)
 
 
 def undecodable_records(source, split: str = "all") -> list[tuple[str, str]] | None:
@@ -1013,6 +1099,8 @@ def decode_skips(
         return None, f"{where} up front; {dropped} are {not_named}"
     if not bad:
         return bad, ""
+    if folder:
+        _NAMED_UP_FRONT.update(path for path, _ in bad)  # the pipeline need not name them
     names = some_files(bad, f"each listed in {listed_in} as {skip_list_key(src)}")
     return bad, f"{len(bad)} of {total} {what} cannot be decoded and are skipped: {names}"
 
