@@ -157,3 +157,29 @@ def test_mixing_ops_refuse_class_ids(batch):
     for op in (augment.mixup(), augment.cutmix()):
         with pytest.raises(PetalError, match=r"needs one-hot labels \[batch, classes\]"):
             op(batch, labels, SEED)
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: augment.rotation(INF), r"^rotation max_degrees must be >= 0 \(and finite\)\. "
+                                        r"Received: inf$"),
+        (lambda: augment.mixup(INF), r"^mixup alpha must be a number > 0 \(and finite\)\. "
+                                     r"Received: alpha=inf$"),
+        (lambda: augment.cutmix(INF), r"^cutmix alpha must be a number > 0 \(and finite\)"),
+        (lambda: augment.random_resized_crop(ratio=(1, INF)),
+         r"^crop ratio needs 0 < lower <= upper \(and finite\)\. Received: \(1, inf\)$"),
+        (lambda: augment.saturation(0, INF),
+         r"^saturation needs 0 <= lower <= upper \(and finite\)\. Received: \(0, inf\)$"),
+        (lambda: augment.contrast(0, INF), r"^contrast needs 0 <= lower <= upper \(and finite"),
+        (lambda: augment.saturation(-INF, 1), r"^saturation needs 0 <= lower <= upper"),
+        (lambda: augment.rotation(float("nan")), r"^rotation max_degrees must be >= 0 \(and fin"),
+    ],
+)
+def test_factories_refuse_infinite_values(make, message):
+    # inf passed the lower bound and made all-NaN images (and, for mixup, labels).
+    with pytest.raises(PetalError, match=message):
+        make()

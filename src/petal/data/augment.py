@@ -56,10 +56,11 @@ def _uniform(n, seed, lo=0.0, hi=1.0) -> tf.Tensor:
 
 
 def _number(what: str, value, lo: float, hi: float = math.inf) -> float:
-    """``value``, a real number in [lo, hi], else a PetalError naming ``what``."""
+    """``value``, a finite real number in [lo, hi], else a PetalError naming ``what``."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not (ok and lo <= value <= hi):
-        bounds = f">= {lo:g}" if hi == math.inf else f"in [{lo:g}, {hi:g}]"
+    # Infinity passed ``lo <= value``, and made images of NaN.
+    if not (ok and math.isfinite(value) and lo <= value <= hi):
+        bounds = f">= {lo:g} (and finite)" if hi == math.inf else f"in [{lo:g}, {hi:g}]"
         raise PetalError(f"{what} must be {bounds}. Received: {value!r}")
     return float(value)
 
@@ -72,10 +73,11 @@ def _range(what: str, pair, lo: float, hi: float = math.inf, open_lo: bool = Fal
         ok = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair)
     except (TypeError, ValueError):
         ok = False
+    ok = ok and math.isfinite(lower) and math.isfinite(upper)  # an infinite bound: NaN images
     ok = ok and (lo < lower if open_lo else lo <= lower) and lower <= upper <= hi
     if not ok:
         first = f"{lo:g} {'<' if open_lo else '<='} lower <= upper"
-        last = "" if hi == math.inf else f" <= {hi:g}"
+        last = " (and finite)" if hi == math.inf else f" <= {hi:g}"
         raise PetalError(f"{what} needs {first}{last}. Received: {pair!r}")
     return float(lower), float(upper)
 
@@ -355,8 +357,12 @@ class MixOp:
 
 
 def _alpha(name: str, alpha) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0:
-        raise PetalError(f"{name} alpha must be a number > 0. Received: alpha={alpha!r}")
+    ok = isinstance(alpha, numbers.Real) and not isinstance(alpha, bool)
+    # Infinity passed ``alpha > 0``, and made Beta draws of NaN (images and labels).
+    if not (ok and math.isfinite(alpha) and alpha > 0):
+        raise PetalError(
+            f"{name} alpha must be a number > 0 (and finite). Received: alpha={alpha!r}"
+        )
     return float(alpha)
 
 
