@@ -1043,3 +1043,14 @@ def test_skip_corrupt_names_and_counts_an_image_folders_undecodable_files(
     assert sum(len(x) for x, _ in eval_dataset(str(photos), batch_size=3, image_size=32,
                                                split="all", skip_corrupt=True)) == 8  # fmt: skip
     assert not caplog.records
+
+
+def test_per_replica_batch_takes_numpy_ints_for_replicas_too():
+    # "replicas must be at least 1. Received: replicas=np.int64(2)", while a NumPy
+    # batch_size was taken.
+    assert pipeline.per_replica_batch(8, np.int64(2)) == 4
+    assert pipeline.per_replica_batch(np.int64(8), np.int32(4)) == 2
+    with pytest.raises(PetalError, match=r"replicas must be at least 1\. Received: replicas=0"):
+        pipeline.per_replica_batch(8, np.int64(0))
+    with pytest.raises(PetalError, match=r"replicas must be at least 1\. Received: replicas=2\.0"):
+        pipeline.per_replica_batch(8, 2.0)

@@ -1266,6 +1266,7 @@ def per_replica_batch(batch_size: int, replicas: int, name: str = "batch_size") 
             names the nearest valid sizes.
     """
     batch_size = _check_batch(batch_size)
+    replicas = _plain_int(replicas)  # np.int64(2) as 2, as batch_size is taken
     if not is_int_at_least(replicas, 1):
         raise PetalError(f"replicas must be at least 1. Received: replicas={replicas!r}")
     if batch_size % replicas:
