@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -1054,3 +1055,16 @@ def test_per_replica_batch_takes_numpy_ints_for_replicas_too():
         pipeline.per_replica_batch(8, np.int64(0))
     with pytest.raises(PetalError, match=r"replicas must be at least 1\. Received: replicas=2\.0"):
         pipeline.per_replica_batch(8, 2.0)
+
+
+def test_fit_image_checks_its_size_as_load_image_does(small_flowers):
+    # (0, 64) gave a (0, 64, 3) image, and 64 a TypeError, while load_image took 64.
+    path = sorted(small_flowers.glob("daisy/*.jpg"))[0]
+    data = tf.io.read_file(str(path))
+    assert pipeline.fit_image(data, 24).shape == (24, 24, 3)
+    assert pipeline.fit_image(data, "24x16", "pad").shape == (24, 16, 3)
+    assert pipeline.fit_image(data, np.int64(8), "none").shape == (8, 8, 3)
+    for size in [(0, 64), -3, (8,), "big", 8.5]:
+        with pytest.raises(PetalError, match=r"^size must be a positive int, \(height, width\) "
+                           rf"or 'HxW'\. Received: size={re.escape(repr(size))}$"):
+            pipeline.fit_image(data, size)

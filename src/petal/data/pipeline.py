@@ -410,8 +410,9 @@ def _load_image(path, image_size, resize) -> tf.Tensor:
     return fit_image(data, _as_size(image_size), resize)
 
 
-def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> tf.Tensor:
-    """Encoded image bytes (scalar string) -> uint8 ``[size[0], size[1], 3]``.
+def fit_image(data: tf.Tensor, size, resize: str = "fill") -> tf.Tensor:
+    """Encoded image bytes (scalar string) -> uint8 ``[size[0], size[1], 3]``; ``size`` is
+    ``(height, width)``, an int or ``"HxW"``, as :func:`load_image` takes it.
 
     The image-folder path decodes and fits each file exactly as ``petal convert`` does
     before it encodes the record, and as ``petal predict`` does (:mod:`petal.data.images`:
@@ -430,6 +431,7 @@ def fit_image(data: tf.Tensor, size: tuple[int, int], resize: str = "fill") -> t
     An undecodable file raises ``InvalidArgumentError`` with the reason
     :func:`undecodable_files` gives.
     """
+    size = _as_size(size, "size")  # (0, 64) made a (0, 64, 3) image; 64 a TypeError
     resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
     if resize == "none":
         image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
