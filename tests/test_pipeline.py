@@ -1068,3 +1068,21 @@ def test_fit_image_checks_its_size_as_load_image_does(small_flowers):
         with pytest.raises(PetalError, match=r"^size must be a positive int, \(height, width\) "
                            rf"or 'HxW'\. Received: size={re.escape(repr(size))}$"):
             pipeline.fit_image(data, size)
+
+
+def test_a_misspelt_cache_mode_is_no_folder_to_create(records, tmp_path, monkeypatch):
+    """cache='rams' made a disk cache folder named rams where the program ran."""
+    monkeypatch.chdir(tmp_path)
+    for cache, mode in [("rams", "ram"), ("dsk", "disk"), ("Auot", "auto"), ("of", "off")]:
+        with pytest.raises(PetalError, match=(
+            rf"^cache='{cache}' is no cache mode \(auto, ram, disk, off\) nor an existing "
+            rf"folder: did you mean '{mode}'\? a cache folder is given as a path, e\.g\. "
+            rf"\./{cache}\. Received: cache='{cache}'$"
+        )):
+            train_dataset(str(records), batch_size=4, cache=cache)
+    assert [p.name for p in tmp_path.iterdir()] == ["records"]
+    # A path, a folder that exists, or a name close to no mode: a cache folder, as before.
+    (tmp_path / "disks").mkdir()
+    for cache in ("./rams", "disks", "my-cache"):
+        eval_dataset(str(records), batch_size=4, cache=cache)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disks", "my-cache", "rams", "records"]

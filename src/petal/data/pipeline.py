@@ -146,7 +146,8 @@ def train_dataset(
         cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
             ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
             path (kept and reused by later runs on the same data and input pipelines,
-            whatever their seed; not with ``skip_corrupt``), or ``"off"``/None.
+            whatever their seed; not with ``skip_corrupt``; a bare name close to a mode,
+            as ``"rams"``, is refused as misspelt: ``"./rams"``), or ``"off"``/None.
         shuffle_buffer: elements in the shuffle buffer. (Uncached data read over http is an
             endless stream: a pass no larger than the buffer is shuffled whole instead.)
         seed: makes shuffling and augmentation reproducible; None draws one.
@@ -1394,13 +1395,14 @@ def _cache_key(src: Source, split, size, input_context, how: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+CACHE_MODES = ("auto", "off", "none", "no", "ram", "memory", "disk")
+
+
 def _resolve_cache(
     cache, src: Source, split, size, input_context, how: str = "", skip_corrupt: bool = False
 ) -> str | None:
     """None (no cache), "" (RAM) or a file prefix on local disk."""
-    if isinstance(cache, str) and cache.lower() in (
-        "auto", "off", "none", "no", "ram", "memory", "disk"
-    ):
+    if isinstance(cache, str) and cache.lower() in CACHE_MODES:
         cache = cache.lower()  # "RAM" and "Disk" are no folder names
     if cache in (None, False, "off", "none", "no"):
         return None
@@ -1419,6 +1421,7 @@ def _resolve_cache(
         # A fresh name per dataset: two runs never share (or half-read) one cache file.
         key = f"{_cache_key(src, split, size, input_context, how)}-{secrets.token_hex(4)}"
     elif isinstance(cache, str | os.PathLike):
+        _refuse_misspelt_mode(cache)
         folder = os.fspath(cache)
         key = _cache_key(src, split, size, input_context, how)
         if skip_corrupt:
@@ -1457,6 +1460,23 @@ def _resolve_cache(
             f"none is running, delete {prefix}_* and run again, or pass cache='off'."
         )
     return prefix
+
+
+def _refuse_misspelt_mode(cache) -> None:
+    """A bare name close to a cache mode ("rams") that names no folder is a misspelt mode,
+    not a folder to create where the program runs; a folder is given as a path ("./rams")."""
+    import difflib
+
+    if not isinstance(cache, str) or os.sep in cache or "/" in cache or os.path.isdir(cache):
+        return
+    close = difflib.get_close_matches(cache.lower(), CACHE_MODES, n=1, cutoff=0.75)
+    if close:
+        mode = {"memory": "ram", "none": "off", "no": "off"}.get(close[0], close[0])
+        raise PetalError(
+            f"cache={cache!r} is no cache mode (auto, ram, disk, off) nor an existing folder: "
+            f"did you mean {mode!r}? a cache folder is given as a path, e.g. ./{cache}. "
+            f"Received: cache={cache!r}"
+        )
 
 
 def _make_cache_folder(folder: str) -> None:
