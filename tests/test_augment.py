@@ -183,3 +183,17 @@ def test_factories_refuse_infinite_values(make, message):
     # inf passed the lower bound and made all-NaN images (and, for mixup, labels).
     with pytest.raises(PetalError, match=message):
         make()
+
+
+def test_compose_refuses_what_is_no_image_op(batch):
+    # compose(flip, mixup) was taken, and failed at the first batch in a 12-line TypeError.
+    with pytest.raises(PetalError, match=(
+        r"^compose takes image ops \(flip_left_right, saturation, \.\.\.\); mixup mixes "
+        r"labels too: join it after the image ops in build, e\.g\. augment='flip\+mixup'\. "
+        r"Received: MixOp\(mixup\)$"
+    )):
+        augment.compose(augment.flip_left_right(), augment.mixup())
+    with pytest.raises(PetalError, match=r"^compose takes image ops .*\. Received: 'flip'$"):
+        augment.compose("flip")
+    nested = augment.compose(augment.flip_left_right(), augment.codelab())
+    assert nested(batch, SEED).shape == batch.shape

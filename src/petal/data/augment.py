@@ -316,7 +316,24 @@ class _Compose(ImageOp):
 
 
 def compose(*ops: ImageOp) -> ImageOp:
-    """Apply image ops in order, each with its own seed split from the one given."""
+    """Apply image ops in order, each with its own seed split from the one given.
+
+    Raises:
+        PetalError: an op that is no image op (mixup, cutmix: pass them to :func:`build`).
+    """
+    for op in ops:
+        if not isinstance(op, ImageOp):
+            # A MixOp failed at the first batch, in a TypeError many lines long.
+            hint = (
+                f"; {op.name} mixes labels too: join it after the image ops in build, e.g. "
+                f"augment='flip+{op.name}'"
+                if isinstance(op, MixOp)
+                else ""
+            )
+            raise PetalError(
+                f"compose takes image ops (flip_left_right, saturation, ...){hint}. "
+                f"Received: {op!r}"
+            )
     return _Compose(ops)
 
 
