@@ -1163,3 +1163,42 @@ def test_a_run_a_nan_loss_stopped_is_told_how_to_go_on_not_to_resume_as_it_is(
         f"finish, before a resume: the run stopped at a non-finite loss at epoch 2/2 (step 1). "
         f"{go_on}\n"
     )
+
+
+def test_report_removes_the_plots_of_an_earlier_evaluation_it_no_longer_draws(
+    trained, tmp_path, capsys
+):
+    """plots/ kept misclassified.png of an evaluation with mistakes after one with none (and
+    the evaluation's plots once eval/ was gone): a grid the page no longer showed, which
+    contradicted it. The user's own files there stay."""
+    import numpy as np
+
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    _write_eval(run)
+    plot_dir = run / "plots"
+    plot_dir.mkdir()
+    (plot_dir / "mine.png").write_bytes(b"the user's")
+    build_report(run)
+    drawn = {"curves.png", "lr.png", "confusion_matrix.png", "misclassified.png"}
+    assert {p.name for p in plot_dir.iterdir()} == drawn | {"mine.png"}
+    # Evaluated again, with no mistakes: evaluate writes no grid of them.
+    (run / "eval" / "eval.json").write_text(json.dumps({
+        **json.loads((run / "eval" / "eval.json").read_text()),
+        "accuracy": 1.0, "confusion_matrix": [[2, 0], [0, 2]],
+    }))
+    np.savez_compressed(
+        run / "eval" / "misclassified.npz", images=np.zeros((0, 8, 8, 3), np.uint8),
+        true=np.zeros(0, np.int64), pred=np.zeros(0, np.int64), prob=np.zeros(0),
+        classes=np.asarray(["a", "b"]),
+    )
+    page = build_report(run).read_text()
+    assert "misclassified.png" not in page
+    assert {p.name for p in plot_dir.iterdir()} == drawn - {"misclassified.png"} | {"mine.png"}
+    shutil.rmtree(run / "eval")
+    page = build_report(run).read_text()
+    assert "confusion_matrix.png" not in page
+    assert {p.name for p in plot_dir.iterdir()} == {"curves.png", "lr.png", "mine.png"}
+    assert (plot_dir / "mine.png").read_bytes() == b"the user's"
+    assert capsys.readouterr().err == ""
