@@ -1339,3 +1339,46 @@ def test_evaluate_on_a_full_disk_removes_what_it_wrote_and_says_so(
         "disk; free some space there or pass --out a folder on another disk.\n"
     )
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_evaluating_the_runs_own_data_on_its_training_images_is_warned_about(
+    trained, small_records, small_flowers, tmp_path
+):
+    """`--split train` or `all` of the run's own records (or image folder) scored the
+    images it trained on without a word, though the same images converted elsewhere were
+    warned about; the warning is said and kept in eval.json, and its validation split has
+    none."""
+    from conftest import link_photos
+    from petal.data import open_source
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    def warned(run: Path, data: Path, split: str | None) -> list[str]:
+        said: list[str] = []
+        report = evaluate(run, data, split=split, out_dir=tmp_path / f"eval-{split}",
+                          log=lambda line: None, warn=said.append)
+        assert report.get("warnings", []) == said
+        return said
+
+    def overstated(data: Path, split: str, trained_on: int, scored: int) -> str:
+        return (
+            f"{data} is the data the run trained on: the {split} split scored holds "
+            f"{trained_on} of its {scored} images the model trained on, so the score "
+            "overstates how it does on new photos. For a held-out score evaluate on the "
+            "validation split (omit --split)."
+        )
+
+    # Records: 50 training and 10 validation records.
+    assert warned(trained, small_records, "train") == [
+        overstated(small_records, "train", 50, 50)
+    ]
+    assert warned(trained, small_records, "all") == [overstated(small_records, "all", 50, 60)]
+    assert warned(trained, small_records, None) == []
+    # An image folder the run trained on, split as petal splits it.
+    photos = link_photos(small_flowers, tmp_path / "photos", 5, classes=2)
+    run = tmp_path / "run"
+    train(tiny_config(photos, epochs=1, model="dense", batch_size=4), run, log=lambda line: None)
+    held = len(open_source(photos).files("train"))
+    assert 0 < held < 10
+    assert warned(run, photos, "all") == [overstated(photos, "all", held, 10)]
+    assert warned(run, photos, None) == []

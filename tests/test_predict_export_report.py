@@ -1091,3 +1091,114 @@ def test_export_removes_what_killed_exports_left_not_what_running_ones_write(
     # Its own staging folder held its marker while it wrote (and is gone with it).
     assert (out / "saved_model" / "saved_model.pb").is_file()
     assert not (out / ".petal-running").exists()
+
+
+def test_a_run_a_nan_loss_stopped_is_told_how_to_go_on_not_to_resume_as_it_is(
+    trained, small_flowers, tmp_path, capsys
+):
+    """evaluate, predict and export said that a run a NaN/inf loss stopped in its first
+    epoch had not finished and to resume it (which stops at the same loss): it saved no
+    model, and starts again with new settings, as train said. One that saved epochs goes on
+    from its last checkpoint with new settings; one resumed from its model, used still."""
+    from petal.cli import main
+
+    photo = sorted((small_flowers / "roses").iterdir())[0]
+    commands = (["evaluate"], ["predict", str(photo)], ["export"])
+    fixes = ("Lower the learning rate (--set learning_rate=...; its peak was 1e+12) or clip "
+             "the gradients (--set clipnorm=1.0)")
+
+    def stopped(run: Path, completed: int, at: str) -> Path:
+        """``run`` with metrics.json as a NaN/inf loss at ``at`` leaves it."""
+        config = json.loads((run / "config.json").read_text())
+        config["resolved"]["peak_lr"] = 1e12
+        (run / "config.json").write_text(json.dumps({**config, "clipnorm": None}))
+        metrics = json.loads((run / "metrics.json").read_text())
+        stop = {"epochs_completed": completed, "stopped": f"non-finite loss at {at}"}
+        (run / "metrics.json").write_text(json.dumps({**metrics, **stop}))
+        return run
+
+    def errors(run: Path) -> list[str]:
+        said = []
+        for command in commands:
+            assert main([command[0], str(run), *command[1:]]) == 2
+            said.append(capsys.readouterr().err)
+        return said
+
+    # Stopped in its first epoch: config.json, history.csv and metrics.json, no checkpoint.
+    first = tmp_path / "first"
+    first.mkdir()
+    for name in ("config.json", "history.csv", "metrics.json"):
+        shutil.copy(trained / name, first / name)
+    stopped(first, 0, "epoch 1/4 (step 3)")
+    assert errors(first) == [
+        f"petal {command[0]}: error: {first} has no model.keras: the run stopped at a "
+        f"non-finite loss at epoch 1/4 (step 3), with no checkpoint saved to go on from. "
+        f"{fixes}, and start it again with the new settings (`petal train --workdir {first} "
+        "--overwrite ...`).\n"
+        for command in commands
+    ]
+    # Stopped in its second epoch: the first is in last.keras.
+    second = stopped(_copy_run(trained, tmp_path / "second"), 1, "epoch 2/3 (step 1)")
+    (second / "model.keras").unlink()
+    go_on = (
+        f"{fixes}, and go on from {second / 'last.keras'} (epoch 1, the last good one) with "
+        f"`petal train --workdir {second} --resume` and the new settings."
+    )
+    assert errors(second) == [
+        f"petal {command[0]}: error: {second} has no model.keras: the run stopped at a "
+        f"non-finite loss at epoch 2/3 (step 1). {go_on}\n"
+        for command in commands
+    ]
+    # Resumed since and stopped before its end: resume it (with the settings it has now).
+    state = json.loads((second / "state.json").read_text())
+    (second / "state.json").write_text(json.dumps({**state, "epoch": 2}))
+    assert "the run has not finished. Resume it with" in errors(second)[0]
+    # A finished run resumed for more epochs and stopped: its model is used, and said to be
+    # of its last finish.
+    resumed = stopped(_copy_run(trained, tmp_path / "resumed"), 1, "epoch 2/2 (step 1)")
+    assert main(["predict", str(resumed), str(photo)]) == 0
+    go_on = go_on.replace(str(second), str(resumed))
+    assert capsys.readouterr().err == (
+        f"petal predict: warning: {resumed / 'model.keras'} is the model of the run's last "
+        f"finish, before a resume: the run stopped at a non-finite loss at epoch 2/2 (step 1). "
+        f"{go_on}\n"
+    )
+
+
+def test_report_removes_the_plots_of_an_earlier_evaluation_it_no_longer_draws(
+    trained, tmp_path, capsys
+):
+    """plots/ kept misclassified.png of an evaluation with mistakes after one with none (and
+    the evaluation's plots once eval/ was gone): a grid the page no longer showed, which
+    contradicted it. The user's own files there stay."""
+    import numpy as np
+
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    _write_eval(run)
+    plot_dir = run / "plots"
+    plot_dir.mkdir()
+    (plot_dir / "mine.png").write_bytes(b"the user's")
+    build_report(run)
+    drawn = {"curves.png", "lr.png", "confusion_matrix.png", "misclassified.png"}
+    assert {p.name for p in plot_dir.iterdir()} == drawn | {"mine.png"}
+    # Evaluated again, with no mistakes: evaluate writes no grid of them.
+    (run / "eval" / "eval.json").write_text(json.dumps({
+        **json.loads((run / "eval" / "eval.json").read_text()),
+        "accuracy": 1.0, "confusion_matrix": [[2, 0], [0, 2]],
+    }))
+    np.savez_compressed(
+        run / "eval" / "misclassified.npz", images=np.zeros((0, 8, 8, 3), np.uint8),
+        true=np.zeros(0, np.int64), pred=np.zeros(0, np.int64), prob=np.zeros(0),
+        classes=np.asarray(["a", "b"]),
+    )
+    page = build_report(run).read_text()
+    assert "misclassified.png" not in page
+    assert {p.name for p in plot_dir.iterdir()} == drawn - {"misclassified.png"} | {"mine.png"}
+    shutil.rmtree(run / "eval")
+    page = build_report(run).read_text()
+    assert "confusion_matrix.png" not in page
+    assert {p.name for p in plot_dir.iterdir()} == {"curves.png", "lr.png", "mine.png"}
+    assert (plot_dir / "mine.png").read_bytes() == b"the user's"
+    assert capsys.readouterr().err == ""

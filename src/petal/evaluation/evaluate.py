@@ -157,6 +157,7 @@ def evaluate(
         w
         for w in (
             _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
+            _own_split_warning(source, run, split) if own_data else None,
             _resplit_warning(source, run, split, trained_on),
             None if own_data else _copy_warning(source, run, trained_on, split),
         )
@@ -347,6 +348,28 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
         f"fraction {theirs.get('val_fraction')} vs {trained_on.get('val_fraction')}, or other "
         "images): its validation split may hold images the model trained on. For a held-out "
         f"score evaluate on {ours}."
+    )
+
+
+def _own_split_warning(source, run, split: str) -> str | None:
+    """A warning when the ``split`` scored of the run's own data holds the images it trained
+    on: its train split, or all of it. Records, and an image folder split as petal splits it
+    now (one split otherwise is :func:`_old_split_warning`'s); codelab shards are left out
+    (their split depends on a validation fraction evaluate is not given)."""
+    if split == "validation" or source.kind not in ("records", "folder"):
+        return None
+    if source.kind == "folder" and run.config.get("resolved", {}).get("folder_split") != (
+        FOLDER_SPLIT
+    ):
+        return None
+    trained, scored = source.count("train"), source.count(split)
+    if not trained:
+        return None
+    return (
+        f"{source.path} is the data the run trained on: the {split} split scored holds "
+        f"{trained} of its {scored} images the model trained on, so the score overstates how "
+        "it does on new photos. For a held-out score evaluate on the validation split (omit "
+        "--split)."
     )
 
 

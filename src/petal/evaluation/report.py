@@ -2,8 +2,9 @@
 
 Reads ``config.json``, ``metrics.json``, ``history.csv`` (up to the epoch ``state.json`` says
 is saved) and, when ``petal evaluate`` has run, ``eval/eval.json`` with its image samples;
-redraws every plot into ``plots/`` and writes ``report.html`` referencing them by relative
-path (or embedding them, so the page can be mailed on its own).
+redraws every plot into ``plots/`` (removing those of an earlier report it does not draw) and
+writes ``report.html`` referencing them by relative path (or embedding them, so the page can
+be mailed on its own).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from petal.evaluation.workdir import (
     unfinished_resume,
 )
 from petal.training.callbacks import read_history
+from petal.training.loop import RUN_DIR_FILES
 
 EVAL_DIR = "eval"
 PLOTS_DIR = "plots"
@@ -256,6 +258,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             png = _draw(plots.plot_image_grid, samples, plot_dir / f"{name}.png", grid_title)
             if png is not None:
                 figures.append((title, png))
+    _remove_undrawn(plot_dir, {png.name for _, png in figures})
 
     title = f"petal run: {config.get('preset', '')} / {config.get('model', '')}"
     parts = [
@@ -341,6 +344,25 @@ def _saved_epoch(workdir: Path, metrics: dict | None) -> int | None:
         return None
     epoch = state.get("epoch") if isinstance(state, dict) else None
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _remove_undrawn(plot_dir: Path, drawn: set[str]) -> None:
+    """Removes the plots an earlier report drew in ``plot_dir`` that this one did not
+    (``drawn``: their names): an earlier evaluation's grid of mistakes beside one with none,
+    or the evaluation's plots once eval/ is gone, contradict the page. Only the report's own
+    plot names (which ``--overwrite`` deletes too); other files there are the user's."""
+    for name in RUN_DIR_FILES[PLOTS_DIR]:
+        stale = plot_dir / name
+        if name in drawn or not stale.is_file():
+            continue
+        try:
+            stale.unlink()
+        except OSError as err:
+            print(
+                f"petal report: warning: cannot remove {stale}, an earlier report's plot "
+                f"({err.strerror or err}); the report does not show it.",
+                file=sys.stderr,
+            )
 
 
 def _draw(plot, source, out: Path, *args) -> Path | None:

@@ -197,10 +197,43 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def stale_model_note(workdir: Path) -> str | None:
+def non_finite_stop(workdir: Path, config: dict) -> str | None:
+    """What to do about a run a NaN/inf loss stopped (``stopped`` in its ``metrics.json``,
+    as ``petal report`` says it), with train's fixes for it: go on from the last checkpoint
+    with ``--resume`` and the new settings, or start again when none was saved. None when
+    the run did not stop so, or was resumed since (it saved later epochs)."""
+    metrics = _json_object(workdir / METRICS_FILE)
+    stopped, completed = metrics.get("stopped"), metrics.get("epochs_completed")
+    if not isinstance(stopped, str) or not stopped.startswith("non-finite"):
+        return None
+    saved = _json_object(workdir / STATE_FILE).get("epoch")
+    if is_int_at_least(saved, 1) and (not is_int_at_least(completed, 0) or saved > completed):
+        return None
+    from petal.training.loop import non_finite_fixes
+
+    resolved = config.get("resolved") or {}
+    fix = non_finite_fixes(
+        resolved.get("peak_lr"), config.get("clipnorm"), resolved.get("precision")
+    )
+    last = workdir / "last.keras"
+    if is_int_at_least(saved, 1) and last.is_file():
+        return (
+            f"the run stopped at a {stopped}. {fix}, and go on from {last} (epoch {saved}, "
+            f"the last good one) with `petal train --workdir {workdir} --resume` and the new "
+            "settings."
+        )
+    return (
+        f"the run stopped at a {stopped}, with no checkpoint saved to go on from. {fix}, "
+        f"and start it again with the new settings (`petal train --workdir {workdir} "
+        "--overwrite ...`)."
+    )
+
+
+def stale_model_note(workdir: Path, config: dict | None = None) -> str | None:
     """What to know before using ``workdir``'s ``model.keras``, or None: a ``petal train``
-    still training in the folder, or a resume that stopped before its end. Either way the
-    model is the one of the run's last finish, not of its latest epochs."""
+    still training in the folder, a resume that stopped before its end, or one a NaN/inf
+    loss stopped (``config``: the run's, for the fixes). Either way the model is the one of
+    the run's last finish, not of its latest epochs."""
     completed = _json_object(workdir / METRICS_FILE).get("epochs_completed")
     if not is_int_at_least(completed, 1):
         completed = None
@@ -210,6 +243,12 @@ def stale_model_note(workdir: Path) -> str | None:
             f"{training}: {workdir / MODEL_FILE} is the model "
             f"{of}its last finish, not of the epochs training now; run this again when it "
             "finishes to use the new one."
+        )
+    if config is not None and (stopped := non_finite_stop(workdir, config)):
+        # Only a resume stops with a model.keras: a start it stopped saved none.
+        return (
+            f"{workdir / MODEL_FILE} is the model of the run's last finish, before a resume: "
+            f"{stopped}"
         )
     saved = _json_object(workdir / STATE_FILE).get("epoch")
     if completed is None or not is_int_at_least(saved, 1):
@@ -226,10 +265,11 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
         need_model: refuse a run without ``model.keras``.
         warn: with ``need_model``, receives a line when the model is not the run's latest
             (:func:`stale_model_note`): a training still running in the folder, or a resume
-            stopped before its end. The model is used all the same.
+            stopped before its end or by a NaN/inf loss. The model is used all the same.
 
     Raises:
-        PetalError: the folder holds no run, or (with ``need_model``) no finished model.
+        PetalError: the folder holds no run, or (with ``need_model``) no finished model
+            (for a run a NaN/inf loss stopped: what to change, and how to go on).
     """
     workdir = Path(workdir)
     cfg_path = workdir / CONFIG_FILE
@@ -265,6 +305,8 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
                 f"{workdir} has no {MODEL_FILE} yet: the run is still training ({who}); "
                 "run this again when it finishes."
             )
+        if stopped := non_finite_stop(workdir, config):  # --resume alone stops again
+            raise PetalError(f"{workdir} has no {MODEL_FILE}: {stopped}")
         raise PetalError(
             f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
             f"`petal train --workdir {workdir} --resume`."
@@ -288,7 +330,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             f"{cfg_path} is damaged (resolved: {what}); the work directory cannot be used, "
             "retrain it."
         ) from None
-    if need_model and warn is not None and (note := stale_model_note(workdir)):
+    if need_model and warn is not None and (note := stale_model_note(workdir, config)):
         warn(note)
     return run
 

@@ -1494,6 +1494,22 @@ def train(
     return metrics
 
 
+def non_finite_fixes(
+    peak_lr: float | None, clipnorm: float | None, precision: str | None
+) -> str:
+    """The fixes for a NaN/inf loss that apply to a run of these settings (``resolved``'s
+    ``peak_lr`` and ``precision``, the config's ``clipnorm``), as one sentence: train's error
+    says them, and evaluate, predict and export repeat them for the run it stopped."""
+    peak = f"; its peak was {peak_lr:.3g}" if isinstance(peak_lr, (int, float)) else ""
+    fixes = [f"Lower the learning rate (--set learning_rate=...{peak})"]
+    if clipnorm is None:
+        fixes.append("clip the gradients (--set clipnorm=1.0)")
+    if precision == "mixed_float16":
+        # float16 overflows past 65504; float32 (or bfloat16) has the range.
+        fixes.append("train in float32 (--precision float32, a new run)")
+    return f"{', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+
+
 def _non_finite_loss(
     workdir: Path,
     where: str,
@@ -1504,14 +1520,7 @@ def _non_finite_loss(
 ) -> PetalError:
     """The error of a run a NaN/inf loss stopped: the fixes that apply to this run, and the
     checkpoint it can go on from (or that it saved none)."""
-    fixes = [f"Lower the learning rate (--set learning_rate=...; its peak was "
-             f"{resolved['peak_lr']:.3g})"]
-    if cfg.clipnorm is None:
-        fixes.append("clip the gradients (--set clipnorm=1.0)")
-    if resolved["precision"] == "mixed_float16":
-        # float16 overflows past 65504; float32 (or bfloat16) has the range.
-        fixes.append("train in float32 (--precision float32, a new run)")
-    fix = f"{', '.join(fixes[:-1])} or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    fix = non_finite_fixes(resolved["peak_lr"], cfg.clipnorm, resolved["precision"])
     last = workdir / "last.keras"
     if epochs_done and last.is_file():
         saved = (
