@@ -1382,3 +1382,34 @@ def test_evaluating_the_runs_own_data_on_its_training_images_is_warned_about(
     assert 0 < held < 10
     assert warned(run, photos, "all") == [overstated(photos, "all", held, 10)]
     assert warned(run, photos, None) == []
+
+
+def test_the_copy_warning_counts_the_split_scored_over_http_as_on_disk(
+    trained, small_records, small_flowers, tmp_path
+):
+    """Records read over http: their names were not read, so the warning counted every image
+    of the folder (245 of 3,119) instead of those of the split scored (44 of 593)."""
+    from petal.data import convert, remote
+    from petal.evaluation.evaluate import evaluate
+
+    held_out = _record_names(small_records, "validation")
+    copy = tmp_path / "copy"
+    for cls in ("daisy", "roses"):
+        (copy / cls).mkdir(parents=True)
+        photos = [f for f in sorted((small_flowers / cls).iterdir())
+                  if f"{cls}/{f.name}" not in held_out][:5]  # fmt: skip
+        for f in photos:
+            (copy / cls / f.name).symlink_to(f.resolve())
+    records = tmp_path / "records"
+    convert(copy, records, image_size=32, val_fraction=0.4, workers=1, progress=False)
+    scored = len(_record_names(records, "validation"))
+    assert 0 < scored < 10
+    with remote.ObjectServer({"records": records}) as server:
+        for data in (records, server.url("records")):
+            warned = []
+            evaluate(trained, data, out_dir=tmp_path / "eval", log=lambda line: None,
+                     warn=warned.append)  # fmt: skip
+            assert [w for w in warned if "most likely copies" in w][0].startswith(
+                f"{scored} of the {scored} images of {data} (validation split, converted from "
+                f"{copy}) have the names and sizes of training photos in {small_flowers}"
+            ), warned

@@ -466,23 +466,29 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
 
 def _record_names(shards: list[str]) -> set[str] | None:
     """The ``filename`` of every record of ``shards`` (paths relative to the folder they
-    were converted from), or None when not worth it (remote, over MAX_NAME_READ bytes) or
-    unreadable."""
+    were converted from; local, gs:// or http), or None when not worth it (over
+    MAX_NAME_READ bytes) or unreadable. (Over http it returned None: the warnings that use
+    it counted every image of the folder, not the split scored, nor only training photos.)"""
     import tensorflow as tf
 
-    from petal.data import schema
+    from petal.data import remote, schema
 
+    http = [f for f in shards if f.startswith(("http://", "https://"))]
     try:
-        if any(is_remote(f) for f in shards) or sum(map(os.path.getsize, shards)) > MAX_NAME_READ:
+        if http:
+            size = sum(remote.object_size(f) for f in shards)
+        else:
+            size = sum(tf.io.gfile.stat(f).length for f in shards)
+        if size > MAX_NAME_READ:
             return None  # not worth reading every record for a warning
         spec = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
+        records = remote.records_dataset(shards) if http else tf.data.TFRecordDataset(shards)
         names = (
-            tf.data.TFRecordDataset(shards)
-            .batch(1024)
+            records.batch(1024)
             .map(lambda batch: tf.io.parse_example(batch, spec)[schema.FILENAME])
         )
         return {name.decode("utf-8") for batch in names.as_numpy_iterator() for name in batch}
-    except (OSError, ValueError, tf.errors.OpError):
+    except (OSError, ValueError, PetalError, tf.errors.OpError):
         return None
 
 
