@@ -19,7 +19,7 @@ def test_refuse_url_names_the_option_the_value_and_the_copy_to_make():
     with pytest.raises(PetalError) as err:
         refuse_url("gs://bucket/run", "--workdir", "run folders")
     text = str(err.value)
-    assert text.startswith("--workdir gs://bucket/run is a URL: petal writes run folders on a local")
+    assert text.startswith("--workdir gs://bucket/run is a URL: petal writes run folders on a")
     assert "copy it to gs://bucket/run afterwards (gcloud storage cp -r" in text
     with pytest.raises(PetalError, match=r"^--weights S3://b/w\.h5 is a URL: petal reads") as err:
         refuse_url("S3://b/w.h5", "--weights", "weights files", reads=True, folder=False)
