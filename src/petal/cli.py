@@ -692,6 +692,46 @@ COMMANDS.append(
 
 # --- dispatcher -----------------------------------------------------------------------------
 
+# The arguments naming what petal writes or reads on a local disk only, per command: (attribute,
+# option, what it holds, read or written, folder or file). A URL there is refused before
+# TensorFlow starts; a Path made the local folder gs:/b/run of gs://b/run. Data (--data, SRC,
+# DST, RECORDS) may be a URL and is not among them.
+_READ, _WRITE = True, False
+_LOCAL_ONLY = {
+    "train": (
+        ("workdir", "--workdir", "run folders", _WRITE, True),
+        ("config", "--config", "config files", _READ, False),
+        ("weights", "--weights", "weights files", _READ, False),
+    ),
+    "evaluate": (
+        ("workdir", "WORKDIR", "run folders", _READ, True),
+        ("out", "--out", "evaluations", _WRITE, True),
+    ),
+    "predict": (("workdir", "WORKDIR", "run folders", _READ, True),),
+    "export": (
+        ("workdir", "WORKDIR", "run folders", _READ, True),
+        ("out", "--out", "exports", _WRITE, True),
+    ),
+    "report": (("workdir", "WORKDIR", "run folders", _READ, True),),
+    "demo": (
+        ("data", "--data", "the demo's photos", _READ, True),
+        ("workdir", "--workdir", "the demo's records and run", _WRITE, True),
+    ),
+    "bench": (
+        ("json", "--json", "benchmark results", _WRITE, False),
+        ("png", "--png", "benchmark charts", _WRITE, False),
+    ),
+}
+
+
+def refuse_urls(args: argparse.Namespace) -> None:
+    """Raise a PetalError naming the first URL among ``args``' local-only arguments."""
+    from petal.data.folders import refuse_url
+
+    for attr, option, what, reads, folder in _LOCAL_ONLY.get(args.command, ()):
+        refuse_url(getattr(args, attr, None), option, what, reads=reads, folder=folder)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="petal",
@@ -821,6 +861,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
         sys.unraisablehook = _interrupting(previous_hook)
     try:
+        refuse_urls(args)
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
         return int(args._run(args) or 0)

@@ -13,6 +13,7 @@ read; they are listed among the ignored paths.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -171,6 +172,44 @@ def utf8_name(name: str) -> str:
 def is_remote(path: str) -> bool:
     """True for paths with a scheme (``gs://bucket/x``), which go through ``tf.io.gfile``."""
     return "://" in str(path)
+
+
+# A scheme at the start: gs://, http(s)://, s3://, file://.
+_URL_RE = re.compile(r"[a-z][a-z0-9+.-]*://", re.I)
+# The copy command of the stores users name most, for the refusals of :func:`refuse_url`.
+_COPY_TOOLS = {"gs": "gcloud storage cp{r} or gsutil cp{r}", "s3": "aws s3 cp{recursive}"}
+
+
+def refuse_url(path, option: str, what: str, *, reads: bool = False, folder: bool = True) -> None:
+    """Refuse a URL (``scheme://...``) where petal writes or reads on a local disk only: run
+    folders, evaluations, exports, config and weights files. ``pathlib`` would otherwise turn
+    ``gs://bucket/run`` into the local folder ``gs:/bucket/run`` and carry on.
+
+    Args:
+        path: the value given; None and local paths pass.
+        option: what the caller calls it, for the message (``--workdir``, ``WORKDIR``).
+        what: what petal keeps there, plural (``run folders``, ``weights files``).
+        reads: petal reads it (copy it down first) rather than writes it (copy it up after).
+        folder: it is a folder (the copy is recursive), not a file.
+
+    Raises:
+        PetalError: ``path`` is a URL, naming ``option``, the value and the fix.
+    """
+    if path is None or not _URL_RE.match(str(path)):
+        return
+    path = str(path)
+    copy = _COPY_TOOLS.get(path.split("://", 1)[0].lower())
+    flags = {"r": " -r", "recursive": " --recursive"} if folder else {"r": "", "recursive": ""}
+    tool = f" ({copy.format(**flags)})" if copy else ""
+    if reads:
+        raise PetalError(
+            f"{option} {path} is a URL: petal reads {what} from a local disk; copy it to a local "
+            f"disk first{tool} and pass the local path."
+        )
+    raise PetalError(
+        f"{option} {path} is a URL: petal writes {what} on a local disk; pass a local path "
+        f"and copy it to {path} afterwards{tool}."
+    )
 
 
 def absolute_data(data: str | None) -> str | None:

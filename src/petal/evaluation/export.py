@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from petal.data.folders import refuse_url
 from petal.errors import PetalError, first_line, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
@@ -476,8 +477,9 @@ def export(
         "removed": [the model.tflite removed, which would not match]}``.
 
     Raises:
-        PetalError: no finished run, a damaged model, ``out`` (or one of the names
-            above inside it) is in the way, or it cannot be written (a full disk).
+        PetalError: no finished run, a damaged model, ``workdir`` or ``out`` is a URL,
+            ``out`` (or one of the names above inside it) is in the way, or it cannot be
+            written (a full disk).
     """
     import keras
     import tensorflow as tf
@@ -487,6 +489,9 @@ def export(
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     warn = warn or _warn
+    # Before anything is read: a Path made the local folder gs:/b/exp of gs://b/exp.
+    refuse_url(workdir, "workdir", "run folders", reads=True)
+    refuse_url(out, "out", "exports")
     run = open_run(workdir, warn=warn)
     # The model first: a damaged one leaves no empty export folder behind.
     model = load_model(run, float32=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.data.folders import parse_classes
+from petal.data.folders import parse_classes, refuse_url
 from petal.errors import PetalError, first_line, is_int_at_least
 from petal.jsonfile import write_json
 
@@ -259,6 +259,7 @@ class TrainConfig:
             )
         if self.classes is not None:
             parse_classes(self.classes)  # names, none twice
+        refuse_url(self.weights, "weights", "weights files", reads=True, folder=False)
         for name, expected in _EXPECTED.items():
             value = getattr(self, name)
             if value not in ("auto", True, False):
@@ -560,6 +561,7 @@ def read_config_file(
     path: str | Path, fix: str = "Pass a JSON file of TrainConfig fields (UTF-8 text)."
 ) -> dict:
     """The JSON object of a config file; ``fix`` ends the error for a file that is no JSON."""
+    refuse_url(path, "Config file", "config files", reads=True, folder=False)
     path = Path(path)
     if not path.is_file():
         raise PetalError(f"Config file not found: {path}. Pass a JSON file of TrainConfig fields.")

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from petal.data.folders import absolute_data, is_remote, same_place
+from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
 from petal.jsonfile import save_atomically
@@ -252,9 +252,10 @@ def resume_config(workdir: str | Path) -> TrainConfig:
     """The config saved in a work directory (what ``--resume`` continues with).
 
     Raises:
-        PetalError: ``workdir`` holds no run (no ``config.json``), or a ``config.json``
-            petal train did not write.
+        PetalError: ``workdir`` is a URL or holds no run (no ``config.json``), or a
+            ``config.json`` petal train did not write.
     """
+    refuse_url(workdir, "workdir", "run folders", reads=True)
     workdir = Path(workdir)
     if not (workdir / "config.json").is_file():
         raise _not_a_run(workdir)
@@ -963,6 +964,7 @@ def train(
         )
     if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
         raise PetalError(f"train needs workdir as a folder path. Received: workdir={workdir!r}")
+    refuse_url(workdir, "workdir", "run folders")
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
