@@ -130,3 +130,21 @@ def test_library_entry_points_refuse_urls(call, shown, tmp_path, monkeypatch):
         call("gs://b/run")
     assert str(err.value).startswith(shown)
     assert os.listdir(tmp_path) == []
+
+
+def test_reading_a_run_and_writing_an_evaluation_refuse_urls_in_the_library(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """open_run and check_output_folder (evaluate, predict, report, export's library calls):
+    gs://b/run was opened as the local folder gs:/b/run ("is not a petal work directory")."""
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+    from petal.evaluation.workdir import open_run
+
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: open_run("gs://b/run"), lambda: build_report("gs://b/run")):
+        with pytest.raises(PetalError, match=r"^workdir gs://b/run is a URL: petal reads run"):
+            call()
+    with pytest.raises(PetalError, match=r"^--out gs://b/ev is a URL: petal writes evaluations"):
+        evaluate(trained, small_records, out_dir="gs://b/ev", log=lambda line: None)
+    assert os.listdir(tmp_path) == []

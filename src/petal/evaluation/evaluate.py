@@ -24,6 +24,7 @@ from petal.data.folders import (
     is_http,
     is_remote,
     is_within,
+    refuse_url,
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
@@ -134,6 +135,7 @@ def evaluate(
     warnings: list[str] = []
     run = open_run(workdir, warn=warnings.append)  # a stale model: said, and in eval.json
     top_k = top_k_for(run, top_k, warnings.append)
+    refuse_url(out_dir, "--out", "evaluations")  # before Path() makes gs://b/x gs:/b/x
     out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
@@ -473,7 +475,7 @@ def _record_names(shards: list[str]) -> set[str] | None:
 
     from petal.data import remote, schema
 
-    http = [f for f in shards if f.startswith(("http://", "https://"))]
+    http = [f for f in shards if is_http(f)]
     try:
         if http:
             size = sum(remote.object_size(f) for f in shards)

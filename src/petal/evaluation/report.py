@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from petal.data.folders import same_place
+from petal.data.folders import refuse_url, same_place
 from petal.errors import PetalError, damage_reason, first_line
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
@@ -140,6 +140,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         PetalError: when ``workdir`` holds no training run, or one of its saved files is
             damaged (the message names it and what to run again).
     """
+    refuse_url(workdir, "workdir", "run folders", reads=True)
     workdir = Path(workdir)
     if not workdir.is_dir():
         what = "is a file, not" if workdir.exists() else "does not exist; pass"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from petal.data.folders import refuse_url
 from petal.errors import PetalError, cannot_write, damage_reason, first_line, is_int_at_least
 
 MODEL_FILE = "model.keras"
@@ -102,6 +103,7 @@ def check_output_folder(out: str | Path, what: str) -> Path:
         PetalError: ``out`` is a file, or cannot be created (a file where a parent folder
             should be, no permission), naming it and the fix.
     """
+    refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PetalError(
@@ -271,6 +273,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
         PetalError: the folder holds no run, or (with ``need_model``) no finished model
             (for a run a NaN/inf loss stopped: what to change, and how to go on).
     """
+    refuse_url(workdir, "workdir", "run folders", reads=True)
     workdir = Path(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
