@@ -782,3 +782,86 @@ def test_reading_remote_data_leaves_the_process_reusing_its_buffers(make_records
         assert sum(1 for _ in dataset) == (12 if reader == "records" else 2)
     page_faults()  # the first takes the heap's pages
     assert page_faults() < 500  # one buffer's pages at most, not 30 buffers' (~15,000)
+
+
+def _cut_store(folder, cut: str, mode: str) -> _Store:
+    """A store over ``folder`` under ``/recs`` (a JSON listing, files with their
+    Content-Length) that sends half of file ``cut`` and closes the connection: as one chunk
+    of a chunked body (``"chunked"``) or with no Content-Length (``"nolength"``)."""
+    import json
+    import urllib.parse
+
+    def answer(handler):
+        parts = urllib.parse.urlsplit(handler.path)
+        path = folder / urllib.parse.unquote(parts.path).removeprefix("/recs").lstrip("/")
+        if parts.query == "list":
+            listing = [{"key": p.name, "size": p.stat().st_size} for p in folder.iterdir()]
+            body = json.dumps({"objects": listing}).encode()
+        elif path.is_file():
+            body = path.read_bytes()
+        else:
+            handler.send_error(404)
+            return
+        handler.send_response(200)
+        if path.name != cut:
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        half = body[: len(body) // 2]
+        if mode == "chunked":
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(half), half))  # no last chunk
+        else:
+            handler.end_headers()
+            handler.wfile.write(half)
+        handler.close_connection = True
+
+    return _Store(answer)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "nolength"])
+def test_a_body_without_a_length_cut_short_is_a_failed_request(make_records, tmp_path, mode):
+    """A shard whose connection closed part-way through a chunked body, or one with no
+    Content-Length, was staged as a short file: its records were reported corrupt and, with
+    --skip-corrupt, training went on with half of them ("skipped 2 record(s)") and exit 0."""
+    from conftest import tiny_config
+    from petal.training.loop import train
+
+    folder = make_records(counts={"train": [6, 6], "validation": [4]}, size=(32, 32))
+    cut = sorted(folder.glob("train-*.tfrec"))[1]
+    full, half = cut.stat().st_size, cut.stat().st_size // 2
+    with _cut_store(folder, cut.name, mode) as base:
+        url, shard = f"{base}/recs", f"{base}/recs/{cut.name}"
+        closed = rf"The connection closed after {half:,} of {full:,} bytes reading {shard}"
+        # The size known beforehand (manifest or listing) catches either cut.
+        with pytest.raises(PetalError, match=rf"^{closed}$"):
+            remote.download_to_file(shard, str(tmp_path / "x"), size=full)
+        if mode == "chunked":  # the cut chunk alone tells, without a size
+            with pytest.raises(PetalError, match=rf"^The connection closed after {half:,} "
+                               rf"bytes reading {shard}$"):
+                remote.download_to_file(shard, str(tmp_path / "y"))
+        assert open_source(url).file_bytes()[shard] == full
+        cfg = tiny_config(url, epochs=1, steps_per_epoch=None, model="dense", batch_size=4,
+                          skip_corrupt=True)
+        with pytest.raises(PetalError, match=rf"^Reading the store failed: {closed}\. The "
+                           r"data were not read to the end \(nothing was counted as corrupt\)"):
+            train(cfg, tmp_path / "run", log=lambda line: None)
+
+
+def test_shard_sizes_known_at_open_check_each_download(make_records, tmp_path):
+    """Codelab shards have no manifest: the listing read to find them gives their sizes. A
+    whole answer of another size than the one known is an object changed on the store."""
+    folder = make_records(counts={"all": [5, 4, 3]}, codelab=True)
+    shards = sorted(folder.glob("*.tfrec"))
+    with remote.ObjectServer({"codelab": folder}) as server:
+        url = server.url("codelab")
+        for path in (url, f"{url}/*.tfrec"):
+            assert open_source(path).file_bytes() == {
+                f"{url}/{p.name}": p.stat().st_size for p in shards}
+        shard, size = f"{url}/{shards[0].name}", shards[0].stat().st_size
+        with pytest.raises(PetalError, match=rf"^{shard} is {size:,} bytes on the store, not "
+                           rf"the {size + 1:,} its manifest or listing gave: it changed while "
+                           r"being read$"):
+            remote.download_to_file(shard, str(tmp_path / "x"), size=size + 1)
