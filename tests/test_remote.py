@@ -865,3 +865,49 @@ def test_shard_sizes_known_at_open_check_each_download(make_records, tmp_path):
                            rf"the {size + 1:,} its manifest or listing gave: it changed while "
                            r"being read$"):
             remote.download_to_file(shard, str(tmp_path / "x"), size=size + 1)
+
+
+def test_a_store_trickling_its_headers_times_out_naming_the_url(tmp_path, monkeypatch,
+                                                                 capsys):
+    """A header line every few seconds: each read came within the socket timeout, and the
+    request never ended (stopped by hand after 8 minutes). Now the request, from connecting
+    to the last header, ends within TIMEOUT_S."""
+    import threading
+
+    from petal.cli import main
+
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.6)
+    stop = threading.Event()
+
+    def trickle(handler):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(25):  # 5 s of header lines, each well within a read's timeout
+            if stop.wait(0.2):
+                return
+            try:
+                handler.wfile.write(b"X-Wait: 1\r\n")
+                handler.wfile.flush()
+            except OSError:
+                return  # the client gave up
+
+    try:
+        with _Store(trickle) as base:
+            url = f"{base}/recs"
+            for read, args, target in [
+                (remote.list_objects, [url], f"{url}/?list"),
+                (remote.get_bytes, [f"{url}/manifest.json"], f"{url}/manifest.json"),
+                (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
+                (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")],
+                 f"{url}/a.tfrec"),
+            ]:
+                start = time.monotonic()
+                with pytest.raises(PetalError) as caught:
+                    read(*args)
+                assert str(caught.value) == f"Cannot read {target}: timed out after 0.6 s"
+                assert time.monotonic() - start < 3
+            capsys.readouterr()
+            assert main(["train", "--data", url, "--workdir", str(tmp_path / "run")]) == 2
+            assert capsys.readouterr().err.strip().splitlines() == [
+                f"petal train: error: Cannot read {url}/?list: timed out after 0.6 s"]
+    finally:
+        stop.set()

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 # (read, or downloaded ahead) by the sharded one. The same budget for both, so the
 # comparison is about the number of requests, not about parallelism.
 PARALLEL_REQUESTS = 8
-# Seconds a request may wait for the server (to connect, or for the next bytes).
+# Seconds a request may wait for the server: to connect and answer with all its headers, or
+# for the next bytes of a body.
 TIMEOUT_S = 60.0
 # A body still arriving after TIMEOUT_S at less than this average rate is a stalled store
 # (a socket timeout never fires while a byte comes every few seconds).
@@ -306,6 +307,100 @@ def key_url(root: str, key: str) -> str:
     return f"{root.rstrip('/')}/{urllib.parse.quote(key, safe='/')}"
 
 
+class _HeaderIO(io.RawIOBase):
+    """A socket's reads that must all end by ``deadline`` (``time.monotonic()``): each waits
+    at most what is left of it. :meth:`end` lifts it (a body's reads wait ``TIMEOUT_S`` each:
+    :func:`_copy_body` watches their rate)."""
+
+    def __init__(self, sock, deadline: float):
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # as http.client reads it
+        self.deadline: float | None = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b):
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self._sock.settimeout(left)
+        return self._raw.readinto(b)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+    def end(self) -> None:
+        if self.deadline is not None:
+            self.deadline = None
+            with contextlib.suppress(OSError):  # closed already: nothing more to read
+                self._sock.settimeout(TIMEOUT_S)
+
+
+class _BoundedResponse(http.client.HTTPResponse):
+    """A response whose status line and headers must have come by ``deadline``."""
+
+    def __init__(self, sock, *args, deadline: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # nothing read yet: the same socket, read through _HeaderIO
+        self._header_io = _HeaderIO(sock, deadline)
+        self.fp = io.BufferedReader(self._header_io)
+
+    def begin(self):
+        try:
+            super().begin()
+        finally:
+            self._header_io.end()
+
+
+class _Bounded:
+    """An HTTP connection whose request, from connecting to the answer's last header, ends
+    within ``TIMEOUT_S``: a socket timeout bounds each read alone, so a server that sent a
+    header line every few seconds held the request forever."""
+
+    _deadline = 0.0
+
+    def putrequest(self, *args, **kwargs):
+        self._deadline = time.monotonic() + TIMEOUT_S  # before connecting
+        super().putrequest(*args, **kwargs)
+
+    def response_class(self, sock, *args, **kwargs):  # as http.client makes its response
+        return _BoundedResponse(sock, *args, deadline=self._deadline, **kwargs)
+
+
+class _HTTPConnection(_Bounded, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Bounded, http.client.HTTPSConnection):
+    pass
+
+
+class _BoundedOpen:
+    """A urllib handler that opens its requests with :class:`_Bounded` connections."""
+
+    def do_open(self, http_class, req, **kwargs):
+        https = issubclass(http_class, http.client.HTTPSConnection)
+        return super().do_open(_HTTPSConnection if https else _HTTPConnection, req, **kwargs)
+
+
+class _HTTPHandler(_BoundedOpen, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_BoundedOpen, urllib.request.HTTPSHandler):
+    pass
+
+
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+
+
 def _request(
     url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None, retries: int = 3
 ) -> bytes:
@@ -316,7 +411,7 @@ def _request(
     for attempt in range(retries + 1):
         req = urllib.request.Request(requote(url), method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
                 body = io.BytesIO()
                 _copy_body(resp, url, body.write)
                 return body.getvalue()
@@ -364,7 +459,7 @@ def object_size(url: str) -> int:
     """Size of the object at ``url`` from a HEAD request."""
     req = urllib.request.Request(requote(url), method="HEAD")
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
             return int(resp.headers["Content-Length"])
     except urllib.error.HTTPError as err:
         if err.code == 404:
@@ -490,9 +585,7 @@ def download_to_file(
     target, redirects, attempt = url, 0, 0
     while True:
         parts = urllib.parse.urlsplit(requote(target))
-        conn_cls = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
+        conn_cls = _HTTPSConnection if parts.scheme == "https" else _HTTPConnection
         conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
         try:
             conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
