@@ -911,3 +911,41 @@ def test_a_store_trickling_its_headers_times_out_naming_the_url(tmp_path, monkey
                 f"petal train: error: Cannot read {url}/?list: timed out after 0.6 s"]
     finally:
         stop.set()
+
+
+def test_fixes_for_http_data_are_ones_that_read_http(make_records, small_flowers, tmp_path,
+                                                     capsys):
+    """petal inspect and petal convert read local and gs:// paths: messages about http data
+    sent users to them as they were ("paths starting with http:// are not supported")."""
+    from petal.cli import main
+    from petal.data import inspect_records
+    from petal.data.reader import _folder_decode_error
+
+    folder = make_records(counts={"train": [4], "validation": [3]})
+    shard = sorted(folder.glob("train-*.tfrec"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated after conversion
+    photos = link_photos(small_flowers, tmp_path / "photos", 2)
+    (photos / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
+    with remote.ObjectServer({"records": folder, "photos": photos}) as server:
+        url = server.url("records")
+        with pytest.raises(PetalError, match=r"truncated after conversion \(petal inspect "
+                           r"--verify on a local copy names the record\)\.$"):
+            open_source(url)
+        refusal = (f"inspect reads records on a local disk or gs://; {url} is read over http: "
+                   "pass a local copy.")
+        for path in (url, f"{url}/manifest.json", f"{url}/*.tfrec"):
+            with pytest.raises(PetalError) as caught:
+                inspect_records(path, verify=True)
+            assert str(caught.value) == refusal.replace(url, path)
+        capsys.readouterr()
+        assert main(["inspect", url, "--verify"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"petal inspect: error: {refusal}"]
+        message = str(_folder_decode_error(open_source(server.url("photos")), "photos", "train"))
+        assert f"cannot be decoded: {server.url('photos')}/daisy/zz-bad.jpg: " in message
+        assert message.endswith(
+            ". Remove or replace them on the store, convert a local copy with `petal convert` "
+            "(it skips and lists unreadable files in manifest.json), or train with "
+            "--skip-corrupt.")
+    # A local folder's fix is unchanged.
+    local = str(_folder_decode_error(open_source(str(photos)), "photos", "train"))
+    assert "Remove or replace them, convert the folder with `petal convert` (it skips" in local

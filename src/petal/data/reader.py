@@ -357,10 +357,12 @@ def _verify_shards(root: str, manifest: dict, listed: set[str], fs=None) -> None
                 )
             # (A count that differs from the one in the file name: check_manifest.)
             if "bytes" in shard and int(shard["bytes"]) != sizes[name]:
+                # petal inspect reads local and gs:// records, not http.
+                on = " on a local copy" if folders.is_http(root) else ""
                 raise PetalError(
                     f"Manifest disagrees with shard {_join(root, name)}: manifest says "
                     f"{shard['bytes']} bytes, the file has {sizes[name]}; it was changed or "
-                    "truncated after conversion (petal inspect --verify names the record)."
+                    f"truncated after conversion (petal inspect --verify{on} names the record)."
                 )
     extra = sorted(n for n in sizes if schema.is_shard_file(n) and n not in listed)
     if extra:
@@ -1106,8 +1108,10 @@ def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError
     bad = undecodable_files(src) if bad is None else bad
     # Photos over the pixel limit are no damage: the converter reads them when asked to.
     big = any(reason.startswith("too many pixels") for _, reason in bad)
+    # petal convert reads local and gs:// folders, not http.
+    where = " on the store, convert a local copy" if src.remote else ", convert the folder"
     fix = (
-        "Remove or replace them, convert the folder with `petal convert` (it skips and "
+        f"Remove or replace them{where} with `petal convert` (it skips and "
         "lists unreadable files in manifest.json"
         + ("; its --max-pixels N converts larger photos" if big else "")
         + f"), or {action} with --skip-corrupt."
