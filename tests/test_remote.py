@@ -782,3 +782,170 @@ def test_reading_remote_data_leaves_the_process_reusing_its_buffers(make_records
         assert sum(1 for _ in dataset) == (12 if reader == "records" else 2)
     page_faults()  # the first takes the heap's pages
     assert page_faults() < 500  # one buffer's pages at most, not 30 buffers' (~15,000)
+
+
+def _cut_store(folder, cut: str, mode: str) -> _Store:
+    """A store over ``folder`` under ``/recs`` (a JSON listing, files with their
+    Content-Length) that sends half of file ``cut`` and closes the connection: as one chunk
+    of a chunked body (``"chunked"``) or with no Content-Length (``"nolength"``)."""
+    import json
+    import urllib.parse
+
+    def answer(handler):
+        parts = urllib.parse.urlsplit(handler.path)
+        path = folder / urllib.parse.unquote(parts.path).removeprefix("/recs").lstrip("/")
+        if parts.query == "list":
+            listing = [{"key": p.name, "size": p.stat().st_size} for p in folder.iterdir()]
+            body = json.dumps({"objects": listing}).encode()
+        elif path.is_file():
+            body = path.read_bytes()
+        else:
+            handler.send_error(404)
+            return
+        handler.send_response(200)
+        if path.name != cut:
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        half = body[: len(body) // 2]
+        if mode == "chunked":
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(half), half))  # no last chunk
+        else:
+            handler.end_headers()
+            handler.wfile.write(half)
+        handler.close_connection = True
+
+    return _Store(answer)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "nolength"])
+def test_a_body_without_a_length_cut_short_is_a_failed_request(make_records, tmp_path, mode):
+    """A shard whose connection closed part-way through a chunked body, or one with no
+    Content-Length, was staged as a short file: its records were reported corrupt and, with
+    --skip-corrupt, training went on with half of them ("skipped 2 record(s)") and exit 0."""
+    from conftest import tiny_config
+    from petal.training.loop import train
+
+    folder = make_records(counts={"train": [6, 6], "validation": [4]}, size=(32, 32))
+    cut = sorted(folder.glob("train-*.tfrec"))[1]
+    full, half = cut.stat().st_size, cut.stat().st_size // 2
+    with _cut_store(folder, cut.name, mode) as base:
+        url, shard = f"{base}/recs", f"{base}/recs/{cut.name}"
+        closed = rf"The connection closed after {half:,} of {full:,} bytes reading {shard}"
+        # The size known beforehand (manifest or listing) catches either cut.
+        with pytest.raises(PetalError, match=rf"^{closed}$"):
+            remote.download_to_file(shard, str(tmp_path / "x"), size=full)
+        if mode == "chunked":  # the cut chunk alone tells, without a size
+            with pytest.raises(PetalError, match=rf"^The connection closed after {half:,} "
+                               rf"bytes reading {shard}$"):
+                remote.download_to_file(shard, str(tmp_path / "y"))
+        assert open_source(url).file_bytes()[shard] == full
+        cfg = tiny_config(url, epochs=1, steps_per_epoch=None, model="dense", batch_size=4,
+                          skip_corrupt=True)
+        with pytest.raises(PetalError, match=rf"^Reading the store failed: {closed}\. The "
+                           r"data were not read to the end \(nothing was counted as corrupt\)"):
+            train(cfg, tmp_path / "run", log=lambda line: None)
+
+
+def test_shard_sizes_known_at_open_check_each_download(make_records, tmp_path):
+    """Codelab shards have no manifest: the listing read to find them gives their sizes. A
+    whole answer of another size than the one known is an object changed on the store."""
+    folder = make_records(counts={"all": [5, 4, 3]}, codelab=True)
+    shards = sorted(folder.glob("*.tfrec"))
+    with remote.ObjectServer({"codelab": folder}) as server:
+        url = server.url("codelab")
+        for path in (url, f"{url}/*.tfrec"):
+            assert open_source(path).file_bytes() == {
+                f"{url}/{p.name}": p.stat().st_size for p in shards}
+        shard, size = f"{url}/{shards[0].name}", shards[0].stat().st_size
+        with pytest.raises(PetalError, match=rf"^{shard} is {size:,} bytes on the store, not "
+                           rf"the {size + 1:,} its manifest or listing gave: it changed while "
+                           r"being read$"):
+            remote.download_to_file(shard, str(tmp_path / "x"), size=size + 1)
+
+
+def test_a_store_trickling_its_headers_times_out_naming_the_url(tmp_path, monkeypatch,
+                                                                 capsys):
+    """A header line every few seconds: each read came within the socket timeout, and the
+    request never ended (stopped by hand after 8 minutes). Now the request, from connecting
+    to the last header, ends within TIMEOUT_S."""
+    import threading
+
+    from petal.cli import main
+
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.6)
+    stop = threading.Event()
+
+    def trickle(handler):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(25):  # 5 s of header lines, each well within a read's timeout
+            if stop.wait(0.2):
+                return
+            try:
+                handler.wfile.write(b"X-Wait: 1\r\n")
+                handler.wfile.flush()
+            except OSError:
+                return  # the client gave up
+
+    try:
+        with _Store(trickle) as base:
+            url = f"{base}/recs"
+            for read, args, target in [
+                (remote.list_objects, [url], f"{url}/?list"),
+                (remote.get_bytes, [f"{url}/manifest.json"], f"{url}/manifest.json"),
+                (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
+                (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")],
+                 f"{url}/a.tfrec"),
+            ]:
+                start = time.monotonic()
+                with pytest.raises(PetalError) as caught:
+                    read(*args)
+                assert str(caught.value) == f"Cannot read {target}: timed out after 0.6 s"
+                assert time.monotonic() - start < 3
+            capsys.readouterr()
+            assert main(["train", "--data", url, "--workdir", str(tmp_path / "run")]) == 2
+            assert capsys.readouterr().err.strip().splitlines() == [
+                f"petal train: error: Cannot read {url}/?list: timed out after 0.6 s"]
+    finally:
+        stop.set()
+
+
+def test_fixes_for_http_data_are_ones_that_read_http(make_records, small_flowers, tmp_path,
+                                                     capsys):
+    """petal inspect and petal convert read local and gs:// paths: messages about http data
+    sent users to them as they were ("paths starting with http:// are not supported")."""
+    from petal.cli import main
+    from petal.data import inspect_records
+    from petal.data.reader import _folder_decode_error
+
+    folder = make_records(counts={"train": [4], "validation": [3]})
+    shard = sorted(folder.glob("train-*.tfrec"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated after conversion
+    photos = link_photos(small_flowers, tmp_path / "photos", 2)
+    (photos / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
+    with remote.ObjectServer({"records": folder, "photos": photos}) as server:
+        url = server.url("records")
+        with pytest.raises(PetalError, match=r"truncated after conversion \(petal inspect "
+                           r"--verify on a local copy names the record\)\.$"):
+            open_source(url)
+        refusal = (f"inspect reads records on a local disk or gs://; {url} is read over http: "
+                   "pass a local copy.")
+        for path in (url, f"{url}/manifest.json", f"{url}/*.tfrec"):
+            with pytest.raises(PetalError) as caught:
+                inspect_records(path, verify=True)
+            assert str(caught.value) == refusal.replace(url, path)
+        capsys.readouterr()
+        assert main(["inspect", url, "--verify"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"petal inspect: error: {refusal}"]
+        message = str(_folder_decode_error(open_source(server.url("photos")), "photos", "train"))
+        assert f"cannot be decoded: {server.url('photos')}/daisy/zz-bad.jpg: " in message
+        assert message.endswith(
+            ". Remove or replace them on the store, convert a local copy with `petal convert` "
+            "(it skips and lists unreadable files in manifest.json), or train with "
+            "--skip-corrupt.")
+    # A local folder's fix is unchanged.
+    local = str(_folder_decode_error(open_source(str(photos)), "photos", "train"))
+    assert "Remove or replace them, convert the folder with `petal convert` (it skips" in local

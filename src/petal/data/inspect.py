@@ -96,6 +96,15 @@ def inspect_records(
             folder of images, or a grid path whose extension is not an image format.
     """
     manifest_path = path = str(path)
+    if folders.is_http(path):
+        from petal.data.reader import _fs_for
+
+        _fs_for(path)  # a URL with a password is refused without showing it, as training does
+        # Its reads are tf.io.gfile's: "paths starting with http:// are not supported".
+        raise PetalError(
+            f"inspect reads records on a local disk or gs://; {path} is read over http: "
+            "pass a local copy."
+        )
     given_manifest = path.rstrip("/").endswith(".json")  # a file, as read_manifest takes it
     if given_manifest:
         path = os.path.dirname(path.rstrip("/")) or "."  # its shards lie beside it

@@ -529,6 +529,7 @@ def _read(
         ds = remote.records_dataset(
             files,
             counts,
+            sizes=src.file_bytes(),
             shuffle_seed=seed if shuffle else None,
             deterministic=deterministic or by_record is not None,
             skip_corrupt=skip_corrupt,

@@ -88,6 +88,7 @@ class Source:
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    _bytes: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def num_classes(self) -> int:
@@ -111,6 +112,11 @@ class Source:
         if split == "all":
             return self._counts["train"] + self._counts["validation"]
         return list(self._counts[split])
+
+    def file_bytes(self) -> dict[str, int]:
+        """Size of each shard whose size was known at open (a records folder's manifest, or
+        an http store's listing): a remote read checks each download against it."""
+        return dict(self._bytes)
 
     def count(self, split: str = "train") -> int:
         """Number of images in a split."""
@@ -190,7 +196,7 @@ def open_source(
         if not matches:
             raise PetalError(f"No files match the pattern {path}.")
         _refuse_split_shards(fs, path, matches)
-        return _open_codelab(root, matches, classes, val_fraction)
+        return _listed_sizes(_open_codelab(root, matches, classes, val_fraction), fs)
     if not fs.exists(root):
         raise PetalError(
             f"Data source not found: {root}. Pass a records folder (petal convert "
@@ -206,7 +212,7 @@ def open_source(
     shards = [_join(root, n) for n in names if schema.is_shard_file(n)]
     if shards:
         _refuse_split_shards(fs, root, shards)
-        return _open_codelab(root, shards, classes, val_fraction)
+        return _listed_sizes(_open_codelab(root, shards, classes, val_fraction), fs)
     if any(fs.isdir(_join(root, n)) for n in names):
         # (A stray temporary file beside class sub-folders is not read.)
         return _open_folder(root, classes, val_fraction, min_classes)
@@ -314,19 +320,32 @@ def _open_records(root: str, *, verify: bool) -> Source:
             files.append(_join(root, shard["file"]))
             counts.append(int(shard["count"]))
             listed.add(shard["file"])
+            if "bytes" in shard:
+                source._bytes[files[-1]] = int(shard["bytes"])
         source._files[split], source._counts[split] = files, counts
     if not listed:
         raise PetalError(
             f"Records folder {root} lists no shards in its manifest; it holds no images."
         )
     if verify:
-        _verify_shards(root, manifest, listed)
+        _verify_shards(root, manifest, listed, fs)
+    return _listed_sizes(source, fs)
+
+
+def _listed_sizes(source: Source, fs) -> Source:
+    """``source`` knowing the size of each of its http shards whose size the store listed
+    (when opening it) and no manifest gives: downloads are checked against it."""
+    listed_size = getattr(fs, "listed_size", None)  # remote.HttpFS: nothing else downloads
+    if listed_size is not None:
+        for file in source.files("all"):
+            if file not in source._bytes and (size := listed_size(file)) is not None:
+                source._bytes[file] = size
     return source
 
 
-def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
+def _verify_shards(root: str, manifest: dict, listed: set[str], fs=None) -> None:
     """The manifest is the index; refuse shards that disagree with it before reading."""
-    fs = _fs_for(root)
+    fs = fs or _fs_for(root)
     sizes = fs.sizes(root)
     for split in schema.SPLITS:
         for shard in manifest["splits"].get(split, {}).get("shards", []):
@@ -338,10 +357,12 @@ def _verify_shards(root: str, manifest: dict, listed: set[str]) -> None:
                 )
             # (A count that differs from the one in the file name: check_manifest.)
             if "bytes" in shard and int(shard["bytes"]) != sizes[name]:
+                # petal inspect reads local and gs:// records, not http.
+                on = " on a local copy" if folders.is_http(root) else ""
                 raise PetalError(
                     f"Manifest disagrees with shard {_join(root, name)}: manifest says "
                     f"{shard['bytes']} bytes, the file has {sizes[name]}; it was changed or "
-                    "truncated after conversion (petal inspect --verify names the record)."
+                    f"truncated after conversion (petal inspect --verify{on} names the record)."
                 )
     extra = sorted(n for n in sizes if schema.is_shard_file(n) and n not in listed)
     if extra:
@@ -1087,8 +1108,10 @@ def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError
     bad = undecodable_files(src) if bad is None else bad
     # Photos over the pixel limit are no damage: the converter reads them when asked to.
     big = any(reason.startswith("too many pixels") for _, reason in bad)
+    # petal convert reads local and gs:// folders, not http.
+    where = " on the store, convert a local copy" if src.remote else ", convert the folder"
     fix = (
-        "Remove or replace them, convert the folder with `petal convert` (it skips and "
+        f"Remove or replace them{where} with `petal convert` (it skips and "
         "lists unreadable files in manifest.json"
         + ("; its --max-pixels N converts larger photos" if big else "")
         + f"), or {action} with --skip-corrupt."

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 # (read, or downloaded ahead) by the sharded one. The same budget for both, so the
 # comparison is about the number of requests, not about parallelism.
 PARALLEL_REQUESTS = 8
-# Seconds a request may wait for the server (to connect, or for the next bytes).
+# Seconds a request may wait for the server: to connect and answer with all its headers, or
+# for the next bytes of a body.
 TIMEOUT_S = 60.0
 # A body still arriving after TIMEOUT_S at less than this average rate is a stalled store
 # (a socket timeout never fires while a byte comes every few seconds).
@@ -306,6 +307,100 @@ def key_url(root: str, key: str) -> str:
     return f"{root.rstrip('/')}/{urllib.parse.quote(key, safe='/')}"
 
 
+class _HeaderIO(io.RawIOBase):
+    """A socket's reads that must all end by ``deadline`` (``time.monotonic()``): each waits
+    at most what is left of it. :meth:`end` lifts it (a body's reads wait ``TIMEOUT_S`` each:
+    :func:`_copy_body` watches their rate)."""
+
+    def __init__(self, sock, deadline: float):
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # as http.client reads it
+        self.deadline: float | None = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b):
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self._sock.settimeout(left)
+        return self._raw.readinto(b)
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+    def end(self) -> None:
+        if self.deadline is not None:
+            self.deadline = None
+            with contextlib.suppress(OSError):  # closed already: nothing more to read
+                self._sock.settimeout(TIMEOUT_S)
+
+
+class _BoundedResponse(http.client.HTTPResponse):
+    """A response whose status line and headers must have come by ``deadline``."""
+
+    def __init__(self, sock, *args, deadline: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # nothing read yet: the same socket, read through _HeaderIO
+        self._header_io = _HeaderIO(sock, deadline)
+        self.fp = io.BufferedReader(self._header_io)
+
+    def begin(self):
+        try:
+            super().begin()
+        finally:
+            self._header_io.end()
+
+
+class _Bounded:
+    """An HTTP connection whose request, from connecting to the answer's last header, ends
+    within ``TIMEOUT_S``: a socket timeout bounds each read alone, so a server that sent a
+    header line every few seconds held the request forever."""
+
+    _deadline = 0.0
+
+    def putrequest(self, *args, **kwargs):
+        self._deadline = time.monotonic() + TIMEOUT_S  # before connecting
+        super().putrequest(*args, **kwargs)
+
+    def response_class(self, sock, *args, **kwargs):  # as http.client makes its response
+        return _BoundedResponse(sock, *args, deadline=self._deadline, **kwargs)
+
+
+class _HTTPConnection(_Bounded, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Bounded, http.client.HTTPSConnection):
+    pass
+
+
+class _BoundedOpen:
+    """A urllib handler that opens its requests with :class:`_Bounded` connections."""
+
+    def do_open(self, http_class, req, **kwargs):
+        https = issubclass(http_class, http.client.HTTPSConnection)
+        return super().do_open(_HTTPSConnection if https else _HTTPConnection, req, **kwargs)
+
+
+class _HTTPHandler(_BoundedOpen, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_BoundedOpen, urllib.request.HTTPSHandler):
+    pass
+
+
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+
+
 def _request(
     url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None, retries: int = 3
 ) -> bytes:
@@ -316,7 +411,7 @@ def _request(
     for attempt in range(retries + 1):
         req = urllib.request.Request(requote(url), method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
                 body = io.BytesIO()
                 _copy_body(resp, url, body.write)
                 return body.getvalue()
@@ -364,7 +459,7 @@ def object_size(url: str) -> int:
     """Size of the object at ``url`` from a HEAD request."""
     req = urllib.request.Request(requote(url), method="HEAD")
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
             return int(resp.headers["Content-Length"])
     except urllib.error.HTTPError as err:
         if err.code == 404:
@@ -448,6 +543,13 @@ class HttpFS:
     def sizes(self, folder):
         return {k: v for k, v in self._listing(folder).items() if "/" not in k}
 
+    def listed_size(self, path: str) -> int | None:
+        """The size of ``path`` in a listing read already (no request), or None."""
+        for folder, listing in self._listings.items():
+            if path.startswith(folder + "/") and path[len(folder) + 1 :] in listing:
+                return listing[path[len(folder) + 1 :]]
+        return None
+
 
 # --- tf.data readers -------------------------------------------------------------------------
 
@@ -469,15 +571,21 @@ _STAGING: str | None = None
 MAX_REDIRECTS = 5
 
 
-def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
+def download_to_file(
+    url: str, path: str, *, size: int | None = None, block: int = 1 << 20
+) -> int:
     """Stream the object at ``url`` into ``path`` with one request (following redirects);
-    returns its size."""
+    returns its size.
+
+    ``size``: the object's size known beforehand (its records folder's manifest, or the
+    store's listing). A body of another size fails, naming the URL: a connection closed
+    part-way through a body with no ``Content-Length`` (chunked, or ended by the close)
+    reads as its end, and would pass as a short file.
+    """
     target, redirects, attempt = url, 0, 0
     while True:
         parts = urllib.parse.urlsplit(requote(target))
-        conn_cls = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
+        conn_cls = _HTTPSConnection if parts.scheme == "https" else _HTTPConnection
         conn = conn_cls(parts.hostname, parts.port, timeout=TIMEOUT_S)
         try:
             conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
@@ -501,7 +609,7 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
             if resp.status != 200:
                 raise PetalError(f"HTTP {resp.status} reading {url}: {resp.reason}")
             with open(path, "wb") as f:
-                return _copy_body(resp, url, f.write, block)
+                return _copy_body(resp, url, f.write, block, size=size)
         except (OSError, http.client.HTTPException) as err:
             if isinstance(err, FileNotFoundError):
                 raise
@@ -510,17 +618,18 @@ def download_to_file(url: str, path: str, *, block: int = 1 << 20) -> int:
             conn.close()
 
 
-def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
+def _copy_body(resp, url: str, write, block: int = 1 << 20, *, size: int | None = None) -> int:
     """Copies a response's body to ``write``; returns its size.
 
-    A body shorter than its ``Content-Length`` (the connection closed part-way: Python reads
-    that as the end) and one that keeps trickling in (no socket timeout fires while a byte
-    comes every few seconds) fail here, naming the URL, instead of passing as a short or
-    never-ending file.
+    A body shorter than its ``Content-Length`` or than ``size`` (the size known beforehand),
+    a chunked body cut part-way (the connection closed: Python reads that as the end, or
+    raises ``IncompleteRead``) and one that keeps trickling in (no socket timeout fires while
+    a byte comes every few seconds) fail here, naming the URL, instead of passing as a short
+    or never-ending file.
     """
     length = resp.getheader("Content-Length")
-    expected = int(length) if length is not None and length.isdigit() else None
-    size = 0
+    expected = int(length) if length is not None and length.isdigit() else size
+    copied = 0
     start = time.monotonic()
     while True:
         # read1: what has arrived, up to block (readinto waits for a full block, so a
@@ -528,21 +637,31 @@ def _copy_body(resp, url: str, write, block: int = 1 << 20) -> int:
         try:
             chunk = resp.read1(block)
         except http.client.IncompleteRead:
-            chunk = b""
+            raise _closed_error(url, copied, expected) from None
         if not chunk:
             break
         write(chunk)
-        size += len(chunk)
+        copied += len(chunk)
         elapsed = time.monotonic() - start
-        if elapsed > TIMEOUT_S and size < MIN_BYTES_PER_S * elapsed:
+        if elapsed > TIMEOUT_S and copied < MIN_BYTES_PER_S * elapsed:
             raise PetalError(
-                f"The store is stalling: {size:,} bytes of {url} in {elapsed:.0f} s"
+                f"The store is stalling: {copied:,} bytes of {url} in {elapsed:.0f} s"
             )
-    if expected is not None and size != expected:
+    if expected is not None and copied < expected:
+        raise _closed_error(url, copied, expected)
+    if size is not None and copied != size:
+        # All it promised came, but not the size known beforehand: the object changed.
         raise PetalError(
-            f"The connection closed after {size:,} of {expected:,} bytes reading {url}"
+            f"{url} is {copied:,} bytes on the store, not the {size:,} its manifest or "
+            "listing gave: it changed while being read"
         )
-    return size
+    return copied
+
+
+def _closed_error(url: str, size: int, expected: int | None) -> PetalError:
+    """The error for a body that ended after ``size`` bytes of ``expected`` (None: unknown)."""
+    of = f" of {expected:,}" if expected is not None else ""
+    return PetalError(f"The connection closed after {size:,}{of} bytes reading {url}")
 
 
 class StoreErrors:
@@ -640,6 +759,7 @@ def records_dataset(
     urls,
     counts=None,
     *,
+    sizes: dict[str, int] | None = None,
     shuffle_seed=None,
     deterministic=True,
     skip_corrupt=False,
@@ -655,7 +775,9 @@ def records_dataset(
     up to ``parallel`` shards are all read at once; otherwise up to half of them are read
     while the next ones download. ``repeat``: endless epochs, downloads running ahead
     across the epoch boundary, at most one epoch ahead (use it when nothing downstream
-    needs the end of an epoch).
+    needs the end of an epoch). ``sizes``: the bytes of each URL known beforehand
+    (:meth:`petal.data.reader.Source.file_bytes`); a download of another size is a failed
+    request (see :func:`download_to_file`), not a short shard read as corrupt records.
 
     A staged file is deleted when its shard has been read, and every file of a pass when
     the pass ends: its iterator dropped or garbage-collected, its last shard taken or a
@@ -682,6 +804,7 @@ def records_dataset(
         _staged_shards(
             urls,
             expected,
+            sizes=dict(sizes or {}),
             budget=budget,
             shuffle_seed=shuffle_seed,
             repeat=repeat,
@@ -763,7 +886,7 @@ _STAGED: weakref.WeakValueDictionary[str, _Staging] = weakref.WeakValueDictionar
 _STAGED_LOCK = threading.Lock()
 
 
-def _staged_shards(urls, expected, *, budget, shuffle_seed, repeat, deterministic):
+def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deterministic):
     """A generator factory: ``(staged path, url, count)`` of each shard to read, in the
     order of :func:`_order`; downloads run ahead in threads while the shards held by the
     reader plus those downloading stay within ``budget`` (one always runs, so a shard never
@@ -783,7 +906,7 @@ def _staged_shards(urls, expected, *, budget, shuffle_seed, repeat, deterministi
             path = os.path.join(staging_dir, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
             staging.add(path)
             try:
-                download_to_file(url, path)
+                download_to_file(url, path, size=sizes.get(url))
             except BaseException:
                 staging.remove(path)
                 raise
