@@ -526,13 +526,7 @@ def test_dropped_and_stalled_connections_name_the_url_and_the_cause(tmp_path, mo
         with _Store(answer) as base:
             start = time.monotonic()
             url = f"{base}/recs"
-            for read, args, target in [
-                (remote.list_objects, [url], f"{url}/?list"),
-                (remote.get_bytes, [f"{url}/manifest.json"], f"{url}/manifest.json"),
-                (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
-                (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")],
-                 f"{url}/a.tfrec"),
-            ]:
+            for read, args, target in _every_read(url, tmp_path):
                 with pytest.raises(PetalError) as caught:
                     read(*args)
                 assert str(caught.value) == f"Cannot read {target}: {reason}"
@@ -893,13 +887,7 @@ def test_a_store_trickling_its_headers_times_out_naming_the_url(tmp_path, monkey
     try:
         with _Store(trickle) as base:
             url = f"{base}/recs"
-            for read, args, target in [
-                (remote.list_objects, [url], f"{url}/?list"),
-                (remote.get_bytes, [f"{url}/manifest.json"], f"{url}/manifest.json"),
-                (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
-                (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")],
-                 f"{url}/a.tfrec"),
-            ]:
+            for read, args, target in _every_read(url, tmp_path):
                 start = time.monotonic()
                 with pytest.raises(PetalError) as caught:
                     read(*args)
@@ -949,3 +937,14 @@ def test_fixes_for_http_data_are_ones_that_read_http(make_records, small_flowers
     # A local folder's fix is unchanged.
     local = str(_folder_decode_error(open_source(str(photos)), "photos", "train"))
     assert "Remove or replace them, convert the folder with `petal convert` (it skips" in local
+
+
+def _every_read(url: str, tmp_path):
+    """(read, its arguments, the URL its error names) for each request petal makes of a
+    store at ``url``."""
+    return [
+        (remote.list_objects, [url], f"{url}/?list"),
+        (remote.get_bytes, [f"{url}/manifest.json"], f"{url}/manifest.json"),
+        (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
+        (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")], f"{url}/a.tfrec"),
+    ]
