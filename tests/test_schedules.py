@@ -212,3 +212,28 @@ def test_resume_drops_a_history_row_cut_short_by_the_interruption(tmp_path):
     history.write_text(",".join(HISTORY_FIELDS) + "\n1,0.5\n" + full[1] + "\n")
     with pytest.raises(ValueError, match="line 2 does not"):  # not the last row: damaged
         truncate_history(history, 3)
+
+
+def test_a_history_row_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
+    """A full disk while appending the epoch's row: "No space left on the device", naming no
+    file (a write's OSError carries none)."""
+    import csv
+    import errno
+
+    from petal.cli import _os_error_line
+    from petal.training.callbacks import MetricsWriter
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(learning_rate=0.1), "categorical_crossentropy")
+    x, y = np.ones((8, 3), np.float32), np.eye(2, dtype=np.float32)[[0, 1] * 4]
+    path = tmp_path / "history.csv"
+    writer = MetricsWriter(path, 4, 2, 1, log=lambda line: None)
+
+    def full(self, row):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerow", full)
+    with pytest.raises(OSError) as caught:
+        model.fit(x, y, batch_size=4, epochs=1, callbacks=[writer], verbose=0)
+    assert caught.value.filename == str(path)
+    assert _os_error_line(caught.value).startswith(f"No space left on the device writing {path}:")

@@ -182,10 +182,16 @@ class MetricsWriter(keras.callbacks.Callback):
         row["epoch"] = epoch + 1
         # Not in the epoch logs (TensorBoard's lr stays the epoch's first rate).
         row["lr_end"] = last_step_lr(self.model.optimizer)
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
-                {k: _fmt(row[k]) for k in HISTORY_FIELDS}
-            )
+        try:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(
+                    {k: _fmt(row[k]) for k in HISTORY_FIELDS}
+                )
+        except OSError as err:
+            if err.filename is not None:
+                raise
+            # A write's error (a full disk) names no file: the message said none.
+            raise OSError(err.errno, err.strerror, str(self.path)) from err
         line = format_epoch_line(row, self.epochs)
         if self.defer:
             self._pending = line
