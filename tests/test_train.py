@@ -28,7 +28,7 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
     from petal.training.callbacks import read_history
 
     workdir = tmp_path / "run"
-    cfg = tiny_config(small_records, epochs=3, tensorboard=True)
+    cfg = tiny_config(small_records, model="dense", epochs=3, tensorboard=True)
     with pytest.raises(Interrupt):
         train(cfg, workdir, log=interrupt_at("epoch 2/3"))
     state = json.loads((workdir / "state.json").read_text())
@@ -149,6 +149,7 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
 
     cfg = tiny_config(
         small_records,
+        model="dense",
         epochs=3,
         optimizer="sgd",
         learning_rate=1e30,
