@@ -26,6 +26,7 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import http.client
 import http.server
 import io
@@ -722,14 +723,21 @@ def restore_malloc_thresholds() -> bool:
     when a remote reader's generator starts (after TensorFlow's patch): it sets the
     thresholds the adaptive ones grow to. True when set; False where there is no glibc.
     """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     )
+
+
+@functools.cache
+def _mallopt():
+    """glibc's ``mallopt``, looked up once (each remote pass calls it), or None."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
 
 
 def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False):

@@ -24,7 +24,6 @@ from petal.data.folders import (
     is_http,
     is_remote,
     is_within,
-    refuse_url,
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
@@ -135,16 +134,17 @@ def evaluate(
     warnings: list[str] = []
     run = open_run(workdir, warn=warnings.append)  # a stale model: said, and in eval.json
     top_k = top_k_for(run, top_k, warnings.append)
-    refuse_url(out_dir, "--out", "evaluations")  # before Path() makes gs://b/x gs:/b/x
-    out = Path(out_dir) if out_dir is not None else run.workdir / EVAL_DIR
+    # Before the evaluation, which may take minutes: a URL or a file in the way stops it
+    # now (the folder is created once there is something to write).
+    out = check_output_folder(
+        out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation"
+    )
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
         raise PetalError(
             f"The evaluation folder {out} is inside the data {data}; pass --out a folder "
             "outside it."
         )
-    # Before the evaluation, which may take minutes: a file in the way stops it now.
-    check_output_folder(out, "evaluation")  # created once there is something to write
     # The run's own data (the default) needs no comparison with itself: its manifest, if
     # any, is not read a second time; its classes are those the run was given.
     own_data = same_place(data, run.config.get("data") or "")

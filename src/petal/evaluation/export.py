@@ -489,8 +489,8 @@ def export(
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     warn = warn or _warn
-    # Before anything is read: a Path made the local folder gs:/b/exp of gs://b/exp.
-    refuse_url(workdir, "workdir", "run folders", reads=True)
+    # Before the model is read (open_run refuses a URL workdir): a Path made the local
+    # folder gs:/b/exp of gs://b/exp.
     refuse_url(out, "out", "exports")
     run = open_run(workdir, warn=warn)
     # The model first: a damaged one leaves no empty export folder behind.
