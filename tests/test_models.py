@@ -464,6 +464,11 @@ def test_models_command(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "squeezenet" in out and "120,613" in out and "293,233" in out
     assert "needs >= 71 px" in out  # xception cannot take 40x40
+    # The columns line up, a note in place of the parameters included.
+    header, *rows = out.splitlines()[:4]
+    size_end, norm_start = header.index("size") + 4, header.index("normalization")
+    assert [line[size_end - 2:size_end] for line in rows] == ["40"] * 3, out
+    assert [line[norm_start:].split()[0] for line in rows] == ["unit", "unit", "symmetric"], out
     # --json: every row has the same keys, null where not measured (xception's had fewer).
     assert main(["models", "--image-size", "40", "--num-classes", "5", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

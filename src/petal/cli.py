@@ -287,12 +287,13 @@ def _run_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'model':<22}{'params':>13}{'MFLOPs/img':>12}{'size':>6}{'default':>9}  {'normalization':<14}pretrained")
+    print(f"{'model':<22}{'params':>15}{'MFLOPs/img':>12}{'size':>6}{'default':>9}  "
+          f"{'normalization':<15}pretrained")
     for r in rows:
         params = f"{r['params']:,}" if r["params"] is not None else r["note"]
         mflops = f"{r['mflops']:.1f}" if r["mflops"] is not None else "-"
-        print(f"{r['name']:<22}{params:>13}{mflops:>12}{r['image_size']:>6}{r['default_image_size']:>9}  "
-              f"{r['normalization']:<14}{'imagenet' if r['pretrained'] else '-'}")
+        print(f"{r['name']:<22}{params:>15}{mflops:>12}{r['image_size']:>6}{r['default_image_size']:>9}  "
+              f"{r['normalization']:<15}{'imagenet' if r['pretrained'] else '-'}")
     print("MFLOPs: 2 x multiply-accumulates of conv and dense layers, forward pass, per image.")
     return 0
 
