@@ -201,6 +201,8 @@ def run_demo(
         manifest = summary.manifest
         _write_marker(workdir, source, manifest.get("created"))
         first, *warnings = str(summary).splitlines()
+        for line in summary.skipped_lines(manifest=str(records / "manifest.json")):
+            log(f"petal demo: {line}")
         log(f"petal demo: {first}")
         _check_validation(manifest, source)  # before warnings that name convert's options
         for line in warnings:
