@@ -382,3 +382,52 @@ def test_demo_replaces_no_run_or_records_without_its_marker(
     with pytest.raises(PetalError, match=r"holds records that petal demo did not write"):
         run_demo(photos, workdir)
     assert not converted
+
+
+def test_demo_names_the_photos_it_skips(small_flowers, tmp_path, demo_without_training):
+    """It said only "skipped 2 of 12 found"; petal convert names each file and its reason."""
+    import os
+
+    _, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    (photos / "daisy" / "broken.jpg").write_text("not a photo")
+    (photos / "dandelion" / os.fsdecode(b"bad\xff.jpg")).write_bytes(b"junk")
+    workdir = tmp_path / "demo"
+    lines = run_demo(photos, workdir).splitlines()
+    assert "petal demo: skipped daisy/broken.jpg: not an image (no known image format in the " \
+        "file)" in lines
+    assert "petal demo: skipped dandelion/bad\\xff.jpg: file name is not valid UTF-8 (records " \
+        "store it as UTF-8 text); rename it" in lines
+    assert any(line.startswith("petal demo: written 10 (") for line in lines)
+    # Past ten, the rest are in the manifest, named by its path.
+    for i in range(10):
+        (photos / "daisy" / f"broken{i}.jpg").write_text("not a photo")
+    lines = run_demo(photos, workdir).splitlines()
+    assert sum(line.startswith("petal demo: skipped ") for line in lines) == 10
+    assert f"petal demo: ... 2 more skipped: see {workdir}/records/manifest.json" in lines
+
+
+def test_demo_refuses_a_training_size_without_crop_before_converting(
+    small_flowers, tmp_path, demo_without_training
+):
+    """train_image_size without the crop augmentation failed in training, after converting."""
+    from petal import demo
+    from petal.errors import PetalError
+
+    converted, _ = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    workdir = tmp_path / "demo"
+    quiet = {"log": lambda line: None}
+    with pytest.raises(PetalError, match=r"^train_image_size 24 trains on crops of the 32x32 "
+                       r"records petal demo converts, which needs the 'crop' augmentation \(it "
+                       r"resizes its crops to that size\): pass --set augment=codelab\+crop, or "
+                       r"drop --set train_image_size\. Received: augment='codelab', "
+                       r"train_image_size=24$"):  # fmt: skip
+        demo.run_demo(photos, workdir, overrides=("image_size=32", "train_image_size=24"), **quiet)
+    with pytest.raises(PetalError, match=r"pass --set augment=crop, or drop"):
+        overrides = ("train_image_size=24", "augment=none")
+        demo.run_demo(photos, workdir, overrides=overrides, **quiet)
+    assert not converted and not workdir.exists()
+    overrides = ("image_size=32", "train_image_size=24", "augment=codelab+crop")
+    demo.run_demo(photos, workdir, overrides=overrides, **quiet)
+    assert converted == [photos]

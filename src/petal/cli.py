@@ -108,10 +108,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         max_pixels=DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         overwrite=args.overwrite,
     )
-    for item in summary.manifest["skipped"][:10]:
-        print(f"skipped {printable(item['file'])}: {item['reason']}", file=sys.stderr)
-    if summary.skipped > 10:
-        print(f"... {summary.skipped - 10} more skipped: see manifest.json", file=sys.stderr)
+    for line in summary.skipped_lines():
+        print(line, file=sys.stderr)
     print(str(summary).splitlines()[0])
     for warning in summary.warnings:  # on stderr with the skipped files, as train's are
         print(f"petal convert: warning: {warning}", file=sys.stderr)

@@ -162,6 +162,8 @@ def run_demo(
         )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
     model_info(config.model)
+    size = config.image_size or 192  # of the records it converts, and of evaluation
+    _check_train_size(config, size)
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(
             f"Demo folder {workdir} is a file; pass --workdir a folder (a new one, or one "
@@ -181,7 +183,6 @@ def run_demo(
             f"Demo folder {workdir} {where} the photos folder {source}: its records would be "
             "read as a class. Pass a --workdir outside --data."
         )
-    size = config.image_size or 192
     photos = _find_photos(source)
     manifest = _records_manifest(records)
     stale = _why_not_reuse(manifest, source, size, photos)
@@ -201,6 +202,8 @@ def run_demo(
         manifest = summary.manifest
         _write_marker(workdir, source, manifest.get("created"))
         first, *warnings = str(summary).splitlines()
+        for line in summary.skipped_lines(manifest=str(records / "manifest.json")):
+            log(f"petal demo: {line}")
         log(f"petal demo: {first}")
         _check_validation(manifest, source)  # before warnings that name convert's options
         for line in warnings:
@@ -210,6 +213,28 @@ def run_demo(
     report = build_report(workdir)
     log(f"petal demo: report written to {report}")
     return {"metrics": metrics, "evaluation": evaluation, "report": str(report)}
+
+
+def _check_train_size(config, size: int) -> None:
+    """Raise when ``train_image_size`` crops the records without the ``crop`` augmentation:
+    train finds out from the records' size, after the demo converted them at ``size``."""
+    from petal.data import augment
+
+    augment.build(config.augment)  # an unknown name: its own message
+    crop = config.train_image_size
+    if not crop or crop == size:
+        return
+    try:
+        augment.build(config.augment, size=(crop, crop))
+    except PetalError:
+        plain = str(config.augment).strip().lower() in ("", "none")
+        fix = "crop" if plain else f"{config.augment}+crop"
+        raise PetalError(
+            f"train_image_size {crop} trains on crops of the {size}x{size} records petal demo "
+            "converts, which needs the 'crop' augmentation (it resizes its crops to that "
+            f"size): pass --set augment={fix}, or drop --set train_image_size. Received: "
+            f"augment={config.augment!r}, train_image_size={crop}"
+        ) from None
 
 
 def _find_photos(source: Path):

@@ -156,6 +156,17 @@ class ConvertSummary:
         )
         return "\n".join([line, *(f"warning: {w}" for w in self.warnings)])
 
+    def skipped_lines(self, limit: int = 10, manifest: str = "manifest.json") -> list[str]:
+        """One line per skipped file, ``skipped FILE: reason``, the first ``limit`` of them,
+        then where the rest are listed (``manifest``: the manifest's path as shown)."""
+        lines = [
+            f"skipped {printable(item['file'])}: {item['reason']}"
+            for item in self.manifest.get("skipped", [])[:limit]
+        ]
+        if self.skipped > limit:
+            lines.append(f"... {self.skipped - limit} more skipped: see {manifest}")
+        return lines
+
 
 # --- worker side: plain functions of a path (no TensorFlow) ----------------------------------
 
