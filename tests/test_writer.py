@@ -1406,3 +1406,13 @@ def test_float_images_are_scaled_by_their_range_and_bad_ones_skipped(tmp_path):
     assert [s["file"] for s in manifest["skipped"]] == ["a/nan.png"]
     assert "NaN" in manifest["skipped"][0]["reason"]
 
+
+def test_16_bit_grey_png_colour_key_becomes_white():
+    """The tRNS key of a 16-bit grey PNG was dropped: transparent pixels came out black,
+    while the 8-bit equivalent gives white."""
+    values = np.array([[0, 1000, 65535]], np.uint16)
+    data = _encode(Image.fromarray(values), "PNG", transparency=0)
+    assert Image.open(io.BytesIO(data)).info["transparency"] == 0
+    assert images.decode_rgb(data)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
+    eight = _encode(Image.fromarray(np.array([[0, 4, 255]], np.uint8)), "PNG", transparency=0)
+    assert images.decode_rgb(eight)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]

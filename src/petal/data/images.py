@@ -163,6 +163,10 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         elif mode.startswith("I;16") or values.max(initial=0) > 255:
             values = values / 257.0
         grey = np.clip(np.floor(values + 0.5), 0, 255).astype(np.uint8)
+        key = image.info.get("transparency")
+        if mode.startswith("I") and isinstance(key, int):
+            # A 16-bit grey colour key (PNG tRNS), which PIL's RGBA conversion drops.
+            grey[np.asarray(image) == key] = 255
         return Image.fromarray(grey, "L").convert("RGB")
     return image.convert("RGB")
 
