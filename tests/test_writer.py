@@ -1416,3 +1416,25 @@ def test_16_bit_grey_png_colour_key_becomes_white():
     assert images.decode_rgb(data)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
     eight = _encode(Image.fromarray(np.array([[0, 4, 255]], np.uint8)), "PNG", transparency=0)
     assert images.decode_rgb(eight)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
+
+
+def test_a_class_folder_link_that_leads_nowhere_is_listed_and_warned_about(tmp_path):
+    """A class folder linked to an unmounted disk vanished from the records with no warning:
+    only "ignored_files": 1 said anything."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3, classes=("a", "b", "c"))
+    (src / "tulips").symlink_to("/nonexistent/unmounted/tulips", target_is_directory=True)
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    m = summary.manifest
+    assert m["classes"] == ["a", "b", "c"] and m["broken_links"] == ["tulips"]
+    lists = ("unclassified_images", "other_files", "hidden_entries", "broken_links")
+    assert sum(len(m[key]) for key in lists) == m["ignored_files"] == 1
+    assert summary.warnings == [
+        "1 link(s) in the source lead nowhere (a missing or unmounted target) and were not "
+        "read (tulips; listed in manifest.json as broken_links): a class folder behind one "
+        "is not in the records; mount or fix their targets and convert again"
+    ]
+    from petal.data.inspect import inspect_records
+
+    text = str(inspect_records(str(tmp_path / "out"), progress=False))
+    assert "skipped 0, broken links not followed 1\n" in text
