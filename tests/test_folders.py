@@ -369,3 +369,21 @@ def test_a_class_folder_link_that_leads_nowhere_is_named(tree, tmp_path):
                        r"the source lead nowhere \(gone.jpg, lilies\): mount or fix their "
                        r"targets\.$"):  # fmt: skip
         find_images(tree)
+
+
+def test_classes_with_spaces_around_or_a_comma_in_their_names(tmp_path):
+    """--classes strips the names and splits on commas: " spaced " could not be selected,
+    and the refusal listed it unquoted (" Found classes:  spaced , a,b, c")."""
+    for name in (" spaced ", "a,b", "c"):
+        _touch(tmp_path / name / "1.jpg")
+    assert find_images(tmp_path, " spaced ,c").classes == (" spaced ", "c")
+    assert find_images(tmp_path, "c, spaced").classes == ("c", " spaced ")
+    assert find_images(tmp_path, [" spaced ", "a,b"]).classes == (" spaced ", "a,b")
+    with pytest.raises(PetalError) as info:
+        find_images(tmp_path, " spaced ,a,b")
+    assert str(info.value) == (
+        f"Unknown class 'a' in --classes: no such sub-folder of {tmp_path}. Found classes: "
+        "' spaced ', 'a,b', 'c'. A class name holding a comma ('a,b') cannot be given in "
+        "--classes, where commas separate the names: rename the folder, or leave out "
+        "--classes to read every class folder."
+    )

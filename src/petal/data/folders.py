@@ -534,7 +534,8 @@ def find_images(
     Args:
         root: folder whose sub-folders are the classes (local or ``gs://``).
         classes: class names in the order that defines their indices (a list, or a
-            comma-separated string); default: every sub-folder that holds at least one
+            comma-separated string); a name also matches the one sub-folder whose name
+            only adds spaces around it; default: every sub-folder that holds at least one
             candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
             never classes, and hidden entries inside classes are never read.
         min_classes: fewer classes are refused (2 to train; scoring new photos needs 1).
@@ -582,9 +583,9 @@ def find_images(
     if classes is None:
         chosen = [name for name in sorted(by_class) if by_class[name]]
     else:
-        chosen = parse_classes(classes)
+        chosen = [_spaced_match(c, by_class) for c in parse_classes(classes)]
         present = sorted(name for name in by_class if by_class[name])
-        found = f"Found classes: {', '.join(map(printable, present)) or '(none)'}."
+        found = f"Found classes: {_class_names(present) or '(none)'}."
         # A path (./daisy, ., ..) starts with '.' too: it is no hidden folder's name.
         paths = [c for c in chosen if c in (".", "..") or "/" in c or os.sep in c]
         if paths:
@@ -613,8 +614,17 @@ def find_images(
                 f"target and run again. {found}"
             )
         if unknown:
+            commas = [name for name in present if "," in name]
+            hint = (
+                f" A class name holding a comma ({_class_names(commas[:3])}) cannot be given in "
+                "--classes, where commas separate the names: rename the folder, or leave out "
+                "--classes to read every class folder."
+                if commas
+                else ""
+            )
             raise PetalError(
-                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. {found}"
+                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. "
+                f"{found}{hint}"
             )
         empty = [c for c in chosen if not by_class[c]]
         if empty:
@@ -691,6 +701,24 @@ def find_images(
         else (),
         broken=tuple(sorted(broken)),
     )
+
+
+def _spaced_match(name: str, names) -> str:
+    """``name`` when a class folder has it, else the one folder's name that it is once the
+    spaces around it are stripped, as :func:`parse_classes` strips them (`` spaced `` for
+    ``spaced``); else ``name``."""
+    if name in names:
+        return name
+    near = [n for n in names if n.strip() == name]
+    return near[0] if len(near) == 1 else name
+
+
+def _class_names(names: Sequence[str]) -> str:
+    """Class names, comma-separated; every one quoted when one holds a comma or starts or
+    ends with a space, so that the names stay apart."""
+    if any("," in n or n != n.strip() for n in names):
+        return ", ".join(repr(n) for n in names)
+    return ", ".join(map(printable, names))
 
 
 def parse_classes(classes: Sequence[str] | str) -> list[str]:
