@@ -337,3 +337,53 @@ def test_a_path_in_classes_is_told_to_be_a_name(tree, given, fix):
     )
     with pytest.raises(PetalError, match=r"^Class '\.hidden' in --classes is a hidden folder"):
         find_images(tree, [".hidden", "roses"])
+
+
+def test_a_class_folder_link_that_leads_nowhere_is_named(tree, tmp_path):
+    """A class folder linked to an unmounted disk vanished: counted as an ignored file, named
+    nowhere (and --classes called it an unknown sub-folder)."""
+    (tree / "lilies").symlink_to(tmp_path / "unmounted" / "lilies", target_is_directory=True)
+    (tree / "daisy" / "2019").symlink_to(tmp_path / "unmounted" / "2019")
+    (tree / "gone.jpg").symlink_to(tmp_path / "unmounted" / "gone.jpg")
+    folder = find_images(tree)
+    assert folder.classes == ("daisy", "roses", "tulips")
+    assert folder.broken == ("daisy/2019", "gone.jpg", "lilies")
+    # Named once, as a broken link, not as an image in no class or a file of another type.
+    assert folder.unclassified_images() == ["loose.jpg"]
+    assert folder.other_files() == ["daisy/notes.txt"]
+    assert "3 link(s) leading nowhere (a missing or unmounted target) (daisy/2019, gone.jpg, " in (
+        folder.unread_note()
+    )
+    assert find_images(tree, "daisy,roses").broken == ("daisy/2019", "gone.jpg", "lilies")
+    assert find_images(tree, "roses,tulips").broken == ("gone.jpg", "lilies")  # daisy left out
+    lilies = (
+        r"^Class 'lilies' in --classes is a link that leads nowhere \(.*/src/lilies -> "
+        r".*/unmounted/lilies\); mount or fix its target and run again\. Found classes: "
+        r"daisy, roses, tulips\.$"
+    )
+    with pytest.raises(PetalError, match=lilies):
+        find_images(tree, "lilies,daisy")
+    for name in ("daisy", "roses"):
+        (tree / name).rename(tmp_path / name)
+    with pytest.raises(PetalError, match=r"^Found only one class \('tulips'\) .*; 2 link\(s\) in "
+                       r"the source lead nowhere \(gone.jpg, lilies\): mount or fix their "
+                       r"targets\.$"):  # fmt: skip
+        find_images(tree)
+
+
+def test_classes_with_spaces_around_or_a_comma_in_their_names(tmp_path):
+    """--classes strips the names and splits on commas: " spaced " could not be selected,
+    and the refusal listed it unquoted (" Found classes:  spaced , a,b, c")."""
+    for name in (" spaced ", "a,b", "c"):
+        _touch(tmp_path / name / "1.jpg")
+    assert find_images(tmp_path, " spaced ,c").classes == (" spaced ", "c")
+    assert find_images(tmp_path, "c, spaced").classes == ("c", " spaced ")
+    assert find_images(tmp_path, [" spaced ", "a,b"]).classes == (" spaced ", "a,b")
+    with pytest.raises(PetalError) as info:
+        find_images(tmp_path, " spaced ,a,b")
+    assert str(info.value) == (
+        f"Unknown class 'a' in --classes: no such sub-folder of {tmp_path}. Found classes: "
+        "' spaced ', 'a,b', 'c'. A class name holding a comma ('a,b') cannot be given in "
+        "--classes, where commas separate the names: rename the folder, or leave out "
+        "--classes to read every class folder."
+    )

@@ -641,3 +641,18 @@ def test_a_folder_of_codelab_shards_one_without_a_count_gives_the_reason(make_re
         with pytest.raises(PetalError) as info:
             inspect_records(path, progress=False)
         assert str(info.value) == reason
+
+
+def test_the_font_warning_names_a_class_holding_a_newline_on_one_line(small_flowers, tmp_path,
+                                                                      capfd):  # fmt: skip
+    """It printed the name as it is, its newline splitting the warning in two."""
+    from petal.data import convert
+
+    photos = link_photos(small_flowers, tmp_path / "photos", per_class=2, classes=2)
+    (photos / "daisy").rename(photos / "new\nline")
+    convert(photos, tmp_path / "records", image_size=16, workers=1, progress=False)
+    capfd.readouterr()
+    inspect_records(tmp_path / "records", grid=tmp_path / "grid.png", grid_per_class=1,
+                    progress=False)  # fmt: skip
+    err = capfd.readouterr().err
+    assert "(new\\nline as 'class 1')" in err and "new\nline" not in err

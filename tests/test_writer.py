@@ -1374,3 +1374,67 @@ def test_sizes_in_skip_reasons_are_height_by_width_and_say_so(tmp_path):
     Image.new("RGB", (3, 5)).save(tall, "PNG")  # 5 high, 3 wide
     with pytest.raises(images.PixelLimitError, match=r"^too many pixels \(HxW 5x3 = 15 > "):
         images.convert_image(tall.getvalue(), size=(2, 2), max_pixels=10)
+
+
+def test_float_images_are_scaled_by_their_range_and_bad_ones_skipped(tmp_path):
+    """A float TIFF with values 0..1 was stored all black (0..1 rounded to 0 or 1)."""
+
+    def grey(values) -> list[int]:
+        data = _encode(Image.fromarray(np.asarray(values, np.float32)), "TIFF")
+        stored = images.convert_image(data, size=None, mode="none", format="raw").data
+        return list(stored[::3])
+
+    assert grey([[0.0, 0.5, 1.0]]) == [0, 128, 255]  # 0..1: scaled by 255
+    assert grey([[0.0, 77.0, 255.0]]) == [0, 77, 255]  # 0..255: as is
+    assert grey([[0.0, 257.0, 65535.0]]) == [0, 1, 255]  # larger: as 16-bit
+    for bad, reason in (
+        ([[0.0, float("nan")]], "NaN or infinite"),
+        ([[0.0, float("inf")]], "NaN or infinite"),
+        ([[-0.5, 1.0]], r"negative values \(from -0.5 to 1\)"),
+    ):
+        with pytest.raises(images.ImageError, match=reason):
+            grey(bad)
+    # A conversion skips such an image with its reason, and the counts still add up.
+    for c in ("a", "b"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        (tmp_path / "src" / c / "ok.jpg").write_bytes(_jpeg(_photo(12, 16)))
+    nan = Image.fromarray(np.full((4, 4), np.nan, np.float32))
+    nan.save(tmp_path / "src" / "a" / "nan.png", format="TIFF")  # a TIFF named .png
+    convert(tmp_path / "src", tmp_path / "out", image_size=8, workers=1, progress=False)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["images_found"] == 3 and manifest["written"] == 2
+    assert [s["file"] for s in manifest["skipped"]] == ["a/nan.png"]
+    assert "NaN" in manifest["skipped"][0]["reason"]
+
+
+def test_16_bit_grey_png_colour_key_becomes_white():
+    """The tRNS key of a 16-bit grey PNG was dropped: transparent pixels came out black,
+    while the 8-bit equivalent gives white."""
+    values = np.array([[0, 1000, 65535]], np.uint16)
+    data = _encode(Image.fromarray(values), "PNG", transparency=0)
+    assert Image.open(io.BytesIO(data)).info["transparency"] == 0
+    assert images.decode_rgb(data)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
+    eight = _encode(Image.fromarray(np.array([[0, 4, 255]], np.uint8)), "PNG", transparency=0)
+    assert images.decode_rgb(eight)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
+
+
+def test_a_class_folder_link_that_leads_nowhere_is_listed_and_warned_about(tmp_path):
+    """A class folder linked to an unmounted disk vanished from the records with no warning:
+    only "ignored_files": 1 said anything."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 3, classes=("a", "b", "c"))
+    (src / "tulips").symlink_to("/nonexistent/unmounted/tulips", target_is_directory=True)
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    m = summary.manifest
+    assert m["classes"] == ["a", "b", "c"] and m["broken_links"] == ["tulips"]
+    lists = ("unclassified_images", "other_files", "hidden_entries", "broken_links")
+    assert sum(len(m[key]) for key in lists) == m["ignored_files"] == 1
+    assert summary.warnings == [
+        "1 link(s) in the source lead nowhere (a missing or unmounted target) and were not "
+        "read (tulips; listed in manifest.json as broken_links): a class folder behind one "
+        "is not in the records; mount or fix their targets and convert again"
+    ]
+    from petal.data.inspect import inspect_records
+
+    text = str(inspect_records(str(tmp_path / "out"), progress=False))
+    assert "skipped 0, broken links not followed 1\n" in text

@@ -15,6 +15,8 @@ import sys
 import unicodedata
 from collections.abc import Sequence
 
+from petal.errors import printable
+
 # Families with CJK (and wide Unicode) coverage, tried after matplotlib's default in order.
 FALLBACK_FONTS = (
     "Noto Sans CJK JP",
@@ -99,7 +101,9 @@ def plot_labels(classes: Sequence[str]) -> list[str]:
 
 @functools.cache
 def _warn_once(names: tuple[str, ...], labels: tuple[str, ...]) -> None:
-    shown = ", ".join(f"{name} as '{label}'" for name, label in zip(names, labels, strict=True))
+    shown = ", ".join(
+        f"{printable(name)} as '{label}'" for name, label in zip(names, labels, strict=True)
+    )
     print(
         f"petal: warning: no installed font draws {len(names)} class name(s); plots label "
         f"them by number ({shown}). Install a font that has their characters (e.g. Noto Sans "

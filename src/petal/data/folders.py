@@ -55,6 +55,9 @@ class ImageFolder:
         left_out: sub-folders an explicit class list left out.
         empty: sub-folders holding nothing (or only hidden files), so no class: a class
             whose photos are still to come would otherwise go unnoticed.
+        broken: links (among ``ignored``) that lead nowhere, a missing or unmounted target:
+            a class folder behind one would otherwise vanish unnoticed. Not in a sub-folder
+            a class list left out.
     """
 
     root: str
@@ -63,6 +66,7 @@ class ImageFolder:
     ignored: tuple[str, ...]
     left_out: tuple[str, ...] = ()
     empty: tuple[str, ...] = ()
+    broken: tuple[str, ...] = ()
 
     def by_utf8(self) -> tuple[list[ImageFile], list[ImageFile]]:
         """(files whose relative path is valid UTF-8, those whose is not): records and
@@ -75,7 +79,12 @@ class ImageFolder:
     def unclassified_images(self) -> list[str]:
         """Image files lying directly in the root: they belong to no class."""
         return [
-            n for n in self.ignored if "/" not in n and _has_image_extension(n) and not is_hidden(n)
+            n
+            for n in self.ignored
+            if "/" not in n
+            and _has_image_extension(n)
+            and not is_hidden(n)
+            and n not in self.broken
         ]
 
     def other_files(self) -> list[str]:
@@ -91,6 +100,7 @@ class ImageFolder:
             and not n.endswith("/")
             and n.split("/", 1)[0] not in self.left_out
             and not is_hidden_entry(n)
+            and n not in self.broken
         ]
 
     def loops(self) -> list[str]:
@@ -122,6 +132,7 @@ class ImageFolder:
             ("hidden", self.hidden()),
             ("link(s) back to a folder holding them, not followed", self.loops()),
             ("sub-folder(s) empty, so no class", [f"{name}/" for name in self.empty]),
+            ("link(s) leading nowhere (a missing or unmounted target)", self.broken),
         ):
             if names:
                 parts.append(f"{len(names)} {what} ({some_names(names, 3)})")
@@ -428,6 +439,11 @@ def _has_image_extension(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def _dangling(path: str) -> bool:
+    """Whether ``path`` is a link whose target is missing (or cannot be reached)."""
+    return os.path.islink(path) and not os.path.exists(path)
+
+
 def _list_local(path: str) -> list[tuple[str, bool]]:
     """(name, is_dir) for each entry, sorted by name; symlinks to folders count as folders.
     A link that cannot be followed (a loop: ``a.jpg -> a.jpg``) counts as a file, which
@@ -518,7 +534,8 @@ def find_images(
     Args:
         root: folder whose sub-folders are the classes (local or ``gs://``).
         classes: class names in the order that defines their indices (a list, or a
-            comma-separated string); default: every sub-folder that holds at least one
+            comma-separated string); a name also matches the one sub-folder whose name
+            only adds spaces around it; default: every sub-folder that holds at least one
             candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
             never classes, and hidden entries inside classes are never read.
         min_classes: fewer classes are refused (2 to train; scoring new photos needs 1).
@@ -566,9 +583,9 @@ def find_images(
     if classes is None:
         chosen = [name for name in sorted(by_class) if by_class[name]]
     else:
-        chosen = parse_classes(classes)
+        chosen = [_spaced_match(c, by_class) for c in parse_classes(classes)]
         present = sorted(name for name in by_class if by_class[name])
-        found = f"Found classes: {', '.join(map(printable, present)) or '(none)'}."
+        found = f"Found classes: {_class_names(present) or '(none)'}."
         # A path (./daisy, ., ..) starts with '.' too: it is no hidden folder's name.
         paths = [c for c in chosen if c in (".", "..") or "/" in c or os.sep in c]
         if paths:
@@ -589,9 +606,25 @@ def find_images(
                 f"or __MACOSX), which is never read as a class; rename the folder."
             )
         unknown = [c for c in chosen if c not in by_class]
-        if unknown:
+        if unknown and not is_remote(root) and _dangling(join(root, unknown[0])):
+            link = join(root, unknown[0])
             raise PetalError(
-                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. {found}"
+                f"Class {unknown[0]!r} in --classes is a link that leads nowhere "
+                f"({printable(link)} -> {printable(os.readlink(link))}); mount or fix its "
+                f"target and run again. {found}"
+            )
+        if unknown:
+            commas = [name for name in present if "," in name]
+            hint = (
+                f" A class name holding a comma ({_class_names(commas[:3])}) cannot be given in "
+                "--classes, where commas separate the names: rename the folder, or leave out "
+                "--classes to read every class folder."
+                if commas
+                else ""
+            )
+            raise PetalError(
+                f"Unknown class {unknown[0]!r} in --classes: no such sub-folder of {root}. "
+                f"{found}{hint}"
             )
         empty = [c for c in chosen if not by_class[c]]
         if empty:
@@ -602,13 +635,30 @@ def find_images(
         for name in sorted(set(by_class) - set(chosen)):
             ignored += by_class[name]
 
+    left_out = sorted(set(by_class) - set(chosen)) if classes is not None else []
+    # A link to an unmounted disk or a moved folder lists as a file that is no image.
+    broken = [
+        n
+        for n in ignored
+        if not is_remote(root)
+        and not n.endswith("/")
+        and not is_hidden_entry(n)
+        and n.split("/", 1)[0] not in left_out
+        and _dangling(join(root, *n.split("/")))
+    ]
+    nowhere = (
+        f"; {len(broken)} link(s) in the source lead nowhere ({some_names(broken)}): mount "
+        "or fix their targets"
+        if broken
+        else ""
+    )
     if not any(by_class.get(c) for c in chosen):
         top = [n for n in ignored if "/" not in n]  # the root's own files
         if not by_class and (flat := flat_folder_error(root, top)):
             raise flat
         raise PetalError(
             f"No images found under {root}: expected class sub-folders holding files with "
-            f"extensions {accepted} (case-insensitive)."
+            f"extensions {accepted} (case-insensitive){nowhere}."
         )
     if len(chosen) < min_classes:
         # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
@@ -617,7 +667,7 @@ def find_images(
             f"; its images lie in {len(inner)} sub-folders of {printable(chosen[0])}: did you "
             f"mean source={printable(join(root, chosen[0]))}?"
             if len(inner) > 1 and classes is None
-            else "."
+            else f"{nowhere}."
         )
         raise PetalError(
             f"Found only one class ({chosen[0]!r}) under {root}; a classifier needs at least "
@@ -640,7 +690,7 @@ def find_images(
         classes=tuple(chosen),
         files=tuple(files),
         ignored=tuple(sorted(ignored)),
-        left_out=tuple(sorted(set(by_class) - set(chosen))) if classes is not None else (),
+        left_out=tuple(left_out),
         empty=tuple(
             name
             for name in sorted(by_class)
@@ -649,7 +699,26 @@ def find_images(
         )
         if classes is None
         else (),
+        broken=tuple(sorted(broken)),
     )
+
+
+def _spaced_match(name: str, names) -> str:
+    """``name`` when a class folder has it, else the one folder's name that it is once the
+    spaces around it are stripped, as :func:`parse_classes` strips them (`` spaced `` for
+    ``spaced``); else ``name``."""
+    if name in names:
+        return name
+    near = [n for n in names if n.strip() == name]
+    return near[0] if len(near) == 1 else name
+
+
+def _class_names(names: Sequence[str]) -> str:
+    """Class names, comma-separated; every one quoted when one holds a comma or starts or
+    ends with a space, so that the names stay apart."""
+    if any("," in n or n != n.strip() for n in names):
+        return ", ".join(repr(n) for n in names)
+    return ", ".join(map(printable, names))
 
 
 def parse_classes(classes: Sequence[str] | str) -> list[str]:

@@ -156,13 +156,41 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     if mode.startswith("I") or mode == "F":
-        # 16-bit and float greyscale: PIL's convert would clip, not scale.
+        # 16-bit, 32-bit and float greyscale: PIL's convert would clip, not scale.
         values = np.asarray(image, dtype=np.float64)
-        if mode.startswith("I;16") or values.max(initial=0) > 255:
+        if mode == "F":
+            values = _float_grey(values)
+        elif mode.startswith("I;16") or values.max(initial=0) > 255:
             values = values / 257.0
         grey = np.clip(np.floor(values + 0.5), 0, 255).astype(np.uint8)
+        key = image.info.get("transparency")
+        if mode.startswith("I") and isinstance(key, int):
+            # A 16-bit grey colour key (PNG tRNS), which PIL's RGBA conversion drops.
+            grey[np.asarray(image) == key] = 255
         return Image.fromarray(grey, "L").convert("RGB")
     return image.convert("RGB")
+
+
+def _float_grey(values: np.ndarray) -> np.ndarray:
+    """Float greyscale pixels (mode F, e.g. a float TIFF) -> the 0..255 scale.
+
+    Values within 0..1, the usual range of float images, are scaled by 255; within 0..255
+    kept; larger ranges taken as 16-bit (divided by 257), as for 16-bit images.
+
+    Raises:
+        ImageError: NaN, infinite or negative values, which have no grey level.
+    """
+    if not np.isfinite(values).all():
+        raise ImageError("float image holding NaN or infinite values; save it as an 8-bit image")
+    low, high = values.min(initial=0), values.max(initial=0)
+    if low < 0:
+        raise ImageError(
+            f"float image with negative values (from {low:g} to {high:g}); rescale it to "
+            "0..1 or 0..255, or save it as an 8-bit image"
+        )
+    if high <= 1:
+        return values * 255.0
+    return values if high <= 255 else values / 257.0
 
 
 def decode_rgb(

@@ -35,6 +35,7 @@ _UNREAD = (
     ("hidden_entries", "hidden entries not read"),
     ("empty_folders", "empty folders"),
     ("folder_loops", "folder loops not followed"),
+    ("broken_links", "broken links not followed"),
 )
 
 

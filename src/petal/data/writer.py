@@ -1285,6 +1285,13 @@ def _warnings(manifest: dict) -> list[str]:
             f"records have {len(manifest['classes'])} classes; add their photos and convert "
             "again if they are classes"
         )
+    if broken := manifest.get("broken_links"):
+        out.append(
+            f"{len(broken)} link(s) in the source lead nowhere (a missing or unmounted target) "
+            f"and were not read ({some_names(broken)}; listed in manifest.json as broken_links): "
+            "a class folder behind one is not in the records; mount or fix their targets and "
+            "convert again"
+        )
     conflicting = manifest.get("duplicates_across_classes") or []
     if conflicting:
         groups = some_names([" = ".join(g) for g in conflicting])
@@ -1621,6 +1628,8 @@ def _manifest(
         "empty_folders": _utf8_names(folder.empty),
         # Links back to a folder that holds them (b/loop -> ../b): not followed.
         "folder_loops": _utf8_names(folder.loops()),
+        # Links whose target is missing (an unmounted disk): a class may lie behind one.
+        "broken_links": _utf8_names(folder.broken),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
 
