@@ -416,3 +416,25 @@ def test_codelab_convnet_preset_says_the_batch_it_trains_with():
     cfg = get_preset("codelab-convnet")
     assert {n: _global_batch(cfg, n) for n in (1, 2, 4, 8)} == {1: 128, 2: 32, 4: 64, 8: 128}
     assert "batch 16 x replicas (128 on one device)" in preset_doc("codelab-convnet")
+
+
+def test_a_presets_model_options_stay_with_its_model(tmp_path):
+    """squeezenet-plus's model_options (any_size, stem_stride) carried over to --model dense,
+    whose builder takes neither: "Model 'dense' does not take that option"."""
+    plus = get_preset("squeezenet-plus").model_options
+    assert plus and load_config("squeezenet-plus", model="squeezenet").model_options == plus
+    assert load_config("squeezenet-plus", model="dense").model_options == {}
+    assert load_config("squeezenet-plus", overrides=["model=dense"]).model_options == {}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "squeezenet-plus", "model": "dense"}))
+    assert load_config(None, path).model_options == {}
+    # Asked for, they stay: all of them, or the keys given one by one.
+    kept = load_config("squeezenet-plus", overrides=['model_options={"dropout": 0.1}'],
+                       model="mobilenet_v2")
+    assert kept.model_options == {"dropout": 0.1}
+    kept = load_config("squeezenet-plus", overrides=["model_options.stem_stride=1"],
+                       model="squeezenet_separable")
+    assert kept.model_options == {"stem_stride": 1}
+    # A resumed run's config is no preset: what it saved stays.
+    base = get_preset("squeezenet-plus")
+    assert load_config(None, None, ["model=dense"], base=base).model_options == plus

@@ -53,7 +53,9 @@ class TrainConfig:
             when the shards name no classes) or an image folder (the class folders to
             train on, in this order); ``None``: a records folder's manifest's, or found.
         model: registered model name (``petal models`` lists them).
-        model_options: extra keyword arguments for ``create_model``.
+        model_options: extra keyword arguments for ``create_model``. A preset's are for
+            the preset's model: :func:`load_config` with another ``model`` drops them
+            (keeping any ``model_options.KEY`` given), unless ``model_options`` is given.
         weights: ``None`` (random init), ``"imagenet"`` or a local weights file.
         image_size: square size the model sees at evaluation (and training, unless
             ``train_image_size`` is set); ``None`` uses the records' size, else the
@@ -544,16 +546,19 @@ def load_config(
             f"would only rename the run. Received: preset={values['preset']!r}"
         )
     cfg = apply_overrides(cfg, values, source="--set")
-    given = {*file_values, *flag_values, *(key.partition(".")[0] for key in values)}
-    if (
-        from_preset
-        and chosen.normalization is not None
-        and cfg.model != chosen.model
-        and "normalization" not in given
-    ):
+    keys = [*file_values, *flag_values, *values]
+    given = {key.partition(".")[0] for key in keys}
+    if from_preset and cfg.model != chosen.model:
         # A preset's pixel scaling is chosen for its model (codelab-xception's [0, 1]): another
         # backbone's weights learned their own, and would see inputs out of their range.
-        cfg = dataclasses.replace(cfg, normalization=None)
+        if chosen.normalization is not None and "normalization" not in given:
+            cfg = dataclasses.replace(cfg, normalization=None)
+        # Its model options too (squeezenet-plus's stem_stride): another model may not take
+        # them. Those given one by one (model_options.KEY) are kept.
+        if "model_options" not in keys:
+            mine = {key.partition(".")[2] for key in keys if key.startswith("model_options.")}
+            options = {k: v for k, v in cfg.model_options.items() if k in mine}
+            cfg = dataclasses.replace(cfg, model_options=options)
     return cfg.validate()
 
 
