@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -438,3 +439,16 @@ def test_a_presets_model_options_stay_with_its_model(tmp_path):
     # A resumed run's config is no preset: what it saved stays.
     base = get_preset("squeezenet-plus")
     assert load_config(None, None, ["model=dense"], base=base).model_options == plus
+
+
+@pytest.mark.parametrize("preset", [["quick"], {"name": "quick"}, 3])
+def test_a_preset_that_is_no_name_is_unknown(tmp_path, preset):
+    """A config file's "preset" as a list or an object raised TypeError: unhashable type."""
+    with pytest.raises(PetalError, match=r"^Unknown preset .*; valid presets: default, "):
+        get_preset(preset)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": preset}))
+    received = re.escape(f"Received: preset={preset!r}")
+    with pytest.raises(PetalError, match=rf"^Unknown preset .* {received}$"):
+        load_config(None, path)
+

@@ -323,7 +323,7 @@ def get_preset(name: str) -> TrainConfig:
 
 
 def _get_preset_fn(name: str) -> PresetFn:
-    if name not in _PRESETS:
+    if not isinstance(name, str) or name not in _PRESETS:  # (a JSON list: no dict key)
         raise PetalError(
             f"Unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}. Received: preset={name!r}"
         )
