@@ -452,3 +452,21 @@ def test_a_preset_that_is_no_name_is_unknown(tmp_path, preset):
     with pytest.raises(PetalError, match=rf"^Unknown preset .* {received}$"):
         load_config(None, path)
 
+
+def test_validate_keeps_the_values_it_converts(tmp_path):
+    """validate() converted "false" to check it, then kept the string: tensorboard="false"
+    and fused_batch_norm="false" acted as true ("false" is truthy), config.json held the
+    string, and skip_corrupt or deterministic "false" failed later. --set's conversions."""
+    flags = ("tensorboard", "fused_batch_norm", "skip_corrupt", "deterministic")
+    cfg = TrainConfig(**dict.fromkeys(flags, "false"))
+    assert cfg.validate() is cfg
+    assert {name: getattr(cfg, name) for name in flags} == dict.fromkeys(flags, False)
+    save_config(cfg, tmp_path / "config.json")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {name: saved[name] for name in flags} == dict.fromkeys(flags, False)
+    # cache='false' was refused as no "'auto', true or false"; 3.0 as no whole number.
+    cfg = TrainConfig(cache="false", jit_compile="True", epochs=3.0).validate()
+    assert cfg.cache is False and cfg.jit_compile is True and type(cfg.epochs) is int
+    with pytest.raises(PetalError, match=r"^tensorboard must be true or false\. Received: "
+                                         r"tensorboard='no'$"):
+        TrainConfig(tensorboard="no").validate()

@@ -164,12 +164,18 @@ class TrainConfig:
         return apply_overrides(self, changes)
 
     def validate(self) -> TrainConfig:
-        """Check values that need no TensorFlow; raises PetalError naming the field."""
+        """Check values that need no TensorFlow; raises PetalError naming the field.
+
+        Converts in place what :func:`apply_overrides` converts (``"false"`` to false,
+        ``3.0`` to 3, a list of class names to one string) and returns the config.
+        """
         # Types first (a config built in Python skips apply_overrides' checks): a string
         # where a number goes would otherwise fail below as Python's comparison TypeError.
+        # The converted value is kept: the string "false" is true to an `if`.
         hints = typing.get_type_hints(TrainConfig)
         for item in dataclasses.fields(self):
-            _coerce(item.name, getattr(self, item.name), hints[item.name], "")
+            value = _coerce(item.name, getattr(self, item.name), hints[item.name], "")
+            setattr(self, item.name, value)
         _check_positive(self, "epochs", "batch_size", "shuffle_buffer", "steps_per_execution")
         _check_positive(
             self,
