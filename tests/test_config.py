@@ -470,3 +470,13 @@ def test_validate_keeps_the_values_it_converts(tmp_path):
     with pytest.raises(PetalError, match=r"^tensorboard must be true or false\. Received: "
                                          r"tensorboard='no'$"):
         TrainConfig(tensorboard="no").validate()
+
+
+def test_a_config_file_that_is_a_directory_says_so(tmp_path):
+    """--config DIR said "Config file not found: DIR"."""
+    with pytest.raises(PetalError) as err:
+        load_config(None, tmp_path)
+    assert str(err.value) == (
+        f"Config file {tmp_path} is a directory, not a file. "
+        "Pass a JSON file of TrainConfig fields (UTF-8 text)."
+    )

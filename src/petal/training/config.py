@@ -574,6 +574,8 @@ def read_config_file(
     """The JSON object of a config file; ``fix`` ends the error for a file that is no JSON."""
     refuse_url(path, "Config file", "config files", reads=True, folder=False)
     path = Path(path)
+    if path.is_dir():
+        raise PetalError(f"Config file {path} is a directory, not a file. {fix}")
     if not path.is_file():
         raise PetalError(f"Config file not found: {path}. Pass a JSON file of TrainConfig fields.")
     try:
