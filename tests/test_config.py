@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -416,3 +417,66 @@ def test_codelab_convnet_preset_says_the_batch_it_trains_with():
     cfg = get_preset("codelab-convnet")
     assert {n: _global_batch(cfg, n) for n in (1, 2, 4, 8)} == {1: 128, 2: 32, 4: 64, 8: 128}
     assert "batch 16 x replicas (128 on one device)" in preset_doc("codelab-convnet")
+
+
+def test_a_presets_model_options_stay_with_its_model(tmp_path):
+    """squeezenet-plus's model_options (any_size, stem_stride) carried over to --model dense,
+    whose builder takes neither: "Model 'dense' does not take that option"."""
+    plus = get_preset("squeezenet-plus").model_options
+    assert plus and load_config("squeezenet-plus", model="squeezenet").model_options == plus
+    assert load_config("squeezenet-plus", model="dense").model_options == {}
+    assert load_config("squeezenet-plus", overrides=["model=dense"]).model_options == {}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "squeezenet-plus", "model": "dense"}))
+    assert load_config(None, path).model_options == {}
+    # Asked for, they stay: all of them, or the keys given one by one.
+    kept = load_config("squeezenet-plus", overrides=['model_options={"dropout": 0.1}'],
+                       model="mobilenet_v2")
+    assert kept.model_options == {"dropout": 0.1}
+    kept = load_config("squeezenet-plus", overrides=["model_options.stem_stride=1"],
+                       model="squeezenet_separable")
+    assert kept.model_options == {"stem_stride": 1}
+    # A resumed run's config is no preset: what it saved stays.
+    base = get_preset("squeezenet-plus")
+    assert load_config(None, None, ["model=dense"], base=base).model_options == plus
+
+
+@pytest.mark.parametrize("preset", [["quick"], {"name": "quick"}, 3])
+def test_a_preset_that_is_no_name_is_unknown(tmp_path, preset):
+    """A config file's "preset" as a list or an object raised TypeError: unhashable type."""
+    with pytest.raises(PetalError, match=r"^Unknown preset .*; valid presets: default, "):
+        get_preset(preset)
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": preset}))
+    received = re.escape(f"Received: preset={preset!r}")
+    with pytest.raises(PetalError, match=rf"^Unknown preset .* {received}$"):
+        load_config(None, path)
+
+
+def test_validate_keeps_the_values_it_converts(tmp_path):
+    """validate() converted "false" to check it, then kept the string: tensorboard="false"
+    and fused_batch_norm="false" acted as true ("false" is truthy), config.json held the
+    string, and skip_corrupt or deterministic "false" failed later. --set's conversions."""
+    flags = ("tensorboard", "fused_batch_norm", "skip_corrupt", "deterministic")
+    cfg = TrainConfig(**dict.fromkeys(flags, "false"))
+    assert cfg.validate() is cfg
+    assert {name: getattr(cfg, name) for name in flags} == dict.fromkeys(flags, False)
+    save_config(cfg, tmp_path / "config.json")
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {name: saved[name] for name in flags} == dict.fromkeys(flags, False)
+    # cache='false' was refused as no "'auto', true or false"; 3.0 as no whole number.
+    cfg = TrainConfig(cache="false", jit_compile="True", epochs=3.0).validate()
+    assert cfg.cache is False and cfg.jit_compile is True and type(cfg.epochs) is int
+    with pytest.raises(PetalError, match=r"^tensorboard must be true or false\. Received: "
+                                         r"tensorboard='no'$"):
+        TrainConfig(tensorboard="no").validate()
+
+
+def test_a_config_file_that_is_a_directory_says_so(tmp_path):
+    """--config DIR said "Config file not found: DIR"."""
+    with pytest.raises(PetalError) as err:
+        load_config(None, tmp_path)
+    assert str(err.value) == (
+        f"Config file {tmp_path} is a directory, not a file. "
+        "Pass a JSON file of TrainConfig fields (UTF-8 text)."
+    )

@@ -326,3 +326,52 @@ def test_float16_loss_scaling_skips_a_step_any_replica_overflowed(tmp_path, mode
         assert result == {"finite": True, "scale": 32768.0 / 2}
     else:  # The data does overflow: Keras 3.15 applied it (NaN weights), a fixed one skips
         assert result["finite"] is False or result["scale"] == 32768.0 / 2
+
+
+def _one_worker_tf_config() -> str:
+    """TF_CONFIG of a one-worker cluster on a free localhost port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    cluster = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker", "index": 0}}
+    return json.dumps(cluster)
+
+
+def test_multi_worker_trains(small_records, tmp_path):
+    """get_strategy listed the logical GPUs first, which starts TensorFlow's runtime, and
+    MultiWorkerMirroredStrategy can only configure its collective ops before that: every
+    `--strategy multi-worker` ended in "RuntimeError: Collective ops must be configured at
+    program startup"."""
+    env = dict(os.environ, TF_CONFIG=_one_worker_tf_config(), CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    argv = ["--data", str(small_records), "--workdir", str(tmp_path / "run"), "--model", "dense",
+            "--epochs", "1", "--image-size", "32", "--strategy", "multi-worker",
+            "--set", "steps_per_epoch=1", "--set", "tensorboard=false"]
+    proc = subprocess.run([sys.executable, "-m", "petal", "train", *argv], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "strategy=multi-worker replicas=1" in proc.stdout + proc.stderr
+    assert (tmp_path / "run" / "model.keras").is_file()
+
+
+def test_multi_worker_after_the_runtime_started_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", _one_worker_tf_config())
+    script = textwrap.dedent(
+        """
+        import json
+        import tensorflow as tf
+        from petal.errors import PetalError
+        from petal.training.strategy import get_strategy
+
+        tf.constant(1.0)  # starts the runtime
+        try:
+            get_strategy("multi-worker")
+        except PetalError as err:
+            print(json.dumps({"error": str(err)}))
+        """
+    )
+    error = _run_script(tmp_path, script)["error"]
+    assert error.startswith("strategy 'multi-worker' must be created before TensorFlow's runtime")
+    assert "\n" not in error

@@ -328,8 +328,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="registered model name (petal models); it takes its own input normalization, "
-        "not the preset's, unless --set normalization=... is given",
+        help="registered model name (petal models); it takes its own input normalization "
+        "and model options, not the preset's, unless --set sets them",
     )
     parser.add_argument(
         "--epochs", type=int, default=None,

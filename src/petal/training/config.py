@@ -53,7 +53,9 @@ class TrainConfig:
             when the shards name no classes) or an image folder (the class folders to
             train on, in this order); ``None``: a records folder's manifest's, or found.
         model: registered model name (``petal models`` lists them).
-        model_options: extra keyword arguments for ``create_model``.
+        model_options: extra keyword arguments for ``create_model``. A preset's are for
+            the preset's model: :func:`load_config` with another ``model`` drops them
+            (keeping any ``model_options.KEY`` given), unless ``model_options`` is given.
         weights: ``None`` (random init), ``"imagenet"`` or a local weights file.
         image_size: square size the model sees at evaluation (and training, unless
             ``train_image_size`` is set); ``None`` uses the records' size, else the
@@ -162,12 +164,18 @@ class TrainConfig:
         return apply_overrides(self, changes)
 
     def validate(self) -> TrainConfig:
-        """Check values that need no TensorFlow; raises PetalError naming the field."""
+        """Check values that need no TensorFlow; raises PetalError naming the field.
+
+        Converts in place what :func:`apply_overrides` converts (``"false"`` to false,
+        ``3.0`` to 3, a list of class names to one string) and returns the config.
+        """
         # Types first (a config built in Python skips apply_overrides' checks): a string
         # where a number goes would otherwise fail below as Python's comparison TypeError.
+        # The converted value is kept: the string "false" is true to an `if`.
         hints = typing.get_type_hints(TrainConfig)
         for item in dataclasses.fields(self):
-            _coerce(item.name, getattr(self, item.name), hints[item.name], "")
+            value = _coerce(item.name, getattr(self, item.name), hints[item.name], "")
+            setattr(self, item.name, value)
         _check_positive(self, "epochs", "batch_size", "shuffle_buffer", "steps_per_execution")
         _check_positive(
             self,
@@ -321,7 +329,7 @@ def get_preset(name: str) -> TrainConfig:
 
 
 def _get_preset_fn(name: str) -> PresetFn:
-    if name not in _PRESETS:
+    if not isinstance(name, str) or name not in _PRESETS:  # (a JSON list: no dict key)
         raise PetalError(
             f"Unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}. Received: preset={name!r}"
         )
@@ -544,16 +552,19 @@ def load_config(
             f"would only rename the run. Received: preset={values['preset']!r}"
         )
     cfg = apply_overrides(cfg, values, source="--set")
-    given = {*file_values, *flag_values, *(key.partition(".")[0] for key in values)}
-    if (
-        from_preset
-        and chosen.normalization is not None
-        and cfg.model != chosen.model
-        and "normalization" not in given
-    ):
+    keys = [*file_values, *flag_values, *values]
+    given = {key.partition(".")[0] for key in keys}
+    if from_preset and cfg.model != chosen.model:
         # A preset's pixel scaling is chosen for its model (codelab-xception's [0, 1]): another
         # backbone's weights learned their own, and would see inputs out of their range.
-        cfg = dataclasses.replace(cfg, normalization=None)
+        if chosen.normalization is not None and "normalization" not in given:
+            cfg = dataclasses.replace(cfg, normalization=None)
+        # Its model options too (squeezenet-plus's stem_stride): another model may not take
+        # them. Those given one by one (model_options.KEY) are kept.
+        if "model_options" not in keys:
+            mine = {key.partition(".")[2] for key in keys if key.startswith("model_options.")}
+            options = {k: v for k, v in cfg.model_options.items() if k in mine}
+            cfg = dataclasses.replace(cfg, model_options=options)
     return cfg.validate()
 
 
@@ -563,6 +574,8 @@ def read_config_file(
     """The JSON object of a config file; ``fix`` ends the error for a file that is no JSON."""
     refuse_url(path, "Config file", "config files", reads=True, folder=False)
     path = Path(path)
+    if path.is_dir():
+        raise PetalError(f"Config file {path} is a directory, not a file. {fix}")
     if not path.is_file():
         raise PetalError(f"Config file not found: {path}. Pass a JSON file of TrainConfig fields.")
     try:

@@ -106,13 +106,42 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
         ``devices``, ``tpu`` and ``gpu`` (bools) and ``gpu_compute_capability`` (or None).
 
     Raises:
-        PetalError: Unknown name; ``tpu`` without a TPU; ``multi-worker`` without ``TF_CONFIG``.
+        PetalError: Unknown name; ``tpu`` without a TPU; ``multi-worker`` without ``TF_CONFIG``,
+            or after TensorFlow's runtime started (it must be created first in a process).
     """
     if name not in STRATEGIES:
         raise PetalError(
             f"Unknown strategy {name!r}. Choose one of: {', '.join(STRATEGIES)}. Received: strategy={name!r}"
         )
 
+    # First: MultiWorkerMirroredStrategy configures collective ops, which TensorFlow only
+    # allows before its runtime starts, and listing logical devices below starts it.
+    if name == "multi-worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise PetalError(
+                "strategy 'multi-worker' needs the TF_CONFIG environment variable (cluster and "
+                "task of this worker); see tf.distribute.MultiWorkerMirroredStrategy. "
+                "Received: TF_CONFIG unset"
+            )
+        _check_tf_config(os.environ["TF_CONFIG"])
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        except ValueError as err:  # what TensorFlow finds wrong with the cluster
+            raise PetalError(
+                f"TF_CONFIG does not describe this worker's cluster: {first_line(err)}. "
+                f"Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}"
+            ) from err
+        except RuntimeError as err:
+            if "startup" not in str(err):
+                raise
+            # "Collective ops must be configured at program startup": a tensor, a model or a
+            # device query earlier in this process started the runtime.
+            raise PetalError(
+                "strategy 'multi-worker' must be created before TensorFlow's runtime starts, "
+                "which it already has in this process: call get_strategy('multi-worker') "
+                "before anything creates a tensor or a model or lists logical devices."
+            ) from err
+        return strategy, _info(strategy, "multi-worker", tpu=False)
     if name in ("auto", "tpu"):
         tpu = None  # Set first: the codelab's 2021 notebooks crashed on `if tpu:` without it.
         try:
@@ -137,21 +166,6 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
         devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
         strategy = tf.distribute.MirroredStrategy(devices)
         return strategy, _info(strategy, "mirrored", tpu=False)
-    if name == "multi-worker":
-        if not os.environ.get("TF_CONFIG"):
-            raise PetalError(
-                "strategy 'multi-worker' needs the TF_CONFIG environment variable (cluster and "
-                "task of this worker); see tf.distribute.MultiWorkerMirroredStrategy. Received: TF_CONFIG unset"
-            )
-        _check_tf_config(os.environ["TF_CONFIG"])
-        try:
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        except ValueError as err:  # what TensorFlow finds wrong with the cluster
-            raise PetalError(
-                f"TF_CONFIG does not describe this worker's cluster: {first_line(err)}. "
-                f"Received: TF_CONFIG={os.environ['TF_CONFIG'][:80]!r}"
-            ) from err
-        return strategy, _info(strategy, "multi-worker", tpu=False)
     if name == "one-device":
         device = gpus[0].name if gpus else "/cpu:0"
         strategy = tf.distribute.OneDeviceStrategy(device)
