@@ -575,7 +575,9 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
         else:
             continue
         if was != new:
-            changed.append(f"{key} {_show(was)} -> {_show(new)}")
+            # Left out, a null image_size keeps the size the run trained at.
+            keep = f" (leaving out --image-size and --set image_size keeps {_show(was)})"
+            changed.append(f"{key} {_show(was)} -> {_show(new)}{keep * (key == 'image_size')}")
     # The starting weights were loaded once, at the start: the checkpoint holds every
     # weight since, so another file would be recorded but never loaded.
     was, new = saved.get("weights"), now["weights"]
@@ -602,6 +604,23 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
     return saved_resolved
 
 
+def _trained_size(workdir: Path, cfg: TrainConfig) -> tuple[int, int] | None:
+    """The size a run resumed without an ``image_size`` keeps: the one it trained at,
+    resolved from its first data (``config.json``'s ``resolved``), when its own
+    ``image_size`` is null too. None otherwise."""
+    if cfg.image_size:
+        return None
+    saved = read_config_file(workdir / "config.json")
+    size = (saved.get("resolved") or {}).get("image_size")
+    if saved.get("image_size") is not None or not isinstance(size, list) or len(size) != 2:
+        return None
+    return tuple(size) if all(is_int_at_least(v, 1) for v in size) else None
+
+
+def _size(size) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
 def _weights_place(weights):
     """A weights file's absolute path ("imagenet" and None as they are)."""
     if weights in (None, "imagenet"):
@@ -610,8 +629,8 @@ def _weights_place(weights):
 
 
 def _show(value) -> str:
-    if isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
-        return f"{value[0]}x{value[1]}"
+    if isinstance(value, list) and len(value) == 2 and all(is_int_at_least(v, 1) for v in value):
+        return _size(value)  # an image size
     return json.dumps(value)
 
 
@@ -907,7 +926,8 @@ def train(
         resume: continue the run saved in ``workdir``; one that already completed
             ``config.epochs`` is left as it is (its ``metrics.json`` is returned), and fewer
             epochs than it completed are refused. What its checkpoint holds
-            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
+            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases; a null
+            ``image_size`` keeps the size it trained at, on data of another size), the input
             normalization its weights learned and float16 loss scaling cannot change; the
             rest may (epochs, data with the same classes but not the run's photos split
             another way, batch size, strategy): the schedule continues from the saved epoch
@@ -1044,8 +1064,13 @@ def train(
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
+    # A run that took its size from its records keeps it (its model's input) on records of
+    # another size, which are resized to it as for an explicit image_size.
+    trained_size = _trained_size(workdir, cfg) if resume and start_epoch else None
     if cfg.image_size:
         image_size = (cfg.image_size, cfg.image_size)
+    elif trained_size:
+        image_size = trained_size
     elif source.image_size:
         image_size = tuple(source.image_size)
     else:
@@ -1131,6 +1156,12 @@ def train(
         f"classes, {train_count} train / {val_count} validation images ({source.kind} "
         f"{cfg.data})"
     )
+    if trained_size and source.image_size and tuple(source.image_size) != trained_size:
+        log(
+            f"petal train: the {_size(source.image_size)} records are resized to "
+            f"{_size(trained_size)}, the size the run trained at (its image_size is null: the "
+            "size of the records it began on)"
+        )
     if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
