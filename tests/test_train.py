@@ -862,3 +862,28 @@ def test_train_prints_its_warnings_on_stderr(make_records, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "petal train: warning: the records are 16x16 and are upscaled to 32x32" in printed.err
     assert ": warning:" not in printed.out and "petal train: dense 32x32" in printed.out
+
+
+def test_no_room_for_the_cache_names_the_settings_train_takes(make_records, tmp_path, monkeypatch):
+    """Told to pass cache='off' or another folder, which train's config refuses (its cache is
+    true or false), and named cache='disk' where the user gave 'auto'."""
+    from petal.data import pipeline
+    from petal.data.reader import open_source
+
+    records = make_records()
+    monkeypatch.setattr(pipeline, "_available_memory", lambda: 0)  # auto: to disk
+    monkeypatch.setattr(pipeline, "_disk_free", lambda folder: 1000)
+    space = re.escape("Caching 0.0 GB of decoded images needs more free space than ")
+    with pytest.raises(PetalError, match=space + r".* \(0\.0 GB\); pass cache='off' or a folder "
+                       r"with room \(cache='/path'\)\. Received: cache='auto'$"):
+        pipeline.train_dataset(open_source(str(records)), batch_size=4, augment=None)
+    fix = "set TMPDIR to a folder on a disk with room"
+    with pytest.raises(PetalError, match=space + r".* \(0\.0 GB\); pass --set cache=false \(decode "
+                       rf"the images again each epoch\) or {fix}\. Received: cache='auto'$"):
+        train(tiny_config(records, model="dense", epochs=1, cache="auto"), tmp_path / "run",
+              **QUIET)
+    # The validation images are cached whatever it says.
+    with pytest.raises(PetalError, match=space + rf".* \(0\.0 GB\) for the validation images; "
+                       rf"{fix}\.$"):
+        train(tiny_config(records, model="dense", epochs=1, cache=False), tmp_path / "run",
+              **QUIET)

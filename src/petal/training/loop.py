@@ -634,6 +634,20 @@ def _show(value) -> str:
     return json.dumps(value)
 
 
+def _no_room_to_cache(err, cache) -> PetalError:
+    """The pipeline's error for a disk cache without room, with the fixes train takes: its
+    config's ``cache`` (the training images'; None: the validation images', cached in RAM or
+    else on disk whatever it says) is true or false, not a folder, and the disk cache is
+    made in the temporary folder."""
+    room = "set TMPDIR to a folder on a disk with room"
+    if cache is None:
+        return PetalError(f"{err.space} for the validation images; {room}.")
+    return PetalError(
+        f"{err.space}; pass --set cache=false (decode the images again each epoch) or {room}. "
+        f"Received: cache={cache!r}"
+    )
+
+
 def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) -> int:
     """The validation batch: under several replicas Keras builds the model from the first
     batch of every replica, and fails on a replica given none (a validation split smaller
@@ -948,6 +962,7 @@ def train(
 
     from petal.data import augment as augment_lib
     from petal.data.pipeline import (
+        NoRoomToCache,
         distributed_dataset,
         eval_dataset,
         open_source,
@@ -1211,22 +1226,25 @@ def train(
         augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
 
     def train_fn(ctx=None, epoch=start_epoch):
-        ds = train_dataset(
-            source,
-            batch_size=global_batch,
-            image_size=image_size,
-            augment=augment,
-            cache=cfg.cache,
-            shuffle_buffer=cfg.shuffle_buffer,
-            seed=cfg.seed,
-            # A resumed run (a later phase) reads on where the interrupted run (the phase
-            # before) stopped: the same batches.
-            start_step=epoch * steps,
-            deterministic=cfg.deterministic,
-            normalization=normalization,
-            input_context=ctx,
-            skip_corrupt=cfg.skip_corrupt,
-        )
+        try:
+            ds = train_dataset(
+                source,
+                batch_size=global_batch,
+                image_size=image_size,
+                augment=augment,
+                cache=cfg.cache,
+                shuffle_buffer=cfg.shuffle_buffer,
+                seed=cfg.seed,
+                # A resumed run (a later phase) reads on where the interrupted run (the phase
+                # before) stopped: the same batches.
+                start_step=epoch * steps,
+                deterministic=cfg.deterministic,
+                normalization=normalization,
+                input_context=ctx,
+                skip_corrupt=cfg.skip_corrupt,
+            )
+        except NoRoomToCache as err:
+            raise _no_room_to_cache(err, cfg.cache) from None
         if weights_by_class is not None:
             import tensorflow as tf
 
@@ -1235,15 +1253,18 @@ def train(
         return ds
 
     def eval_fn(ctx=None):
-        ds = eval_dataset(
-            source,
-            batch_size=eval_batch,
-            image_size=image_size,
-            normalization=normalization,
-            input_context=ctx,
-            cache="auto",
-            skip_corrupt=cfg.skip_corrupt,
-        )
+        try:
+            ds = eval_dataset(
+                source,
+                batch_size=eval_batch,
+                image_size=image_size,
+                normalization=normalization,
+                input_context=ctx,
+                cache="auto",
+                skip_corrupt=cfg.skip_corrupt,
+            )
+        except NoRoomToCache as err:
+            raise _no_room_to_cache(err, None) from None
         if ctx is None and not cfg.skip_corrupt:
             import tensorflow as tf
 
