@@ -887,3 +887,24 @@ def test_no_room_for_the_cache_names_the_settings_train_takes(make_records, tmp_
                        rf"{fix}\.$"):
         train(tiny_config(records, model="dense", epochs=1, cache=False), tmp_path / "run",
               **QUIET)
+
+
+def test_out_of_memory_building_the_model_is_one_line(make_records, tmp_path, monkeypatch):
+    """A traceback (dense's weights at 4000 px, ResourceExhaustedError), as petal models
+    already said in one line; the work directory is not touched."""
+    import tensorflow as tf
+
+    import petal.models
+
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(petal.models, "create_model", out_of_memory)
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(make_records(), model="dense", epochs=1), tmp_path / "run", **QUIET)
+    assert str(caught.value) == (
+        "Out of memory building the model 'dense' for 32x32 images; pass a smaller --image-size "
+        "or a smaller --model (`petal models --image-size 32` lists their parameters). "
+        "Received: model='dense', image_size=32x32"
+    )
+    assert not (tmp_path / "run").exists()

@@ -634,6 +634,17 @@ def _show(value) -> str:
     return json.dumps(value)
 
 
+def _model_out_of_memory(model: str, image_size) -> PetalError:
+    """Building the model ran out of memory: its weights grow with the input size (a dense
+    head on a large image)."""
+    h, w = image_size
+    return PetalError(
+        f"Out of memory building the model {model!r} for {h}x{w} images; pass a smaller "
+        f"--image-size or a smaller --model (`petal models --image-size {max(h, w)}` lists "
+        f"their parameters). Received: model={model!r}, image_size={_size(image_size)}"
+    )
+
+
 def _no_room_to_cache(err, cache) -> PetalError:
     """The pipeline's error for a disk cache without room, with the fixes train takes: its
     config's ``cache`` (the training images'; None: the validation images', cached in RAM or
@@ -1314,19 +1325,24 @@ def train(
     unread: Callable[[], None] = lambda: None  # noqa: E731
     try:
         keras.utils.set_random_seed(cfg.seed)
+        try:
+            with strategy.scope():
+                model = create_model(
+                    cfg.model,
+                    len(classes),
+                    image_size,
+                    # A resumed run's checkpoint holds every weight: the file it started
+                    # from may have moved since.
+                    weights=None if resume and start_epoch else cfg.weights,
+                    log=lambda line: log(f"petal train: {line}"),
+                    fresh_head=not (resume and start_epoch)
+                    and _other_classes(cfg.weights, classes, log) is not None,
+                    **cfg.model_options,
+                )
+        except tf_errors.ResourceExhaustedError:  # e.g. dense's weights at 4000 px
+            keras.backend.clear_session()  # as petal models does: free what was built
+            raise _model_out_of_memory(cfg.model, image_size) from None
         with strategy.scope():
-            model = create_model(
-                cfg.model,
-                len(classes),
-                image_size,
-                # A resumed run's checkpoint holds every weight: the file it started from
-                # may have moved since.
-                weights=None if resume and start_epoch else cfg.weights,
-                log=lambda line: log(f"petal train: {line}"),
-                fresh_head=not (resume and start_epoch)
-                and _other_classes(cfg.weights, classes, log) is not None,
-                **cfg.model_options,
-            )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
         _check_takes_train_size(model, cfg, image_size)
         if cfg.fine_tune == "head_then_all" and get_backbone(model) is None:
