@@ -908,3 +908,27 @@ def test_out_of_memory_building_the_model_is_one_line(make_records, tmp_path, mo
         "Received: model='dense', image_size=32x32"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
+    make_records, tmp_path
+):
+    """Pre-checked at one step per epoch, 0.4 epochs of 10 steps rounded to none and was
+    refused; one that does round to no step at the real count still fails before the work
+    directory is written."""
+    from petal.training.callbacks import read_history
+
+    records = make_records()
+
+    def cfg(total_epochs, **kw):
+        return tiny_config(records, model="dense", epochs=1, schedule="warmup_cosine",
+                           schedule_options={"total_epochs": total_epochs}, **kw)
+
+    train(cfg(0.4, steps_per_epoch=10), tmp_path / "run", **QUIET)  # 4 steps, then end_lr
+    assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == 0.0
+    refused = re.escape("warmup_epochs must not exceed total_epochs, which must be positive. "
+                        "Received: warmup_epochs=0, total_epochs=0.1")
+    for given in (2, None):  # 0.2 steps; 13 images in batches of 10: 0.1 steps
+        with pytest.raises(PetalError, match=refused):
+            train(cfg(0.1, steps_per_epoch=given), tmp_path / f"short-{given}", **QUIET)
+        assert not (tmp_path / f"short-{given}").exists()

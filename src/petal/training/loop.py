@@ -1021,9 +1021,12 @@ def train(
     if cfg.fine_tune == "head_then_all" and not info_model.pretrained:
         raise _no_backbone(cfg)
     # Bad schedule options (a warm-up longer than its phase), augmentation names or sizes:
-    # also before the data is opened.
+    # also before the data is opened. The schedule at the steps per epoch given, else at
+    # many (the data sets them): at one, a schedule shorter than half an epoch rounded to no
+    # step. Checked again at the real count once it is known.
     for phase in _phases(cfg, cfg.learning_rate):
-        _schedule(cfg, phase.lr, phase.end - phase.start, 1, 1, phase.name)
+        _schedule(cfg, phase.lr, phase.end - phase.start, cfg.steps_per_epoch or 10**6, 1,
+                  phase.name)
     augment_lib.build(cfg.augment)
     for key in ("image_size", "train_image_size"):
         if getattr(cfg, key):
@@ -1124,6 +1127,8 @@ def train(
         )
     weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
     peak = _peak_lr(cfg, global_batch)
+    for phase in _phases(cfg, peak, replicas):  # at this count, some length may round to none
+        _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
     resize = (source.manifest or {}).get("resize") or "fill"
 
     resolved = {
