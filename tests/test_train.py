@@ -862,3 +862,73 @@ def test_train_prints_its_warnings_on_stderr(make_records, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "petal train: warning: the records are 16x16 and are upscaled to 32x32" in printed.err
     assert ": warning:" not in printed.out and "petal train: dense 32x32" in printed.out
+
+
+def test_no_room_for_the_cache_names_the_settings_train_takes(make_records, tmp_path, monkeypatch):
+    """Told to pass cache='off' or another folder, which train's config refuses (its cache is
+    true or false), and named cache='disk' where the user gave 'auto'."""
+    from petal.data import pipeline
+    from petal.data.reader import open_source
+
+    records = make_records()
+    monkeypatch.setattr(pipeline, "_available_memory", lambda: 0)  # auto: to disk
+    monkeypatch.setattr(pipeline, "_disk_free", lambda folder: 1000)
+    space = re.escape("Caching 0.0 GB of decoded images needs more free space than ")
+    with pytest.raises(PetalError, match=space + r".* \(0\.0 GB\); pass cache='off' or a folder "
+                       r"with room \(cache='/path'\)\. Received: cache='auto'$"):
+        pipeline.train_dataset(open_source(str(records)), batch_size=4, augment=None)
+    fix = "set TMPDIR to a folder on a disk with room"
+    with pytest.raises(PetalError, match=space + r".* \(0\.0 GB\); pass --set cache=false \(decode "
+                       rf"the images again each epoch\) or {fix}\. Received: cache='auto'$"):
+        train(tiny_config(records, model="dense", epochs=1, cache="auto"), tmp_path / "run",
+              **QUIET)
+    # The validation images are cached whatever it says.
+    with pytest.raises(PetalError, match=space + rf".* \(0\.0 GB\) for the validation images; "
+                       rf"{fix}\.$"):
+        train(tiny_config(records, model="dense", epochs=1, cache=False), tmp_path / "run",
+              **QUIET)
+
+
+def test_out_of_memory_building_the_model_is_one_line(make_records, tmp_path, monkeypatch):
+    """A traceback (dense's weights at 4000 px, ResourceExhaustedError), as petal models
+    already said in one line; the work directory is not touched."""
+    import tensorflow as tf
+
+    import petal.models
+
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(petal.models, "create_model", out_of_memory)
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(make_records(), model="dense", epochs=1), tmp_path / "run", **QUIET)
+    assert str(caught.value) == (
+        "Out of memory building the model 'dense' for 32x32 images; pass a smaller --image-size "
+        "or a smaller --model (`petal models --image-size 32` lists their parameters). "
+        "Received: model='dense', image_size=32x32"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
+    make_records, tmp_path
+):
+    """Pre-checked at one step per epoch, 0.4 epochs of 10 steps rounded to none and was
+    refused; one that does round to no step at the real count still fails before the work
+    directory is written."""
+    from petal.training.callbacks import read_history
+
+    records = make_records()
+
+    def cfg(total_epochs, **kw):
+        return tiny_config(records, model="dense", epochs=1, schedule="warmup_cosine",
+                           schedule_options={"total_epochs": total_epochs}, **kw)
+
+    train(cfg(0.4, steps_per_epoch=10), tmp_path / "run", **QUIET)  # 4 steps, then end_lr
+    assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == 0.0
+    refused = re.escape("warmup_epochs must not exceed total_epochs, which must be positive. "
+                        "Received: warmup_epochs=0, total_epochs=0.1")
+    for given in (2, None):  # 0.2 steps; 13 images in batches of 10: 0.1 steps
+        with pytest.raises(PetalError, match=refused):
+            train(cfg(0.1, steps_per_epoch=given), tmp_path / f"short-{given}", **QUIET)
+        assert not (tmp_path / f"short-{given}").exists()

@@ -157,7 +157,8 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     # model once rewrote config.json and then failed to load, breaking every later resume).
     for change, message in (
         ({"model": "convnet"}, 'model "dense" -> "convnet"'),
-        ({"image_size": 24}, "image_size 32x32 -> 24x24"),
+        ({"image_size": 24}, r"image_size 32x32 -> 24x24 \(leaving out --image-size and "
+                             r"--set image_size keeps 32x32\)"),
         ({"optimizer": "sgd"}, 'optimizer "adam" -> "sgd"'),
         # Inputs scaled another way than the weights learned (the model's own: unit).
         ({"normalization": "symmetric"}, 'normalization "unit" -> "symmetric"'),
@@ -207,3 +208,24 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     assert (metrics["global_batch"], metrics["steps_per_epoch"]) == (5, 3)
     assert metrics["batches"] == [{"from_epoch": 1, "global_batch": 10, "steps_per_epoch": 2},
                                   {"from_epoch": 3, "global_batch": 5, "steps_per_epoch": 3}]
+
+
+def test_a_run_sized_by_its_records_resumes_on_records_of_another_size(make_records, tmp_path):
+    """A run with image_size null was refused on records of another size (the README's "at
+    another size may go on") as if its user had changed the size, with no way back to a
+    non-square one: it keeps the size it trained at, and only a size given is refused."""
+    run = tmp_path / "run"
+    first, other = make_records("16x24", size=(16, 24)), make_records("24x16", size=(24, 16))
+    train(tiny_config(first, model="dense", image_size=None, epochs=1), run, **QUIET)
+    lines = []
+    train(tiny_config(other, model="dense", image_size=None, epochs=2), run, resume=True,
+          log=lines.append)
+    assert ("petal train: the 24x16 records are resized to 16x24, the size the run trained at "
+            "(its image_size is null: the size of the records it began on)") in lines
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["image_size"], saved["resolved"]["image_size"]) == (None, [16, 24])
+    with pytest.raises(PetalError, match=re.escape(
+        "cannot change: image_size 16x24 -> 24x24 (leaving out --image-size and --set "
+        "image_size keeps 16x24). Leave those settings out")):
+        train(tiny_config(other, model="dense", image_size=24, epochs=3), run, resume=True,
+              **QUIET)

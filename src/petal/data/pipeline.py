@@ -1399,10 +1399,26 @@ def _cache_key(src: Source, split, size, input_context, how: str) -> str:
 CACHE_MODES = ("auto", "off", "none", "no", "ram", "memory", "disk")
 
 
+class NoRoomToCache(PetalError):
+    """A disk cache of ``needed`` bytes where ``folder`` has ``free``: ``space`` says so, for
+    callers whose users choose the cache another way (petal train's config) to add theirs."""
+
+    def __init__(self, folder: str, needed: int, free: int, cache) -> None:
+        self.space = (
+            f"Caching {needed / 1e9:.1f} GB of decoded images needs more free space than "
+            f"{folder} has ({free / 1e9:.1f} GB)"
+        )
+        super().__init__(
+            f"{self.space}; pass cache='off' or a folder with room (cache='/path'). "
+            f"Received: cache={cache!r}"
+        )
+
+
 def _resolve_cache(
     cache, src: Source, split, size, input_context, how: str = "", skip_corrupt: bool = False
 ) -> str | None:
     """None (no cache), "" (RAM) or a file prefix on local disk."""
+    given = cache
     if isinstance(cache, str) and cache.lower() in CACHE_MODES:
         cache = cache.lower()  # "RAM" and "Disk" are no folder names
     if cache in (None, False, "off", "none", "no"):
@@ -1442,11 +1458,7 @@ def _resolve_cache(
     _make_cache_folder(folder)
     free = _disk_free(folder)
     if free and needed > 0.9 * free:
-        raise PetalError(
-            f"Caching {needed / 1e9:.1f} GB of decoded images needs more free space "
-            f"than {folder} has ({free / 1e9:.1f} GB); pass cache='off' or another "
-            f"folder. Received: cache={cache!r}"
-        )
+        raise NoRoomToCache(folder, needed, free, given)
     prefix = os.path.join(folder, f"{split}-{key}")
     if temporary:
         atexit.register(_remove_cache_files, prefix)

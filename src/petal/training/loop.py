@@ -575,7 +575,9 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
         else:
             continue
         if was != new:
-            changed.append(f"{key} {_show(was)} -> {_show(new)}")
+            # Left out, a null image_size keeps the size the run trained at.
+            keep = f" (leaving out --image-size and --set image_size keeps {_show(was)})"
+            changed.append(f"{key} {_show(was)} -> {_show(new)}{keep * (key == 'image_size')}")
     # The starting weights were loaded once, at the start: the checkpoint holds every
     # weight since, so another file would be recorded but never loaded.
     was, new = saved.get("weights"), now["weights"]
@@ -602,6 +604,23 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
     return saved_resolved
 
 
+def _trained_size(workdir: Path, cfg: TrainConfig) -> tuple[int, int] | None:
+    """The size a run resumed without an ``image_size`` keeps: the one it trained at,
+    resolved from its first data (``config.json``'s ``resolved``), when its own
+    ``image_size`` is null too. None otherwise."""
+    if cfg.image_size:
+        return None
+    saved = read_config_file(workdir / "config.json")
+    size = (saved.get("resolved") or {}).get("image_size")
+    if saved.get("image_size") is not None or not isinstance(size, list) or len(size) != 2:
+        return None
+    return tuple(size) if all(is_int_at_least(v, 1) for v in size) else None
+
+
+def _size(size) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
 def _weights_place(weights):
     """A weights file's absolute path ("imagenet" and None as they are)."""
     if weights in (None, "imagenet"):
@@ -610,9 +629,34 @@ def _weights_place(weights):
 
 
 def _show(value) -> str:
-    if isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
-        return f"{value[0]}x{value[1]}"
+    if isinstance(value, list) and len(value) == 2 and all(is_int_at_least(v, 1) for v in value):
+        return _size(value)  # an image size
     return json.dumps(value)
+
+
+def _model_out_of_memory(model: str, image_size) -> PetalError:
+    """Building the model ran out of memory: its weights grow with the input size (a dense
+    head on a large image)."""
+    h, w = image_size
+    return PetalError(
+        f"Out of memory building the model {model!r} for {h}x{w} images; pass a smaller "
+        f"--image-size or a smaller --model (`petal models --image-size {max(h, w)}` lists "
+        f"their parameters). Received: model={model!r}, image_size={_size(image_size)}"
+    )
+
+
+def _no_room_to_cache(err, cache) -> PetalError:
+    """The pipeline's error for a disk cache without room, with the fixes train takes: its
+    config's ``cache`` (the training images'; None: the validation images', cached in RAM or
+    else on disk whatever it says) is true or false, not a folder, and the disk cache is
+    made in the temporary folder."""
+    room = "set TMPDIR to a folder on a disk with room"
+    if cache is None:
+        return PetalError(f"{err.space} for the validation images; {room}.")
+    return PetalError(
+        f"{err.space}; pass --set cache=false (decode the images again each epoch) or {room}. "
+        f"Received: cache={cache!r}"
+    )
 
 
 def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) -> int:
@@ -907,7 +951,8 @@ def train(
         resume: continue the run saved in ``workdir``; one that already completed
             ``config.epochs`` is left as it is (its ``metrics.json`` is returned), and fewer
             epochs than it completed are refused. What its checkpoint holds
-            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases), the input
+            (:data:`CHECKPOINT_FIELDS`: model, input size, optimizer, phases; a null
+            ``image_size`` keeps the size it trained at, on data of another size), the input
             normalization its weights learned and float16 loss scaling cannot change; the
             rest may (epochs, data with the same classes but not the run's photos split
             another way, batch size, strategy): the schedule continues from the saved epoch
@@ -928,6 +973,7 @@ def train(
 
     from petal.data import augment as augment_lib
     from petal.data.pipeline import (
+        NoRoomToCache,
         distributed_dataset,
         eval_dataset,
         open_source,
@@ -975,9 +1021,12 @@ def train(
     if cfg.fine_tune == "head_then_all" and not info_model.pretrained:
         raise _no_backbone(cfg)
     # Bad schedule options (a warm-up longer than its phase), augmentation names or sizes:
-    # also before the data is opened.
+    # also before the data is opened. The schedule at the steps per epoch given, else at
+    # many (the data sets them): at one, a schedule shorter than half an epoch rounded to no
+    # step. Checked again at the real count once it is known.
     for phase in _phases(cfg, cfg.learning_rate):
-        _schedule(cfg, phase.lr, phase.end - phase.start, 1, 1, phase.name)
+        _schedule(cfg, phase.lr, phase.end - phase.start, cfg.steps_per_epoch or 10**6, 1,
+                  phase.name)
     augment_lib.build(cfg.augment)
     for key in ("image_size", "train_image_size"):
         if getattr(cfg, key):
@@ -1044,8 +1093,13 @@ def train(
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
+    # A run that took its size from its records keeps it (its model's input) on records of
+    # another size, which are resized to it as for an explicit image_size.
+    trained_size = _trained_size(workdir, cfg) if resume and start_epoch else None
     if cfg.image_size:
         image_size = (cfg.image_size, cfg.image_size)
+    elif trained_size:
+        image_size = trained_size
     elif source.image_size:
         image_size = tuple(source.image_size)
     else:
@@ -1073,6 +1127,8 @@ def train(
         )
     weights_by_class = class_weights(source, classes) if cfg.class_weight == "balanced" else None
     peak = _peak_lr(cfg, global_batch)
+    for phase in _phases(cfg, peak, replicas):  # at this count, some length may round to none
+        _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
     resize = (source.manifest or {}).get("resize") or "fill"
 
     resolved = {
@@ -1131,6 +1187,12 @@ def train(
         f"classes, {train_count} train / {val_count} validation images ({source.kind} "
         f"{cfg.data})"
     )
+    if trained_size and source.image_size and tuple(source.image_size) != trained_size:
+        log(
+            f"petal train: the {_size(source.image_size)} records are resized to "
+            f"{_size(trained_size)}, the size the run trained at (its image_size is null: the "
+            "size of the records it began on)"
+        )
     if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
@@ -1180,22 +1242,25 @@ def train(
         augment = augment_lib.build(cfg.augment, size=(cfg.train_image_size,) * 2)
 
     def train_fn(ctx=None, epoch=start_epoch):
-        ds = train_dataset(
-            source,
-            batch_size=global_batch,
-            image_size=image_size,
-            augment=augment,
-            cache=cfg.cache,
-            shuffle_buffer=cfg.shuffle_buffer,
-            seed=cfg.seed,
-            # A resumed run (a later phase) reads on where the interrupted run (the phase
-            # before) stopped: the same batches.
-            start_step=epoch * steps,
-            deterministic=cfg.deterministic,
-            normalization=normalization,
-            input_context=ctx,
-            skip_corrupt=cfg.skip_corrupt,
-        )
+        try:
+            ds = train_dataset(
+                source,
+                batch_size=global_batch,
+                image_size=image_size,
+                augment=augment,
+                cache=cfg.cache,
+                shuffle_buffer=cfg.shuffle_buffer,
+                seed=cfg.seed,
+                # A resumed run (a later phase) reads on where the interrupted run (the phase
+                # before) stopped: the same batches.
+                start_step=epoch * steps,
+                deterministic=cfg.deterministic,
+                normalization=normalization,
+                input_context=ctx,
+                skip_corrupt=cfg.skip_corrupt,
+            )
+        except NoRoomToCache as err:
+            raise _no_room_to_cache(err, cfg.cache) from None
         if weights_by_class is not None:
             import tensorflow as tf
 
@@ -1204,15 +1269,18 @@ def train(
         return ds
 
     def eval_fn(ctx=None):
-        ds = eval_dataset(
-            source,
-            batch_size=eval_batch,
-            image_size=image_size,
-            normalization=normalization,
-            input_context=ctx,
-            cache="auto",
-            skip_corrupt=cfg.skip_corrupt,
-        )
+        try:
+            ds = eval_dataset(
+                source,
+                batch_size=eval_batch,
+                image_size=image_size,
+                normalization=normalization,
+                input_context=ctx,
+                cache="auto",
+                skip_corrupt=cfg.skip_corrupt,
+            )
+        except NoRoomToCache as err:
+            raise _no_room_to_cache(err, None) from None
         if ctx is None and not cfg.skip_corrupt:
             import tensorflow as tf
 
@@ -1262,19 +1330,24 @@ def train(
     unread: Callable[[], None] = lambda: None  # noqa: E731
     try:
         keras.utils.set_random_seed(cfg.seed)
+        try:
+            with strategy.scope():
+                model = create_model(
+                    cfg.model,
+                    len(classes),
+                    image_size,
+                    # A resumed run's checkpoint holds every weight: the file it started
+                    # from may have moved since.
+                    weights=None if resume and start_epoch else cfg.weights,
+                    log=lambda line: log(f"petal train: {line}"),
+                    fresh_head=not (resume and start_epoch)
+                    and _other_classes(cfg.weights, classes, log) is not None,
+                    **cfg.model_options,
+                )
+        except tf_errors.ResourceExhaustedError:  # e.g. dense's weights at 4000 px
+            keras.backend.clear_session()  # as petal models does: free what was built
+            raise _model_out_of_memory(cfg.model, image_size) from None
         with strategy.scope():
-            model = create_model(
-                cfg.model,
-                len(classes),
-                image_size,
-                # A resumed run's checkpoint holds every weight: the file it started from
-                # may have moved since.
-                weights=None if resume and start_epoch else cfg.weights,
-                log=lambda line: log(f"petal train: {line}"),
-                fresh_head=not (resume and start_epoch)
-                and _other_classes(cfg.weights, classes, log) is not None,
-                **cfg.model_options,
-            )
             fused = use_fused_batch_norm(model) if cfg.fused_batch_norm else 0
         _check_takes_train_size(model, cfg, image_size)
         if cfg.fine_tune == "head_then_all" and get_backbone(model) is None:
