@@ -486,3 +486,13 @@ def test_models_command(capsys, monkeypatch):
 def test_true_false_model_options_refuse_other_values(name, option):
     with pytest.raises(PetalError, match=f"option {option} must be true or false.*'False'"):
         create_model(name, 3, 32, **{option: "False"})
+
+
+def test_imagenet_weights_of_a_model_without_them_name_the_command_line_fix():
+    """A preset's weights='imagenet' with another --model said to use weights=None, not how
+    to say it on the command line (the weights file messages say `--weights none`)."""
+    with pytest.raises(PetalError, match=r"^Model 'squeezenet' has no published ImageNet "
+                       r"weights; use weights=None \(`--weights none` on the command line\), a "
+                       r"local weights file, or a model that has them: xception, mobilenet_v2, "
+                       r".*Received: weights='imagenet'$"):  # fmt: skip
+        create_model("squeezenet", 5, 32, weights="imagenet")

@@ -241,8 +241,9 @@ def create_model(
         if not info.pretrained:
             pretrained = [n for n in list_models() if _INFOS[n].pretrained]
             raise PetalError(
-                f"Model {name!r} has no published ImageNet weights; use weights=None, a local "
-                f"weights file, or one of: {', '.join(pretrained)}. Received: weights='imagenet'"
+                f"Model {name!r} has no published ImageNet weights; use weights=None (`--weights "
+                f"none` on the command line), a local weights file, or a model that has them: "
+                f"{', '.join(pretrained)}. Received: weights='imagenet'"
             )
         builder_weights = "imagenet"
     else:
