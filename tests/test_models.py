@@ -496,3 +496,29 @@ def test_imagenet_weights_of_a_model_without_them_name_the_command_line_fix():
                        r"local weights file, or a model that has them: xception, mobilenet_v2, "
                        r".*Received: weights='imagenet'$"):  # fmt: skip
         create_model("squeezenet", 5, 32, weights="imagenet")
+
+
+def test_a_weights_file_is_read_by_its_content_whatever_its_name(tmp_path):
+    """tf.keras 2's usual checkpoint name (.hdf5), .H5 or no suffix was refused as "not a Keras
+    weights file" before its content was read."""
+    import re
+
+    source = _randomized(create_model("squeezenet", 3, 32), seed=2)
+    keras3 = tmp_path / "sq.weights.h5"
+    source.save_weights(keras3)
+    legacy = tmp_path / "sq_legacy.h5"
+    _save_legacy_h5(source, legacy)
+    for layout in (keras3, legacy):
+        for name in ("sq.hdf5", "sq.H5", "sq"):
+            path = tmp_path / name
+            path.write_bytes(layout.read_bytes())
+            lines = []
+            loaded = create_model("squeezenet", 3, 32, weights=path, log=lines.append)
+            assert lines == [f"weights from {path}: model"], layout
+            for a, b in zip(loaded.weights, source.weights, strict=True):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+    text = tmp_path / "notes.txt"  # no HDF5 file: still refused, by its content
+    text.write_text("not weights\n")
+    with pytest.raises(PetalError, match=f"^Weights file {re.escape(str(text))} is not a Keras "
+                       r"weights file: save one with model\.save_weights\('name\.weights\.h5'\)"):
+        create_model("squeezenet", 3, 32, weights=text)

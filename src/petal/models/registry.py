@@ -305,7 +305,8 @@ def load_weights_file(
         path: A ``.weights.h5`` file saved by ``model.save_weights`` from the same architecture
             (same classes and image channels), or from the backbone alone; or a legacy ``.h5``
             file of the backbone (Keras' published ImageNet files), with or without its top.
-            Either layout loads whichever of the two suffixes it has.
+            Either layout loads whatever its name (``.weights.h5``, ``.h5``, ``.hdf5``,
+            none).
         rebuild: Builds the same architecture for a given number of classes. With it, a file
             saved from the same model for other classes fills every layer but the final
             ``Dense`` classifier, which keeps its fresh weights (what timm and Keras users do
@@ -434,16 +435,19 @@ def _h5_names(group, key: str) -> list[str]:
 @contextlib.contextmanager
 def _named_for_keras(path: Path):
     """``path`` as a name Keras reads with the right loader: Keras picks it from the name
-    (``.weights.h5``: Keras 3, other ``.h5``: legacy) and reads a file of the other layout as
-    holding no layers ("found 0 saved layers"). A Keras 3 file renamed to ``.h5``, or a
-    published ``.h5`` renamed to ``.weights.h5``, is read through a link named for its layout."""
+    (``.weights.h5``: Keras 3, other ``.h5`` or ``.hdf5``: legacy), reads a file of the other
+    layout as holding no layers ("found 0 saved layers") and refuses other names ("File format
+    not supported"). A Keras 3 file renamed to ``.h5``, a published ``.h5`` renamed to
+    ``.weights.h5``, or either named otherwise (``.H5``, no suffix) is read through a link
+    named for its layout (an HDF5 file of neither layout, as a Keras 3 file)."""
     layout = h5_layout(path)
     keras3_name = path.name.endswith(".weights.h5")
-    if layout is None or (layout == "keras3") == keras3_name:
+    legacy_name = not keras3_name and path.name.endswith((".h5", ".hdf5"))
+    if (keras3_name and layout != "legacy") or (legacy_name and layout != "keras3"):
         yield str(path)
         return
     with tempfile.TemporaryDirectory(prefix="petal-weights-") as tmp:
-        link = Path(tmp) / ("file.weights.h5" if layout == "keras3" else "file.h5")
+        link = Path(tmp) / ("file.h5" if layout == "legacy" else "file.weights.h5")
         try:
             link.symlink_to(path.resolve())
         except OSError:  # no symbolic links here (Windows without the privilege)
@@ -494,7 +498,7 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
         others: what may be passed instead of a file, for the messages (``", 'imagenet'"``).
 
     Raises:
-        PetalError: ``path`` is empty, missing, a folder, not an ``.h5`` file, not HDF5, or an
+        PetalError: ``path`` is empty, missing, a folder, not HDF5 (whatever its name), or an
             HDF5 file whose structure cannot be read (truncated, overwritten in part).
     """
     import h5py
@@ -515,13 +519,15 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
             f"Weights file not found: {path} (pass an existing .weights.h5 file{others}). "
             f"{received}"
         )
-    if not path.name.endswith(".h5"):
-        raise PetalError(
-            f"Weights file {path} is not a Keras weights file: save one with "
-            f"model.save_weights('name.weights.h5'). {received}"
-        )
     try:
+        # By its content, whatever its name (tf.keras' ".hdf5", ".H5", none): Keras is given
+        # a name it reads (_named_for_keras).
         if not h5py.is_hdf5(path):
+            if not path.name.endswith(".h5"):
+                raise PetalError(
+                    f"Weights file {path} is not a Keras weights file: save one with "
+                    f"model.save_weights('name.weights.h5'). {received}"
+                )
             raise PetalError(
                 f"Weights file {path} is not an HDF5 weights file (it has no HDF5 signature); "
                 f"pass a file saved by model.save_weights('name.weights.h5'). {received}"
