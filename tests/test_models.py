@@ -522,3 +522,48 @@ def test_a_weights_file_is_read_by_its_content_whatever_its_name(tmp_path):
     with pytest.raises(PetalError, match=f"^Weights file {re.escape(str(text))} is not a Keras "
                        r"weights file: save one with model\.save_weights\('name\.weights\.h5'\)"):
         create_model("squeezenet", 3, 32, weights=text)
+
+
+def _assert_weighted_layers_hold(backbone: keras.Model, source: keras.Model) -> None:
+    """``backbone``'s weighted layers hold, in order, the weights of ``source``'s first ones
+    (whatever their names)."""
+    mine = [layer for layer in backbone.layers if layer.weights]
+    theirs = [layer for layer in source.layers if layer.weights][: len(mine)]
+    assert mine
+    for a, b in zip(mine, theirs, strict=True):
+        for x, y in zip(a.weights, b.weights, strict=True):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+def test_a_published_top_file_fills_the_backbone_whatever_its_layer_names(tmp_path):
+    """Matched by name only, a file with the ImageNet top was refused ("Model expected 95
+    layers, found 96 saved layers"): ConvNeXt's no-top backbone ends in an unnamed
+    layer_normalization (the file's convnext_tiny_head_layernorm), and Keras numbers
+    Xception's unnamed conv2d_N layers per build, so a second build in one process differs."""
+    source = _randomized(keras.applications.ConvNeXtTiny(
+        include_preprocessing=True, weights=None, input_shape=(32, 32, 3)))  # fmt: skip
+    convnext = tmp_path / "convnext_tiny_top.h5"
+    _save_legacy_h5(source, convnext)
+    lines = []
+    model = create_model("convnext_tiny", 3, 32, weights=convnext, log=lines.append)
+    assert lines == [
+        f"weights from {convnext}: backbone (the file's top left out: convnext_tiny_head_dense)"
+    ]
+    _assert_weighted_layers_hold(get_backbone(model), source)
+
+    create_model("xception", 3, 71)  # the next Xception's unnamed layers get other numbers
+    source = _randomized(keras.applications.Xception(weights=None, input_shape=(71, 71, 3)))
+    xception = tmp_path / "xception_top.h5"
+    _save_legacy_h5(source, xception)
+    lines = []
+    model = create_model("xception", 3, 71, weights=xception, log=lines.append)
+    mine = {layer.name for layer in get_backbone(model).layers if layer.weights}
+    assert mine - {layer.name for layer in source.layers}  # (else loaded by name)
+    assert lines == [f"weights from {xception}: backbone (the file's top left out: predictions)"]
+    _assert_weighted_layers_hold(get_backbone(model), source)
+    # In layer order only where every weight's shape fits: the reason names the layer.
+    with pytest.raises(PetalError, match=r"convnext_tiny_top.h5 does not match model 'xception' "
+                       r".*backbone in layer order: weighted layer #0, the backbone's "
+                       r"block1_conv1 of shapes \[\(3, 3, 3, 32\)\], is the file's "
+                       r"convnext_tiny_stem of shapes \[\(4, 4, 3, 96\), "):  # fmt: skip
+        create_model("xception", 3, 71, weights=convnext)

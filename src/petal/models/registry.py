@@ -360,7 +360,7 @@ def _load_weights_file(
         try:
             top = _load_backbone_of_full_application(backbone, keras_path)
         except (ValueError, KeyError, TypeError) as err:
-            errors.append(f"backbone by layer name: {_keras_reason(err)}")
+            errors.append(f"backbone {_keras_reason(err)}")
         else:
             if top:
                 return f"backbone (the file's top left out: {', '.join(top)})"
@@ -457,17 +457,22 @@ def _named_for_keras(path: Path):
 
 def _load_backbone_of_full_application(backbone: keras.Model, keras_path: str) -> list[str]:
     """Load a legacy ``.h5`` file saved from a whole ``keras.applications`` model (the
-    ImageNet file Keras downloads for ``include_top=True``) into ``backbone``, by layer name.
+    ImageNet file Keras downloads for ``include_top=True``) into ``backbone``.
 
-    Loads only when every weighted layer of the backbone has a group in the file: Keras'
-    ``by_name`` loading skips the layers it does not find, silently.
+    By layer name when every weighted layer of the backbone has a group in the file (Keras'
+    ``by_name`` loading skips the layers it does not find, silently). Otherwise in layer order,
+    the file's weighted layers but its last ones (the top) against the backbone's, every
+    weight's shape checked first: the names differ where Keras numbers unnamed layers per
+    process (Xception's ``conv2d_N``) or the backbone ends otherwise (ConvNeXt's no-top
+    ``layer_normalization`` is the file's ``convnext_tiny_head_layernorm``).
 
     Returns:
         The file's weighted layers the backbone has not (its top), or ``[]`` when the file is
         not such a file (nothing is loaded).
 
     Raises:
-        ValueError: a layer's weights do not fit (another width or variant of the model).
+        ValueError: a layer's weights do not fit (another width or variant of the model); the
+            message says "by layer name" or "in layer order" before the reason.
     """
     import h5py
 
@@ -475,19 +480,44 @@ def _load_backbone_of_full_application(backbone: keras.Model, keras_path: str) -
         group = _legacy_group(file)
         if group is None:
             return []
-        weighted = {
-            name
-            for name in _h5_names(group, "layer_names")
-            if name in group and _h5_names(group[name], "weight_names")
-        }
-    mine = {layer.name for layer in backbone.layers if layer.weights}
-    top = sorted(weighted - mine)
-    if not top or not mine <= weighted:
-        return []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        backbone.load_weights(keras_path, by_name=True)
+        shapes = {}  # the file's weighted layers, in the model's order
+        for name in _h5_names(group, "layer_names"):
+            if name in group:
+                weight_names = _h5_names(group[name], "weight_names")
+                if weight_names:
+                    shapes[name] = [group[name][w].shape for w in weight_names]
+    mine = [layer for layer in backbone.layers if layer.weights]
+    if len(shapes) <= len(mine):
+        return []  # no top: Keras' own loading has said why the layers do not fit
+    if {layer.name for layer in mine} <= shapes.keys():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                backbone.load_weights(keras_path, by_name=True)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"by layer name: {_keras_reason(err)}") from None
+        return sorted(shapes.keys() - {layer.name for layer in mine})
+    names, top = list(shapes)[: len(mine)], list(shapes)[len(mine) :]
+    for k, (layer, name) in enumerate(zip(mine, names, strict=True)):
+        expected = [tuple(w.shape) for w in _legacy_order(layer)]
+        if shapes[name] != expected:
+            raise ValueError(
+                f"in layer order: weighted layer #{k}, the backbone's {layer.name} of shapes "
+                f"{expected}, is the file's {name} of shapes {shapes[name]}"
+            )
+    with h5py.File(keras_path, "r") as file:
+        group = _legacy_group(file)
+        for layer, name in zip(mine, names, strict=True):
+            values = [group[name][w][()] for w in _h5_names(group[name], "weight_names")]
+            for variable, value in zip(_legacy_order(layer), values, strict=True):
+                variable.assign(value)
     return top
+
+
+def _legacy_order(layer: keras.Layer) -> list:
+    """A layer's weights in the order the legacy ``.h5`` layout saves them (Keras'
+    ``legacy_h5_format._legacy_weights``)."""
+    return layer.trainable_weights + layer.non_trainable_weights
 
 
 def check_weights_file(path: str | Path, others: str = "") -> None:
