@@ -567,3 +567,33 @@ def test_a_published_top_file_fills_the_backbone_whatever_its_layer_names(tmp_pa
                        r"block1_conv1 of shapes \[\(3, 3, 3, 32\)\], is the file's "
                        r"convnext_tiny_stem of shapes \[\(4, 4, 3, 96\), "):  # fmt: skip
         create_model("xception", 3, 71, weights=convnext)
+
+
+def test_imagenet_weights_at_an_unpublished_size_print_no_keras_warning(monkeypatch):
+    """MobileNetV2 at 32 pixels printed Keras' raw "input_shape is undefined or non-square
+    ... will be loaded as the default" warning, with its source line, before petal's line."""
+    import warnings
+
+    from keras.src.utils import file_utils
+
+    def offline(*args, **kwargs):
+        raise Exception("URL fetch failure on https://example.invalid/x.h5: None")
+
+    monkeypatch.setattr(file_utils, "get_file", offline)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(PetalError, match="^Cannot download the ImageNet weights"):
+            create_model("mobilenet_v2", 5, 32, weights="imagenet")
+    assert [str(w.message) for w in caught if w.category is UserWarning] == []
+
+
+def test_a_keras3_file_with_the_imagenet_top_says_its_top_was_left_out(tmp_path):
+    """It loaded into the backbone but said only "backbone", as if it held no more; the
+    legacy file says what it left out. (Keras 3 files name layers by class: `dense`.)"""
+    source = _randomized(keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3)))
+    path = tmp_path / "mobilenet_v2_top.weights.h5"
+    source.save_weights(path)
+    lines = []
+    model = create_model("mobilenet_v2", 3, 32, weights=path, log=lines.append)
+    assert lines == [f"weights from {path}: backbone (the file's top left out: dense)"]
+    _assert_backbone_holds(model, source)

@@ -87,10 +87,10 @@ def build_application(
     fetched: list[str] = []  # the cached or downloaded ImageNet file Keras loads
     try:
         with warnings.catch_warnings(), _recording_fetches(fetched):
-            if weights is None:
-                # MobileNetV2 warns about which ImageNet weights it would load at odd sizes,
-                # even when it loads none.
-                warnings.filterwarnings("ignore", message=".*will be loaded as the default")
+            # MobileNetV2 warns at sizes other than its published ones that it loads the
+            # 224-pixel ImageNet weights (even when it loads none), as a raw warning with its
+            # source line: the same weights fit any size.
+            warnings.filterwarnings("ignore", message=".*will be loaded as the default")
             backbone = spec.constructor(
                 include_top=False,
                 weights=weights,

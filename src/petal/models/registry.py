@@ -316,8 +316,8 @@ def load_weights_file(
 
     Returns:
         ``"model"``, ``"backbone"``, ``"backbone (the file's top left out: predictions)"``
-        (the file's layers the backbone has not), or ``"all but the N-class head"`` (N the
-        file's classes): which part the file filled.
+        (the file's weighted layers the backbone has not, legacy or Keras 3 file), or ``"all
+        but the N-class head"`` (N the file's classes): which part the file filled.
 
     Raises:
         PetalError: The file fits neither the model nor its backbone (the message names it).
@@ -355,6 +355,8 @@ def _load_weights_file(
             # Keras raises ValueError on shape/count mismatches, KeyError on missing groups.
             errors.append(f"{label}: {_keras_reason(err)}")
             continue
+        if label == "backbone" and (top := _keras3_layers_left_out(target, keras_path)):
+            return f"backbone (the file's top left out: {', '.join(top)})"
         return label
     if backbone is not None:
         try:
@@ -512,6 +514,37 @@ def _load_backbone_of_full_application(backbone: keras.Model, keras_path: str) -
             for variable, value in zip(_legacy_order(layer), values, strict=True):
                 variable.assign(value)
     return top
+
+
+def _keras3_layers_left_out(model: keras.Model, keras_path: str) -> list[str]:
+    """The weighted layers of a Keras 3 ``.weights.h5`` file that ``model`` has not (a whole
+    ``keras.applications`` model's top, when loaded into its backbone): Keras loads the
+    layers it finds and passes over the others. ``[]`` for a legacy file.
+
+    Keras 3 files name a layer by its class and rank among the model's layers of that class
+    (``dense``, ``dense_1``), not by its name.
+    """
+    import h5py
+    from keras.src.utils.naming import to_snake_case
+
+    counts: dict[str, int] = {}
+    mine = set()
+    for layer in model.layers:
+        key = to_snake_case(type(layer).__name__)
+        count = counts.get(key, 0)
+        counts[key] = count + 1
+        mine.add(f"{key}_{count}" if count else key)
+
+    def weighted(group) -> bool:
+        found = []
+        group.visititems(lambda _name, item: found.append(isinstance(item, h5py.Dataset)))
+        return any(found)
+
+    with h5py.File(keras_path, "r") as file:
+        layers = file.get("layers") if _legacy_group(file) is None else None
+        if not isinstance(layers, h5py.Group):
+            return []
+        return [key for key in layers if key not in mine and weighted(layers[key])]
 
 
 def _legacy_order(layer: keras.Layer) -> list:
