@@ -197,3 +197,21 @@ def test_compose_refuses_what_is_no_image_op(batch):
         augment.compose("flip")
     nested = augment.compose(augment.flip_left_right(), augment.codelab())
     assert nested(batch, SEED).shape == batch.shape
+
+
+def test_a_training_size_without_crop_names_the_image_size_and_the_fix():
+    """The message said the training size differed "from the records'" (the records were
+    48x48, as the training size: image_size 40 differed) and named no fix."""
+    with pytest.raises(PetalError, match=r"^A training size \(train_image_size\) other than "
+                       r"the evaluation image_size needs the 'crop' augmentation, which "
+                       r"resizes its crops to that size: pass --set augment=codelab\+crop, or "
+                       r"drop train_image_size\. Received: augment='codelab', "
+                       r"size=\(48, 48\)$"):  # fmt: skip
+        augment.build("codelab", size=(48, 48))
+    for spec in ("none", None, "", lambda x, seed: x):
+        with pytest.raises(PetalError, match=r"pass --set augment=crop, or drop"):
+            augment.build(spec, size=(48, 48))
+    with pytest.raises(PetalError, match=r"pass --set augment=flip\+mixup\+crop, or drop"):
+        augment.build("flip+mixup", size=(48, 48))
+    # The fix it names works.
+    assert augment.build("codelab+crop", size=(48, 48)) is not None

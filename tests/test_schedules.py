@@ -237,3 +237,39 @@ def test_a_history_row_that_cannot_be_written_names_its_file(tmp_path, monkeypat
         model.fit(x, y, batch_size=4, epochs=1, callbacks=[writer], verbose=0)
     assert caught.value.filename == str(path)
     assert _os_error_line(caught.value).startswith(f"No space left on the device writing {path}:")
+
+
+def test_a_codelab_ramp_longer_than_a_phase_of_head_then_all_is_refused(tmp_path):
+    """codelab_ramp's rampup_epochs was not checked against the phases of head_then_all, as
+    warmup_cosine's warm-up is: a 5-epoch ramp in a 1-epoch head phase ran at 1e-5 while the
+    log stated a peak it never reached."""
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    base = get_preset("codelab-xception").replace(
+        data=str(tmp_path / "no-records-here"), image_size=71, epochs=2, steps_per_epoch=1,
+        weights=str(tmp_path / "xc_5.weights.h5"), fine_tune="head_then_all", head_epochs=1,
+    )  # fmt: skip
+    cases = [
+        (base, r"^The learning-rate warm-up \(schedule_options\.rampup_epochs=5\) is longer "
+               r"than the head-only phase's 1 epoch \(head_epochs=1; each phase of "
+               r"fine_tune='head_then_all' warms up anew\): pass --set head_epochs=5 and "
+               r"--epochs 10 or more, or a shorter warm-up \(--set "
+               r"schedule_options\.rampup_epochs=N\)\.$"),
+        (base.replace(epochs=12, head_epochs=2), r"pass --set head_epochs=5 or more"),
+        (base.replace(epochs=8, head_epochs=5),
+         r"rampup_epochs=5\) is longer than the 3 epochs after the head-only phase "
+         r"\(epochs 8 - head_epochs 5; .*\): pass --epochs 10 or more"),
+        # codelab_ramp's own 5 epochs when schedule_options sets none.
+        (base.replace(schedule_options={}), r"\(schedule_options\.rampup_epochs=5\)"),
+    ]
+    for cfg, match in cases:
+        with pytest.raises(PetalError, match=match):
+            train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    # A ramp that fits each phase passes these checks (and fails on the missing data), as
+    # does a whole run shorter than its ramp (the codelab's schedule cut short).
+    fits = base.replace(epochs=4, head_epochs=2, schedule_options={"rampup_epochs": 2})
+    for cfg in (fits, base.replace(fine_tune="all", head_epochs=0)):
+        with pytest.raises(PetalError, match="no-records-here"):
+            train(cfg, tmp_path / "run")

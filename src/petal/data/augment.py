@@ -547,9 +547,15 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
         given = [part.strip().lower() for part in parts]
         ops = [op for name in given for op in PRESETS.get(name, name).split("+")]
         if "crop" not in ops:
+            # train passes train_image_size here when it differs from image_size (the
+            # records' size when that is null), the size the pipeline decodes and evaluates at.
+            named = isinstance(spec, str) and spec.strip().lower() not in ("", "none")
+            fix = f"{spec.strip()}+crop" if named else "crop"
             raise PetalError(
-                "A training size different from the records' needs the 'crop' augmentation, "
-                f"which resizes its crops to that size. Received: augment={spec!r}, size={size}"
+                "A training size (train_image_size) other than the evaluation image_size needs "
+                "the 'crop' augmentation, which resizes its crops to that size: pass --set "
+                f"augment={fix}, or drop train_image_size. Received: augment={spec!r}, "
+                f"size={size}"
             )
     if spec is None or spec is False:
         return None

@@ -759,7 +759,7 @@ def _schedule(
 ):
     """A per-step LearningRateSchedule for a phase of ``epochs`` epochs (``phase`` names it
     in errors)."""
-    from petal.training.schedules import build_schedule
+    from petal.training.schedules import RAMPUP_EPOCHS, build_schedule
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
@@ -779,7 +779,13 @@ def _schedule(
             raise _long_warmup(cfg, warmup, epochs, phase)
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
-    # codelab_ramp: max_lr from learning_rate, else the codelab's rule for this many replicas
+    # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp longer than one never
+    # reaches the peak the log states. (A whole run shorter than its ramp is the codelab's
+    # schedule cut short, as a quick run of codelab-xception's 5-epoch ramp is.)
+    ramp = opts.get("rampup_epochs", RAMPUP_EPOCHS)
+    if phase != "all" and isinstance(ramp, (int, float)) and ramp > epochs:
+        raise _long_warmup(cfg, ramp, epochs, phase, "rampup_epochs")
+    # max_lr from learning_rate, else the codelab's rule for this many replicas
     # (schedule_options.max_lr, else codelab_max_lr) -- times fine_tune_lr_factor in the full
     # phase of head_then_all, which passes that rate as its peak.
     if peak is not None:
@@ -788,11 +794,14 @@ def _schedule(
     return build_schedule("codelab_ramp", steps_per_epoch=steps, **opts)
 
 
-def _long_warmup(cfg: TrainConfig, warmup: float, epochs: int, phase: str) -> PetalError:
-    """A warm-up longer than the phase it warms up: the settings that make the phase long
-    enough (each phase of head_then_all runs the schedule from its start)."""
-    what = f"The learning-rate warm-up (schedule_options.warmup_epochs={warmup}) is longer than"
-    shorter = "or a shorter warm-up (--set schedule_options.warmup_epochs=N)."
+def _long_warmup(
+    cfg: TrainConfig, warmup: float, epochs: int, phase: str, key: str = "warmup_epochs"
+) -> PetalError:
+    """A warm-up (schedule option ``key``) longer than the phase it warms up: the settings
+    that make the phase long enough (each phase of head_then_all runs the schedule from its
+    start)."""
+    what = f"The learning-rate warm-up (schedule_options.{key}={warmup}) is longer than"
+    shorter = f"or a shorter warm-up (--set schedule_options.{key}=N)."
     need = math.ceil(warmup)
     if phase == "head":
         more = f"--set head_epochs={need}"

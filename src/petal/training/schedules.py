@@ -26,6 +26,9 @@ from petal.errors import PetalError
 
 StepFn = Callable[[object], object]
 
+# codelab_ramp's ramp-up in epochs (the codelab's) when none is given.
+RAMPUP_EPOCHS = 5
+
 
 def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
     """Convert a duration in (possibly fractional) epochs to whole optimizer steps.
@@ -100,7 +103,7 @@ def codelab_ramp(
     start_lr: float = 1e-5,
     max_lr: float | None = None,
     min_lr: float = 1e-5,
-    rampup_epochs: float = 5,
+    rampup_epochs: float = RAMPUP_EPOCHS,
     sustain_epochs: float = 0,
     decay: float = 0.8,
     replicas: int = 1,
