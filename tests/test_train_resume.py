@@ -229,3 +229,29 @@ def test_a_run_sized_by_its_records_resumes_on_records_of_another_size(make_reco
         "image_size keeps 16x24). Leave those settings out")):
         train(tiny_config(other, model="dense", image_size=24, epochs=3), run, resume=True,
               **QUIET)
+
+
+def test_resume_without_state_json_refuses_a_run_with_completed_epochs(small_records, tmp_path):
+    """A deleted state.json made --resume start over ("completed no epoch"), replacing the
+    run's model, history, best weights and metrics."""
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1), run, **QUIET)
+    (run / "state.json").unlink()
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1), run,
+              resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{run / 'state.json'} is missing, but {run} holds completed epochs (last.keras, "
+        "best.weights.h5, model.keras, metrics.json, history.csv); the run cannot be resumed: "
+        "restore the file, or start again with --overwrite."
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    # An unfinished run (its checkpoint, and history) too.
+    for name in ("model.keras", "metrics.json", "best.weights.h5"):
+        (run / name).unlink()
+    with pytest.raises(PetalError, match=r"state.json is missing, but .* holds completed "
+                       r"epochs \(last.keras, history.csv\)"):
+        train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=1), run,
+              resume=True, **QUIET)
+    assert (run / "history.csv").read_bytes() == files["history.csv"]

@@ -174,6 +174,28 @@ def _failed_start(workdir: Path, found: list[str]) -> bool:
     return isinstance(state, dict) and not state.get("epoch")
 
 
+def _epoch_files(workdir: Path) -> list[str]:
+    """The files in ``workdir`` that only an epoch's checkpoint (or a finish) writes.
+
+    History rows count from epoch 2 on: a NaN/inf loss in epoch 1, or a kill between its row
+    and its checkpoint, leaves a row of epoch 1 and no ``state.json``.
+    """
+    held = [n for n in ("last.keras", "best.weights.h5", "model.keras") if (workdir / n).exists()]
+    try:
+        if json.loads((workdir / "metrics.json").read_text()).get("epochs_completed"):
+            held.append("metrics.json")
+    except FileNotFoundError:
+        pass
+    except (ValueError, OSError, AttributeError):
+        held.append("metrics.json")
+    try:
+        if any(row["epoch"] > 1 for row in read_history(workdir / "history.csv", "drop")):
+            held.append("history.csv")
+    except (ValueError, UnicodeDecodeError, OSError):
+        held.append("history.csv")
+    return held
+
+
 def _remove_run(workdir: Path) -> None:
     """Delete the files and folders a run writes (and their temporary files), nothing else."""
     for name in RUN_FILES:
@@ -1042,6 +1064,13 @@ def train(
     }
     if resume and (workdir / "state.json").is_file():
         state.update(_read_state(workdir / "state.json"))
+    elif resume and (held := _epoch_files(workdir)):
+        # Started over, the run's checkpoints and results would be replaced.
+        raise PetalError(
+            f"{workdir / 'state.json'} is missing, but {workdir} holds completed epochs "
+            f"({', '.join(held)}); the run cannot be resumed: restore the file, or start "
+            "again with --overwrite."
+        )
     start_epoch = int(state["epoch"])
     if resume and start_epoch and not (workdir / "last.keras").is_file():
         raise PetalError(
