@@ -255,3 +255,26 @@ def test_resume_without_state_json_refuses_a_run_with_completed_epochs(small_rec
         train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=1), run,
               resume=True, **QUIET)
     assert (run / "history.csv").read_bytes() == files["history.csv"]
+
+
+def test_resume_without_the_history_of_its_completed_epochs_is_refused(small_records, tmp_path):
+    """A deleted history.csv resumed: it then held the new epochs alone, and metrics.json named
+    a best epoch that state.json and best.weights.h5 did not."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    history = (run / "history.csv").read_text()
+    (run / "history.csv").unlink()
+    more = cfg.replace(epochs=3)
+    with pytest.raises(PetalError) as caught:
+        train(more, run, resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{run / 'state.json'} says 2 epochs completed but {run / 'history.csv'} is missing; "
+        "the run cannot be resumed: restore the file, or start again with --overwrite."
+    )
+    assert not (run / "history.csv").exists()
+    (run / "history.csv").write_text("\n".join(history.splitlines()[:2]) + "\n")  # epoch 1
+    with pytest.raises(PetalError, match=r"history.csv holds the rows of 1 of them; the run "):
+        train(more, run, resume=True, **QUIET)
+    (run / "history.csv").write_text(history)
+    assert train(more, run, resume=True, **QUIET)["epochs_completed"] == 3

@@ -1100,12 +1100,23 @@ def train(
     if resume:
         _check_resumed_data(cfg, workdir)
         try:  # damaged before its last row (a cut-short last row is the interruption's)
-            read_history(workdir / "history.csv", "drop")
+            rows = read_history(workdir / "history.csv", "drop")
         except (ValueError, UnicodeDecodeError) as err:
             raise PetalError(
                 f"{workdir / 'history.csv'} is damaged ({err}); it cannot be resumed: start "
                 "again with --overwrite."
             ) from None
+        # Resumed, metrics.json would score the new epochs alone, against a state.json (and
+        # best.weights.h5) of the epochs whose rows were lost.
+        kept = len({row["epoch"] for row in rows} & set(range(1, start_epoch + 1)))
+        if kept < start_epoch:
+            lacks = ("is missing" if not (workdir / "history.csv").is_file()
+                     else f"holds the rows of {kept} of them")
+            raise PetalError(
+                f"{workdir / 'state.json'} says {_epochs(start_epoch)} completed but "
+                f"{workdir / 'history.csv'} {lacks}; the run cannot be resumed: restore the "
+                "file, or start again with --overwrite."
+            )
     # Stored absolute in config.json, so evaluate and --resume work from any directory.
     cfg = cfg.replace(data=absolute_data(cfg.data))
 
