@@ -278,3 +278,21 @@ def test_resume_without_the_history_of_its_completed_epochs_is_refused(small_rec
         train(more, run, resume=True, **QUIET)
     (run / "history.csv").write_text(history)
     assert train(more, run, resume=True, **QUIET)["epochs_completed"] == 3
+
+
+def test_resume_of_a_finished_run_with_a_damaged_metrics_json_writes_it_again(
+    small_records, tmp_path
+):
+    """It said "nothing to do", then a JSONDecodeError traceback."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1)
+    before = train(cfg, run, **QUIET)
+    for damaged in ("{bad", "[]"):
+        (run / "metrics.json").write_text(damaged)
+        lines = []
+        metrics = train(cfg, run, resume=True, log=lines.append)
+        assert lines[0].startswith(f"petal train: warning: {run / 'metrics.json'} is damaged (")
+        assert lines[0].endswith("); writing it again from history.csv and state.json")
+        assert json.loads((run / "metrics.json").read_text()) == metrics
+        del metrics["wall_seconds"]  # the checkpoint's, not the finish's
+        assert metrics == {k: v for k, v in before.items() if k != "wall_seconds"}

@@ -1090,13 +1090,24 @@ def train(
         # Also a run stopped early and ended now (--epochs as many as it completed).
         _check_nothing_changed(workdir, cfg, start_epoch)
     # A model.keras cut short (by a petal before it was written through a temporary file)
-    # is written again from last.keras.
+    # is written again from last.keras, and a missing or damaged metrics.json from
+    # history.csv and state.json.
     if finished and _whole_model(workdir / "model.keras") and (workdir / "metrics.json").is_file():
-        log(
-            f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to do "
-            f"(to train it further, pass --epochs {start_epoch + 1} or more)"
-        )
-        return json.loads((workdir / "metrics.json").read_text())
+        try:
+            done = json.loads((workdir / "metrics.json").read_text())
+            if not isinstance(done, dict):
+                raise ValueError(f"a JSON {type(done).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            log(
+                f"petal train: warning: {workdir / 'metrics.json'} is damaged "
+                f"({first_line(err)[:200]}); writing it again from history.csv and state.json"
+            )
+        else:
+            log(
+                f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to "
+                f"do (to train it further, pass --epochs {start_epoch + 1} or more)"
+            )
+            return done
     if resume:
         _check_resumed_data(cfg, workdir)
         try:  # damaged before its last row (a cut-short last row is the interruption's)
