@@ -296,3 +296,30 @@ def test_resume_of_a_finished_run_with_a_damaged_metrics_json_writes_it_again(
         assert json.loads((run / "metrics.json").read_text()) == metrics
         del metrics["wall_seconds"]  # the checkpoint's, not the finish's
         assert metrics == {k: v for k, v in before.items() if k != "wall_seconds"}
+
+
+def test_a_run_without_config_json_is_named_with_its_fix_with_or_without_resume(
+    small_records, tmp_path, capsys
+):
+    """--resume said "not a petal training run (no config.json); drop --resume", and without
+    it "already holds a training run; pass --resume": each sent the user to the other."""
+    from petal.cli import main
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    (run / "config.json").unlink()
+    refused = (
+        f"{run / 'config.json'} is missing from {run}, which holds a training run (history.csv, "
+        "state.json, metrics.json); restore the file to continue it with --resume, or start "
+        "again with --overwrite (deletes its checkpoints and results)."
+    )
+    for resume in (True, False):
+        with pytest.raises(PetalError) as caught:
+            train(cfg, run, resume=resume, **QUIET)
+        assert str(caught.value) == refused
+    assert main(["train", "--workdir", str(run), "--resume"]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert main(["train", "--workdir", str(run), "--data", str(small_records)]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert not (run / "config.json").exists() and (run / "model.keras").is_file()

@@ -104,8 +104,19 @@ _START_FILES = {"config.json", "history.csv", "state.json", "metrics.json", "rep
 
 
 def _not_a_run(workdir: Path) -> PetalError:
+    if held := [n for n in RUN_FILES if n != "config.json" and (workdir / n).exists()]:
+        return _no_config(workdir, held)
     return PetalError(
         f"{workdir} is not a petal training run (no config.json); drop --resume to start one."
+    )
+
+
+def _no_config(workdir: Path, held: list[str]) -> PetalError:
+    # Not "drop --resume" nor "pass --resume": each refuses the folder for the other's reason.
+    return PetalError(
+        f"{workdir / 'config.json'} is missing from {workdir}, which holds a training run "
+        f"({', '.join(held[:3])}); restore the file to continue it with --resume, or start "
+        "again with --overwrite (deletes its checkpoints and results)."
     )
 
 
@@ -257,6 +268,8 @@ def prepare_workdir(
     if not overwrite and _config_kind(workdir) == "other":
         raise _not_petals(workdir)
     if found and not overwrite and not failed_start:
+        if "config.json" not in found:
+            raise _no_config(workdir, found)
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
             "continue it or --overwrite to start again (deletes its checkpoints and results)."
