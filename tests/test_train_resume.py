@@ -323,3 +323,20 @@ def test_a_run_without_config_json_is_named_with_its_fix_with_or_without_resume(
     assert main(["train", "--workdir", str(run), "--data", str(small_records)]) == 2
     assert capsys.readouterr().err == f"petal train: error: {refused}\n"
     assert not (run / "config.json").exists() and (run / "model.keras").is_file()
+
+
+def test_a_finished_run_without_last_keras_has_nothing_to_do(small_records, tmp_path):
+    """--resume of a complete run said last.keras was missing, start again with --overwrite."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    metrics = train(cfg, run, **QUIET)
+    (run / "last.keras").unlink()
+    lines = []
+    assert train(cfg, run, resume=True, log=lines.append) == metrics
+    assert lines == [f"petal train: {run} already completed 1 epoch; nothing to do (to train "
+                     "it further, pass --epochs 2 or more)"]
+    # Training on needs it.
+    with pytest.raises(PetalError, match=re.escape(
+            f"{run}/state.json says epoch 1 but last.keras is missing; start again with "
+            "--overwrite.")):
+        train(cfg.replace(epochs=2), run, resume=True, **QUIET)

@@ -1085,11 +1085,6 @@ def train(
             "again with --overwrite."
         )
     start_epoch = int(state["epoch"])
-    if resume and start_epoch and not (workdir / "last.keras").is_file():
-        raise PetalError(
-            f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
-            "start again with --overwrite."
-        )
     # A finished run is never retrained or re-described: its config.json keeps the epochs
     # its history.csv and checkpoints hold.
     finished = resume and start_epoch >= cfg.epochs
@@ -1121,6 +1116,12 @@ def train(
                 f"do (to train it further, pass --epochs {start_epoch + 1} or more)"
             )
             return done
+    # Only training on (or writing model.keras again) needs the checkpoint.
+    if resume and start_epoch and not (workdir / "last.keras").is_file():
+        raise PetalError(
+            f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
+            "start again with --overwrite."
+        )
     if resume:
         _check_resumed_data(cfg, workdir)
         try:  # damaged before its last row (a cut-short last row is the interruption's)
