@@ -340,3 +340,31 @@ def test_a_finished_run_without_last_keras_has_nothing_to_do(small_records, tmp_
             f"{run}/state.json says epoch 1 but last.keras is missing; start again with "
             "--overwrite.")):
         train(cfg.replace(epochs=2), run, resume=True, **QUIET)
+
+
+def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, tmp_path):
+    """It went on silently, and best.weights.h5 (the file the README starts new runs from)
+    was not written again unless an epoch beat the lost one."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    state = json.loads((run / "state.json").read_text())
+    best = run / "best.weights.h5"
+    whole = best.read_bytes()
+    kept = {name: (run / name).read_bytes() for name in ("last.keras", "state.json")}
+    for damage, said in ((best.unlink, "missing"), (lambda: best.write_text("junk"), "damaged")):
+        for name, data in kept.items():
+            (run / name).write_bytes(data)
+        damage()
+        lines = []
+        train(cfg.replace(epochs=2), run, resume=True, log=lines.append)
+        assert (f"petal train: warning: {best} is {said}: the weights of the run's best epoch "
+                f"(1, val_acc {state['best_val_accuracy']:.4f}) are lost; it is written again "
+                "when a later epoch does better") in lines
+    # A whole file: no warning.
+    for name, data in kept.items():
+        (run / name).write_bytes(data)
+    best.write_bytes(whole)
+    lines = []
+    train(cfg.replace(epochs=2), run, resume=True, log=lines.append)
+    assert not any("best.weights.h5" in line for line in lines)

@@ -1023,6 +1023,7 @@ def train(
         model_info,
         set_backbone_trainable,
     )
+    from petal.models.registry import h5_layout
     from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import (
         agree_on_overflow,
@@ -1274,6 +1275,15 @@ def train(
             f"petal train: warning: {workdir} began when petal split image folders another "
             "way: from here on some of its validation images train, and some training "
             "images validate (start a new run for a clean held-out split)"
+        )
+    best = workdir / "best.weights.h5"
+    if resume and start_epoch and state.get("best_epoch") and h5_layout(best) != "keras3":
+        # The Checkpointer writes it only for an epoch that beats state.json's best.
+        log(
+            f"petal train: warning: {best} is {'damaged' if best.exists() else 'missing'}: "
+            f"the weights of the run's best epoch ({state['best_epoch']}, val_acc "
+            f"{state.get('best_val_accuracy', -1.0):.4f}) are lost; it is written again when a "
+            "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
