@@ -229,3 +229,142 @@ def test_a_run_sized_by_its_records_resumes_on_records_of_another_size(make_reco
         "image_size keeps 16x24). Leave those settings out")):
         train(tiny_config(other, model="dense", image_size=24, epochs=3), run, resume=True,
               **QUIET)
+
+
+def test_resume_without_state_json_refuses_a_run_with_completed_epochs(small_records, tmp_path):
+    """A deleted state.json made --resume start over ("completed no epoch"), replacing the
+    run's model, history, best weights and metrics."""
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1), run, **QUIET)
+    (run / "state.json").unlink()
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1), run,
+              resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{run / 'state.json'} is missing, but {run} holds completed epochs (last.keras, "
+        "best.weights.h5, model.keras, metrics.json, history.csv); the run cannot be resumed: "
+        "restore the file, or start again with --overwrite."
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    # An unfinished run (its checkpoint, and history) too.
+    for name in ("model.keras", "metrics.json", "best.weights.h5"):
+        (run / name).unlink()
+    with pytest.raises(PetalError, match=r"state.json is missing, but .* holds completed "
+                       r"epochs \(last.keras, history.csv\)"):
+        train(tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=1), run,
+              resume=True, **QUIET)
+    assert (run / "history.csv").read_bytes() == files["history.csv"]
+
+
+def test_resume_without_the_history_of_its_completed_epochs_is_refused(small_records, tmp_path):
+    """A deleted history.csv resumed: it then held the new epochs alone, and metrics.json named
+    a best epoch that state.json and best.weights.h5 did not."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    history = (run / "history.csv").read_text()
+    (run / "history.csv").unlink()
+    more = cfg.replace(epochs=3)
+    with pytest.raises(PetalError) as caught:
+        train(more, run, resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{run / 'state.json'} says 2 epochs completed but {run / 'history.csv'} is missing; "
+        "the run cannot be resumed: restore the file, or start again with --overwrite."
+    )
+    assert not (run / "history.csv").exists()
+    (run / "history.csv").write_text("\n".join(history.splitlines()[:2]) + "\n")  # epoch 1
+    with pytest.raises(PetalError, match=r"history.csv holds the rows of 1 of them; the run "):
+        train(more, run, resume=True, **QUIET)
+    (run / "history.csv").write_text(history)
+    assert train(more, run, resume=True, **QUIET)["epochs_completed"] == 3
+
+
+def test_resume_of_a_finished_run_with_a_damaged_metrics_json_writes_it_again(
+    small_records, tmp_path
+):
+    """It said "nothing to do", then a JSONDecodeError traceback."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=2, steps_per_epoch=1)
+    before = train(cfg, run, **QUIET)
+    for damaged in ("{bad", "[]"):
+        (run / "metrics.json").write_text(damaged)
+        lines = []
+        metrics = train(cfg, run, resume=True, log=lines.append)
+        assert lines[0].startswith(f"petal train: warning: {run / 'metrics.json'} is damaged (")
+        assert lines[0].endswith("); writing it again from history.csv and state.json")
+        assert json.loads((run / "metrics.json").read_text()) == metrics
+        del metrics["wall_seconds"]  # the checkpoint's, not the finish's
+        assert metrics == {k: v for k, v in before.items() if k != "wall_seconds"}
+
+
+def test_a_run_without_config_json_is_named_with_its_fix_with_or_without_resume(
+    small_records, tmp_path, capsys
+):
+    """--resume said "not a petal training run (no config.json); drop --resume", and without
+    it "already holds a training run; pass --resume": each sent the user to the other."""
+    from petal.cli import main
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    (run / "config.json").unlink()
+    refused = (
+        f"{run / 'config.json'} is missing from {run}, which holds a training run (history.csv, "
+        "state.json, metrics.json); restore the file to continue it with --resume, or start "
+        "again with --overwrite (deletes its checkpoints and results)."
+    )
+    for resume in (True, False):
+        with pytest.raises(PetalError) as caught:
+            train(cfg, run, resume=resume, **QUIET)
+        assert str(caught.value) == refused
+    assert main(["train", "--workdir", str(run), "--resume"]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert main(["train", "--workdir", str(run), "--data", str(small_records)]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert not (run / "config.json").exists() and (run / "model.keras").is_file()
+
+
+def test_a_finished_run_without_last_keras_has_nothing_to_do(small_records, tmp_path):
+    """--resume of a complete run said last.keras was missing, start again with --overwrite."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    metrics = train(cfg, run, **QUIET)
+    (run / "last.keras").unlink()
+    lines = []
+    assert train(cfg, run, resume=True, log=lines.append) == metrics
+    assert lines == [f"petal train: {run} already completed 1 epoch; nothing to do (to train "
+                     "it further, pass --epochs 2 or more)"]
+    # Training on needs it.
+    with pytest.raises(PetalError, match=re.escape(
+            f"{run}/state.json says epoch 1 but last.keras is missing; start again with "
+            "--overwrite.")):
+        train(cfg.replace(epochs=2), run, resume=True, **QUIET)
+
+
+def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, tmp_path):
+    """It went on silently, and best.weights.h5 (the file the README starts new runs from)
+    was not written again unless an epoch beat the lost one."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    state = json.loads((run / "state.json").read_text())
+    best = run / "best.weights.h5"
+    whole = best.read_bytes()
+    kept = {name: (run / name).read_bytes() for name in ("last.keras", "state.json")}
+    for damage, said in ((best.unlink, "missing"), (lambda: best.write_text("junk"), "damaged")):
+        for name, data in kept.items():
+            (run / name).write_bytes(data)
+        damage()
+        lines = []
+        train(cfg.replace(epochs=2), run, resume=True, log=lines.append)
+        assert (f"petal train: warning: {best} is {said}: the weights of the run's best epoch "
+                f"(1, val_acc {state['best_val_accuracy']:.4f}) are lost; it is written again "
+                "when a later epoch does better") in lines
+    # A whole file: no warning.
+    for name, data in kept.items():
+        (run / name).write_bytes(data)
+    best.write_bytes(whole)
+    lines = []
+    train(cfg.replace(epochs=2), run, resume=True, log=lines.append)
+    assert not any("best.weights.h5" in line for line in lines)

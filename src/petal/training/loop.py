@@ -104,8 +104,19 @@ _START_FILES = {"config.json", "history.csv", "state.json", "metrics.json", "rep
 
 
 def _not_a_run(workdir: Path) -> PetalError:
+    if held := [n for n in RUN_FILES if n != "config.json" and (workdir / n).exists()]:
+        return _no_config(workdir, held)
     return PetalError(
         f"{workdir} is not a petal training run (no config.json); drop --resume to start one."
+    )
+
+
+def _no_config(workdir: Path, held: list[str]) -> PetalError:
+    # Not "drop --resume" nor "pass --resume": each refuses the folder for the other's reason.
+    return PetalError(
+        f"{workdir / 'config.json'} is missing from {workdir}, which holds a training run "
+        f"({', '.join(held[:3])}); restore the file to continue it with --resume, or start "
+        "again with --overwrite (deletes its checkpoints and results)."
     )
 
 
@@ -174,6 +185,28 @@ def _failed_start(workdir: Path, found: list[str]) -> bool:
     return isinstance(state, dict) and not state.get("epoch")
 
 
+def _epoch_files(workdir: Path) -> list[str]:
+    """The files in ``workdir`` that only an epoch's checkpoint (or a finish) writes.
+
+    History rows count from epoch 2 on: a NaN/inf loss in epoch 1, or a kill between its row
+    and its checkpoint, leaves a row of epoch 1 and no ``state.json``.
+    """
+    held = [n for n in ("last.keras", "best.weights.h5", "model.keras") if (workdir / n).exists()]
+    try:
+        if json.loads((workdir / "metrics.json").read_text()).get("epochs_completed"):
+            held.append("metrics.json")
+    except FileNotFoundError:
+        pass
+    except (ValueError, OSError, AttributeError):
+        held.append("metrics.json")
+    try:
+        if any(row["epoch"] > 1 for row in read_history(workdir / "history.csv", "drop")):
+            held.append("history.csv")
+    except (ValueError, UnicodeDecodeError, OSError):
+        held.append("history.csv")
+    return held
+
+
 def _remove_run(workdir: Path) -> None:
     """Delete the files and folders a run writes (and their temporary files), nothing else."""
     for name in RUN_FILES:
@@ -235,6 +268,8 @@ def prepare_workdir(
     if not overwrite and _config_kind(workdir) == "other":
         raise _not_petals(workdir)
     if found and not overwrite and not failed_start:
+        if "config.json" not in found:
+            raise _no_config(workdir, found)
         raise PetalError(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
             "continue it or --overwrite to start again (deletes its checkpoints and results)."
@@ -997,6 +1032,7 @@ def train(
         model_info,
         set_backbone_trainable,
     )
+    from petal.models.registry import h5_layout
     from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import (
         agree_on_overflow,
@@ -1051,12 +1087,14 @@ def train(
     }
     if resume and (workdir / "state.json").is_file():
         state.update(_read_state(workdir / "state.json"))
-    start_epoch = int(state["epoch"])
-    if resume and start_epoch and not (workdir / "last.keras").is_file():
+    elif resume and (held := _epoch_files(workdir)):
+        # Started over, the run's checkpoints and results would be replaced.
         raise PetalError(
-            f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
-            "start again with --overwrite."
+            f"{workdir / 'state.json'} is missing, but {workdir} holds completed epochs "
+            f"({', '.join(held)}); the run cannot be resumed: restore the file, or start "
+            "again with --overwrite."
         )
+    start_epoch = int(state["epoch"])
     # A finished run is never retrained or re-described: its config.json keeps the epochs
     # its history.csv and checkpoints hold.
     finished = resume and start_epoch >= cfg.epochs
@@ -1070,22 +1108,50 @@ def train(
         # Also a run stopped early and ended now (--epochs as many as it completed).
         _check_nothing_changed(workdir, cfg, start_epoch)
     # A model.keras cut short (by a petal before it was written through a temporary file)
-    # is written again from last.keras.
+    # is written again from last.keras, and a missing or damaged metrics.json from
+    # history.csv and state.json.
     if finished and _whole_model(workdir / "model.keras") and (workdir / "metrics.json").is_file():
-        log(
-            f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to do "
-            f"(to train it further, pass --epochs {start_epoch + 1} or more)"
+        try:
+            done = json.loads((workdir / "metrics.json").read_text())
+            if not isinstance(done, dict):
+                raise ValueError(f"a JSON {type(done).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            log(
+                f"petal train: warning: {workdir / 'metrics.json'} is damaged "
+                f"({first_line(err)[:200]}); writing it again from history.csv and state.json"
+            )
+        else:
+            log(
+                f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to "
+                f"do (to train it further, pass --epochs {start_epoch + 1} or more)"
+            )
+            return done
+    # Only training on (or writing model.keras again) needs the checkpoint.
+    if resume and start_epoch and not (workdir / "last.keras").is_file():
+        raise PetalError(
+            f"{workdir}/state.json says epoch {start_epoch} but last.keras is missing; "
+            "start again with --overwrite."
         )
-        return json.loads((workdir / "metrics.json").read_text())
     if resume:
         _check_resumed_data(cfg, workdir)
         try:  # damaged before its last row (a cut-short last row is the interruption's)
-            read_history(workdir / "history.csv", "drop")
+            rows = read_history(workdir / "history.csv", "drop")
         except (ValueError, UnicodeDecodeError) as err:
             raise PetalError(
                 f"{workdir / 'history.csv'} is damaged ({err}); it cannot be resumed: start "
                 "again with --overwrite."
             ) from None
+        # Resumed, metrics.json would score the new epochs alone, against a state.json (and
+        # best.weights.h5) of the epochs whose rows were lost.
+        kept = len({row["epoch"] for row in rows} & set(range(1, start_epoch + 1)))
+        if kept < start_epoch:
+            lacks = ("is missing" if not (workdir / "history.csv").is_file()
+                     else f"holds the rows of {kept} of them")
+            raise PetalError(
+                f"{workdir / 'state.json'} says {_epochs(start_epoch)} completed but "
+                f"{workdir / 'history.csv'} {lacks}; the run cannot be resumed: restore the "
+                "file, or start again with --overwrite."
+            )
     # Stored absolute in config.json, so evaluate and --resume work from any directory.
     cfg = cfg.replace(data=absolute_data(cfg.data))
 
@@ -1218,6 +1284,15 @@ def train(
             f"petal train: warning: {workdir} began when petal split image folders another "
             "way: from here on some of its validation images train, and some training "
             "images validate (start a new run for a clean held-out split)"
+        )
+    best = workdir / "best.weights.h5"
+    if resume and start_epoch and state.get("best_epoch") and h5_layout(best) != "keras3":
+        # The Checkpointer writes it only for an epoch that beats state.json's best.
+        log(
+            f"petal train: warning: {best} is {'damaged' if best.exists() else 'missing'}: "
+            f"the weights of the run's best epoch ({state['best_epoch']}, val_acc "
+            f"{state.get('best_val_accuracy', -1.0):.4f}) are lost; it is written again when a "
+            "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
