@@ -290,8 +290,9 @@ def _run_models(args: argparse.Namespace) -> int:
     for r in rows:
         params = f"{r['params']:,}" if r["params"] is not None else r["note"]
         mflops = f"{r['mflops']:.1f}" if r["mflops"] is not None else "-"
-        print(f"{r['name']:<22}{params:>15}{mflops:>12}{r['image_size']:>6}{r['default_image_size']:>9}  "
-              f"{r['normalization']:<15}{'imagenet' if r['pretrained'] else '-'}")
+        print(f"{r['name']:<22}{params:>15}{mflops:>12}{r['image_size']:>6}"
+              f"{r['default_image_size']:>9}  {r['normalization']:<15}"
+              f"{'imagenet' if r['pretrained'] else '-'}")
     print("MFLOPs: 2 x multiply-accumulates of conv and dense layers, forward pass, per image.")
     return 0
 
