@@ -932,3 +932,24 @@ def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
         with pytest.raises(PetalError, match=refused):
             train(cfg(0.1, steps_per_epoch=given), tmp_path / f"short-{given}", **QUIET)
         assert not (tmp_path / f"short-{given}").exists()
+
+
+def test_out_of_memory_in_a_training_step_is_one_line_naming_the_batch(
+    make_records, tmp_path, monkeypatch
+):
+    """A batch too large for the accelerator's memory ended in a ResourceExhaustedError
+    traceback: the most common training error on a GPU."""
+    import keras
+    import tensorflow as tf
+
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    monkeypatch.setattr(keras.Model, "fit", out_of_memory)
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(make_records(), model="dense", epochs=1), tmp_path / "run", **QUIET)
+    assert str(caught.value) == (
+        "Out of memory training 'dense' on batches of 10 images of 32x32 per replica; pass a "
+        "smaller --batch-size (per replica), or a smaller --image-size or --model. Received: "
+        "batch_size=10, image_size=32x32, replicas=1"
+    )

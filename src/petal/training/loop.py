@@ -680,6 +680,20 @@ def _model_out_of_memory(model: str, image_size) -> PetalError:
     )
 
 
+def _training_out_of_memory(
+    cfg: TrainConfig, global_batch: int, replicas: int, size
+) -> PetalError:
+    """A training step ran out of (accelerator) memory: its activations grow with the batch
+    and the image size."""
+    per_replica = global_batch // replicas
+    return PetalError(
+        f"Out of memory training {cfg.model!r} on batches of {per_replica} images of "
+        f"{_size(size)} per replica; pass a smaller --batch-size (per replica), or a smaller "
+        f"--image-size or --model. Received: batch_size={per_replica}, "
+        f"image_size={_size(size)}, replicas={replicas}"
+    )
+
+
 def _no_room_to_cache(err, cache) -> PetalError:
     """The pipeline's error for a disk cache without room, with the fixes train takes: its
     config's ``cache`` (the training images'; None: the validation images', cached in RAM or
@@ -1552,6 +1566,9 @@ def train(
                         shuffle=False,  # the input pipeline shuffles
                         verbose=0,
                     )
+                except tf_errors.ResourceExhaustedError as err:  # a batch too large
+                    oom = _training_out_of_memory(cfg, global_batch, replicas, train_size)
+                    raise oom from err
                 except tf_errors.OpError as err:
                     # A corrupt record (CRC or decode failure) surfaces here, and an image
                     # folder's file that cannot be read.
