@@ -889,20 +889,28 @@ def test_no_room_for_the_cache_names_the_settings_train_takes(make_records, tmp_
               **QUIET)
 
 
-def test_out_of_memory_building_the_model_is_one_line(make_records, tmp_path, monkeypatch):
-    """A traceback (dense's weights at 4000 px, ResourceExhaustedError), as petal models
-    already said in one line; the work directory is not touched."""
+def _out_of_memory_error(monkeypatch, owner, name: str, records, workdir) -> str:
+    """The error of a one-epoch run whose ``owner.name`` runs out of memory."""
     import tensorflow as tf
-
-    import petal.models
 
     def out_of_memory(*args, **kwargs):
         raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
 
-    monkeypatch.setattr(petal.models, "create_model", out_of_memory)
+    monkeypatch.setattr(owner, name, out_of_memory)
     with pytest.raises(PetalError) as caught:
-        train(tiny_config(make_records(), model="dense", epochs=1), tmp_path / "run", **QUIET)
-    assert str(caught.value) == (
+        train(tiny_config(records, model="dense", epochs=1), workdir, **QUIET)
+    return str(caught.value)
+
+
+def test_out_of_memory_building_the_model_is_one_line(make_records, tmp_path, monkeypatch):
+    """A traceback (dense's weights at 4000 px, ResourceExhaustedError), as petal models
+    already said in one line; the work directory is not touched."""
+    import petal.models
+
+    error = _out_of_memory_error(
+        monkeypatch, petal.models, "create_model", make_records(), tmp_path / "run"
+    )
+    assert error == (
         "Out of memory building the model 'dense' for 32x32 images; pass a smaller --image-size "
         "or a smaller --model (`petal models --image-size 32` lists their parameters). "
         "Received: model='dense', image_size=32x32"
@@ -940,15 +948,9 @@ def test_out_of_memory_in_a_training_step_is_one_line_naming_the_batch(
     """A batch too large for the accelerator's memory ended in a ResourceExhaustedError
     traceback: the most common training error on a GPU."""
     import keras
-    import tensorflow as tf
 
-    def out_of_memory(*args, **kwargs):
-        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
-
-    monkeypatch.setattr(keras.Model, "fit", out_of_memory)
-    with pytest.raises(PetalError) as caught:
-        train(tiny_config(make_records(), model="dense", epochs=1), tmp_path / "run", **QUIET)
-    assert str(caught.value) == (
+    error = _out_of_memory_error(monkeypatch, keras.Model, "fit", make_records(), tmp_path / "run")
+    assert error == (
         "Out of memory training 'dense' on batches of 10 images of 32x32 per replica; pass a "
         "smaller --batch-size (per replica), or a smaller --image-size or --model. Received: "
         "batch_size=10, image_size=32x32, replicas=1"
