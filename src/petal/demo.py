@@ -227,13 +227,11 @@ def _check_train_size(config, size: int) -> None:
     try:
         augment.build(config.augment, size=(crop, crop))
     except PetalError:
-        plain = str(config.augment).strip().lower() in ("", "none")
-        fix = "crop" if plain else f"{config.augment}+crop"
         raise PetalError(
             f"train_image_size {crop} trains on crops of the {size}x{size} records petal demo "
             "converts, which needs the 'crop' augmentation (it resizes its crops to that "
-            f"size): pass --set augment={fix}, or drop --set train_image_size. Received: "
-            f"augment={config.augment!r}, train_image_size={crop}"
+            f"size): pass --set augment={augment.with_crop(config.augment)}, or drop --set "
+            f"train_image_size. Received: augment={config.augment!r}, train_image_size={crop}"
         ) from None
 
 

@@ -530,6 +530,13 @@ def names() -> list[str]:
     return sorted([*PRESETS, *IMAGE_OPS, *BATCH_OPS])
 
 
+def with_crop(spec) -> str:
+    """``spec`` with the ``crop`` op added, as ``--set augment=`` takes it (``crop`` alone
+    for no augmentation): the fix named where a training size needs crops."""
+    named = isinstance(spec, str) and spec.strip().lower() not in ("", "none")
+    return f"{spec.strip()}+crop" if named else "crop"
+
+
 def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
     """One batch augmentation from a spec, or None when there is nothing to do.
 
@@ -549,13 +556,11 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
         if "crop" not in ops:
             # train passes train_image_size here when it differs from image_size (the
             # records' size when that is null), the size the pipeline decodes and evaluates at.
-            named = isinstance(spec, str) and spec.strip().lower() not in ("", "none")
-            fix = f"{spec.strip()}+crop" if named else "crop"
             raise PetalError(
                 "A training size (train_image_size) other than the evaluation image_size needs "
                 "the 'crop' augmentation, which resizes its crops to that size: pass --set "
-                f"augment={fix}, or drop train_image_size. Received: augment={spec!r}, "
-                f"size={size}"
+                f"augment={with_crop(spec)}, or drop train_image_size. Received: "
+                f"augment={spec!r}, size={size}"
             )
     if spec is None or spec is False:
         return None

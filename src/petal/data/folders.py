@@ -637,11 +637,10 @@ def find_images(
 
     left_out = sorted(set(by_class) - set(chosen)) if classes is not None else []
     # A link to an unmounted disk or a moved folder lists as a file that is no image.
-    broken = [
+    broken = [] if is_remote(root) else [
         n
         for n in ignored
-        if not is_remote(root)
-        and not n.endswith("/")
+        if not n.endswith("/")
         and not is_hidden_entry(n)
         and n.split("/", 1)[0] not in left_out
         and _dangling(join(root, *n.split("/")))

@@ -672,11 +672,11 @@ def _show(value) -> str:
 def _model_out_of_memory(model: str, image_size) -> PetalError:
     """Building the model ran out of memory: its weights grow with the input size (a dense
     head on a large image)."""
-    h, w = image_size
     return PetalError(
-        f"Out of memory building the model {model!r} for {h}x{w} images; pass a smaller "
-        f"--image-size or a smaller --model (`petal models --image-size {max(h, w)}` lists "
-        f"their parameters). Received: model={model!r}, image_size={_size(image_size)}"
+        f"Out of memory building the model {model!r} for {_size(image_size)} images; pass a "
+        f"smaller --image-size or a smaller --model (`petal models --image-size "
+        f"{max(image_size)}` lists their parameters). Received: model={model!r}, "
+        f"image_size={_size(image_size)}"
     )
 
 
