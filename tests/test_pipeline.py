@@ -1086,3 +1086,25 @@ def test_a_misspelt_cache_mode_is_no_folder_to_create(records, tmp_path, monkeyp
     for cache in ("./rams", "disks", "my-cache"):
         eval_dataset(str(records), batch_size=4, cache=cache)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["disks", "my-cache", "rams", "records"]
+
+
+def test_an_image_folder_with_fewer_files_than_input_pipelines(small_flowers, tmp_path):
+    """eval_dataset raised a TypeError (an empty file list became a float32 tensor) for the
+    pipeline with no file of its own; train_dataset told it to use a smaller batch than 1."""
+    folder = tmp_path / "photos"
+    for cls in ("daisy", "roses", "tulips"):
+        (folder / cls).mkdir(parents=True)
+        first = sorted((small_flowers / cls).iterdir())[0]
+        (folder / cls / first.name).symlink_to(first.resolve())
+    seen = 0
+    for index in range(4):
+        ctx = tf.distribute.InputContext(4, index, 4)
+        ds = eval_dataset(str(folder), batch_size=4, image_size=32, split="all",
+                          input_context=ctx)  # fmt: skip
+        seen += sum(int(images.shape[0]) for images, _ in ds)
+    assert seen == 3
+    with pytest.raises(PetalError, match=r"has 0 images per input pipeline, fewer than one batch "
+                       r"of 1; .* Add images to the split or read it with fewer than 4 input "
+                       r"pipelines\. Received: batch_size=4$"):  # fmt: skip
+        train_dataset(str(folder), batch_size=4, image_size=32, split="all",
+                      input_context=tf.distribute.InputContext(4, 3, 4))  # fmt: skip

@@ -214,10 +214,15 @@ def train_dataset(
     split = _check_split(src, split)
     count = _pipeline_count(src, split, input_context)
     if count < per_replica:
+        pipelines = input_context.num_input_pipelines if input_context is not None else 1
+        fix = "Use a smaller batch_size"
+        if per_replica == 1:
+            # No smaller batch helps: this pipeline's share of the images is empty.
+            fix = f"Add images to the split or read it with fewer than {pipelines} input pipelines"
         raise PetalError(
             f"Split {split!r} of {src.path} has {count} images per input pipeline, fewer than "
             f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
-            f"nothing. Use a smaller batch_size. Received: batch_size={batch_size}"
+            f"nothing. {fix}. Received: batch_size={batch_size}"
         )
     cache_to = _resolve_cache(cache, src, split, size, input_context, resize, skip_corrupt)
 
@@ -510,10 +515,13 @@ def _read(
             return remote.files_dataset(
                 files, labels, shuffle_seed=seed if training else None, repeat=endless
             )
-        ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(labels, tf.int32)))
+        # Typed: a pipeline whose share of fewer files than pipelines is none reads nothing.
+        ds = tf.data.Dataset.from_tensor_slices(
+            (tf.constant(files, tf.string), tf.constant(labels, tf.int32))
+        )
         if training:
             # File names are cheap to shuffle: shuffle them all, then read in parallel.
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(max(1, len(files)), seed=seed, reshuffle_each_iteration=True)
         if skip_corrupt:
             return ds  # paths: the decoder reads each file, and names one it skips
         return ds.map(
