@@ -656,3 +656,23 @@ def test_the_font_warning_names_a_class_holding_a_newline_on_one_line(small_flow
                     progress=False)  # fmt: skip
     err = capfd.readouterr().err
     assert "(new\\nline as 'class 1')" in err and "new\nline" not in err
+
+
+def test_codelab_class_counts_keep_the_records_before_a_bad_frame(make_records):
+    """Classes were counted a batch of records at a time: a bad frame lost the whole batch
+    (the whole shard), so the table counted fewer records than --verify read."""
+    from conftest import CLASSES
+
+    folder = make_records("codelab", counts={"all": [4, 4, 4, 4]}, codelab=True, fmt="jpeg")
+    corrupt_record(folder / "flowers01-4.tfrec", 2)
+    shard = folder / "flowers02-4.tfrec"
+    shard.write_bytes(shard.read_bytes()[: _record_offsets(shard)[3] + 10])
+    read = [0, 1, 2, 3, 4, 5, 8, 9, 10, 12, 13, 14, 15]  # labels are record index % 5
+    assert inspect_records(folder, verify=True, progress=False).verified == len(read)
+    counted = inspect_records(folder, progress=False)
+    assert counted.manifest["splits"]["train"]["per_class"] == {
+        c: sum(i % 5 == k for i in read) for k, c in enumerate(CLASSES)
+    }
+    assert "(classes of the records read: train 13 of 16 that the file names count" in str(
+        counted
+    )

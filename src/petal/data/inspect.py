@@ -27,6 +27,7 @@ _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
 _LIST_SKIPPED = 10
 _LIST_PROBLEMS = 20
+_COUNT_BATCH = 1024  # records parsed at once when counting the classes of codelab shards
 _IMAGE_FORMATS = ("png", "jpg", "jpeg", "webp", "pdf", "svg")
 # The manifest's lists of what convert did not read, as the summary counts them.
 _UNREAD = (
@@ -208,16 +209,12 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
             for file, count in zip(source.files(split), source.counts(split), strict=True):
                 name = file[len(folder) :].lstrip("/") if folder else file
                 shards.append({"file": name, "count": count, "bytes": folders.file_size(file)})
-                batches = tf.data.TFRecordDataset(file).batch(1024)
-                try:
-                    for batch in batches.map(lambda r: tf.io.parse_example(r, spec)):
-                        ids = batch[schema.CLASS].numpy()
-                        ids = ids[(ids >= 0) & (ids < len(classes))]
-                        counts += np.bincount(ids, minlength=len(classes))
-                        bar.update(len(batch[schema.CLASS]))
-                except tf.errors.OpError as err:
-                    problems.append(f"{name}: {tf_message(err).splitlines()[0]} (--verify "
-                                    "names the record)")
+                batches, read, problem = _read_classes(file, spec, bar)
+                for ids in batches:
+                    ids = ids[(ids >= 0) & (ids < len(classes))]
+                    counts += np.bincount(ids, minlength=len(classes))
+                if problem is not None:
+                    problems.append(f"{name}: {problem} (--verify names the record)")
             total = sum(s["count"] for s in shards)
             per_class = {c: int(n) for c, n in zip(classes, counts, strict=True) if n}
             if len(problems) == known and sum(per_class.values()) != total:
@@ -234,6 +231,51 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         "origin": "codelab",
     }
     return folder or ".", _complete(manifest), problems
+
+
+def _read_classes(file: str, spec: dict, bar) -> tuple[list, int, str | None]:
+    """(the classes of the records of ``file`` that read, as arrays of class ids; how many
+    records were read; the first problem met, or None).
+
+    Records are parsed a batch at a time (fast on big shards); a batch that fails is read
+    again record by record, so that the records before a bad frame count, as for
+    ``verify``: a bad frame ends the file (the records after it cannot be located), a
+    record that does not parse is passed over.
+    """
+    import tensorflow as tf
+
+    records = tf.data.TFRecordDataset(file)
+    found = []
+    read = 0
+    problem = None
+    while True:
+        try:
+            batches = records.skip(read).batch(_COUNT_BATCH)
+            for ids in batches.map(lambda r: tf.io.parse_example(r, spec)[schema.CLASS]):
+                found.append(ids.numpy())
+                read += len(ids)
+                bar.update(len(ids))
+            break
+        except tf.errors.OpError:
+            pass  # in the batch from ``read`` on: read again record by record below
+        start = read
+        rest = iter(records.skip(read).take(_COUNT_BATCH))
+        while True:
+            try:
+                raw = next(rest)
+            except StopIteration:
+                break
+            except tf.errors.OpError as err:  # a bad frame, or no file: the file ends here
+                return found, read, problem or tf_message(err).splitlines()[0]
+            try:
+                found.append(tf.io.parse_single_example(raw, spec)[schema.CLASS].numpy()[None])
+            except tf.errors.OpError as err:  # an intact frame that does not parse
+                problem = problem or tf_message(err).splitlines()[0]
+            read += 1
+            bar.update()
+        if read == start:  # (nothing left to read)
+            break
+    return found, read, problem
 
 
 def _common_folder(files: list[str]) -> str:
