@@ -205,7 +205,7 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         for split in schema.SPLITS:
             counts = np.zeros(len(classes), np.int64)
             shards = []
-            known = len(problems)  # a corrupt shard of this split explains its shortfall
+            known = len(problems)  # a shard of this split with a problem explains its shortfall
             for file, count in zip(source.files(split), source.counts(split), strict=True):
                 name = file[len(folder) :].lstrip("/") if folder else file
                 shards.append({"file": name, "count": count, "bytes": folders.file_size(file)})
@@ -215,6 +215,8 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
                     counts += np.bincount(ids, minlength=len(classes))
                 if problem is not None:
                     problems.append(f"{name}: {problem} (--verify names the record)")
+                elif read != count:  # as --verify says it; a split's total may hide it
+                    problems.append(f"{name}: {read} records read, file name says {count}")
             total = sum(s["count"] for s in shards)
             per_class = {c: int(n) for c, n in zip(classes, counts, strict=True) if n}
             if len(problems) == known and sum(per_class.values()) != total:
@@ -682,10 +684,13 @@ def _verify(
                 except ValueError:  # no count in the name: the manifest's alone counts, as
                     expected = None  # for check_manifest and petal train
                 if not damaged and (index != shard["count"] or expected not in (None, index)):
-                    problems.append(
-                        f"{name}: {index} records read, manifest says {shard['count']}"
+                    said = (
+                        f"file name says {expected}"  # the only count of a codelab shard
+                        if manifest.get("origin") == "codelab"
+                        else f"manifest says {shard['count']}"
                         + (f", file name says {expected}" if expected is not None else "")
                     )
+                    problems.append(f"{name}: {index} records read, {said}")
             # Where every record of the split read, the table's counts must be theirs (a
             # manifest may give none; a shard with a problem explains any shortfall).
             said = manifest["splits"][split]["per_class"]
