@@ -368,3 +368,37 @@ def test_bench_input_runs_the_remote_rounds_after_every_local_one(make_records):
     remote = [i for i, line in enumerate(lines) if "remote sharded read" in line]
     assert len(local) == 2 and len(remote) == 2, lines
     assert max(local) < min(remote), lines
+
+
+def test_bench_findings_say_slower_for_a_ratio_below_one(small_records, small_flowers,
+                                                        monkeypatch):
+    """Per-file reads at 722/s against sharded at 456/s said "sharded is 0.6x faster" and
+    "sharded records read 1x faster" (0.63 rounded); jpeg/folder 0.8 "is 0.8x slower"."""
+    from petal.data import bench
+    from petal.data.reader import open_source
+
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=2, decoder="")
+    result.ratios = {"jpeg/folder": 0.8}
+    result.remote = {"latency_ms": 2, "parallel_requests": 8, "sharded_over_per_file": 456 / 722,
+                     "sharded_reads_per_s": 456, "per_file_reads_per_s": 722}  # fmt: skip
+    bench._summarise(result)
+    assert result.findings[:2] == [
+        "Per-file reading (read, decode and resize every source file) is 1.2x faster than the "
+        "TFRecord JPEG pipeline.",
+        "With 2 ms per request, sharded records read 1.6x slower than per-file requests "
+        "(456 vs 722 reads/s, 8 requests in flight for both).",
+    ], result.findings
+    result.findings, result.ratios = [], {"jpeg/folder": 1.69}
+    result.remote["sharded_over_per_file"] = 1.02
+    bench._summarise(result)
+    assert "is 1.7x slower than the TFRecord JPEG pipeline." in result.findings[0]
+    assert "read about as fast as per-file requests (456 vs" in result.findings[1]
+    # The progress line of the remote case says the same.
+    rates = iter([(456.0, 456, 1.0), (722.0, 722, 1.0)])
+    monkeypatch.setattr(bench, "time_iterator", lambda *a, **k: next(rates))
+    monkeypatch.setattr(bench, "time_dataset", lambda *a, **k: (1.0, 1.0, 1.0))
+    lines = []
+    bench.remote_bench(open_source(str(small_records)), str(small_flowers), latency_ms=0,
+                       batch_size=8, seconds=0.1, progress=lines.append)  # fmt: skip
+    [line] = [ln for ln in lines if ln.startswith("remote per-file read:")]
+    assert line.endswith("; sharded is 1.6x slower than per-file"), line

@@ -952,11 +952,11 @@ def remote_bench(
             )
             out["per_file_reads_per_s"] = rate_file
             out["per_file_requests"] = server.requests - start_requests
-            out["sharded_over_per_file"] = rate / rate_file if rate_file else None
+            out["sharded_over_per_file"] = ratio = rate / rate_file if rate_file else None
+            compared = f"; sharded is {_faster(ratio, 'per-file')}" if ratio else ""
             progress(
                 f"remote per-file read: {rate_file:,.0f} images/s "
-                f"({out['per_file_requests']} requests in {secs:.1f} s); sharded is "
-                f"{out['sharded_over_per_file']:,.1f}x faster"
+                f"({out['per_file_requests']} requests in {secs:.1f} s){compared}"
             )
         # The full training pipelines over the store (decoding included).
         size = image_size or rsrc.image_size
@@ -1008,6 +1008,17 @@ TARGET_LATENCY_MS = 20.0
 
 # A difference in throughput smaller than this is within a run's noise.
 NOISE = 0.05
+
+
+def _faster(ratio: float, than: str) -> str:
+    """``"N.Nx faster than THAN"`` for something that ran at ``ratio`` times ``than``'s
+    speed; below 1 the inverse, slower (0.63 is "1.6x slower", not "0.6x faster" nor,
+    rounded, "1x faster"); within noise, "about as fast as THAN"."""
+    if abs(ratio - 1) < NOISE:
+        return f"about as fast as {than}"
+    if ratio > 1:
+        return f"{ratio:,.1f}x faster than {than}"
+    return f"{1 / ratio:,.1f}x slower than {than}"
 
 
 def _cost(cost: float, of: str, without: str) -> str:
@@ -1087,14 +1098,14 @@ def _summarise(result: BenchResult) -> None:
         )
     if "jpeg/folder" in r:
         f.append(
-            f"Per-file reading (read, decode and resize every source file) is "
-            f"{r['jpeg/folder']:.1f}x slower than the TFRecord JPEG pipeline."
+            "Per-file reading (read, decode and resize every source file) is "
+            f"{_faster(1 / r['jpeg/folder'], 'the TFRecord JPEG pipeline')}."
         )
     if result.remote.get("sharded_over_per_file"):
         rem = result.remote
         f.append(
             f"With {rem['latency_ms']:g} ms per request, sharded records read "
-            f"{rem['sharded_over_per_file']:.0f}x faster than per-file requests "
+            f"{_faster(rem['sharded_over_per_file'], 'per-file requests')} "
             f"({rem['sharded_reads_per_s']:,.0f} vs {rem['per_file_reads_per_s']:,.0f} "
             f"reads/s, {rem['parallel_requests']} requests in flight for both)."
         )
