@@ -214,16 +214,19 @@ def test_bench_findings_follow_the_numbers():
     [first, *_] = _findings({"jpeg/ceiling": 0.7, "cpu: jpeg/ceiling": 0.72})
     assert "about 72% of its CPU time per image (most)" in first, first
     # uint8 batches slower than float32 ones: no cost of the float conversion is claimed.
-    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.63})
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.63,
+                       "jpeg-uint8/jpeg": 0.63 / 0.68})
     [line] = [f for f in found if f.startswith("uint8 batches")]
     assert line.endswith("float conversion costs none measured: uint8 batches ran 7% slower "
                          "in this run."), line  # fmt: skip
     # Augmented batches at over twice the speed: the pipeline without it ran 54% slower
     # (was "116% slower": more than all of its speed).
-    found = _findings({"jpeg/ceiling": 0.22, "jpeg+aug/ceiling": 0.48})
+    found = _findings({"jpeg/ceiling": 0.22, "jpeg+aug/ceiling": 0.48,
+                       "jpeg+aug/jpeg": 0.48 / 0.22})
     assert ("Augmentation (codelab) costs none measured: the pipeline without it ran 54% slower "
             "in this run.") in found, found
-    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6})
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6,
+                       "jpeg-uint8/jpeg": 0.69 / 0.68, "jpeg+aug/jpeg": 0.6 / 0.68})
     assert any(f.endswith("costs 1% of the uint8 pipeline's throughput (within noise).")
                for f in found), found  # fmt: skip
     assert "Augmentation (codelab) costs 12% of the JPEG pipeline's throughput." in found
@@ -282,7 +285,8 @@ def test_bench_input_checks_its_folder_decodes_before_measuring(
 def test_bench_uint8_finding_takes_the_uint8_pipeline_as_its_base():
     # 926 float32 against 1341 uint8 images/s: the conversion costs 31% of the uint8
     # pipeline's throughput (it said "of the float32 pipeline's", which would be 45%).
-    found = _findings({"jpeg/ceiling": 926 / 2000, "jpeg-uint8/ceiling": 1341 / 2000})
+    found = _findings({"jpeg/ceiling": 926 / 2000, "jpeg-uint8/ceiling": 1341 / 2000,
+                       "jpeg-uint8/jpeg": 1341 / 926})
     [line] = [f for f in found if f.startswith("uint8 batches")]
     assert line.endswith("the host's float conversion costs 31% of the uint8 pipeline's "
                          "throughput."), line  # fmt: skip
@@ -402,3 +406,29 @@ def test_bench_findings_say_slower_for_a_ratio_below_one(small_records, small_fl
                        batch_size=8, seconds=0.1, progress=lines.append)  # fmt: skip
     [line] = [ln for ln in lines if ln.startswith("remote per-file read:")]
     assert line.endswith("; sharded is 1.6x slower than per-file"), line
+
+
+def test_bench_costs_are_medians_of_within_round_ratios():
+    """--repeat 3 with jpeg+aug/jpeg 1.22, 1.19, 0.43 in its rounds (median 1.19) said
+    "Augmentation (codelab) costs 34%": 1 - the ratio of two medians over the ceiling, taken
+    from different rounds. Likewise the float conversion, the other way round."""
+    from petal.data import bench
+
+    def rounds(*images_per_s):
+        return [(v, v / 4, 1.0) for v in images_per_s]
+
+    runs = {"ceiling": rounds(1000, 1000, 1000), "jpeg": rounds(1000, 500, 900),
+            "jpeg+aug": rounds(1220, 595, 387), "jpeg-uint8": rounds(1500, 700, 450)}  # fmt: skip
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=2, decoder="")
+    result.cases = [bench.Case(name, "r", "codelab", bench._median([v[0] for v in values]),
+                               1.0, 1.0, 3, 1.0) for name, values in runs.items()]  # fmt: skip
+    result.ratios = bench._ratios(runs)
+    bench._summarise(result)
+    assert ("Augmentation (codelab) costs none measured: the pipeline without it ran 16% "
+            "slower in this run.") in result.findings, result.findings  # fmt: skip
+    [line] = [f for f in result.findings if f.startswith("uint8 batches")]
+    assert line.endswith("float conversion costs 29% of the uint8 pipeline's throughput."), line
+    # The ratios the costs come from are in the table, as the medians its footer promises.
+    assert result.ratios["jpeg+aug/jpeg"] == pytest.approx(1.19)
+    assert result.ratios["jpeg-uint8/jpeg"] == pytest.approx(1.4)
+    assert "jpeg+aug/jpeg 1.19" in bench.format_table(result)
