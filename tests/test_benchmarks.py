@@ -432,3 +432,22 @@ def test_bench_costs_are_medians_of_within_round_ratios():
     assert result.ratios["jpeg+aug/jpeg"] == pytest.approx(1.19)
     assert result.ratios["jpeg-uint8/jpeg"] == pytest.approx(1.4)
     assert "jpeg+aug/jpeg 1.19" in bench.format_table(result)
+
+
+def test_bench_input_names_a_shard_that_holds_other_than_its_count(make_records, capsys):
+    """A codelab shard renamed to more records, an empty one or one renamed to fewer: the
+    pipeline's count check came out as `assertion failed: [petal: corrupt or truncated
+    shard ...]`, with no folder in its inspect command and train's --skip-corrupt advice."""
+    shards = make_records("codelab", counts={"all": [16, 16, 8]}, fmt="jpeg", codelab=True)
+    fix = f"Run `petal inspect --verify {shards}` to list every bad record, and convert again."
+    (shards / "flowers01-16.tfrec").rename(shards / "flowers01-17.tfrec")
+    (shards / "flowers03-5.tfrec").write_bytes(b"")
+    (shards / "flowers02-8.tfrec").rename(shards / "flowers02-7.tfrec")
+    for name, held, said in (("flowers01-17", 16, 17), ("flowers02-7", 8, 7),
+                             ("flowers03-5", 0, 5)):  # fmt: skip
+        code, err, _ = _bench([str(shards), "--cases", "jpeg"], capsys)
+        assert code == 2 and err == [
+            f"petal bench: error: Corrupt input in {shards / name}.tfrec: it holds {held} "
+            f"records, not the {said} its file name says (a short or renamed shard). {fix}"
+        ], err
+        (shards / f"{name}.tfrec").rename(shards / f"{name.split('-')[0]}-{held}.tfrec")

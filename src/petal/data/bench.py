@@ -484,9 +484,17 @@ def _input_failure(path: str, records: str, folder: str | None) -> PetalError | 
     if folder is not None and str(path) == str(folder):
         return _folder_failure(folder)
     src = open_source(path)
-    for shard in src.files("train"):  # the first record that cannot be read raises
-        for _ in _records_of(shard, tf.data.TFRecordDataset(shard), str(path)):
-            pass
+    said = "file name" if src.manifest is None else "manifest"
+    for shard, count in zip(src.files("train"), src.counts("train"), strict=True):
+        # The first record that cannot be read raises; then a shard of sound records that
+        # are fewer or more than it should hold (cut at a record's end, renamed, empty):
+        # the pipeline's count check failed as a TensorFlow assertion with train's advice.
+        records = _records_of(shard, tf.data.TFRecordDataset(shard), str(path))
+        if (held := sum(1 for _ in records)) != count:
+            return PetalError(
+                f"Corrupt input in {shard}: it holds {held} records, not the {count} its "
+                f"{said} says (a short or renamed shard). {_fix(str(path))}"
+            )
     bad = pipeline.undecodable_records(src, "train")
     if not bad:
         return None
