@@ -451,3 +451,38 @@ def test_bench_input_names_a_shard_that_holds_other_than_its_count(make_records,
             f"records, not the {said} its file name says (a short or renamed shard). {fix}"
         ], err
         (shards / f"{name}.tfrec").rename(shards / f"{name.split('-')[0]}-{held}.tfrec")
+
+
+def test_bench_input_ctrl_c_during_the_ceiling_is_one_line(make_records):
+    """Ctrl-C reaches the decoding processes too: each printed its KeyboardInterrupt's
+    traceback (`Process ForkProcess-2: Traceback ...`) before `petal bench: interrupted`."""
+    import os
+    import signal
+    import time
+
+    children = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    if not os.path.exists(children):
+        pytest.skip("needs /proc/PID/task/TID/children to see the decoding processes")
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    # A session of its own: the SIGINT reaches only its process group, as Ctrl-C would.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "petal", "bench", "input", str(records), "--cases", "ceiling",
+         "--seconds", "20", "--batch-size", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        up = f"/proc/{proc.pid}/task/{proc.pid}/children"  # the decoding processes
+        while proc.poll() is None and time.monotonic() < deadline:
+            if os.path.exists(up) and Path(up).read_text().split():
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.rstrip().endswith("petal bench: interrupted"), err

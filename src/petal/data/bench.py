@@ -250,6 +250,11 @@ def _ceiling_process(index: int, workers: int, seconds: float, start, results) -
 
     # The parent stops the others after one failed; not through a handler it installed.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Ctrl-C reaches the whole process group: the parent stops the processes itself (a
+    # KeyboardInterrupt here printed a traceback). Forked with it blocked, so one sent
+    # before this line is dropped, not raised.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         _, decode = _decoder()
         blobs = _BLOBS
@@ -280,6 +285,7 @@ def decode_ceiling(blobs: list[bytes], *, seconds: float, workers: int | None = 
         PetalError: a decoding process that failed otherwise or died.
     """
     import multiprocessing as mp
+    import signal
 
     name, decode = _decoder()
     workers = workers or os.cpu_count() or 1
@@ -298,8 +304,12 @@ def decode_ceiling(blobs: list[bytes], *, seconds: float, workers: int | None = 
         ]
         stats = []
         try:
-            for p in procs:
-                p.start()
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                for p in procs:
+                    p.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             start.set()
             stats = _ceiling_reports(procs, results, deadline=time.monotonic() + seconds + 60)
         finally:
