@@ -214,16 +214,19 @@ def test_bench_findings_follow_the_numbers():
     [first, *_] = _findings({"jpeg/ceiling": 0.7, "cpu: jpeg/ceiling": 0.72})
     assert "about 72% of its CPU time per image (most)" in first, first
     # uint8 batches slower than float32 ones: no cost of the float conversion is claimed.
-    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.63})
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.63,
+                       "jpeg-uint8/jpeg": 0.63 / 0.68})
     [line] = [f for f in found if f.startswith("uint8 batches")]
     assert line.endswith("float conversion costs none measured: uint8 batches ran 7% slower "
                          "in this run."), line  # fmt: skip
     # Augmented batches at over twice the speed: the pipeline without it ran 54% slower
     # (was "116% slower": more than all of its speed).
-    found = _findings({"jpeg/ceiling": 0.22, "jpeg+aug/ceiling": 0.48})
+    found = _findings({"jpeg/ceiling": 0.22, "jpeg+aug/ceiling": 0.48,
+                       "jpeg+aug/jpeg": 0.48 / 0.22})
     assert ("Augmentation (codelab) costs none measured: the pipeline without it ran 54% slower "
             "in this run.") in found, found
-    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6})
+    found = _findings({"jpeg/ceiling": 0.68, "jpeg-uint8/ceiling": 0.69, "jpeg+aug/ceiling": 0.6,
+                       "jpeg-uint8/jpeg": 0.69 / 0.68, "jpeg+aug/jpeg": 0.6 / 0.68})
     assert any(f.endswith("costs 1% of the uint8 pipeline's throughput (within noise).")
                for f in found), found  # fmt: skip
     assert "Augmentation (codelab) costs 12% of the JPEG pipeline's throughput." in found
@@ -282,7 +285,8 @@ def test_bench_input_checks_its_folder_decodes_before_measuring(
 def test_bench_uint8_finding_takes_the_uint8_pipeline_as_its_base():
     # 926 float32 against 1341 uint8 images/s: the conversion costs 31% of the uint8
     # pipeline's throughput (it said "of the float32 pipeline's", which would be 45%).
-    found = _findings({"jpeg/ceiling": 926 / 2000, "jpeg-uint8/ceiling": 1341 / 2000})
+    found = _findings({"jpeg/ceiling": 926 / 2000, "jpeg-uint8/ceiling": 1341 / 2000,
+                       "jpeg-uint8/jpeg": 1341 / 926})
     [line] = [f for f in found if f.startswith("uint8 batches")]
     assert line.endswith("the host's float conversion costs 31% of the uint8 pipeline's "
                          "throughput."), line  # fmt: skip
@@ -368,3 +372,117 @@ def test_bench_input_runs_the_remote_rounds_after_every_local_one(make_records):
     remote = [i for i, line in enumerate(lines) if "remote sharded read" in line]
     assert len(local) == 2 and len(remote) == 2, lines
     assert max(local) < min(remote), lines
+
+
+def test_bench_findings_say_slower_for_a_ratio_below_one(small_records, small_flowers,
+                                                        monkeypatch):
+    """Per-file reads at 722/s against sharded at 456/s said "sharded is 0.6x faster" and
+    "sharded records read 1x faster" (0.63 rounded); jpeg/folder 0.8 "is 0.8x slower"."""
+    from petal.data import bench
+    from petal.data.reader import open_source
+
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=2, decoder="")
+    result.ratios = {"jpeg/folder": 0.8}
+    result.remote = {"latency_ms": 2, "parallel_requests": 8, "sharded_over_per_file": 456 / 722,
+                     "sharded_reads_per_s": 456, "per_file_reads_per_s": 722}  # fmt: skip
+    bench._summarise(result)
+    assert result.findings[:2] == [
+        "Per-file reading (read, decode and resize every source file) is 1.2x faster than the "
+        "TFRecord JPEG pipeline.",
+        "With 2 ms per request, sharded records read 1.6x slower than per-file requests "
+        "(456 vs 722 reads/s, 8 requests in flight for both).",
+    ], result.findings
+    result.findings, result.ratios = [], {"jpeg/folder": 1.69}
+    result.remote["sharded_over_per_file"] = 1.02
+    bench._summarise(result)
+    assert "is 1.7x slower than the TFRecord JPEG pipeline." in result.findings[0]
+    assert "read about as fast as per-file requests (456 vs" in result.findings[1]
+    # The progress line of the remote case says the same.
+    rates = iter([(456.0, 456, 1.0), (722.0, 722, 1.0)])
+    monkeypatch.setattr(bench, "time_iterator", lambda *a, **k: next(rates))
+    monkeypatch.setattr(bench, "time_dataset", lambda *a, **k: (1.0, 1.0, 1.0))
+    lines = []
+    bench.remote_bench(open_source(str(small_records)), str(small_flowers), latency_ms=0,
+                       batch_size=8, seconds=0.1, progress=lines.append)  # fmt: skip
+    [line] = [ln for ln in lines if ln.startswith("remote per-file read:")]
+    assert line.endswith("; sharded is 1.6x slower than per-file"), line
+
+
+def test_bench_costs_are_medians_of_within_round_ratios():
+    """--repeat 3 with jpeg+aug/jpeg 1.22, 1.19, 0.43 in its rounds (median 1.19) said
+    "Augmentation (codelab) costs 34%": 1 - the ratio of two medians over the ceiling, taken
+    from different rounds. Likewise the float conversion, the other way round."""
+    from petal.data import bench
+
+    def rounds(*images_per_s):
+        return [(v, v / 4, 1.0) for v in images_per_s]
+
+    runs = {"ceiling": rounds(1000, 1000, 1000), "jpeg": rounds(1000, 500, 900),
+            "jpeg+aug": rounds(1220, 595, 387), "jpeg-uint8": rounds(1500, 700, 450)}  # fmt: skip
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=2, decoder="")
+    result.cases = [bench.Case(name, "r", "codelab", bench._median([v[0] for v in values]),
+                               1.0, 1.0, 3, 1.0) for name, values in runs.items()]  # fmt: skip
+    result.ratios = bench._ratios(runs)
+    bench._summarise(result)
+    assert ("Augmentation (codelab) costs none measured: the pipeline without it ran 16% "
+            "slower in this run.") in result.findings, result.findings  # fmt: skip
+    [line] = [f for f in result.findings if f.startswith("uint8 batches")]
+    assert line.endswith("float conversion costs 29% of the uint8 pipeline's throughput."), line
+    # The ratios the costs come from are in the table, as the medians its footer promises.
+    assert result.ratios["jpeg+aug/jpeg"] == pytest.approx(1.19)
+    assert result.ratios["jpeg-uint8/jpeg"] == pytest.approx(1.4)
+    assert "jpeg+aug/jpeg 1.19" in bench.format_table(result)
+
+
+def test_bench_input_names_a_shard_that_holds_other_than_its_count(make_records, capsys):
+    """A codelab shard renamed to more records, an empty one or one renamed to fewer: the
+    pipeline's count check came out as `assertion failed: [petal: corrupt or truncated
+    shard ...]`, with no folder in its inspect command and train's --skip-corrupt advice."""
+    shards = make_records("codelab", counts={"all": [16, 16, 8]}, fmt="jpeg", codelab=True)
+    fix = f"Run `petal inspect --verify {shards}` to list every bad record, and convert again."
+    (shards / "flowers01-16.tfrec").rename(shards / "flowers01-17.tfrec")
+    (shards / "flowers03-5.tfrec").write_bytes(b"")
+    (shards / "flowers02-8.tfrec").rename(shards / "flowers02-7.tfrec")
+    for name, held, said in (("flowers01-17", 16, 17), ("flowers02-7", 8, 7),
+                             ("flowers03-5", 0, 5)):  # fmt: skip
+        code, err, _ = _bench([str(shards), "--cases", "jpeg"], capsys)
+        assert code == 2 and err == [
+            f"petal bench: error: Corrupt input in {shards / name}.tfrec: it holds {held} "
+            f"records, not the {said} its file name says (a short or renamed shard). {fix}"
+        ], err
+        (shards / f"{name}.tfrec").rename(shards / f"{name.split('-')[0]}-{held}.tfrec")
+
+
+def test_bench_input_ctrl_c_during_the_ceiling_is_one_line(make_records):
+    """Ctrl-C reaches the decoding processes too: each printed its KeyboardInterrupt's
+    traceback (`Process ForkProcess-2: Traceback ...`) before `petal bench: interrupted`."""
+    import os
+    import signal
+    import time
+
+    children = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+    if not os.path.exists(children):
+        pytest.skip("needs /proc/PID/task/TID/children to see the decoding processes")
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    # A session of its own: the SIGINT reaches only its process group, as Ctrl-C would.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "petal", "bench", "input", str(records), "--cases", "ceiling",
+         "--seconds", "20", "--batch-size", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        up = f"/proc/{proc.pid}/task/{proc.pid}/children"  # the decoding processes
+        while proc.poll() is None and time.monotonic() < deadline:
+            if os.path.exists(up) and Path(up).read_text().split():
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.rstrip().endswith("petal bench: interrupted"), err
