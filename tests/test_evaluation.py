@@ -1461,3 +1461,33 @@ def test_evaluate_warns_when_the_runs_own_records_were_converted_again_with_anot
     del config["resolved"]["records_split"]
     (run / "config.json").write_text(json.dumps(config))
     assert warned(run, records) == []
+
+
+def test_evaluate_refuses_a_folder_where_it_writes_a_file_before_it_evaluates(
+    trained, small_records, tmp_path, capsys, monkeypatch
+):
+    """A folder named eval.json in --out: the whole evaluation ran, then failed naming only
+    the output folder ("Is a directory")."""
+    from petal.cli import main
+    from petal.evaluation import evaluate as evaluate_module
+
+    out = tmp_path / "evdir"
+    (out / "eval.json").mkdir(parents=True)
+    (out / "confusion_matrix.png").mkdir()
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("the data was read before the output folder was checked")
+
+    monkeypatch.setattr("petal.data.pipeline.eval_dataset", no_evaluation)
+    assert main(["evaluate", str(trained), "--data", str(small_records), "--out",
+                 str(out)]) != 0  # fmt: skip
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"petal evaluate: error: {out / 'eval.json'} is a folder, where the evaluation writes "
+        "its eval.json; move it away or pass --out another folder."
+    ]
+    (out / "eval.json").rmdir()
+    with pytest.raises(PetalError, match=re.escape(
+        f"{out / 'confusion_matrix.png'} is a folder, where the evaluation writes its "
+        "confusion_matrix.png; move it away")):
+        evaluate_module.evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == ["confusion_matrix.png"]

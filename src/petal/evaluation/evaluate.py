@@ -31,6 +31,7 @@ from petal.errors import PetalError, is_int_at_least, write_failed
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
+    check_not_in_the_way,
     check_output_folder,
     class_index,
     denormalize_np,
@@ -139,6 +140,9 @@ def evaluate(
     out = check_output_folder(
         out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation"
     )
+    for name in _WRITTEN:
+        check_not_in_the_way(out / name, False, f"the evaluation writes its {name}",
+                             "move it away or pass --out another folder.")
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
         raise PetalError(
@@ -591,6 +595,9 @@ def _trained_names(run, origin: str) -> set[str] | None:
 _OUTPUTS = ("samples.npz", "misclassified.npz", "confusion_matrix.png", "misclassified.png")
 EVAL_JSON = "eval.json"
 PENDING_JSON = ".pending-eval.json"
+# Every file an evaluation writes in its folder (a folder in the way of one is refused
+# before the evaluation), eval.json first: it is removed first.
+_WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:
@@ -603,11 +610,9 @@ def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, tit
     Raises:
         PetalError: the files cannot be written (a full disk), naming ``out`` and the fix.
     """
-    # eval.json first: an interruption part-way leaves no eval.json that looks complete.
-    names = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
-
     def remove() -> None:
-        for name in names:
+        # eval.json first: an interruption part-way leaves no eval.json that looks complete.
+        for name in _WRITTEN:
             (out / name).unlink(missing_ok=True)
 
     try:
