@@ -1413,3 +1413,81 @@ def test_the_copy_warning_counts_the_split_scored_over_http_as_on_disk(
                 f"{scored} of the {scored} images of {data} (validation split, converted from "
                 f"{copy}) have the names and sizes of training photos in {small_flowers}"
             ), warned
+
+
+def test_evaluate_warns_when_the_runs_own_records_were_converted_again_with_another_split(
+    small_flowers, tmp_path
+):
+    """The run's records converted again in place with another seed: evaluate read their
+    manifest now as the run's, so their validation split (photos it trained on) was scored as
+    held out without a word, and so were other records split as they are now."""
+    from petal.data import convert
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    def converted(out, seed, **kw):
+        convert(small_flowers, out, image_size=32, seed=seed, workers=1, progress=False,
+                shards=1, **kw)
+        return out
+
+    def warned(run, data):
+        warnings = []
+        evaluate(run, data, out_dir=tmp_path / "eval", log=lambda line: None,
+                 warn=warnings.append)
+        return warnings
+
+    records = converted(tmp_path / "records", 0)
+    run = tmp_path / "run"
+    train(tiny_config(records, model="dense", epochs=1, steps_per_epoch=1), run,
+          log=lambda line: None)
+    assert warned(run, records) == []
+    converted(records, 1, overwrite=True)
+    again = (f"convert {small_flowers} again with --seed 0 --val-fraction 0.19 (as {records} "
+             "were split when the run trained) and evaluate on those")
+    assert warned(run, records) == [
+        f"{records}, the records the run trained on, were converted again from {small_flowers} "
+        "since and split differently (seed 1 vs 0): its validation split holds images the "
+        "model trained on, so the score overstates how it does on new photos. For a held-out "
+        f"score {again}, or evaluate on new photos."
+    ]
+    # Other records split as the run's are now: split otherwise than it trained.
+    seed1 = converted(tmp_path / "seed1", 1)
+    assert [w.endswith(f"For a held-out score {again}.") and "(seed 1 vs 0," in w
+            for w in warned(run, seed1)] == [True]
+    # Split as the run's were: its held-out photos.
+    assert warned(run, converted(tmp_path / "seed0", 0)) == []
+    # A run saved before records_split was kept: how it was split is not known, as before.
+    config = json.loads((run / "config.json").read_text())
+    del config["resolved"]["records_split"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert warned(run, records) == []
+
+
+def test_evaluate_refuses_a_folder_where_it_writes_a_file_before_it_evaluates(
+    trained, small_records, tmp_path, capsys, monkeypatch
+):
+    """A folder named eval.json in --out: the whole evaluation ran, then failed naming only
+    the output folder ("Is a directory")."""
+    from petal.cli import main
+    from petal.evaluation import evaluate as evaluate_module
+
+    out = tmp_path / "evdir"
+    (out / "eval.json").mkdir(parents=True)
+    (out / "confusion_matrix.png").mkdir()
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("the data was read before the output folder was checked")
+
+    monkeypatch.setattr("petal.data.pipeline.eval_dataset", no_evaluation)
+    assert main(["evaluate", str(trained), "--data", str(small_records), "--out",
+                 str(out)]) != 0  # fmt: skip
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"petal evaluate: error: {out / 'eval.json'} is a folder, where the evaluation writes "
+        "its eval.json; move it away or pass --out another folder."
+    ]
+    (out / "eval.json").rmdir()
+    with pytest.raises(PetalError, match=re.escape(
+        f"{out / 'confusion_matrix.png'} is a folder, where the evaluation writes its "
+        "confusion_matrix.png; move it away")):
+        evaluate_module.evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == ["confusion_matrix.png"]

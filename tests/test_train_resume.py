@@ -368,3 +368,40 @@ def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, t
     lines = []
     train(cfg.replace(epochs=2), run, resume=True, log=lines.append)
     assert not any("best.weights.h5" in line for line in lines)
+
+
+def test_resume_on_its_own_records_converted_again_in_place_with_another_split_is_refused(
+    small_flowers, tmp_path
+):
+    """The records converted again into their own folder with another seed resumed silently
+    (only records of another folder were compared): most of their validation photos had
+    trained. A run saved before records_split was kept cannot tell, and goes on as before."""
+    from petal.data import convert
+
+    records = tmp_path / "records"
+    convert(small_flowers, records, image_size=32, seed=0, workers=1, progress=False, shards=1)
+    run = tmp_path / "run"
+    train(tiny_config(records, model="dense", epochs=1, steps_per_epoch=1), run, **QUIET)
+    files = {name: (run / name).read_bytes() for name in ("config.json", "history.csv")}
+    convert(small_flowers, records, image_size=32, seed=1, workers=1, progress=False, shards=1,
+            overwrite=True)
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(records, model="dense", epochs=2, steps_per_epoch=1), run,
+              resume=True, **QUIET)
+    assert str(caught.value) == (
+        f"{records}, the records {run} trained on, were converted again from {small_flowers} "
+        "since and split otherwise (seed 1, not 0): resuming on it would validate on photos "
+        "the run trained on (and petal evaluate would score them as held out). Convert "
+        f"{small_flowers} again into {records} with --seed 0 --val-fraction 0.19 --overwrite, "
+        f"or start a new run from this one's weights (--weights {run / 'best.weights.h5'} "
+        "--workdir NEW)."
+    )
+    assert {name: (run / name).read_bytes() for name in files} == files
+    # Saved before records_split was kept (in resolved and in trained_on): not known, goes on.
+    config = json.loads(files["config.json"])
+    del config["resolved"]["records_split"]
+    for entry in config["resolved"]["trained_on"]:
+        del entry["records_split"]
+    (run / "config.json").write_text(json.dumps(config))
+    train(tiny_config(records, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
+          **QUIET)

@@ -31,6 +31,7 @@ from petal.errors import PetalError, is_int_at_least, write_failed
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
+    check_not_in_the_way,
     check_output_folder,
     class_index,
     denormalize_np,
@@ -139,6 +140,9 @@ def evaluate(
     out = check_output_folder(
         out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation"
     )
+    for name in _WRITTEN:
+        check_not_in_the_way(out / name, False, f"the evaluation writes its {name}",
+                             "move it away or pass --out another folder.")
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
         raise PetalError(
@@ -160,6 +164,7 @@ def evaluate(
         for w in (
             _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
             _own_split_warning(source, run, split) if own_data else None,
+            _own_resplit_warning(source, run, split) if own_data else None,
             _resplit_warning(source, run, split, trained_on),
             None if own_data else _copy_warning(source, run, trained_on, split),
         )
@@ -312,10 +317,31 @@ def _run_records(run) -> dict | None:
         return None
 
 
-def _split_key(manifest: dict) -> tuple:
-    """What decides which image lands in which split of a conversion."""
-    per_class = {s: manifest["splits"].get(s, {}).get("per_class") for s in manifest["splits"]}
-    return manifest.get("seed"), manifest.get("val_fraction"), per_class
+def _split_since(run, manifest: dict | None) -> dict | None:
+    """How the run's records were split when it trained (``records_split`` of its config),
+    if their ``manifest`` read now says they were converted again in place since, split
+    otherwise (their splits are no longer the run's); else None, as for a run saved before
+    its config kept ``records_split``."""
+    from petal.training.loop import records_split
+
+    saved = run.config.get("resolved", {}).get("records_split")
+    if not saved or not manifest or records_split(manifest) == saved:
+        return None
+    return saved
+
+
+def _held_out_advice(run, manifest: dict | None) -> str:
+    """Where the run's validation photos are: its records, or, converted again in place
+    since (``manifest``, theirs now) and split otherwise, a conversion split as they were."""
+    ours = run.config.get("data")
+    if (saved := _split_since(run, manifest)) is None:
+        return f"evaluate on {ours}"
+    origin = run.config.get("resolved", {}).get("records_source") or manifest.get("source")
+    return (
+        f"convert {origin} again with --seed {saved['seed']} --val-fraction "
+        f"{saved['val_fraction']} (as {ours} were split when the run trained) and evaluate on "
+        "those"
+    )
 
 
 def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | None:
@@ -342,14 +368,44 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
             "overstates how it does on new photos. For a held-out score evaluate on the "
             "validation split (omit --split)."
         )
-    if _split_key(theirs) == _split_key(trained_on):
+    from petal.training.loop import records_split
+
+    # As the run's records were split when it trained: they may have been converted again.
+    saved = run.config.get("resolved", {}).get("records_split") or records_split(trained_on)
+    if records_split(theirs) == saved:
         return None
     return (
         f"{source.path} was converted from {origin} like the run's records {ours}, but split "
-        f"differently (seed {theirs.get('seed')} vs {trained_on.get('seed')}, validation "
-        f"fraction {theirs.get('val_fraction')} vs {trained_on.get('val_fraction')}, or other "
+        f"differently (seed {theirs.get('seed')} vs {saved['seed']}, validation "
+        f"fraction {theirs.get('val_fraction')} vs {saved['val_fraction']}, or other "
         "images): its validation split may hold images the model trained on. For a held-out "
-        f"score evaluate on {ours}."
+        f"score {_held_out_advice(run, trained_on)}."
+    )
+
+
+def _own_resplit_warning(source, run, split: str) -> str | None:
+    """A warning when the run's own records were converted again in place since it trained,
+    from the same photos but split otherwise: their validation split holds images it trained
+    on. A run saved before its config kept ``records_split`` cannot tell."""
+    from petal.training.loop import records_split
+
+    origin = run.config.get("resolved", {}).get("records_source")
+    if split != "validation" or source.kind != "records" or not origin:
+        return None
+    saved = _split_since(run, source.manifest)
+    if saved is None or not same_place(source.manifest.get("source") or "", origin):
+        return None  # split as it was, or other photos
+    now = records_split(source.manifest)
+    differ = [
+        f"{what} {now[key]} vs {saved[key]}"
+        for key, what in (("seed", "seed"), ("val_fraction", "validation fraction"))
+        if now[key] != saved[key]
+    ] or ["other images: added, removed or skipped since"]
+    return (
+        f"{source.path}, the records the run trained on, were converted again from {origin} "
+        f"since and split differently ({', '.join(differ)}): its validation split holds images "
+        "the model trained on, so the score overstates how it does on new photos. For a "
+        f"held-out score {_held_out_advice(run, source.manifest)}, or evaluate on new photos."
     )
 
 
@@ -524,6 +580,11 @@ def _trained_names(run, origin: str) -> set[str] | None:
             origin if kind == "folder" else run.config["data"],
             classes=run.config.get("classes") if kind == "folder" else None,
         )
+    except (PetalError, KeyError, OSError):
+        return None
+    if kind == "records" and _split_since(run, trained_on.manifest) is not None:
+        return None  # converted again since, split otherwise: not the photos it trained on
+    try:
         return _scored_names(trained_on, "train")
     except (PetalError, KeyError, OSError):
         return None
@@ -534,6 +595,9 @@ def _trained_names(run, origin: str) -> set[str] | None:
 _OUTPUTS = ("samples.npz", "misclassified.npz", "confusion_matrix.png", "misclassified.png")
 EVAL_JSON = "eval.json"
 PENDING_JSON = ".pending-eval.json"
+# Every file an evaluation writes in its folder (a folder in the way of one is refused
+# before the evaluation), eval.json first: it is removed first.
+_WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:
@@ -546,11 +610,9 @@ def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, tit
     Raises:
         PetalError: the files cannot be written (a full disk), naming ``out`` and the fix.
     """
-    # eval.json first: an interruption part-way leaves no eval.json that looks complete.
-    names = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
-
     def remove() -> None:
-        for name in names:
+        # eval.json first: an interruption part-way leaves no eval.json that looks complete.
+        for name in _WRITTEN:
             (out / name).unlink(missing_ok=True)
 
     try:

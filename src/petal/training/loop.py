@@ -514,7 +514,7 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
     described by ``saved_resolved`` (its ``_SPLIT_KEYS``)."""
     from petal.data.writer import read_manifest
 
-    if not was or same_place(was, source.path):
+    if not was:
         return
     new_weights = f"--weights {workdir / 'best.weights.h5'} --workdir NEW"
     fix = f"start a new run from this one's weights ({new_weights})"
@@ -523,6 +523,9 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
         "would score them as held out)"
     )
     origin = saved_resolved.get("records_source")
+    if same_place(was, source.path):
+        _check_split_in_place(workdir, source, saved_resolved, harm, fix)
+        return
     if saved_resolved.get("data_kind") == "records" and origin:
         ours = saved_resolved.get("records_split")
         if ours is None:  # a run saved before it was recorded: its records' manifest
@@ -543,23 +546,12 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
             return  # other photos: the run may go on with them
         if theirs == ours:
             return
-        differ = [
-            f"{key} {theirs[key]}, not {ours[key]}"
-            for key in ("seed", "val_fraction")
-            if theirs[key] != ours[key]
-        ]
-        again = (
-            f", convert {origin} again with --seed {ours['seed']} --val-fraction "
-            f"{ours['val_fraction']}"
-            if differ
-            else ""
-        )
-        differ = differ or ["the same seed and fraction, but of other photos: added, removed "
-                            "or skipped since"]
+        differ, split_as_ours = _split_differences(theirs, ours)
+        again = f", convert {origin} again with {split_as_ours}" if split_as_ours else ""
         raise PetalError(
             f"{source.path} and {was}, the records {workdir} trained on, were both converted "
-            f"from {origin} but split otherwise ({', '.join(differ)}): {harm}. Resume on "
-            f"{was}{again}, or {fix}."
+            f"from {origin} but split otherwise ({differ}): {harm}. Resume on {was}{again}, or "
+            f"{fix}."
         )
     if saved_resolved.get("data_kind") == "folder" and source.kind == "records":
         converted_from = (source.manifest or {}).get("source")
@@ -570,6 +562,49 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
                 f"{source.manifest.get('seed')}, not by each file's name): {harm}. Resume on "
                 f"{was}, or {fix}."
             )
+
+
+def _check_split_in_place(
+    workdir: Path, source, saved_resolved: dict, harm: str, fix: str
+) -> None:
+    """:func:`_check_split_against` for the very folder of records the run trained on,
+    converted again since: from its photos but split otherwise, its validation split holds
+    photos the run trained on. A run saved before ``records_split`` was kept goes on (how
+    its records were split is not known)."""
+    origin = saved_resolved.get("records_source")
+    ours = saved_resolved.get("records_split")
+    if saved_resolved.get("data_kind") != "records" or not origin or not ours:
+        return
+    theirs = records_split(source.manifest) if source.kind == "records" else None
+    if theirs is None or not same_place(source.manifest.get("source") or "", origin):
+        return  # other photos: the run may go on with them
+    if theirs == ours:
+        return
+    differ, split_as_ours = _split_differences(theirs, ours)
+    go_on = (
+        f"Convert {origin} again into {source.path} with {split_as_ours} --overwrite, or {fix}"
+        if split_as_ours
+        else f"To go on, {fix}"
+    )
+    raise PetalError(
+        f"{source.path}, the records {workdir} trained on, were converted again from {origin} "
+        f"since and split otherwise ({differ}): {harm}. {go_on}."
+    )
+
+
+def _split_differences(theirs: dict, ours: dict) -> tuple[str, str]:
+    """What differs between the ``records_split`` of the data resumed on (``theirs``) and of
+    the run's records (``ours``), and the options of ``petal convert`` that split as the run's
+    were ("" when the seed and fraction are the same: other photos)."""
+    differ = [
+        f"{key} {theirs[key]}, not {ours[key]}"
+        for key in ("seed", "val_fraction")
+        if theirs[key] != ours[key]
+    ]
+    if not differ:
+        other = "the same seed and fraction, but of other photos: added, removed or skipped since"
+        return other, ""
+    return ", ".join(differ), f"--seed {ours['seed']} --val-fraction {ours['val_fraction']}"
 
 
 # What a checkpoint fixes: its weights (model, options, input size), its optimizer's state
