@@ -1202,3 +1202,28 @@ def test_report_removes_the_plots_of_an_earlier_evaluation_it_no_longer_draws(
     assert {p.name for p in plot_dir.iterdir()} == {"curves.png", "lr.png", "mine.png"}
     assert (plot_dir / "mine.png").read_bytes() == b"the user's"
     assert capsys.readouterr().err == ""
+
+
+def test_an_empty_path_is_refused_by_the_library_not_taken_as_the_current_folder(
+    trained, tmp_path, monkeypatch
+):
+    """Path("") is ".": predict read every image under the working directory, and
+    evaluate and export wrote their files into it."""
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import expand_images, predict
+    from petal.evaluation.workdir import check_output_folder, open_run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8 never read")
+    for images in ("", [""], ["photo.jpg", ""]):
+        with pytest.raises(PetalError, match=r"^An image path is empty \(an unset shell"):
+            expand_images(images)
+    with pytest.raises(PetalError, match=r"^An image path is empty"):
+        predict(trained, [""])
+    with pytest.raises(PetalError, match=r"^--out is empty; pass a folder path for the export"):
+        check_output_folder("", "export")
+    with pytest.raises(PetalError, match=r"^--out is empty; pass a folder path for the export"):
+        export(trained, "")
+    with pytest.raises(PetalError, match=r"^workdir is empty; pass the work directory"):
+        open_run("")
+    assert [p.name for p in tmp_path.iterdir()] == ["photo.jpg"]

@@ -100,10 +100,12 @@ def check_output_folder(out: str | Path, what: str) -> Path:
         what: what it holds, for the message ("export", "evaluation").
 
     Raises:
-        PetalError: ``out`` is a file, or cannot be created (a file where a parent folder
-            should be, no permission), naming it and the fix.
+        PetalError: ``out`` is empty, a file, or cannot be created (a file where a parent
+            folder should be, no permission), naming it and the fix.
     """
     refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
+    if str(out) == "":  # Path() made it the current folder
+        raise PetalError(f"--out is empty; pass a folder path for the {what} (new or not).")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PetalError(
@@ -270,10 +272,13 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             stopped before its end or by a NaN/inf loss. The model is used all the same.
 
     Raises:
-        PetalError: the folder holds no run, or (with ``need_model``) no finished model
-            (for a run a NaN/inf loss stopped: what to change, and how to go on).
+        PetalError: ``workdir`` is empty or holds no run, or (with ``need_model``) no
+            finished model (for a run a NaN/inf loss stopped: what to change, and how to go
+            on).
     """
     refuse_url(workdir, "workdir", "run folders", reads=True)
+    if str(workdir) == "":  # Path() made it the current folder
+        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
     workdir = Path(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
