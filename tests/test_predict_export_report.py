@@ -176,9 +176,11 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     ("edit", "message"),
     [
         (lambda r: r.pop("image_size"), r"resolved: no 'image_size'"),
-        (lambda r: r.update(image_size="big"), r"resolved: invalid literal"),
+        (lambda r: r.update(image_size="big"), r"resolved: image_size is not \[height, width\] "
+         r"in pixels: \"big\""),
         (lambda r: r.pop("normalization"), r"resolved: no 'normalization'"),
-        (lambda r: r.update(records_size=7), r"resolved: 'int' object"),
+        (lambda r: r.update(records_size=7), r"resolved: records_size is not \[height, width\] "
+         r"in pixels: 7\)"),
     ],
 )
 def test_a_damaged_config_is_one_line(tmp_path, capsys, edit, message):
@@ -1227,3 +1229,44 @@ def test_an_empty_path_is_refused_by_the_library_not_taken_as_the_current_folder
     with pytest.raises(PetalError, match=r"^workdir is empty; pass the work directory"):
         open_run("")
     assert [p.name for p in tmp_path.iterdir()] == ["photo.jpg"]
+
+
+@pytest.mark.parametrize("size", ["32", [32], [32, 0], [32.0, 32], [True, 32]])
+def test_an_image_size_that_is_not_two_positive_ints_is_a_damaged_config(
+    trained, small_flowers, tmp_path, capsys, size
+):
+    """"32" was read as (3, 2): predict and export ended in Keras' shape traceback."""
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["image_size"] = size
+    (run / "config.json").write_text(json.dumps(config))
+    photo = str(next((small_flowers / "daisy").iterdir()))
+    for command in (["predict", str(run), photo], ["export", str(run)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"petal {command[0]}: error: {run / 'config.json'} is damaged (resolved: "
+            f"image_size is not [height, width] in pixels: {json.dumps(size)}); the work "
+            "directory cannot be used, retrain it."
+        ]
+    assert not (run / "export").exists()
+
+
+def test_a_model_that_takes_another_size_than_its_config_says_is_refused(
+    trained, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["image_size"] = [48, 48]
+    (run / "config.json").write_text(json.dumps(config))
+    photo = str(next((small_flowers / "daisy").iterdir()))
+    assert main(["predict", str(run), photo]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"petal predict: error: {run / 'model.keras'} takes 32x32 images but "
+        f"{run / 'config.json'} gives image_size 48x48; the work directory is inconsistent, "
+        "retrain it."
+    ]

@@ -261,6 +261,21 @@ def stale_model_note(workdir: Path, config: dict | None = None) -> str | None:
     return unfinished_resume(workdir, completed, saved, held)
 
 
+def _pixels(size, key: str) -> tuple[int, int]:
+    """``(height, width)`` of the size entry ``key`` of a run's ``resolved`` config.
+
+    Raises:
+        ValueError: ``size`` is not two positive ints ("32" was read as (3, 2)).
+    """
+    if not (
+        isinstance(size, (list, tuple))
+        and len(size) == 2
+        and all(is_int_at_least(side, 1) for side in size)
+    ):
+        raise ValueError(f"{key} is not [height, width] in pixels: {json.dumps(size)}")
+    return size[0], size[1]
+
+
 def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo:
     """Read ``config.json`` of a training run.
 
@@ -320,16 +335,15 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             f"`petal train --workdir {workdir} --resume`."
         )
     try:
-        size = resolved["image_size"]
         records = resolved.get("records_size")
         run = RunInfo(
             workdir=workdir,
             config=config,
             classes=tuple(resolved["classes"]),
-            image_size=(int(size[0]), int(size[1])),
+            image_size=_pixels(resolved["image_size"], "image_size"),
             normalization=resolved["normalization"],
             resize=resolved.get("resize") or "fill",
-            records_size=(int(records[0]), int(records[1])) if records else None,
+            records_size=_pixels(records, "records_size") if records else None,
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         # A hand-edited or partly written config.json: name the entry, not a traceback.
@@ -352,7 +366,8 @@ def load_model(run: RunInfo, float32: bool = False):
             serving runtimes and TFLite expect float32), with the trained weights.
 
     Raises:
-        PetalError: the model's outputs do not match the run's classes.
+        PetalError: the model's outputs do not match the run's classes, or its input the
+            run's image size.
     """
     import keras
 
@@ -383,6 +398,14 @@ def load_model(run: RunInfo, float32: bool = False):
         raise PetalError(
             f"{run.model_path} has {outputs} outputs but {run.workdir / CONFIG_FILE} lists "
             f"{len(run.classes)} classes; the work directory is inconsistent, retrain it."
+        )
+    takes = tuple(model.inputs[0].shape[1:3])  # (None, None): a model of any input size
+    sides = zip(takes, run.image_size, strict=True)
+    if any(side is not None and side != want for side, want in sides):
+        raise PetalError(
+            f"{run.model_path} takes {takes[0]}x{takes[1]} images but "
+            f"{run.workdir / CONFIG_FILE} gives image_size {run.image_size[0]}x"
+            f"{run.image_size[1]}; the work directory is inconsistent, retrain it."
         )
     if float32:
         model = _as_float32(model)
