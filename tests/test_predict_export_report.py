@@ -1270,3 +1270,37 @@ def test_a_model_that_takes_another_size_than_its_config_says_is_refused(
         f"{run / 'config.json'} gives image_size 48x48; the work directory is inconsistent, "
         "retrain it."
     ]
+
+
+def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_others(
+    trained, small_flowers, tmp_path, capsys
+):
+    """Refused with "Evaluate on class folders named after those" alone: --classes, which
+    reads only the folders of the model's classes, was not named."""
+    import dataclasses
+
+    from conftest import link_photos
+    from petal.cli import main
+    from petal.evaluation.workdir import class_index, open_run
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 2, classes=1)
+    link_photos(small_flowers, tmp_path / "more", 1)
+    (tmp_path / "more" / "dandelion").rename(photos / "roses")
+    (tmp_path / "more" / "daisy").rename(photos / "cactus")
+    args = ["evaluate", str(trained), "--data", str(photos), "--out", str(tmp_path / "eval")]
+    assert main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal evaluate: error: {photos} holds classes the model in {trained} does not know: "
+        "cactus; its classes are daisy, dandelion, roses, sunflowers, tulips. Pass --classes "
+        "daisy,roses to read only those of its folders, or evaluate on class folders (or "
+        "records) named after those."
+    ]
+    assert main([*args, "--classes", "daisy,roses"]) == 0
+    # Records are converted again with those classes; none known: no --classes to name.
+    run = dataclasses.replace(open_run(trained), classes=("daisy", "red roses"))
+    with pytest.raises(PetalError, match=r"are daisy, red roses\. Convert the photos again "
+                       r"with --classes 'red roses', or evaluate on class folders \(or "
+                       r"records\) named after those\.$"):
+        class_index(["red roses", "x"], run, "recs", "records")
+    with pytest.raises(PetalError, match=r"red roses\. Evaluate on class folders"):
+        class_index(["x"], run, "photos", "folder")

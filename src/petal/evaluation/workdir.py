@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -435,22 +436,38 @@ def _replace_policies(node):
     return node
 
 
-def class_index(data_classes, run: RunInfo, data: str) -> np.ndarray | None:
+def class_index(
+    data_classes, run: RunInfo, data: str, kind: str | None = None
+) -> np.ndarray | None:
     """The model's index of each of the data's classes, by name; None when they are the
     model's classes in its order. New photos may hold only some of the classes.
 
+    Args:
+        data_classes: the data's class names, in its label order.
+        run: from :func:`open_run`.
+        data: the data's path, for the message.
+        kind: the data's kind (``"folder"``, ``"records"``, ``"codelab"``), for the fix.
+
     Raises:
-        PetalError: the data holds a class the model does not know.
+        PetalError: the data holds a class the model does not know; for an image folder or
+            records holding some of its classes too, with the ``--classes`` that keeps those.
     """
     data_classes = tuple(data_classes)
     if data_classes == run.classes:
         return None
     unknown = [c for c in data_classes if c not in run.classes]
     if unknown:
+        known = [c for c in data_classes if c in run.classes]
+        keep = shlex.quote(",".join(known))
+        named = "class folders (or records) named after those"
+        fix = f"Evaluate on {named}"
+        if known and kind == "folder":
+            fix = f"Pass --classes {keep} to read only those of its folders, or evaluate on {named}"
+        elif known and kind == "records":
+            fix = f"Convert the photos again with --classes {keep}, or evaluate on {named}"
         raise PetalError(
             f"{data} holds classes the model in {run.workdir} does not know: "
-            f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. Evaluate on "
-            "class folders (or records) named after those."
+            f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. {fix}."
         )
     return np.array([run.classes.index(c) for c in data_classes], dtype=np.int64)
 
