@@ -1304,3 +1304,27 @@ def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_oth
         class_index(["red roses", "x"], run, "recs", "records")
     with pytest.raises(PetalError, match=r"red roses\. Evaluate on class folders"):
         class_index(["x"], run, "photos", "folder")
+
+
+def test_a_file_skipped_over_http_is_said_how_to_name(trained, small_flowers, tmp_path, caplog):
+    """The warning sent CLI users to "undecodable_files", a Python function they could not
+    run as named."""
+    import logging
+
+    from conftest import link_photos
+    from petal.cli import main
+    from petal.data import remote
+
+    folder = link_photos(small_flowers, tmp_path / "photos", 2)
+    (folder / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
+    caplog.set_level(logging.WARNING, logger="petal")
+    with remote.ObjectServer({"photos": folder}) as server:
+        url = server.url("photos")
+        out = str(tmp_path / "eval")
+        assert main(["evaluate", str(trained), "--data", url, "--skip-corrupt", "--out", out]) == 0
+    said = [r.getMessage() for r in caplog.records if "skipped a file" in r.getMessage()]
+    assert said == [
+        "petal: skipped a file (read over http, so not named here; run without --skip-corrupt, "
+        f"or call petal.data.pipeline.undecodable_files, to name it) of {url}: it cannot be "
+        "decoded (not an image (no known image format in the file)); 1 file(s) skipped so far"
+    ]
