@@ -304,3 +304,40 @@ def test_an_error_once_an_epoch_is_saved_says_how_to_resume_and_a_full_disk_its_
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"petal train: error: [Errno 13] Permission denied (x): '{where}'"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["predict", "run", ""], "IMAGE"),
+        (["predict", "run", "a.jpg", ""], "IMAGE"),
+        (["predict", "", "a.jpg"], "WORKDIR"),
+        (["evaluate", "run", "--out", ""], "--out"),
+        (["evaluate", "run", "--data", ""], "--data"),
+        (["evaluate", ""], "WORKDIR"),
+        (["export", "run", "--out", ""], "--out"),
+        (["export", ""], "WORKDIR"),
+        (["report", ""], "WORKDIR"),
+        (["convert", "", "records"], "SRC"),
+        (["convert", "photos", ""], "DST"),
+        (["inspect", ""], "DST"),
+        (["train", "--data", "", "--workdir", "run"], "--data"),
+        (["train", "--data", "photos", "--workdir", ""], "--workdir"),
+        (["train", "--config", "", "--data", "photos"], "--config"),
+        (["demo", "--data", ""], "--data"),
+        (["demo", "--data", "photos", "--workdir", ""], "--workdir"),
+    ],
+)
+def test_an_empty_path_argument_is_refused_not_taken_as_the_current_folder(
+    argv, option, monkeypatch, capsys, tmp_path
+):
+    """Path("") is ".": `petal predict RUN "$IMG"` with IMG unset predicted every image
+    under the working directory, evaluate and export --out "" wrote into it, evaluate
+    --data "" quietly scored the run's own data."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8 never read")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    said = f"petal {argv[0]}: error: {option} is empty (an unset shell variable?); pass "
+    assert len(err) == 1 and err[0].startswith(said), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["photo.jpg"]

@@ -176,9 +176,11 @@ def test_predict_works_a_batch_at_a_time(trained, small_flowers, tmp_path, monke
     ("edit", "message"),
     [
         (lambda r: r.pop("image_size"), r"resolved: no 'image_size'"),
-        (lambda r: r.update(image_size="big"), r"resolved: invalid literal"),
+        (lambda r: r.update(image_size="big"), r"resolved: image_size is not \[height, width\] "
+         r"in pixels: \"big\""),
         (lambda r: r.pop("normalization"), r"resolved: no 'normalization'"),
-        (lambda r: r.update(records_size=7), r"resolved: 'int' object"),
+        (lambda r: r.update(records_size=7), r"resolved: records_size is not \[height, width\] "
+         r"in pixels: 7\)"),
     ],
 )
 def test_a_damaged_config_is_one_line(tmp_path, capsys, edit, message):
@@ -1202,3 +1204,127 @@ def test_report_removes_the_plots_of_an_earlier_evaluation_it_no_longer_draws(
     assert {p.name for p in plot_dir.iterdir()} == {"curves.png", "lr.png", "mine.png"}
     assert (plot_dir / "mine.png").read_bytes() == b"the user's"
     assert capsys.readouterr().err == ""
+
+
+def test_an_empty_path_is_refused_by_the_library_not_taken_as_the_current_folder(
+    trained, tmp_path, monkeypatch
+):
+    """Path("") is ".": predict read every image under the working directory, and
+    evaluate and export wrote their files into it."""
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import expand_images, predict
+    from petal.evaluation.workdir import check_output_folder, open_run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8 never read")
+    for images in ("", [""], ["photo.jpg", ""]):
+        with pytest.raises(PetalError, match=r"^An image path is empty \(an unset shell"):
+            expand_images(images)
+    with pytest.raises(PetalError, match=r"^An image path is empty"):
+        predict(trained, [""])
+    with pytest.raises(PetalError, match=r"^--out is empty; pass a folder path for the export"):
+        check_output_folder("", "export")
+    with pytest.raises(PetalError, match=r"^--out is empty; pass a folder path for the export"):
+        export(trained, "")
+    with pytest.raises(PetalError, match=r"^workdir is empty; pass the work directory"):
+        open_run("")
+    assert [p.name for p in tmp_path.iterdir()] == ["photo.jpg"]
+
+
+@pytest.mark.parametrize("size", ["32", [32], [32, 0], [32.0, 32], [True, 32]])
+def test_an_image_size_that_is_not_two_positive_ints_is_a_damaged_config(
+    trained, small_flowers, tmp_path, capsys, size
+):
+    """"32" was read as (3, 2): predict and export ended in Keras' shape traceback."""
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["image_size"] = size
+    (run / "config.json").write_text(json.dumps(config))
+    photo = str(next((small_flowers / "daisy").iterdir()))
+    for command in (["predict", str(run), photo], ["export", str(run)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"petal {command[0]}: error: {run / 'config.json'} is damaged (resolved: "
+            f"image_size is not [height, width] in pixels: {json.dumps(size)}); the work "
+            "directory cannot be used, retrain it."
+        ]
+    assert not (run / "export").exists()
+
+
+def test_a_model_that_takes_another_size_than_its_config_says_is_refused(
+    trained, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["resolved"]["image_size"] = [48, 48]
+    (run / "config.json").write_text(json.dumps(config))
+    photo = str(next((small_flowers / "daisy").iterdir()))
+    assert main(["predict", str(run), photo]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"petal predict: error: {run / 'model.keras'} takes 32x32 images but "
+        f"{run / 'config.json'} gives image_size 48x48; the work directory is inconsistent, "
+        "retrain it."
+    ]
+
+
+def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_others(
+    trained, small_flowers, tmp_path, capsys
+):
+    """Refused with "Evaluate on class folders named after those" alone: --classes, which
+    reads only the folders of the model's classes, was not named."""
+    import dataclasses
+
+    from conftest import link_photos
+    from petal.cli import main
+    from petal.evaluation.workdir import class_index, open_run
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 2, classes=1)
+    link_photos(small_flowers, tmp_path / "more", 1)
+    (tmp_path / "more" / "dandelion").rename(photos / "roses")
+    (tmp_path / "more" / "daisy").rename(photos / "cactus")
+    args = ["evaluate", str(trained), "--data", str(photos), "--out", str(tmp_path / "eval")]
+    assert main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal evaluate: error: {photos} holds classes the model in {trained} does not know: "
+        "cactus; its classes are daisy, dandelion, roses, sunflowers, tulips. Pass --classes "
+        "daisy,roses to read only those of its folders, or evaluate on class folders (or "
+        "records) named after those."
+    ]
+    assert main([*args, "--classes", "daisy,roses"]) == 0
+    # Records are converted again with those classes; none known: no --classes to name.
+    run = dataclasses.replace(open_run(trained), classes=("daisy", "red roses"))
+    with pytest.raises(PetalError, match=r"are daisy, red roses\. Convert the photos again "
+                       r"with --classes 'red roses', or evaluate on class folders \(or "
+                       r"records\) named after those\.$"):
+        class_index(["red roses", "x"], run, "recs", "records")
+    with pytest.raises(PetalError, match=r"red roses\. Evaluate on class folders"):
+        class_index(["x"], run, "photos", "folder")
+
+
+def test_a_file_skipped_over_http_is_said_how_to_name(trained, small_flowers, tmp_path, caplog):
+    """The warning sent CLI users to "undecodable_files", a Python function they could not
+    run as named."""
+    import logging
+
+    from conftest import link_photos
+    from petal.cli import main
+    from petal.data import remote
+
+    folder = link_photos(small_flowers, tmp_path / "photos", 2)
+    (folder / "daisy" / "zz-bad.jpg").write_bytes(b"plain text, not a JPEG")
+    caplog.set_level(logging.WARNING, logger="petal")
+    with remote.ObjectServer({"photos": folder}) as server:
+        url = server.url("photos")
+        out = str(tmp_path / "eval")
+        assert main(["evaluate", str(trained), "--data", url, "--skip-corrupt", "--out", out]) == 0
+    said = [r.getMessage() for r in caplog.records if "skipped a file" in r.getMessage()]
+    assert said == [
+        "petal: skipped a file (read over http, so not named here; run without --skip-corrupt, "
+        f"or call petal.data.pipeline.undecodable_files, to name it) of {url}: it cannot be "
+        "decoded (not an image (no known image format in the file)); 1 file(s) skipped so far"
+    ]

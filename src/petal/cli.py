@@ -516,10 +516,10 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.workdir import open_run
 
-    data = args.data or open_run(args.workdir).config.get("data")
+    data = args.data if args.data is not None else open_run(args.workdir).config.get("data")
     if not data:
         raise PetalError("Pass --data PATH (records or an image folder) to evaluate on.")
-    if not args.data and "://" not in str(data) and not os.path.exists(data):
+    if args.data is None and "://" not in str(data) and not os.path.exists(data):
         # Runs written before data paths were stored absolute hold the path as typed.
         where = "" if os.path.isabs(data) else " (relative to the folder the run was started in)"
         raise PetalError(
@@ -724,6 +724,51 @@ _LOCAL_ONLY = {
 }
 
 
+# The path arguments, per command: (attribute, option, what to pass instead). An empty one (an
+# unset shell variable) is refused before TensorFlow starts: a Path made it the current folder,
+# so predict read every image under it and evaluate and export wrote their files into it.
+_RUN = "the work directory of a `petal train` run"
+_PATHS = {
+    "convert": (
+        ("source", "SRC", "a folder of class sub-folders"),
+        ("output", "DST", "the records folder to write"),
+    ),
+    "inspect": (("output", "DST", "a records folder or codelab shards"),),
+    "train": (
+        ("data", "--data", "records, codelab shards or an image folder"),
+        ("workdir", "--workdir", "the run's folder, or leave --workdir out for runs/PRESET"),
+        ("config", "--config", "a JSON file of config fields"),
+        ("weights", "--weights", "'imagenet', a .weights.h5 file or 'none'"),
+    ),
+    "evaluate": (
+        ("workdir", "WORKDIR", _RUN),
+        ("data", "--data", "records or an image folder, or leave --data out for the run's"),
+        ("out", "--out", "a folder, or leave --out out for WORKDIR/eval"),
+    ),
+    "predict": (
+        ("workdir", "WORKDIR", _RUN),
+        ("images", "IMAGE", "image files or folders of them"),
+    ),
+    "export": (
+        ("workdir", "WORKDIR", _RUN),
+        ("out", "--out", "a folder, or leave --out out for WORKDIR/export"),
+    ),
+    "report": (("workdir", "WORKDIR", _RUN),),
+    "demo": (
+        ("data", "--data", "a folder of class sub-folders, or leave --data out"),
+        ("workdir", "--workdir", "a folder, or leave --workdir out for ./petal-demo"),
+    ),
+}
+
+
+def refuse_empty_paths(args: argparse.Namespace) -> None:
+    """Raise a PetalError naming the first of ``args``' path arguments given as ``''``."""
+    for attr, option, what in _PATHS.get(args.command, ()):
+        value = getattr(args, attr, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise PetalError(f"{option} is empty (an unset shell variable?); pass {what}.")
+
+
 def refuse_urls(args: argparse.Namespace) -> None:
     """Raise a PetalError naming the first URL among ``args``' local-only arguments."""
     from petal.data.folders import refuse_url
@@ -861,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
         sys.unraisablehook = _interrupting(previous_hook)
     try:
+        refuse_empty_paths(args)
         refuse_urls(args)
         if _needs_tensorflow(args):
             start_tensorflow_quietly()

@@ -978,7 +978,10 @@ class _FileSkips:
         if path in _NAMED_UP_FRONT:
             return
         if path is None:
-            what = "a file (read over http: not named here; undecodable_files names them)"
+            what = (
+                "a file (read over http, so not named here; run without --skip-corrupt, or "
+                "call petal.data.pipeline.undecodable_files, to name it)"
+            )
         else:
             what = path
         log.warning(

@@ -156,7 +156,7 @@ def evaluate(
         classes = run.config.get("classes")
     # New photos may be of one of the model's classes.
     source = open_source(str(data), classes=classes, min_classes=1)
-    to_model = class_index(source.classes, run, str(data))  # labels by class name
+    to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
     trained_on = None if own_data else _run_records(run)
     split = _split_for(source, data, run, split, trained_on, own_data)
     warnings += [

@@ -85,10 +85,14 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
         warn: receives the warning lines (default: printed to stderr).
 
     Raises:
-        PetalError: a folder holds no image files, or a path is a URL.
+        PetalError: a folder holds no image files, or a path is a URL or empty.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
+    if any(str(p) == "" for p in paths):
+        # A Path would make it the current folder, and every image under it would be read.
+        raise PetalError("An image path is empty (an unset shell variable?); pass image files "
+                         "or folders of them.")
     if urls := [str(p) for p in paths if "://" in str(p)]:
         # A Path would have mangled it ("http:/host/..."), then called it not found.
         raise PetalError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -100,10 +101,12 @@ def check_output_folder(out: str | Path, what: str) -> Path:
         what: what it holds, for the message ("export", "evaluation").
 
     Raises:
-        PetalError: ``out`` is a file, or cannot be created (a file where a parent folder
-            should be, no permission), naming it and the fix.
+        PetalError: ``out`` is empty, a file, or cannot be created (a file where a parent
+            folder should be, no permission), naming it and the fix.
     """
     refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
+    if str(out) == "":  # Path() made it the current folder
+        raise PetalError(f"--out is empty; pass a folder path for the {what} (new or not).")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PetalError(
@@ -259,6 +262,21 @@ def stale_model_note(workdir: Path, config: dict | None = None) -> str | None:
     return unfinished_resume(workdir, completed, saved, held)
 
 
+def _pixels(size, key: str) -> tuple[int, int]:
+    """``(height, width)`` of the size entry ``key`` of a run's ``resolved`` config.
+
+    Raises:
+        ValueError: ``size`` is not two positive ints ("32" was read as (3, 2)).
+    """
+    if not (
+        isinstance(size, (list, tuple))
+        and len(size) == 2
+        and all(is_int_at_least(side, 1) for side in size)
+    ):
+        raise ValueError(f"{key} is not [height, width] in pixels: {json.dumps(size)}")
+    return size[0], size[1]
+
+
 def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo:
     """Read ``config.json`` of a training run.
 
@@ -270,10 +288,13 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             stopped before its end or by a NaN/inf loss. The model is used all the same.
 
     Raises:
-        PetalError: the folder holds no run, or (with ``need_model``) no finished model
-            (for a run a NaN/inf loss stopped: what to change, and how to go on).
+        PetalError: ``workdir`` is empty or holds no run, or (with ``need_model``) no
+            finished model (for a run a NaN/inf loss stopped: what to change, and how to go
+            on).
     """
     refuse_url(workdir, "workdir", "run folders", reads=True)
+    if str(workdir) == "":  # Path() made it the current folder
+        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
     workdir = Path(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
@@ -315,16 +336,15 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             f"`petal train --workdir {workdir} --resume`."
         )
     try:
-        size = resolved["image_size"]
         records = resolved.get("records_size")
         run = RunInfo(
             workdir=workdir,
             config=config,
             classes=tuple(resolved["classes"]),
-            image_size=(int(size[0]), int(size[1])),
+            image_size=_pixels(resolved["image_size"], "image_size"),
             normalization=resolved["normalization"],
             resize=resolved.get("resize") or "fill",
-            records_size=(int(records[0]), int(records[1])) if records else None,
+            records_size=_pixels(records, "records_size") if records else None,
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         # A hand-edited or partly written config.json: name the entry, not a traceback.
@@ -347,7 +367,8 @@ def load_model(run: RunInfo, float32: bool = False):
             serving runtimes and TFLite expect float32), with the trained weights.
 
     Raises:
-        PetalError: the model's outputs do not match the run's classes.
+        PetalError: the model's outputs do not match the run's classes, or its input the
+            run's image size.
     """
     import keras
 
@@ -379,6 +400,14 @@ def load_model(run: RunInfo, float32: bool = False):
             f"{run.model_path} has {outputs} outputs but {run.workdir / CONFIG_FILE} lists "
             f"{len(run.classes)} classes; the work directory is inconsistent, retrain it."
         )
+    takes = tuple(model.inputs[0].shape[1:3])  # (None, None): a model of any input size
+    sides = zip(takes, run.image_size, strict=True)
+    if any(side is not None and side != want for side, want in sides):
+        raise PetalError(
+            f"{run.model_path} takes {takes[0]}x{takes[1]} images but "
+            f"{run.workdir / CONFIG_FILE} gives image_size {run.image_size[0]}x"
+            f"{run.image_size[1]}; the work directory is inconsistent, retrain it."
+        )
     if float32:
         model = _as_float32(model)
     return model
@@ -407,22 +436,38 @@ def _replace_policies(node):
     return node
 
 
-def class_index(data_classes, run: RunInfo, data: str) -> np.ndarray | None:
+def class_index(
+    data_classes, run: RunInfo, data: str, kind: str | None = None
+) -> np.ndarray | None:
     """The model's index of each of the data's classes, by name; None when they are the
     model's classes in its order. New photos may hold only some of the classes.
 
+    Args:
+        data_classes: the data's class names, in its label order.
+        run: from :func:`open_run`.
+        data: the data's path, for the message.
+        kind: the data's kind (``"folder"``, ``"records"``, ``"codelab"``), for the fix.
+
     Raises:
-        PetalError: the data holds a class the model does not know.
+        PetalError: the data holds a class the model does not know; for an image folder or
+            records holding some of its classes too, with the ``--classes`` that keeps those.
     """
     data_classes = tuple(data_classes)
     if data_classes == run.classes:
         return None
     unknown = [c for c in data_classes if c not in run.classes]
     if unknown:
+        known = [c for c in data_classes if c in run.classes]
+        keep = shlex.quote(",".join(known))
+        named = "class folders (or records) named after those"
+        fix = f"Evaluate on {named}"
+        if known and kind == "folder":
+            fix = f"Pass --classes {keep} to read only those of its folders, or evaluate on {named}"
+        elif known and kind == "records":
+            fix = f"Convert the photos again with --classes {keep}, or evaluate on {named}"
         raise PetalError(
             f"{data} holds classes the model in {run.workdir} does not know: "
-            f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. Evaluate on "
-            "class folders (or records) named after those."
+            f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. {fix}."
         )
     return np.array([run.classes.index(c) for c in data_classes], dtype=np.int64)
 
