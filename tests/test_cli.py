@@ -326,6 +326,12 @@ def test_an_error_once_an_epoch_is_saved_says_how_to_resume_and_a_full_disk_its_
         (["train", "--config", "", "--data", "photos"], "--config"),
         (["demo", "--data", ""], "--data"),
         (["demo", "--data", "photos", "--workdir", ""], "--workdir"),
+        # --json "" and --png "" were taken as not given: the results went unwritten.
+        (["bench", "input", ""], "RECORDS"),
+        (["bench", "input", "rec", "--json", ""], "--json"),
+        (["bench", "input", "rec", "--png", ""], "--png"),
+        (["bench", "input", "rec", "--folder", ""], "--folder"),
+        (["bench", "input", "rec", "--raw-records", ""], "--raw-records"),
     ],
 )
 def test_an_empty_path_argument_is_refused_not_taken_as_the_current_folder(

@@ -1328,3 +1328,15 @@ def test_a_file_skipped_over_http_is_said_how_to_name(trained, small_flowers, tm
         f"or call petal.data.pipeline.undecodable_files, to name it) of {url}: it cannot be "
         "decoded (not an image (no known image format in the file)); 1 file(s) skipped so far"
     ]
+
+
+def test_an_empty_workdir_is_refused_by_build_report(trained, tmp_path, monkeypatch):
+    """build_report("") redrew the run in the working directory (Path("") is ".")."""
+    from petal.evaluation.report import build_report
+
+    shutil.copytree(trained, tmp_path / "run")
+    monkeypatch.chdir(tmp_path / "run")
+    before = sorted(p.name for p in Path().rglob("*"))
+    with pytest.raises(PetalError, match=r"^workdir is empty; pass the work directory of a "):
+        build_report("")
+    assert sorted(p.name for p in Path().rglob("*")) == before

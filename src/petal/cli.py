@@ -758,6 +758,13 @@ _PATHS = {
         ("data", "--data", "a folder of class sub-folders, or leave --data out"),
         ("workdir", "--workdir", "a folder, or leave --workdir out for ./petal-demo"),
     ),
+    "bench": (
+        ("records", "RECORDS", "a JPEG records folder (petal convert output)"),
+        ("folder", "--folder", "the image folder RECORDS came from, or leave --folder out"),
+        ("raw_records", "--raw-records", "raw records, or leave --raw-records out"),
+        ("json", "--json", "a file to write, or leave --json out"),
+        ("png", "--png", "a file to write, or leave --png out"),
+    ),
 }
 
 

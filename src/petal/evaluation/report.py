@@ -141,6 +141,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             damaged (the message names it and what to run again).
     """
     refuse_url(workdir, "workdir", "run folders", reads=True)
+    if str(workdir) == "":  # Path() made it the current folder
+        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
     workdir = Path(workdir)
     if not workdir.is_dir():
         what = "is a file, not" if workdir.exists() else "does not exist; pass"
