@@ -1491,3 +1491,27 @@ def test_evaluate_refuses_a_folder_where_it_writes_a_file_before_it_evaluates(
         "confusion_matrix.png; move it away")):
         evaluate_module.evaluate(trained, small_records, out_dir=out, log=lambda line: None)
     assert sorted(p.name for p in out.iterdir()) == ["confusion_matrix.png"]
+
+
+def test_evaluate_cli_takes_the_runs_glob_of_shards_as_its_data(
+    trained, make_records, tmp_path, capsys
+):
+    """A run trained on a quoted glob (`--data 'shards/*.tfrec'`) keeps the pattern as its
+    data: evaluate reads it again, and names the pattern when it matches no file."""
+    from petal.cli import main
+
+    shards = make_records("shards", counts={"all": [10] * 6}, codelab=True, fmt="jpeg")
+    run = tmp_path / "glob-run"
+    shutil.copytree(trained, run)
+    config = json.loads((run / "config.json").read_text())
+    config["data"] = str(shards / "*.tfrec")
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(run), "--json", "--out", str(tmp_path / "eval")]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 10
+    config["data"] = str(shards / "*.tfrecord")
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(run)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"petal evaluate: error: The training data of {run}, {shards}/*.tfrecord, is not "
+        "found; pass --data PATH to evaluate on."
+    )

@@ -12,6 +12,7 @@ import _thread
 import argparse
 import contextlib
 import dataclasses
+import glob
 import os
 import re
 import signal
@@ -511,6 +512,12 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _local_data_exists(data: str) -> bool:
+    """Whether a local data path exists, or is a glob of shards matching some (a run trained
+    on ``'shards/*.tfrec'`` keeps the pattern as its data)."""
+    return os.path.exists(data) or (any(ch in data for ch in "*?[") and bool(glob.glob(data)))
+
+
 def _run_evaluate(args: argparse.Namespace) -> int:
 
     from petal.evaluation.evaluate import evaluate
@@ -519,7 +526,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     data = args.data if args.data is not None else open_run(args.workdir).config.get("data")
     if not data:
         raise PetalError("Pass --data PATH (records or an image folder) to evaluate on.")
-    if args.data is None and "://" not in str(data) and not os.path.exists(data):
+    if args.data is None and "://" not in str(data) and not _local_data_exists(data):
         # Runs written before data paths were stored absolute hold the path as typed.
         where = "" if os.path.isabs(data) else " (relative to the folder the run was started in)"
         raise PetalError(
