@@ -955,3 +955,53 @@ def test_out_of_memory_in_a_training_step_is_one_line_naming_the_batch(
         "smaller --batch-size (per replica), or a smaller --image-size or --model. Received: "
         "batch_size=10, image_size=32x32, replicas=1"
     )
+
+
+def test_an_empty_validation_split_names_a_fix_that_fills_it(flowers_dir, tmp_path):
+    """The fix names the photos a class needs (or a larger --val-fraction) by the split rule
+    of what was given; it named the conversion that had made the split empty."""
+    from conftest import link_photos, write_test_records
+    from petal.data import convert
+
+    def refusal(data) -> str:
+        cfg = tiny_config(data, model="dense", epochs=1, batch_size=2, steps_per_epoch=None)
+        with pytest.raises(PetalError, match="validation split of .* holds no images") as err:
+            train(cfg, tmp_path / "run", **QUIET)
+        assert not (tmp_path / "run").exists()
+        return str(err.value)
+
+    def records(per_class: int, **kw) -> tuple[Path, int]:
+        out = tmp_path / f"records-{per_class}-{len(kw)}"
+        photos = tmp_path / f"photos-{per_class}"
+        if not photos.exists():
+            link_photos(flowers_dir, photos, per_class)
+        result = convert(photos, out, image_size=16, workers=1, progress=False, **kw)
+        return out, result.counts["validation"]
+
+    one, validated = records(1)
+    assert validated == 0
+    assert refusal(one).endswith(
+        "(converted with --val-fraction 0.19); training validates every epoch: add photos and "
+        "convert them again: --val-fraction 0.19 validates round(0.19 x n) of a class's n "
+        "photos, one of 3 or more (these records hold at most 1 per class)."
+    )
+    assert records(3)[1] == 5  # 3 photos of each class: one of each validates
+    two, _ = records(2)
+    assert (
+        "`petal convert SRC DST --val-fraction 0.25` (one of a class's 2 photos validates), "
+        "or add photos" in refusal(two)
+    )
+    assert records(2, val_fraction=0.25)[1] == 5
+    # An image folder keeps one photo of a class of 2 or more on each side: converting its
+    # photos, as the refusal said, leaves validation as empty.
+    assert refusal(tmp_path / "photos-1").endswith(
+        "holds no images; training validates every epoch: add photos: an image folder "
+        "validates 19% of each class's photos, and one of a class of 2 or more (the largest "
+        "class here holds 1)."
+    )
+    shards = write_test_records(tmp_path / "shards", counts={"all": [4] * 5}, codelab=True)
+    assert refusal(shards).endswith(
+        "codelab shards validate the first int(n x 0.19) of their n files, one of 6 or more "
+        "(5 here); convert the images with `petal convert SRC DST --val-fraction 0.19` and "
+        "train on those records."
+    )

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
-from petal.data.reader import FOLDER_SPLIT
+from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
 from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
 from petal.jsonfile import save_atomically
 from petal.running import (
@@ -768,9 +768,7 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
     if source.kind == "records":
         fraction = (source.manifest or {}).get("val_fraction")
         made = f" (converted with --val-fraction {fraction})" if fraction is not None else ""
-        fix_val = (
-            "reconvert the images with `petal convert SRC DST --val-fraction 0.19` (the default)"
-        )
+        fix_val = _fill_records_validation(source, fraction)
         fix_train = (
             "reconvert the images with a smaller --val-fraction (default 0.19) or add images"
         )
@@ -780,6 +778,25 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
             "convert the images with `petal convert SRC DST --val-fraction 0.19` and train on "
             "those records"
         )
+        if source.kind == "folder":
+            # Converting them splits no better: fill the folder (reader._validation_files
+            # keeps a photo on each side of a class of 2 or more).
+            most = max(Counter(source.labels("train")).values(), default=0)
+            fix_val = (
+                f"add photos: an image folder validates {FOLDER_VAL_FRACTION:.0%} of each "
+                f"class's photos, and one of a class of 2 or more (the largest class here "
+                f"holds {most})"
+            )
+        elif source.kind == "codelab":
+            # As the codelab: the first int(n x fraction) of the n shard files validate.
+            need = math.ceil(1 / CODELAB_VAL_FRACTION)
+            while int(need * CODELAB_VAL_FRACTION) < 1:
+                need += 1
+            fix_val = (
+                f"codelab shards validate the first int(n x {CODELAB_VAL_FRACTION}) of their "
+                f"n files, one of {need} or more ({len(source.files('all'))} here); "
+                f"{fix_val}"
+            )
     if train_count == 0:
         raise PetalError(f"The training split of {data} holds no images{made}; {fix_train}.")
     if val_count == 0:
@@ -787,6 +804,48 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
             f"The validation split of {data} holds no images{made}; training validates every "
             f"epoch: {fix_val}."
         )
+
+
+def _fill_records_validation(source, fraction) -> str:
+    """How to convert again so that a class validates an image, by the converter's rule
+    (``writer.split_files``): a class of n photos validates ``round(fraction x n)``, halves
+    rounded up, so one from ``0.5 / fraction`` photos on."""
+    from petal.data.writer import DEFAULT_VAL_FRACTION
+
+    def validated(f: float, n: int) -> int:
+        return math.floor(f * n + 0.5)
+
+    default = (
+        f"reconvert the images with `petal convert SRC DST --val-fraction {DEFAULT_VAL_FRACTION}`"
+    )
+    splits = (source.manifest or {}).get("splits") or {}
+    per_class = [(splits.get(s) or {}).get("per_class") for s in ("train", "validation")]
+    if fraction is None or not all(isinstance(c, dict) for c in per_class):
+        return f"{default} (the default)"  # counts unknown
+    most = max((int(n) + int(per_class[1].get(c) or 0) for c, n in per_class[0].items()),
+               default=0)
+    asked = float(fraction) or DEFAULT_VAL_FRACTION  # 0 asked for none: the default's rule
+    need = max(1, math.ceil(0.5 / asked) - 1)  # one below, for 0.5 / fraction's rounding
+    while validated(asked, need) < 1:
+        need += 1
+    if not fraction and most >= need:
+        return f"{default} (the default)"
+    rule = f"--val-fraction {asked}" if fraction else f"the default --val-fraction, {asked},"
+    fix = (
+        f"add photos and convert them again: {rule} validates round({asked} x n) of a "
+        f"class's n photos, one of {need} or more (these records hold at most {most} per class)"
+    )
+    if most < 2:
+        return fix  # a larger fraction would validate every photo of a class, train none
+    # The smallest two-decimal fraction that validates one of the largest class's photos;
+    # at most 0.25, so every class keeps a training image.
+    larger = math.ceil(50 / most) / 100
+    while validated(larger, most) < 1:
+        larger = round(larger + 0.01, 2)
+    return (
+        f"reconvert the images with `petal convert SRC DST --val-fraction {larger}` (one of a "
+        f"class's {most} photos validates), or {fix}"
+    )
 
 
 def class_weights(source, classes) -> dict[int, float]:
