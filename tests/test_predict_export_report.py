@@ -1340,3 +1340,33 @@ def test_an_empty_workdir_is_refused_by_build_report(trained, tmp_path, monkeypa
     with pytest.raises(PetalError, match=r"^workdir is empty; pass the work directory of a "):
         build_report("")
     assert sorted(p.name for p in Path().rglob("*")) == before
+
+
+def test_report_on_a_damaged_run_names_a_retrain_command_that_works(
+    small_records, tmp_path, capsys
+):
+    """`petal train --workdir RUN --overwrite` asked for --data, and with it trained the
+    default preset: the fix trains the run again from its own config.json."""
+    import shlex
+
+    from conftest import tiny_config
+    from petal.cli import main
+    from petal.training.loop import train
+
+    run = tmp_path / "my run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, log=lambda line: None)
+    (run / "history.csv").write_text("garbage\n1,2\n")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    command = f"petal train --config '{run}/config.json' --workdir '{run}' --overwrite"
+    assert err.endswith(f"; the run is damaged: retrain it (`{command}`).")
+    assert main(shlex.split(command)[1:]) == 0
+    assert json.loads((run / "config.json").read_text())["model"] == "dense"
+    assert main(["report", str(run)]) == 0
+    capsys.readouterr()
+    (run / "config.json").write_text("{")  # the run's preset and data are unknown
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "; the run is damaged: retrain it with its preset and data (`petal train --preset "
+        f"PRESET --data DATA --workdir '{run}' --overwrite`)."
+    )

@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import math
+import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -64,6 +65,23 @@ def _read_json(path: Path, fix: str) -> dict | None:
     if not isinstance(data, dict):
         raise PetalError(f"{path} holds no JSON object; {fix}")
     return data
+
+
+def _retrain(workdir: Path, config: dict | None) -> str:
+    """The fix for a damaged run: train it again from its own config.json where that reads
+    (its preset, data, classes and settings: ``--workdir`` alone asks for ``--data``, and with
+    it trains the default preset), else from the preset and data the user names."""
+    run = shlex.quote(str(workdir))
+    if config is None:
+        return (
+            "the run is damaged: retrain it with its preset and data (`petal train --preset "
+            f"PRESET --data DATA --workdir {run} --overwrite`)."
+        )
+    saved = shlex.quote(str(workdir / "config.json"))
+    return (
+        f"the run is damaged: retrain it (`petal train --config {saved} --workdir {run} "
+        "--overwrite`)."
+    )
 
 
 def _fmt(value) -> str:
@@ -149,8 +167,8 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         raise PetalError(
             f"Run folder {workdir} {what} a folder petal train wrote (its --workdir)."
         )
-    retrain = f"the run is damaged: retrain it (`petal train --workdir {workdir} --overwrite`)."
-    config = _read_json(workdir / "config.json", retrain)
+    config = _read_json(workdir / "config.json", _retrain(workdir, None))
+    retrain = _retrain(workdir, config)
     metrics = _read_json(workdir / "metrics.json", retrain)
     history = workdir / "history.csv"
     missing = [p.name for p in (workdir / "config.json", history) if not p.is_file()]
