@@ -133,7 +133,7 @@ def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
     with pytest.raises(PetalError, match=(
         r"the model file is damaged: `petal train --workdir \S+ --resume` writes it again "
         r"from the run's last checkpoint \(\S+last.keras, epoch 2\), or retrain with "
-        r"`petal train --workdir \S+ --overwrite`\.$"
+        r"`petal train --config \S+config.json --workdir \S+ --overwrite`\.$"
     )):
         load_model(open_run(run))
     lines = []

@@ -380,7 +380,12 @@ def load_model(run: RunInfo, float32: bool = False):
             raise ValueError("not a .keras zip archive: truncated or overwritten")
         model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises ValueError, TypeError, KeyError, zip errors...
-        retrain = f"retrain with `petal train --workdir {run.workdir} --overwrite`"
+        # From its own config.json: --workdir alone asks for --data, and with it trains
+        # the default preset, not this run's.
+        retrain = (
+            f"retrain with `petal train --config {shlex.quote(str(run.workdir / CONFIG_FILE))} "
+            f"--workdir {shlex.quote(str(run.workdir))} --overwrite`"
+        )
         saved = _json_object(run.workdir / STATE_FILE).get("epoch")
         last = run.workdir / "last.keras"
         if not whole and is_int_at_least(saved, 1) and last.is_file():
