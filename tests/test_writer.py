@@ -1438,3 +1438,21 @@ def test_a_class_folder_link_that_leads_nowhere_is_listed_and_warned_about(tmp_p
 
     text = str(inspect_records(str(tmp_path / "out"), progress=False))
     assert "skipped 0, broken links not followed 1\n" in text
+
+
+def test_a_class_of_one_photo_is_told_to_add_images_not_to_raise_the_fraction(tmp_path):
+    """Raising --val-fraction for classes of one photo leaves nothing to train on (convert
+    refuses it), yet both warnings said to."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 1)
+    summary = convert(src, tmp_path / "o1", image_size=8, workers=1, progress=False)
+    assert summary.warnings == [
+        "the validation split is empty: val_fraction 0.19 of each class rounds to 0 images; "
+        "add images (a class needs 2 or more to validate on one)"
+    ]
+    _write_class_tree(src, 6, classes=("a",))
+    summary = convert(src, tmp_path / "o2", image_size=8, workers=1, progress=False)
+    assert summary.warnings == [
+        "no validation images for class b (too few images for val_fraction 0.19): its "
+        "accuracy is not measured; add images (a class needs 2 or more to validate on one)"
+    ]

@@ -1222,9 +1222,14 @@ def _warnings(manifest: dict) -> list[str]:
                 f"(default {DEFAULT_VAL_FRACTION}) to train on these records"
             )
         else:
+            # A class of one photo cannot give one to validation and keep one to train on.
+            alone = max((train[c] + val[c] for c in manifest["classes"]), default=0) < 2
+            fix = "add images (a class needs 2 or more to validate on one)" if alone else (
+                "raise --val-fraction or add images"
+            )
             out.append(
                 f"the validation split is empty: val_fraction {fraction} of each class rounds "
-                "to 0 images; raise --val-fraction or add images"
+                f"to 0 images; {fix}"
             )
     empty = [c for c in manifest["classes"] if train[c] + val[c] == 0]
     if empty:
@@ -1305,10 +1310,12 @@ def _warnings(manifest: dict) -> list[str]:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
         if shared := [c for c in no_val if c not in copied]:
+            fix = "raise --val-fraction or add images"
+            if all(train[c] < 2 for c in shared):  # one photo: it trains, or it validates
+                fix = "add images (a class needs 2 or more to validate on one)"
             out.append(
                 f"no validation images for class {some_names(shared)} (too few images for "
-                f"val_fraction {fraction}): its accuracy is not measured; raise "
-                "--val-fraction or add images"
+                f"val_fraction {fraction}): its accuracy is not measured; {fix}"
             )
         out += [
             _copied(c, copies[c], "validation", "training", "its accuracy is not measured")
