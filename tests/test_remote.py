@@ -948,3 +948,41 @@ def _every_read(url: str, tmp_path):
         (remote.object_size, [f"{url}/a.tfrec"], f"{url}/a.tfrec"),
         (remote.download_to_file, [f"{url}/a.tfrec", str(tmp_path / "a")], f"{url}/a.tfrec"),
     ]
+
+
+def test_the_command_leaves_without_tearing_down_what_read_the_store(
+    trained, small_records, tmp_path, monkeypatch, capsys
+):
+    """petal evaluate printed its failed request and then, now and then, never exited: the
+    teardown of the datasets that read the store held the GIL while their generator threads
+    waited on it. The command (no argv given) leaves after its exit handlers instead."""
+    import atexit
+    import sys
+
+    from petal import cli
+
+    class Left(Exception):
+        pass
+
+    left, handlers = [], []
+
+    def leave(code):
+        left.append(code)
+        raise Left
+
+    monkeypatch.setattr(cli.os, "_exit", leave)
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: handlers.append(True))
+    with remote.ObjectServer({"records": small_records}) as server:
+        url = server.url("records")
+        gone = sorted(small_records.glob("validation-*.tfrec"))[0]
+        served = server.resolve
+        server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
+        argv = ["petal", "evaluate", str(trained), "--data", url, "--out", str(tmp_path / "e")]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(Left):
+            cli.main()
+    assert left == [2] and handlers == [True]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("petal evaluate: error: Reading the store failed: HTTP 404"), err
+    # Given its arguments (the library's way in), it returns as before.
+    assert cli.main(argv[1:]) == 2 and left == [2]

@@ -909,6 +909,34 @@ def _os_error_line(err: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``petal`` command; ``argv`` None: this process's arguments (the command itself,
+    which may then end the process: see :func:`_leave`)."""
+    kept: list[BaseException] = []
+    code = _main(argv, kept)
+    remote = sys.modules.get("petal.data.remote")
+    if argv is None and getattr(remote, "GENERATORS_MADE", False):
+        _leave(code)
+    return code
+
+
+def _leave(code: int) -> None:
+    """End the process now, with ``code``, after the exit handlers (temporary files, logs):
+    without tearing down the datasets that read a store, whose generator threads can wait
+    on the GIL that the teardown holds (the command hung after printing its error). The
+    failure that ended the command is kept alive until then, as it holds them."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -926,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
             start_tensorflow_quietly()
         return int(args._run(args) or 0)
     except (PetalError, OSError) as err:
+        kept.append(err)
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full).
         text = _os_error_line(err) if isinstance(err, OSError) else str(err)
@@ -934,6 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
+        kept.append(err)
         if isinstance(err, _Terminated):
             print(f"petal {args.command}: terminated", file=sys.stderr)
             return 128 + signal.SIGTERM

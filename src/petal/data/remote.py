@@ -763,6 +763,13 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
     return generate
 
 
+# Whether this process made a Dataset.from_generator over a store. Tearing one down while
+# its generator has a call in flight can deadlock on the GIL (seen after a failed request:
+# petal evaluate printed its error and never exited), so the command leaves without that
+# teardown (petal.cli.main).
+GENERATORS_MADE = False
+
+
 def records_dataset(
     urls,
     counts=None,
@@ -808,6 +815,8 @@ def records_dataset(
     # Repeating few shards, the budget would otherwise fill with copies of the same ones.
     budget = min(parallel, cycle + len(urls)) if repeat else parallel
 
+    global GENERATORS_MADE
+    GENERATORS_MADE = True
     paths = tf.data.Dataset.from_generator(
         _staged_shards(
             urls,
@@ -996,6 +1005,8 @@ def files_dataset(
     """
     import tensorflow as tf
 
+    global GENERATORS_MADE
+    GENERATORS_MADE = True
     items = list(zip(list(urls), [int(v) for v in labels], strict=True))
     return tf.data.Dataset.from_generator(
         _prefetched(
