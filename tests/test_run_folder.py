@@ -350,3 +350,27 @@ def test_a_non_finite_validation_loss_stops_the_run_before_its_checkpoint():
     assert (guard.nan_epoch, guard.nan_what, guard.model.stop_training) == (
         2, "validation loss", True
     )
+
+
+def test_records_a_conversion_is_writing_are_refused_before_the_model_is_built(
+    small_records, tmp_path, monkeypatch
+):
+    """Training while `petal convert --overwrite` replaced them failed when a shard vanished,
+    or trained on the new split while its config.json recorded the old one."""
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    holder = {"pid": 1, "host": "elsewhere", "doing": "converting into it"}
+    (records / RUNNING_FILE).write_text(json.dumps(holder))
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("petal.models.create_model", built)
+    with pytest.raises(PetalError) as caught:
+        train(tiny_config(records, epochs=1, model="dense"), tmp_path / "run", **QUIET)
+    assert str(caught.value) == (
+        f"{records} is in use: process 1 on elsewhere is converting into it; wait for it to "
+        f"end or stop it, or pass another --data (if it is not running, delete "
+        f"{records / RUNNING_FILE})."
+    )
+    assert not (tmp_path / "run").exists()

@@ -1170,6 +1170,10 @@ def train(
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
+    if not is_remote(cfg.data) and (who := running_elsewhere(Path(cfg.data), "converting into it")):
+        # A conversion replacing its shards: they vanish under the run, or the run trains on
+        # the new split while its config.json records the old one.
+        raise in_use_error(cfg.data, who, "--data")
     info_model = model_info(cfg.model)  # unknown model: fails before anything is written
     if cfg.fine_tune == "head_then_all" and not info_model.pretrained:
         raise _no_backbone(cfg)
