@@ -1005,3 +1005,22 @@ def test_an_empty_validation_split_names_a_fix_that_fills_it(flowers_dir, tmp_pa
         "(5 here); convert the images with `petal convert SRC DST --val-fraction 0.19` and "
         "train on those records."
     )
+
+
+def test_a_file_where_the_tensorboard_logs_go_is_refused_before_training(tmp_path):
+    """It failed with a traceback after an epoch of work (resumed, its history row was kept
+    and its state.json not); --overwrite keeps the user's files, so it is refused too."""
+    cfg = tiny_config(tmp_path / "records", epochs=1, model="dense", tensorboard=True)
+    for name in ("tensorboard", "tensorboard/validation"):
+        run = tmp_path / name.replace("/", "-")
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+        for overwrite in (False, True):
+            with pytest.raises(PetalError) as caught:
+                train(cfg, run, overwrite=overwrite, **QUIET)
+            assert str(caught.value) == (
+                f"{run / name} is a file, where petal train writes its TensorBoard logs; move "
+                "it away, or pass --set tensorboard=false or another --workdir."
+            )
+        assert (run / name).read_text() == "x"
+        assert len(list(run.rglob("*"))) == 1 + name.count("/")

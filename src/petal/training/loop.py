@@ -283,6 +283,17 @@ def prepare_workdir(
     workdir.mkdir(parents=True, exist_ok=True)
 
 
+def _check_tensorboard_folder(workdir: Path) -> None:
+    """Refuses a file where the run writes its TensorBoard logs (they failed after the first
+    epoch's work, and ``--overwrite`` keeps the user's files)."""
+    for name in ("tensorboard", *(f"tensorboard/{run}" for run in RUN_DIR_FILES["tensorboard"])):
+        if (workdir / name).exists() and not (workdir / name).is_dir():
+            raise PetalError(
+                f"{workdir / name} is a file, where petal train writes its TensorBoard logs; "
+                "move it away, or pass --set tensorboard=false or another --workdir."
+            )
+
+
 def resume_config(workdir: str | Path) -> TrainConfig:
     """The config saved in a work directory (what ``--resume`` continues with).
 
@@ -1167,6 +1178,8 @@ def train(
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
+    if cfg.tensorboard:
+        _check_tensorboard_folder(workdir)
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
