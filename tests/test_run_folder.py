@@ -374,3 +374,27 @@ def test_records_a_conversion_is_writing_are_refused_before_the_model_is_built(
         f"{records / RUNNING_FILE})."
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_link_to_a_missing_folder_as_the_work_or_output_folder_names_it(tmp_path):
+    """It said `[Errno 17] File exists` after building the model (train), or to pass a
+    folder whose parents can be written (evaluate, export)."""
+    from petal.evaluation.workdir import check_output_folder
+
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    said = f"{link} is a link to {tmp_path / 'missing'}, which does not exist"
+    for folder in (link, link / "run"):
+        with pytest.raises(PetalError) as caught:
+            train(tiny_config(tmp_path / "records", epochs=1, model="dense"), folder, **QUIET)
+        assert str(caught.value) == (
+            f"Work directory {folder} cannot be created: {said}; create the folder it links "
+            "to, or pass another --workdir."
+        )
+        with pytest.raises(PetalError) as caught:
+            check_output_folder(folder, "export")
+        assert str(caught.value) == (
+            f"Cannot create export folder {folder}: {said}; create the folder it links to, or "
+            "pass --out another folder."
+        )
+    assert not (tmp_path / "missing").exists()

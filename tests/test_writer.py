@@ -1456,3 +1456,18 @@ def test_a_class_of_one_photo_is_told_to_add_images_not_to_raise_the_fraction(tm
         "no validation images for class b (too few images for val_fraction 0.19): its "
         "accuracy is not measured; add images (a class needs 2 or more to validate on one)"
     ]
+
+
+def test_an_output_that_is_a_link_to_a_missing_folder_names_it(small_flowers, tmp_path):
+    """It said `(File exists); pass a DST whose parents are folders you can write`."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    for out in (link, link / "out"):
+        with pytest.raises(PetalError) as caught:
+            convert(small_flowers, out, workers=1, progress=False)
+        assert str(caught.value) == (
+            f"Cannot create the output folder {out} ({link} is a link to {tmp_path / 'missing'}, "
+            f"which does not exist); create the folder it links to, or pass another DST. "
+            f"Received: output={out}"
+        )
+    assert not (tmp_path / "missing").exists()

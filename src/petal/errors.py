@@ -49,6 +49,17 @@ def cannot_write(path, folder: bool) -> str | None:
     return None
 
 
+def dangling_link(path) -> str | None:
+    """Why ``path`` cannot be created as a folder when it, or a folder on the way to it, is a
+    symbolic link to a missing place (creating it fails with "File exists"), or None."""
+    for place in (Path(path), *Path(path).parents):
+        if place.is_symlink() and not place.exists():
+            return f"{place} is a link to {os.readlink(place)}, which does not exist"
+        if place.exists():
+            return None
+    return None
+
+
 def some_files(bad, rest: str, limit: int = 10) -> str:
     """``path: reason`` for the first ``limit`` of ``bad`` (pairs), ``; ``-separated, then
     ``(and N more: {rest})`` where ``rest`` says where every one of them is listed."""

@@ -61,7 +61,7 @@ from pathlib import Path
 
 from petal.data import folders, images, schema
 from petal.data.folders import some_names
-from petal.errors import PetalError, cannot_write, is_int_at_least, printable
+from petal.errors import PetalError, cannot_write, dangling_link, is_int_at_least, printable
 from petal.running import (
     READING_PREFIX,
     RUNNING_FILE,
@@ -733,6 +733,11 @@ def _is_ours(name: str) -> bool:
 def _check_writable(output: str) -> None:
     """Refuses (before the scan, which reads every file) a local folder that cannot be
     written."""
+    if not folders.is_remote(output) and (reason := dangling_link(output)):
+        raise PetalError(
+            f"Cannot create the output folder {output} ({reason}); create the folder it links "
+            f"to, or pass another DST. Received: output={output}"
+        )
     if not folders.is_remote(output) and (reason := cannot_write(output, folder=True)):
         raise PetalError(
             f"Cannot create the output folder {output} ({reason}); pass a DST whose parents "

@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from petal.data.folders import refuse_url
-from petal.errors import PetalError, cannot_write, damage_reason, first_line, is_int_at_least
+from petal.errors import (
+    PetalError,
+    cannot_write,
+    damage_reason,
+    dangling_link,
+    first_line,
+    is_int_at_least,
+)
 
 MODEL_FILE = "model.keras"
 CONFIG_FILE = "config.json"
@@ -111,6 +118,11 @@ def check_output_folder(out: str | Path, what: str) -> Path:
     if out.exists() and not out.is_dir():
         raise PetalError(
             f"{what.capitalize()} folder {out} is a file; pass --out a folder path (new or not)."
+        )
+    if reason := dangling_link(out):
+        raise PetalError(
+            f"Cannot create {what} folder {out}: {reason}; create the folder it links to, or "
+            "pass --out another folder."
         )
     if reason := cannot_write(out, folder=True):
         raise PetalError(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
 from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
-from petal.errors import PetalError, cannot_write, first_line, is_int_at_least
+from petal.errors import PetalError, cannot_write, dangling_link, first_line, is_int_at_least
 from petal.jsonfile import save_atomically
 from petal.running import (
     in_use_error,
@@ -249,6 +249,11 @@ def prepare_workdir(
         raise PetalError("Pass either --resume or --overwrite, not both.")
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(f"Work directory {workdir} is a file; pass a folder.")
+    if reason := dangling_link(workdir):
+        raise PetalError(
+            f"Work directory {workdir} cannot be created: {reason}; create the folder it links "
+            "to, or pass another --workdir."
+        )
     if reason := cannot_write(workdir, folder=True):
         raise PetalError(
             f"Work directory {workdir} cannot be written: {reason}; pass a --workdir whose "
