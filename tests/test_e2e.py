@@ -431,3 +431,38 @@ def test_demo_refuses_a_training_size_without_crop_before_converting(
     overrides = ("image_size=32", "train_image_size=24", "augment=codelab+crop")
     demo.run_demo(photos, workdir, overrides=overrides, **quiet)
     assert converted == [photos]
+
+
+def test_demo_refused_by_a_conversion_into_its_records_names_workdir(
+    small_flowers, tmp_path, demo_without_training
+):
+    # convert's refusal said "or pass another DST": the demo has no such argument.
+    import os
+    import socket
+
+    from petal.errors import PetalError
+    from petal.running import READING_PREFIX, RUNNING_FILE
+
+    converted, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    others = _photos(small_flowers, tmp_path / "others", classes=3, per_class=5)
+    records = tmp_path / "demo" / "records"
+    run_demo(photos, records.parent)
+    host, pid = socket.gethostname(), os.getppid()
+    holder = {"pid": pid, "host": host, "doing": "converting into it"}
+    (records / RUNNING_FILE).write_text(json.dumps(holder))  # another demo, converting
+    with pytest.raises(PetalError, match=(
+        rf"^{records} is in use: process {pid} on .* is converting into it; wait for it to end "
+        rf"or stop it, or pass another --workdir \(if it is not running, delete "
+        rf"{records / RUNNING_FILE}\)\.$"
+    )):
+        run_demo(others, records.parent)
+    (records / RUNNING_FILE).unlink()
+    reader = records / f"{READING_PREFIX}{host}-{pid}"  # a run training from them
+    reader.write_text(json.dumps({"pid": pid, "host": host, "doing": "training from it"}))
+    with pytest.raises(PetalError, match=(
+        rf"^{records} is in use: process {pid} on .* is training from it; wait for it to end "
+        rf"or stop it, or pass another --workdir \(if it is not running, delete {reader}\)\.$"
+    )):
+        run_demo(others, records.parent)  # to convert the others over the records it reads
+    assert converted == [photos, others]  # refused by convert itself, before it wrote

@@ -1515,3 +1515,50 @@ def test_evaluate_cli_takes_the_runs_glob_of_shards_as_its_data(
         f"petal evaluate: error: The training data of {run}, {shards}/*.tfrecord, is not "
         "found; pass --data PATH to evaluate on."
     )
+
+
+def test_a_second_evaluation_into_a_folder_is_refused(trained, small_records, tmp_path):
+    # Two at once each removed the other's files as it wrote its own: the folder ended empty.
+    import os
+    import socket
+
+    from petal.evaluation.evaluate import evaluate
+    from petal.running import RUNNING_FILE
+
+    out = tmp_path / "eval"
+    evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    assert not (out / RUNNING_FILE).exists()  # this evaluation's marker is gone at its end
+    written = sorted(os.listdir(out))
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "doing": "evaluating into it"}
+    (out / RUNNING_FILE).write_text(json.dumps(holder))
+    with pytest.raises(PetalError, match=(
+        rf"^{out} is in use: process {os.getppid()} on .* is evaluating into it; wait for it to "
+        r"end or stop it, or pass another --out \(if it is not running, delete "
+    )):
+        evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    assert sorted(os.listdir(out)) == sorted([RUNNING_FILE, *written])  # left alone
+    zebras = tmp_path / "photos" / "zebra"  # a class the model does not know: refused
+    zebras.mkdir(parents=True)
+    Image.new("RGB", (40, 40)).save(zebras / "z.jpg")
+    with pytest.raises(PetalError, match="zebra"):
+        evaluate(trained, zebras.parent, out_dir=tmp_path / "new" / "eval", log=lambda line: None)
+    assert not (tmp_path / "new").exists()  # the folder held while it ran is gone again
+
+
+def test_evaluate_refuses_records_a_conversion_is_writing(trained, small_records, tmp_path):
+    import os
+    import socket
+
+    from petal.evaluation.evaluate import evaluate
+    from petal.running import RUNNING_FILE
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "doing": "converting into it"}
+    (records / RUNNING_FILE).write_text(json.dumps(holder))
+    with pytest.raises(PetalError, match=(
+        rf"^{records} is being written \(process {os.getppid()} on .* is converting into it\); "
+        "wait for it to end and evaluate again"
+    )):
+        evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None)
+    assert not (tmp_path / "eval").exists()

@@ -1370,3 +1370,39 @@ def test_report_on_a_damaged_run_names_a_retrain_command_that_works(
         "; the run is damaged: retrain it with its preset and data (`petal train --preset "
         f"PRESET --data DATA --workdir '{run}' --overwrite`)."
     )
+
+
+def test_report_in_a_run_folder_it_cannot_write_says_to_make_it_writable(
+    trained, tmp_path, capsys, monkeypatch
+):
+    # It said `error: [Errno 1] Operation not permitted: 'RUN/plots'`, with no fix.
+    import errno
+
+    from petal.cli import main
+
+    run = _copy_run(trained, tmp_path / "run")
+    mkdir, write_text = Path.mkdir, Path.write_text
+
+    def refused(path):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    def no_plots(self, *args, **kwargs):  # as in a run folder made immutable (chattr +i)
+        return refused(self) if self.name == "plots" else mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", no_plots)
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"petal report: error: Cannot write the report in {run} (Operation not permitted: "
+        f"{run / 'plots'}); make {run} and its plots/ folder writable and run petal report "
+        "again.\n"
+    )
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+
+    def no_page(self, *args, **kwargs):
+        return refused(self) if self.name == "report.html" else write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", no_page)
+    assert main(["report", str(run)]) == 2
+    assert f"(Operation not permitted: {run / 'report.html'}); make {run} and its" in (
+        capsys.readouterr().err
+    )

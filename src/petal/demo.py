@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from petal.errors import PetalError, cannot_write, first_line
-from petal.running import in_use_error, running_elsewhere
+from petal.running import in_use_error, reading_elsewhere, running_elsewhere
 
 FLOWERS_URL = (
     "https://storage.googleapis.com/download.tensorflow.org/example_images/flower_photos.tgz"
@@ -173,6 +173,8 @@ def run_demo(
     if workdir.is_dir() and (who := running_elsewhere(workdir, "training in it")):
         # Before its records are converted again under the run reading them.
         raise in_use_error(workdir, who, "--workdir")
+    if error := _records_in_use(records, reading=False):  # records it may reuse: read on
+        raise error
     if reason := cannot_write(workdir, folder=True):
         raise PetalError(f"Demo folder {workdir} cannot be written: {reason}; pass --workdir "
                          "a folder you can write.")
@@ -198,7 +200,13 @@ def run_demo(
             log(f"petal demo: not reusing the records in {records}: {stale}")
         log(f"petal demo: converting {source} -> {records} at {size}x{size}")
         _write_marker(workdir, source, None)  # converting: the records are the demo's
-        summary = convert(source, records, image_size=size, overwrite=True)
+        try:
+            summary = convert(source, records, image_size=size, overwrite=True)
+        except PetalError:
+            # Claimed since the check above: convert's refusal names its DST, not --workdir.
+            if error := _records_in_use(records, reading=True):
+                raise error from None
+            raise
         manifest = summary.manifest
         _write_marker(workdir, source, manifest.get("created"))
         first, *warnings = str(summary).splitlines()
@@ -388,6 +396,18 @@ def _check_validation(manifest: dict, source: Path) -> None:
         "class's photos (rounded) to validate on, none here. Add photos to a class "
         f"sub-folder of --data{enough} and run petal demo again."
     )
+
+
+def _records_in_use(records: Path, reading: bool) -> PetalError | None:
+    """The refusal of ``WORKDIR/records`` while another process converts into it (a demo in
+    the same ``--workdir``) or, when ``reading``, trains from it (what a conversion into it
+    is refused for), naming ``--workdir``: the demo has no DST, which convert's names."""
+    if who := running_elsewhere(records, "converting into it"):
+        return in_use_error(records, who, "--workdir")
+    if reading and (reader := reading_elsewhere(records)):
+        who, marker = reader
+        return in_use_error(records, who, "--workdir", marker=marker)
+    return None
 
 
 def _refuse_other_runs(workdir: Path, records: Path) -> None:

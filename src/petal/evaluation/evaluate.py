@@ -10,10 +10,12 @@ other files as those of one finished evaluation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +38,16 @@ from petal.evaluation.workdir import (
     class_index,
     denormalize_np,
     file_sha256,
+    first_missing,
     load_model,
     make_output_folder,
     open_run,
     progress_bar,
+    remove_created,
     top_k_for,
 )
 from petal.jsonfile import temporary_name, write_json
+from petal.running import in_use_error, mark_running, running_elsewhere
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -99,8 +104,9 @@ def evaluate(
     Raises:
         PetalError: no finished run, unreadable data, a corrupt record (without
             ``skip_corrupt``), a class the model does not know, the image folder the
-            run's records came from without ``split="all"``, or files that cannot be
-            written in the output folder (a full disk).
+            run's records came from without ``split="all"``, records a conversion is
+            writing, an output folder another evaluation is writing into, or files that
+            cannot be written in the output folder (a full disk).
     """
     from tensorflow import errors as tf_errors
 
@@ -149,135 +155,143 @@ def evaluate(
             f"The evaluation folder {out} is inside the data {data}; pass --out a folder "
             "outside it."
         )
-    # The run's own data (the default) needs no comparison with itself: its manifest, if
-    # any, is not read a second time; its classes are those the run was given.
-    own_data = same_place(data, run.config.get("data") or "")
-    if classes is None and own_data:
-        classes = run.config.get("classes")
-    # New photos may be of one of the model's classes.
-    source = open_source(str(data), classes=classes, min_classes=1)
-    to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
-    trained_on = None if own_data else _run_records(run)
-    split = _split_for(source, data, run, split, trained_on, own_data)
-    warnings += [
-        w
-        for w in (
-            _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
-            _own_split_warning(source, run, split) if own_data else None,
-            _own_resplit_warning(source, run, split) if own_data else None,
-            _resplit_warning(source, run, split, trained_on),
-            None if own_data else _copy_warning(source, run, trained_on, split),
+    if not is_remote(str(data)) and (who := running_elsewhere(Path(data), "writing it")):
+        # A conversion into the records: their shards are replaced as they are read.
+        raise PetalError(
+            f"{data} is being written ({who}); wait for it to end and evaluate again, or pass "
+            "--data other records."
         )
-        if w
-    ]
-    warnings += source.notes  # an image folder's files that are not read
-    if upscaled := upscale_warning(source, run.image_size):
-        warnings.append(f"{upscaled}: the model may score lower on them")
-    if to_model is not None and len(source.classes) < len(run.classes):
-        warnings.append(
-            f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
-            f"({', '.join(source.classes)}); the macro averages are over those"
-        )
-    undecodable, line = (
-        decode_skips(source, split, "eval.json", counted=True) if skip_corrupt else (None, "")
-    )
-    if line:
-        warnings.append(f"--skip-corrupt: {line}")
-    for line in warnings:
-        warn(line)
-    ds = eval_dataset(
-        source,
-        batch_size=batch_size,
-        image_size=run.image_size,
-        label_mode="sparse",
-        normalization=run.normalization,
-        split=split,
-        skip_corrupt=skip_corrupt,
-        # New photos in a folder are fitted as the run's records were (at their size,
-        # then resized to the model's as records are; records at the photos' own sizes
-        # are only resized), as predict does.
-        resize=run.fit_mode,
-        fit_size=run.records_size if run.fit_mode != "none" else None,
-    )
-    model_sha256 = file_sha256(run.model_path)  # before it loads: the bytes it loads
-    model = load_model(run)
-    skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
-    store_mark = STORE_ERRORS.mark()
-
-    start = time.perf_counter()
-    labels, probs = [], []
-    samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
-    wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
-    try:
-        with progress_bar("evaluate", source.count(split), progress) as bar:
-            for images, y in ds:
-                p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
-                y = np.asarray(y, dtype=np.int64)
-                if to_model is not None:
-                    y = to_model[y]
-                labels.append(y)
-                probs.append(p)
-                _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
-                               num_samples, max_misclassified)
-                bar.update(len(y))
-    except tf_errors.OpError as err:
-        if (error := input_error(err, data, "evaluate", store_mark, split)) is None:
-            raise
-        raise error from err
-    if (error := store_error(store_mark, "evaluate")) is not None:
-        raise error  # a failed request ended the stream, and skip_corrupt took it quietly
-    seconds = time.perf_counter() - start
-    if not labels:
-        raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
-    y_true = np.concatenate(labels)
-    y_prob = np.concatenate(probs)
-
-    ks = sorted({1, top_k})
-    report = classification_report(y_true, y_prob, run.classes, ks=ks)
-    # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
-    # with the rest of what this evaluation left out.
-    warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
-    report.update(
-        {
-            # Absolute, as train's config.json: eval.json is read from elsewhere (report).
-            "data": absolute_data(str(data)),
-            "split": split,
-            "workdir": str(run.workdir.absolute()),
-            "model": str(run.model_path.absolute()),
-            # Which model this scored, as report checks it (a copy of the run keeps it).
-            "model_sha256": model_sha256,
-            "seconds": round(seconds, 2),
-            "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
-        }
-    )
-    if warnings:
-        report["warnings"] = warnings
-    if skip_corrupt:
-        if source.kind == "folder":
-            # Undecodable files are dropped one by one; every other file is counted once.
-            report["skipped_corrupt_records"] = source.count(split) - len(y_true)
-        else:
-            # Records lost to a CRC failure (the rest of their shard) and records whose
-            # image does not decode (dropped one by one, uncounted by the reader).
-            report["skipped_corrupt_records"] = max(
-                SKIPPED.skipped - skipped_before, source.count(split) - len(y_true)
+    # Held from here to the end: a second evaluation into the folder is refused instead
+    # of removing this one's files as it writes its own.
+    with _held(out):
+        # The run's own data (the default) needs no comparison with itself: its manifest, if
+        # any, is not read a second time; its classes are those the run was given.
+        own_data = same_place(data, run.config.get("data") or "")
+        if classes is None and own_data:
+            classes = run.config.get("classes")
+        # New photos may be of one of the model's classes.
+        source = open_source(str(data), classes=classes, min_classes=1)
+        to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
+        trained_on = None if own_data else _run_records(run)
+        split = _split_for(source, data, run, split, trained_on, own_data)
+        warnings += [
+            w
+            for w in (
+                _old_split_warning(run, split) if own_data and source.kind == "folder" else None,
+                _own_split_warning(source, run, split) if own_data else None,
+                _own_resplit_warning(source, run, split) if own_data else None,
+                _resplit_warning(source, run, split, trained_on),
+                None if own_data else _copy_warning(source, run, trained_on, split),
             )
-        if undecodable is not None:
-            report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
-    out = make_output_folder(out, "evaluation")
-    wrong_count = int((y_true != y_prob.argmax(1)).sum())
-    _write_outputs(out, report, samples, wrong, run, f"Misclassified ({wrong_count} of "
-                   f"{len(y_true)})")
-    top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
-    skipped = report.get("skipped_corrupt_records")
-    log(
-        f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
-        f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
-        + (f", {skipped} corrupt {'files' if source.kind == 'folder' else 'records'} skipped"
-           if skipped else "")
-        + f" -> {out}"
-    )
-    return report
+            if w
+        ]
+        warnings += source.notes  # an image folder's files that are not read
+        if upscaled := upscale_warning(source, run.image_size):
+            warnings.append(f"{upscaled}: the model may score lower on them")
+        if to_model is not None and len(source.classes) < len(run.classes):
+            warnings.append(
+                f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
+                f"({', '.join(source.classes)}); the macro averages are over those"
+            )
+        undecodable, line = (
+            decode_skips(source, split, "eval.json", counted=True) if skip_corrupt else (None, "")
+        )
+        if line:
+            warnings.append(f"--skip-corrupt: {line}")
+        for line in warnings:
+            warn(line)
+        ds = eval_dataset(
+            source,
+            batch_size=batch_size,
+            image_size=run.image_size,
+            label_mode="sparse",
+            normalization=run.normalization,
+            split=split,
+            skip_corrupt=skip_corrupt,
+            # New photos in a folder are fitted as the run's records were (at their size,
+            # then resized to the model's as records are; records at the photos' own sizes
+            # are only resized), as predict does.
+            resize=run.fit_mode,
+            fit_size=run.records_size if run.fit_mode != "none" else None,
+        )
+        model_sha256 = file_sha256(run.model_path)  # before it loads: the bytes it loads
+        model = load_model(run)
+        skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
+        store_mark = STORE_ERRORS.mark()
+
+        start = time.perf_counter()
+        labels, probs = [], []
+        samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
+        wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
+        try:
+            with progress_bar("evaluate", source.count(split), progress) as bar:
+                for images, y in ds:
+                    p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
+                    y = np.asarray(y, dtype=np.int64)
+                    if to_model is not None:
+                        y = to_model[y]
+                    labels.append(y)
+                    probs.append(p)
+                    _keep_examples(np.asarray(images), y, p, samples, wrong, run.normalization,
+                                   num_samples, max_misclassified)
+                    bar.update(len(y))
+        except tf_errors.OpError as err:
+            if (error := input_error(err, data, "evaluate", store_mark, split)) is None:
+                raise
+            raise error from err
+        if (error := store_error(store_mark, "evaluate")) is not None:
+            raise error  # a failed request ended the stream, and skip_corrupt took it quietly
+        seconds = time.perf_counter() - start
+        if not labels:
+            raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
+        y_true = np.concatenate(labels)
+        y_prob = np.concatenate(probs)
+
+        ks = sorted({1, top_k})
+        report = classification_report(y_true, y_prob, run.classes, ks=ks)
+        # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
+        # with the rest of what this evaluation left out.
+        warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
+        report.update(
+            {
+                # Absolute, as train's config.json: eval.json is read from elsewhere (report).
+                "data": absolute_data(str(data)),
+                "split": split,
+                "workdir": str(run.workdir.absolute()),
+                "model": str(run.model_path.absolute()),
+                # Which model this scored, as report checks it (a copy of the run keeps it).
+                "model_sha256": model_sha256,
+                "seconds": round(seconds, 2),
+                "images_per_sec": round(len(y_true) / max(seconds, 1e-9), 1),
+            }
+        )
+        if warnings:
+            report["warnings"] = warnings
+        if skip_corrupt:
+            if source.kind == "folder":
+                # Undecodable files are dropped one by one; every other file is counted once.
+                report["skipped_corrupt_records"] = source.count(split) - len(y_true)
+            else:
+                # Records lost to a CRC failure (the rest of their shard) and records whose
+                # image does not decode (dropped one by one, uncounted by the reader).
+                report["skipped_corrupt_records"] = max(
+                    SKIPPED.skipped - skipped_before, source.count(split) - len(y_true)
+                )
+            if undecodable is not None:
+                report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
+        wrong_count = int((y_true != y_prob.argmax(1)).sum())
+        _write_outputs(out, report, samples, wrong, run, f"Misclassified ({wrong_count} of "
+                       f"{len(y_true)})")
+        top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
+        skipped = report.get("skipped_corrupt_records")
+        log(
+            f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
+            f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
+            + (f", {skipped} corrupt {'files' if source.kind == 'folder' else 'records'} skipped"
+               if skipped else "")
+            + f" -> {out}"
+        )
+        return report
 
 
 def _split_for(
@@ -598,6 +612,26 @@ PENDING_JSON = ".pending-eval.json"
 # Every file an evaluation writes in its folder (a folder in the way of one is refused
 # before the evaluation), eval.json first: it is removed first.
 _WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
+
+
+@contextlib.contextmanager
+def _held(out: Path) -> Iterator[None]:
+    """Holds the evaluation folder ``out`` while this process evaluates into it: creates it
+    and keeps :data:`~petal.running.RUNNING_FILE` in it meanwhile, so that a second
+    evaluation into it is refused (each removed the other's files as it wrote its own, and
+    the folder ended empty), and removes what it created again if nothing is left in it."""
+    created = first_missing(out)
+    out = make_output_folder(out, "evaluation")
+    unmark = None
+    try:
+        unmark = mark_running(
+            out, functools.partial(in_use_error, out, option="--out"), "evaluating into it"
+        )
+        yield
+    finally:
+        if unmark is not None:
+            unmark()
+        remove_created(out, created)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from petal.data.folders import refuse_url, same_place
-from petal.errors import PetalError, damage_reason, first_line
+from petal.errors import PetalError, damage_reason, disk_full, first_line
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
     MODEL_FILE,
@@ -232,10 +232,13 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         print(f"petal report: warning: {not_saved}", file=sys.stderr)
     figures: list[tuple[str, Path]] = []
     if epochs_done:  # no epoch finished yet: no curves to draw
-        figures += [
-            ("Accuracy and loss", plots.plot_history(epochs_done, plot_dir / "curves.png")),
-            ("Learning rate", plots.plot_lr(epochs_done, plot_dir / "lr.png")),
-        ]
+        try:
+            figures += [
+                ("Accuracy and loss", plots.plot_history(epochs_done, plot_dir / "curves.png")),
+                ("Learning rate", plots.plot_lr(epochs_done, plot_dir / "lr.png")),
+            ]
+        except OSError as err:
+            raise _cannot_write(workdir, err) from None
     evaluate_again = f"run `petal evaluate {workdir}` again."
     eval_json = workdir / EVAL_DIR / "eval.json"
     evaluation = _read_json(eval_json, evaluate_again)
@@ -349,8 +352,26 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         "</details></body></html>",
     ]
     out = workdir / "report.html"
-    out.write_text("\n".join(parts) + "\n")
+    try:
+        out.write_text("\n".join(parts) + "\n")
+    except OSError as err:
+        raise _cannot_write(workdir, err) from None
     return out
+
+
+def _cannot_write(workdir: Path, err: OSError) -> PetalError:
+    """The one-line error of a report whose plots or page cannot be written in ``workdir``
+    (``err``): the report has no --out, so the fix is to make the run folder writable."""
+    if disk_full(err):
+        return PetalError(
+            f"Cannot write the report in {workdir}: no space left on its disk; free some space "
+            "there and run petal report again."
+        )
+    what = f"{err.strerror or err}: {err.filename}" if err.filename else err.strerror or err
+    return PetalError(
+        f"Cannot write the report in {workdir} ({what}); make {workdir} and its "
+        f"{PLOTS_DIR}/ folder writable and run petal report again."
+    )
 
 
 def _saved_epoch(workdir: Path, metrics: dict | None) -> int | None:
@@ -391,6 +412,8 @@ def _draw(plot, source, out: Path, *args) -> Path | None:
     it (said on stderr; the files it is drawn from were read and checked before)."""
     try:
         return plot(source, out, *args)
+    except OSError as err:
+        raise _cannot_write(out.parent.parent, err) from None  # out: WORKDIR/plots/NAME
     except (ValueError, RuntimeError) as err:
         print(
             f"petal report: warning: cannot draw {out} ({first_line(err)}); the report leaves "
