@@ -557,12 +557,9 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
                 f"each file's name, not by petal convert's {seed}): {harm}. Resume on {was}, "
                 f"or {fix}."
             )
-        theirs = records_split(source.manifest) if source.kind == "records" else None
-        if theirs is None or not same_place(source.manifest.get("source") or "", origin):
-            return  # other photos: the run may go on with them
-        if theirs == ours:
+        if (resplit := _resplit(source, origin, ours)) is None:
             return
-        differ, split_as_ours = _split_differences(theirs, ours)
+        differ, split_as_ours = resplit
         again = f", convert {origin} again with {split_as_ours}" if split_as_ours else ""
         raise PetalError(
             f"{source.path} and {was}, the records {workdir} trained on, were both converted "
@@ -591,12 +588,9 @@ def _check_split_in_place(
     ours = saved_resolved.get("records_split")
     if saved_resolved.get("data_kind") != "records" or not origin or not ours:
         return
-    theirs = records_split(source.manifest) if source.kind == "records" else None
-    if theirs is None or not same_place(source.manifest.get("source") or "", origin):
-        return  # other photos: the run may go on with them
-    if theirs == ours:
+    if (resplit := _resplit(source, origin, ours)) is None:
         return
-    differ, split_as_ours = _split_differences(theirs, ours)
+    differ, split_as_ours = resplit
     go_on = (
         f"Convert {origin} again into {source.path} with {split_as_ours} --overwrite, or {fix}"
         if split_as_ours
@@ -606,6 +600,16 @@ def _check_split_in_place(
         f"{source.path}, the records {workdir} trained on, were converted again from {origin} "
         f"since and split otherwise ({differ}): {harm}. {go_on}."
     )
+
+
+def _resplit(source, origin: str, ours: dict) -> tuple[str, str] | None:
+    """:func:`_split_differences` of the records ``source`` from the run's records'
+    ``ours``, where both were converted from ``origin``; None where they split alike or
+    ``source`` holds other photos (the run may go on with them)."""
+    theirs = records_split(source.manifest) if source.kind == "records" else None
+    if theirs is None or not same_place(source.manifest.get("source") or "", origin):
+        return None
+    return None if theirs == ours else _split_differences(theirs, ours)
 
 
 def _split_differences(theirs: dict, ours: dict) -> tuple[str, str]:
