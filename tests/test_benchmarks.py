@@ -486,3 +486,30 @@ def test_bench_input_ctrl_c_during_the_ceiling_is_one_line(make_records):
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.rstrip().endswith("petal bench: interrupted"), err
+
+
+def test_ctrl_c_in_the_threaded_ceiling_stops_its_threads(monkeypatch):
+    """Where processes cannot be forked the ceiling decodes in threads; Ctrl-C in its timed
+    sleep left them decoding, and the pool's exit waited for them for ever."""
+    import threading
+
+    from petal.data import bench
+
+    interrupted, never = threading.Event(), threading.Event()
+    after = []
+
+    def decode(blob):
+        never.wait(0.001)  # a decode's time (time.sleep is the interrupted one here)
+        if interrupted.is_set():
+            after.append(blob)
+            if len(after) > 2000:  # without the fix: end the threads, not the test run
+                raise RuntimeError("still decoding")
+
+    def sleep(seconds):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.time, "sleep", sleep)
+    with pytest.raises(KeyboardInterrupt):
+        bench._ceiling_threads([b"x"], decode, 5.0, 2)
+    assert len(after) < 50  # the threads stopped, not the RuntimeError

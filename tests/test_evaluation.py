@@ -1562,3 +1562,27 @@ def test_evaluate_refuses_records_a_conversion_is_writing(trained, small_records
     )):
         evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None)
     assert not (tmp_path / "eval").exists()
+
+
+def test_evaluate_marks_the_records_it_reads_so_a_conversion_into_them_is_refused(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """Only train left a reading marker: a conversion started during an evaluation replaced
+    the shards under it."""
+    from petal.data import pipeline
+    from petal.evaluation.evaluate import evaluate
+    from petal.running import READING_PREFIX
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    held = []
+    real = pipeline.eval_dataset
+
+    def reading(*args, **kwargs):
+        held.append(sorted(p.name for p in records.glob(f"{READING_PREFIX}*")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "eval_dataset", reading)
+    evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None)
+    assert len(held) == 1 and len(held[0]) == 1, held
+    assert not list(records.glob(f"{READING_PREFIX}*"))  # removed when it ends

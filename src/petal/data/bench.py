@@ -367,8 +367,10 @@ def _ceiling_threads(blobs, decode, seconds, threads):
     with ThreadPoolExecutor(threads) as pool:
         cpu, start = time.process_time(), time.perf_counter()
         futures = [pool.submit(worker, i) for i in range(threads)]
-        time.sleep(seconds)
-        stop.set()
+        try:
+            time.sleep(seconds)
+        finally:
+            stop.set()  # Ctrl-C in the sleep too: the pool waits for its threads to end
         for f in futures:
             f.result()  # raises a worker's UndecodableImage
         elapsed = time.perf_counter() - start

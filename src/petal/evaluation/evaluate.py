@@ -47,7 +47,7 @@ from petal.evaluation.workdir import (
     top_k_for,
 )
 from petal.jsonfile import temporary_name, write_json
-from petal.running import in_use_error, mark_running, running_elsewhere
+from petal.running import in_use_error, mark_reading, mark_running, running_elsewhere
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -163,7 +163,7 @@ def evaluate(
         )
     # Held from here to the end: a second evaluation into the folder is refused instead
     # of removing this one's files as it writes its own.
-    with _held(out):
+    with _held(out), contextlib.ExitStack() as reading:
         # The run's own data (the default) needs no comparison with itself: its manifest, if
         # any, is not read a second time; its classes are those the run was given.
         own_data = same_place(data, run.config.get("data") or "")
@@ -171,6 +171,9 @@ def evaluate(
             classes = run.config.get("classes")
         # New photos may be of one of the model's classes.
         source = open_source(str(data), classes=classes, min_classes=1)
+        if source.kind == "records" and not is_remote(source.path):
+            # A conversion into these records is refused while this evaluation reads them.
+            reading.callback(mark_reading(Path(source.path), "evaluating it"))
         to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
         trained_on = None if own_data else _run_records(run)
         split = _split_for(source, data, run, split, trained_on, own_data)
