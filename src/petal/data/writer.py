@@ -861,6 +861,12 @@ def _prepare_output(output: str) -> list[str]:
 # --- split, order, shards ----------------------------------------------------------------------
 
 
+def validation_count(val_fraction: float, n: int) -> int:
+    """How many of a class's ``n`` files :func:`split_files` sends to validation:
+    ``round(val_fraction * n)``, halves rounded up."""
+    return math.floor(val_fraction * n + 0.5)
+
+
 def split_files(
     probed: Sequence[_Probed],
     classes: Sequence[str],
@@ -892,7 +898,7 @@ def split_files(
     in_val: Counter = Counter()
     splits: dict[str, list[_Probed]] = {"train": [], "validation": []}
     for label, name in enumerate(classes):
-        target = math.floor(val_fraction * totals[label] + 0.5)
+        target = validation_count(val_fraction, totals[label])
         # Shuffled with the failed files still in: the order, and so the choice of the
         # others, stays that of the split made before they failed.
         class_groups = owned.get(label, [])

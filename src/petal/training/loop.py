@@ -828,12 +828,9 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
 
 def _fill_records_validation(source, fraction) -> str:
     """How to convert again so that a class validates an image, by the converter's rule
-    (``writer.split_files``): a class of n photos validates ``round(fraction x n)``, halves
+    (``writer.validation_count``): a class of n photos validates ``round(fraction x n)``, halves
     rounded up, so one from ``0.5 / fraction`` photos on."""
-    from petal.data.writer import DEFAULT_VAL_FRACTION
-
-    def validated(f: float, n: int) -> int:
-        return math.floor(f * n + 0.5)
+    from petal.data.writer import DEFAULT_VAL_FRACTION, validation_count
 
     default = (
         f"reconvert the images with `petal convert SRC DST --val-fraction {DEFAULT_VAL_FRACTION}`"
@@ -846,7 +843,7 @@ def _fill_records_validation(source, fraction) -> str:
                default=0)
     asked = float(fraction) or DEFAULT_VAL_FRACTION  # 0 asked for none: the default's rule
     need = max(1, math.ceil(0.5 / asked) - 1)  # one below, for 0.5 / fraction's rounding
-    while validated(asked, need) < 1:
+    while validation_count(asked, need) < 1:
         need += 1
     if not fraction and most >= need:
         return f"{default} (the default)"
@@ -860,7 +857,7 @@ def _fill_records_validation(source, fraction) -> str:
     # The smallest two-decimal fraction that validates one of the largest class's photos;
     # at most 0.25, so every class keeps a training image.
     larger = math.ceil(50 / most) / 100
-    while validated(larger, most) < 1:
+    while validation_count(larger, most) < 1:
         larger = round(larger + 0.01, 2)
     return (
         f"reconvert the images with `petal convert SRC DST --val-fraction {larger}` (one of a "
