@@ -18,13 +18,15 @@ import sys
 import zipfile
 from pathlib import Path
 
-from petal.data.folders import refuse_url, same_place
+from petal.data.folders import same_place
 from petal.errors import PetalError, damage_reason, disk_full, first_line
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
     MODEL_FILE,
     check_not_in_the_way,
     file_sha256,
+    retrain_command,
+    run_folder,
     still_training,
     unfinished_resume,
 )
@@ -71,17 +73,12 @@ def _retrain(workdir: Path, config: dict | None) -> str:
     """The fix for a damaged run: train it again from its own config.json where that reads
     (its preset, data, classes and settings: ``--workdir`` alone asks for ``--data``, and with
     it trains the default preset), else from the preset and data the user names."""
-    run = shlex.quote(str(workdir))
     if config is None:
         return (
             "the run is damaged: retrain it with its preset and data (`petal train --preset "
-            f"PRESET --data DATA --workdir {run} --overwrite`)."
+            f"PRESET --data DATA --workdir {shlex.quote(str(workdir))} --overwrite`)."
         )
-    saved = shlex.quote(str(workdir / "config.json"))
-    return (
-        f"the run is damaged: retrain it (`petal train --config {saved} --workdir {run} "
-        "--overwrite`)."
-    )
+    return f"the run is damaged: retrain it (`{retrain_command(workdir)}`)."
 
 
 def _fmt(value) -> str:
@@ -158,10 +155,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         PetalError: when ``workdir`` holds no training run, or one of its saved files is
             damaged (the message names it and what to run again).
     """
-    refuse_url(workdir, "workdir", "run folders", reads=True)
-    if str(workdir) == "":  # Path() made it the current folder
-        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
-    workdir = Path(workdir)
+    workdir = run_folder(workdir)
     if not workdir.is_dir():
         what = "is a file, not" if workdir.exists() else "does not exist; pass"
         raise PetalError(

@@ -289,6 +289,26 @@ def _pixels(size, key: str) -> tuple[int, int]:
     return size[0], size[1]
 
 
+def run_folder(workdir: str | Path) -> Path:
+    """``workdir`` as the local folder of a run to read.
+
+    Raises:
+        PetalError: ``workdir`` is a URL, or empty (``Path("")`` is the current folder).
+    """
+    refuse_url(workdir, "workdir", "run folders", reads=True)
+    if str(workdir) == "":
+        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
+    return Path(workdir)
+
+
+def retrain_command(workdir: Path) -> str:
+    """The command that trains the run in ``workdir`` again, from its own ``config.json``
+    (its preset, data, classes and settings): ``--workdir`` alone asks for ``--data``, and
+    with it trains the default preset, not this run's."""
+    saved = shlex.quote(str(workdir / CONFIG_FILE))
+    return f"petal train --config {saved} --workdir {shlex.quote(str(workdir))} --overwrite"
+
+
 def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo:
     """Read ``config.json`` of a training run.
 
@@ -304,10 +324,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             finished model (for a run a NaN/inf loss stopped: what to change, and how to go
             on).
     """
-    refuse_url(workdir, "workdir", "run folders", reads=True)
-    if str(workdir) == "":  # Path() made it the current folder
-        raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
-    workdir = Path(workdir)
+    workdir = run_folder(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
         raise PetalError(
@@ -392,12 +409,7 @@ def load_model(run: RunInfo, float32: bool = False):
             raise ValueError("not a .keras zip archive: truncated or overwritten")
         model = keras.saving.load_model(run.model_path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises ValueError, TypeError, KeyError, zip errors...
-        # From its own config.json: --workdir alone asks for --data, and with it trains
-        # the default preset, not this run's.
-        retrain = (
-            f"retrain with `petal train --config {shlex.quote(str(run.workdir / CONFIG_FILE))} "
-            f"--workdir {shlex.quote(str(run.workdir))} --overwrite`"
-        )
+        retrain = f"retrain with `{retrain_command(run.workdir)}`"
         saved = _json_object(run.workdir / STATE_FILE).get("epoch")
         last = run.workdir / "last.keras"
         if not whole and is_int_at_least(saved, 1) and last.is_file():
