@@ -926,13 +926,14 @@ def _leave(code: int) -> None:
     failure that ended the command is kept alive until then, as it holds them."""
     import atexit
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+    flush()  # what the command printed, before the handlers print theirs
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    flush()
     os._exit(code)
 
 
