@@ -398,3 +398,39 @@ def test_a_link_to_a_missing_folder_as_the_work_or_output_folder_names_it(tmp_pa
             "pass --out another folder."
         )
     assert not (tmp_path / "missing").exists()
+
+
+def test_overwrite_is_refused_while_another_process_evaluates_or_exports_into_the_run(tmp_path):
+    # --overwrite deletes eval/ and export/: it removed an evaluation's files as it wrote them.
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(PETAL_CONFIG)
+    (run / "model.keras").write_bytes(b"weights")
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text("{}")
+    staging = run / "export" / ".export-abc123"
+    staging.mkdir(parents=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = {"pid": live.pid, "host": socket.gethostname()}
+    try:
+        for folder, doing in ((run / "eval", "evaluating"), (staging, "exporting")):
+            (folder / RUNNING_FILE).write_text(json.dumps({**holder, "doing": f"{doing} into it"}))
+            with pytest.raises(PetalError) as caught:
+                prepare_workdir(run, resume=False, overwrite=True)
+            assert str(caught.value) == (
+                f"{folder} is in use: process {live.pid} on {socket.gethostname()} is {doing} "
+                f"into it; wait for it to end or stop it, or pass another --workdir (if it is "
+                f"not running, delete {folder / RUNNING_FILE})."
+            )
+            assert (run / "eval" / "eval.json").exists() and (run / "model.keras").exists()
+            (folder / RUNNING_FILE).unlink()
+    finally:
+        live.kill()
+        live.wait()
+    (run / "eval" / RUNNING_FILE).write_text(json.dumps(holder))  # its process has ended
+    prepare_workdir(run, resume=False, overwrite=True)
+    assert not (run / "eval").exists() and not (run / "model.keras").exists()

@@ -226,6 +226,18 @@ def _remove_run(workdir: Path) -> None:
             folder.rmdir()
 
 
+def _written_inside(workdir: Path) -> tuple[Path, str] | None:
+    """(the folder, who writes it) when another live process evaluates or exports into the
+    run's ``eval/`` or ``export/`` (their markers, :func:`petal.running.mark_running`)."""
+    folders = [workdir / "eval"]
+    with contextlib.suppress(OSError):
+        folders += sorted((workdir / "export").glob(".export-*"))
+    for folder in folders:
+        if who := running_elsewhere(folder):
+            return folder, who
+    return None
+
+
 def prepare_workdir(
     workdir: Path,
     resume: bool,
@@ -279,6 +291,9 @@ def prepare_workdir(
             f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
             "continue it or --overwrite to start again (deletes its checkpoints and results)."
         )
+    if overwrite and (busy := _written_inside(workdir)):
+        # --overwrite deletes eval/ and export/: another process's files as it writes them.
+        raise in_use_error(*busy, "--workdir")
     if not clear:
         return
     if overwrite or failed_start:
