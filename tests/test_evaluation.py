@@ -1586,3 +1586,17 @@ def test_evaluate_marks_the_records_it_reads_so_a_conversion_into_them_is_refuse
     evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None)
     assert len(held) == 1 and len(held[0]) == 1, held
     assert not list(records.glob(f"{READING_PREFIX}*"))  # removed when it ends
+
+
+def test_a_plot_that_cannot_be_saved_closes_its_figure(tmp_path):
+    # A notebook plotting into a bad place kept one open figure per failed call.
+    import matplotlib.pyplot as plt
+
+    from petal.evaluation.plots import plot_confusion_matrix
+
+    (tmp_path / "file").write_text("not a folder")
+    plt.close("all")
+    for out in (tmp_path / "file" / "cm.png", tmp_path / "cm.unknown-format"):
+        with pytest.raises((OSError, ValueError)):
+            plot_confusion_matrix(np.eye(2, dtype=int), ["a", "b"], out)
+        assert plt.get_fignums() == []

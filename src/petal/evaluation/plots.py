@@ -28,9 +28,11 @@ _DPI = 110
 
 def _save(fig, out: str | Path) -> Path:
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=_DPI, bbox_inches="tight")
-    plt.close(fig)
+    try:  # closed however it ends: a notebook's failed plots kept their figures open
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=_DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return out
 
 
