@@ -434,3 +434,25 @@ def test_overwrite_is_refused_while_another_process_evaluates_or_exports_into_th
     (run / "eval" / RUNNING_FILE).write_text(json.dumps(holder))  # its process has ended
     prepare_workdir(run, resume=False, overwrite=True)
     assert not (run / "eval").exists() and not (run / "model.keras").exists()
+
+
+def test_a_run_marks_its_records_while_it_builds_its_model_and_unmarks_them_if_that_fails(
+    small_records, tmp_path, monkeypatch
+):
+    # The marker was left only once the model was built: a conversion starting meanwhile
+    # replaced the shards the run had opened.
+    import petal.models
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    seen: list[list[str]] = []
+
+    def failing_build(*args, **kwargs):
+        seen.append(sorted(p.name for p in records.glob(f"{READING_PREFIX}*")))
+        raise PetalError("no model today")
+
+    monkeypatch.setattr(petal.models, "create_model", failing_build)
+    with pytest.raises(PetalError, match="no model today"):
+        train(tiny_config(records, epochs=1, model="dense"), tmp_path / "run", **QUIET)
+    assert seen == [[f"{READING_PREFIX}{socket.gethostname()}-{os.getpid()}"]]
+    assert not list(records.glob(f"{READING_PREFIX}*"))  # gone when the run failed

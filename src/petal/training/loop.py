@@ -1152,6 +1152,21 @@ def train(
         PetalError: bad config or data, a refused work directory, or a non-finite loss
             (the message names the epoch).
     """
+    with contextlib.ExitStack() as held:
+        return _train(config, workdir, resume=resume, overwrite=overwrite, log=log, held=held)
+
+
+def _train(
+    config: TrainConfig,
+    workdir: str | Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    log: Callable[[str], None] | None,
+    held: contextlib.ExitStack,
+) -> dict:
+    """:func:`train`; ``held`` releases what it holds (the records' reading marker) however
+    it ends."""
     import keras
     from tensorflow import errors as tf_errors
 
@@ -1311,6 +1326,10 @@ def train(
     previous_policy = keras.mixed_precision.global_policy().name
 
     source = open_source(cfg.data, classes=cfg.classes)
+    if source.kind == "records" and not is_remote(source.path):
+        # A conversion into these records is refused from here (the model's build took
+        # long enough for one to replace the shards) to the end of this run.
+        held.callback(mark_reading(Path(source.path), "training from it"))
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
@@ -1557,7 +1576,6 @@ def train(
     bn_frozen = cfg.model_options.get("bn_frozen", True) is not False
     set_policy(policy)
     unmark = None
-    unread: Callable[[], None] = lambda: None  # noqa: E731
     try:
         keras.utils.set_random_seed(cfg.seed)
         try:
@@ -1586,9 +1604,6 @@ def train(
         # Everything checked and built: only now touch the work directory.
         prepare_workdir(workdir, resume, overwrite, log=log)
         unmark = _mark_running(workdir)
-        if source.kind == "records" and not is_remote(source.path):
-            # A conversion into these records is refused while this run reads them.
-            unread = mark_reading(Path(source.path), "training from it")
         # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
         # the checkpoint does not fit must not replace the one it does.
         config_saved = finished
@@ -1727,7 +1742,6 @@ def train(
         raise
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
-        unread()
 
     # The marker stays until model.keras and metrics.json are written: a run stopped
     # before then is one a resume finishes, and is still training to evaluate meanwhile.
