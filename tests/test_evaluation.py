@@ -1557,8 +1557,9 @@ def test_evaluate_refuses_records_a_conversion_is_writing(trained, small_records
     holder = {"pid": os.getppid(), "host": socket.gethostname(), "doing": "converting into it"}
     (records / RUNNING_FILE).write_text(json.dumps(holder))
     with pytest.raises(PetalError, match=(
-        rf"^{records} is being written \(process {os.getppid()} on .* is converting into it\); "
-        "wait for it to end and evaluate again"
+        rf"^{records} is in use: process {os.getppid()} on .* is converting into it; "
+        rf"wait for it to end or stop it, or pass another --data \(if it is not running, "
+        rf"delete {records / RUNNING_FILE}\)\.$"
     )):
         evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None)
     assert not (tmp_path / "eval").exists()

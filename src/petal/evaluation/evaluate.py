@@ -155,12 +155,10 @@ def evaluate(
             f"The evaluation folder {out} is inside the data {data}; pass --out a folder "
             "outside it."
         )
-    if not is_remote(str(data)) and (who := running_elsewhere(Path(data), "writing it")):
-        # A conversion into the records: their shards are replaced as they are read.
-        raise PetalError(
-            f"{data} is being written ({who}); wait for it to end and evaluate again, or pass "
-            "--data other records."
-        )
+    if not is_remote(str(data)) and (who := running_elsewhere(Path(data), "converting into it")):
+        # A conversion into the records: their shards are replaced as they are read. Worded
+        # as train's refusal, with the marker to delete if its process is gone.
+        raise in_use_error(data, who, "--data")
     # Held from here to the end: a second evaluation into the folder is refused instead
     # of removing this one's files as it writes its own.
     with _held(out), contextlib.ExitStack() as reading:
