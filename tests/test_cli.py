@@ -277,13 +277,12 @@ def test_an_error_once_an_epoch_is_saved_says_how_to_resume_and_a_full_disk_its_
     argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir", str(run)]
     hint = (f"petal train: epoch 2 is saved; continue with `petal train --resume --workdir "
             f"{run}`")
-    fix = "free space on that disk, or write to another one (pass another --workdir or " \
-          "output folder)."
+    fix = "free space on that disk, or write to another one (pass another --workdir)."
 
     raised.update(after_epoch=2, error=OSError(errno.ENOSPC, "No space left on device"))
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.splitlines() == [
-        hint, f"petal train: error: No space left on the device: {fix}"]
+        hint, f"petal train: error: No space left on the device writing into {run}: {fix}"]
     where = str(run / "last.keras")
     raised.update(error=OSError(errno.ENOSPC, "Unable to create file (\nerrno = 28)", where))
     assert cli.main(argv) == 2
@@ -347,3 +346,25 @@ def test_an_empty_path_argument_is_refused_not_taken_as_the_current_folder(
     said = f"petal {argv[0]}: error: {option} is empty (an unset shell variable?); pass "
     assert len(err) == 1 and err[0].startswith(said), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["photo.jpg"]
+
+
+def test_a_full_disk_in_convert_names_its_output_and_convert_s_own_option(
+    monkeypatch, capsys, tmp_path
+):
+    # A shard's write carries no file name: the error named nothing and sent the user to
+    # --workdir, an option convert does not have.
+    import errno
+
+    import petal.data
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(petal.data, "convert", full)
+    src, dst = tmp_path / "photos", tmp_path / "records"
+    (src / "a").mkdir(parents=True)
+    assert cli.main(["convert", str(src), str(dst)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"petal convert: error: No space left on the device writing into {dst}: free space "
+        "on that disk, or write to another one (pass another DST)."
+    )

@@ -896,14 +896,31 @@ def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
         signal.pthread_kill(thread_id, signum)
 
 
-def _os_error_line(err: OSError) -> str:
+# Where each command writes, for the fix of a full disk: (attribute, option).
+_WRITES_INTO = {
+    "convert": ("output", "DST"),
+    "train": ("workdir", "--workdir"),
+    "evaluate": ("out", "--out"),
+    "export": ("out", "--out"),
+    "demo": ("workdir", "--workdir"),
+}
+
+
+def _os_error_line(err: OSError, args: argparse.Namespace | None = None) -> str:
     """An OSError in one line, naming its file when it has one; a full disk with its fix
-    (its message, ``[Errno 28] No space left on device``, said neither)."""
+    (its message, ``[Errno 28] No space left on device``, said neither), naming the output
+    of ``args``' command when the error names no file."""
     if disk_full(err):
-        where = f" writing {printable(err.filename)}" if err.filename else ""
+        attr, option = _WRITES_INTO.get(getattr(args, "command", None), (None, None))
+        output = getattr(args, attr, None) if attr else None
+        if err.filename:
+            where = f" writing {printable(err.filename)}"
+        else:
+            where = f" writing into {printable(str(output))}" if output else ""
+        instead = f" (pass another {option})" if option else ""
         return (
             f"No space left on the device{where}: free space on that disk, or write to "
-            "another one (pass another --workdir or output folder)."
+            f"another one{instead}."
         )
     return re.sub(r"\s*\n\s*", " ", str(err).strip())  # h5py's messages span lines
 
@@ -958,7 +975,7 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         kept.append(err)
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full).
-        text = _os_error_line(err) if isinstance(err, OSError) else str(err)
+        text = _os_error_line(err, args) if isinstance(err, OSError) else str(err)
         # A URL's user and password are never shown, whatever message carries them.
         shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text, flags=re.I)
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
