@@ -1406,3 +1406,18 @@ def test_report_in_a_run_folder_it_cannot_write_says_to_make_it_writable(
     assert f"(Operation not permitted: {run / 'report.html'}); make {run} and its" in (
         capsys.readouterr().err
     )
+
+
+def test_prediction_lines_keep_odd_class_names_on_one_line_and_apart():
+    # A class named with a newline split a result over two lines; a comma or an edge space
+    # made the comma-separated list ambiguous.
+    from petal.evaluation.predict import format_predictions
+
+    labels = ["new\nline", "com,ma", " lead", "ünï 🌸", "plain"]
+    chances = (0.5, 0.2, 0.1, 0.1, 0.1)
+    result = {"file": "a/x.jpg", "predictions": [
+        {"label": label, "probability": p} for label, p in zip(labels, chances, strict=True)
+    ]}
+    assert format_predictions([result]) == (
+        'a/x.jpg: new\\nline 0.500, "com,ma" 0.200, " lead" 0.100, ünï 🌸 0.100, plain 0.100'
+    )

@@ -264,12 +264,23 @@ def predict(
     return [found[path] for path in images]
 
 
+def _shown_label(label: str) -> str:
+    """A class name in a line of predictions: on that line (a newline written ``\\n``), and
+    quoted where a comma or an edge space would blur where it ends in the list."""
+    shown = printable(label)
+    if "," in shown or shown != shown.strip() or shown.startswith('"'):
+        return f'"{shown}"'
+    return shown
+
+
 def format_predictions(results: list[dict]) -> str:
     """Human-readable lines: ``file: label 0.912, label 0.051, ...`` (or ``file: skipped:
     reason``)."""
     lines = []
     for r in results:
-        best = ", ".join(f"{q['label']} {q['probability']:.3f}" for q in r["predictions"])
+        best = ", ".join(
+            f"{_shown_label(q['label'])} {q['probability']:.3f}" for q in r["predictions"]
+        )
         shown = printable(r["file"])
         lines.append(f"{shown}: " + (f"skipped: {r['skipped']}" if "skipped" in r else best))
     return "\n".join(lines)
