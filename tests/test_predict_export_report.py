@@ -1421,3 +1421,29 @@ def test_prediction_lines_keep_odd_class_names_on_one_line_and_apart():
     assert format_predictions([result]) == (
         'a/x.jpg: new\\nline 0.500, "com,ma" 0.200, " lead" 0.100, ünï 🌸 0.100, plain 0.100'
     )
+
+
+def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_name(
+    small_records, tmp_path
+):
+    # Predicting a records folder said "pass them by name to predict them": the shards then
+    # failed as "not an image".
+    from petal.evaluation.predict import expand_images
+
+    with pytest.raises(PetalError) as caught:
+        expand_images([small_records])
+    assert str(caught.value) == (
+        f"Folder {small_records} holds records, not image files: evaluate the run on them "
+        f"with `petal evaluate WORKDIR --data {small_records}`, or pass image files or a "
+        "folder of them."
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "history.csv", "best.weights.h5", "model.keras"):
+        (run / name).write_text("x")
+    with pytest.raises(PetalError, match="holds no image files") as caught:
+        expand_images([run])
+    assert "by name" not in str(caught.value)
+    (run / "scan").write_text("x")  # a photo saved without an extension, perhaps
+    with pytest.raises(PetalError, match="; pass them by name to predict them;"):
+        expand_images([run])

@@ -127,13 +127,19 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
             notes.append(
                 f"{len(other)} file(s) under {path} are not image files (by extension: "
                 f"{', '.join(IMAGE_EXTENSIONS)}) and are not predicted: {_listing(other)}"
-                + ("; pass them by name to predict them" if not found else "")
+                + ("; pass them by name to predict them" if not found and _photos(other) else "")
             )
         if loops:
             notes.append(
                 f"{len(loops)} folder link(s) under {path} lead back to a folder that holds "
                 f"them and are not followed: {_listing(loops)}"
                 + (" (that folder's images are predicted once, where it lies)" if found else "")
+            )
+        if not found and _records(path, other):
+            raise PetalError(
+                f"Folder {printable(utf8_name(str(path)))} holds records, not image files: "
+                f"evaluate the run on them with `petal evaluate WORKDIR --data "
+                f"{printable(utf8_name(str(path)))}`, or pass image files or a folder of them."
             )
         if not found:
             # What is there but not read is the fix: said in the one line of the error.
@@ -146,6 +152,26 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
             warn(note)
         files += sorted(found)
     return files
+
+
+# Extensions of the files petal writes (records, runs, evaluations, exports): never photos
+# under another extension, so never worth passing by name to predict.
+_NOT_PHOTOS = frozenset(
+    (".tfrec", ".tfrecord", ".json", ".csv", ".txt", ".h5", ".keras", ".html", ".pb", ".tflite")
+    + (".npz", ".log")
+)
+
+
+def _photos(files: list[str]) -> bool:
+    """Whether some of ``files`` (not image files by extension) may be photos all the same."""
+    return any(os.path.splitext(f)[1].lower() not in _NOT_PHOTOS for f in files)
+
+
+def _records(path: Path, files: list[str]) -> bool:
+    """Whether the folder ``path`` (its non-image ``files``) holds petal's or codelab records."""
+    return (path / "manifest.json").is_file() or any(
+        os.path.splitext(f)[1].lower() in (".tfrec", ".tfrecord") for f in files
+    )
 
 
 def predict(
