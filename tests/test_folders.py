@@ -387,3 +387,41 @@ def test_classes_with_spaces_around_or_a_comma_in_their_names(tmp_path):
         "--classes, where commas separate the names: rename the folder, or leave out "
         "--classes to read every class folder."
     )
+
+
+def test_a_link_to_a_folder_above_the_source_is_a_loop_not_read(tmp_path):
+    """`a/up -> ../..` was followed: the photos beside the source were filed under `a` (and a
+    link to / walked the whole disk). A link to a folder elsewhere is still followed."""
+    root = tmp_path / "src"
+    _touch(root / "a" / "1.jpg")
+    _touch(root / "b" / "2.jpg")
+    _touch(tmp_path / "other" / "stranger.jpg")
+    (root / "a" / "up").symlink_to("../..", target_is_directory=True)
+    (root / "a" / "root").symlink_to("/", target_is_directory=True)
+    (root / "b" / "more").symlink_to(tmp_path / "other", target_is_directory=True)
+    folder = find_images(root)
+    assert [f.relpath for f in folder.files] == ["a/1.jpg", "b/2.jpg", "b/more/stranger.jpg"]
+    assert folder.loops() == ["a/root/", "a/up/"] and folder.ignored == ("a/root/", "a/up/")
+    # A source reached through a link: a link to the folder holding that link is a loop too.
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "src").symlink_to(root, target_is_directory=True)
+    (root / "b" / "view").symlink_to(view, target_is_directory=True)
+    assert find_images(view / "src").loops() == ["a/root/", "a/up/", "b/view/"]
+
+
+def test_predict_does_not_follow_a_link_to_a_folder_above_the_one_given(tmp_path):
+    """`petal predict RUN odd/a` with `odd/a/loop -> ..` predicted odd/b's images too."""
+    from petal.evaluation.predict import expand_images
+
+    _touch(tmp_path / "odd" / "a" / "1.jpg")
+    _touch(tmp_path / "odd" / "b" / "2.jpg")
+    (tmp_path / "odd" / "a" / "loop").symlink_to("..", target_is_directory=True)
+    warnings: list[str] = []
+    folder = tmp_path / "odd" / "a"
+    assert expand_images([folder], warn=warnings.append) == [folder / "1.jpg"]
+    assert warnings == [
+        f"1 folder link(s) under {folder} lead back to a folder that holds them and are not "
+        f"followed: {folder}/loop/ (that folder's images are predicted once, where it lies)"
+    ]
+

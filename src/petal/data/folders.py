@@ -481,10 +481,16 @@ def walk_tree(
     candidates are entries with an image extension, ignored the other files.
 
     Symlinked folders are followed like real ones, so a class folder that links to another
-    class's folder lists those images too (as a copy would). Only a link back to a folder on
-    its own path (``roses/again -> roses``) is not followed: it would never end; it is listed
-    as ignored (a name ending in ``/``) instead of vanishing. Hidden entries (:func:`is_hidden`)
-    are listed as ignored without being read, folders with a trailing ``/``.
+    class's folder, or to a folder elsewhere, lists those images too (as a copy would). Only a
+    link to a folder that holds it is not followed: its own (``roses/again -> roses``), the
+    source or one above it (``roses/up -> ../..``, ``-> /``), whose walk would never end or
+    would file every photo beside the source under the class; it is listed as ignored (a name
+    ending in ``/``) instead of vanishing. Hidden entries (:func:`is_hidden`) are listed as
+    ignored without being read, folders with a trailing ``/``.
+
+    Args:
+        ancestors: local folders that hold ``root/rel`` (the source, for a class folder):
+            real paths, and the source's path as given, made absolute.
     """
     listdir = listdir or (_list_remote if is_remote(root) else _list_local)
     found: list[str] = []
@@ -492,9 +498,9 @@ def walk_tree(
     here = join(root, *rel.split("/")) if rel else root
     if not is_remote(root):
         real = os.path.realpath(here)
-        if real in ancestors:
+        if any(_holds(real, folder) for folder in ancestors):
             return found, [rel + "/"]
-        ancestors = ancestors | {real}
+        ancestors = ancestors | {real} | ({os.path.abspath(here)} if not rel else set())
     for name, is_dir in listdir(here):
         child = f"{rel}/{name}" if rel else name
         if is_hidden(name):
@@ -510,6 +516,12 @@ def walk_tree(
         else:
             ignored.append(child)
     return found, ignored
+
+
+def _holds(folder: str, path: str) -> bool:
+    """Whether local ``path`` is ``folder`` or lies below it, by their text (both resolved or
+    absolute already; :func:`is_within` resolves them)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalError | None:
@@ -554,9 +566,14 @@ def find_images(
             f"Received: source={root}"
         )
     listdir = _list_remote if is_remote(root) else _list_local
-    # The source holds every class folder: a link in one back to it is a loop too (followed,
-    # it filed every class's photos under that class).
-    above = frozenset() if is_remote(root) else frozenset({os.path.realpath(root)})
+    # The source holds every class folder: a link in one back to it, or to a folder above it,
+    # is a loop too (followed, it filed every class's photos, or the whole disk's, under that
+    # class). Its path as given too: a link to a folder above a linked source's name.
+    above = (
+        frozenset()
+        if is_remote(root)
+        else frozenset({os.path.realpath(root), os.path.abspath(root)})
+    )
     by_class: dict[str, list[str]] = {}
     ignored: list[str] = []
     try:
