@@ -425,3 +425,29 @@ def test_predict_does_not_follow_a_link_to_a_folder_above_the_one_given(tmp_path
         f"followed: {folder}/loop/ (that folder's images are predicted once, where it lies)"
     ]
 
+
+def test_a_link_in_the_source_back_to_it_is_a_listed_loop(small_flowers, tmp_path):
+    """`again -> .` beside the class folders was counted among ignored_files alone: no
+    warning, not in folder_loops."""
+    import json
+
+    from petal.data import convert
+
+    root = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (root / cls).mkdir(parents=True)
+        first = sorted((small_flowers / cls).iterdir())[0]
+        (root / cls / first.name).symlink_to(first.resolve())
+    (root / "again").symlink_to(".", target_is_directory=True)
+    (root / "again2").symlink_to("../src", target_is_directory=True)
+    folder = find_images(root)
+    assert folder.classes == ("daisy", "roses") and len(folder.files) == 2
+    assert folder.loops() == ["again/", "again2/"] and folder.empty == ()
+    assert "2 link(s) back to a folder holding them, not followed (again/, again2/)" in (
+        folder.unread_note()
+    )
+    convert(root, tmp_path / "records", image_size=16, val_fraction=0, workers=1, progress=False)
+    manifest = json.loads((tmp_path / "records" / "manifest.json").read_text())
+    assert manifest["images_found"] == manifest["written"] == 2
+    assert manifest["ignored_files"] == 2
+    assert manifest["folder_loops"] == ["again/", "again2/"] and manifest["empty_folders"] == []

@@ -51,7 +51,8 @@ class ImageFolder:
         files: candidate images, sorted by class then relative path.
         ignored: relative paths that are not candidates (other extensions, files directly
             in the root, classes left out by an explicit class list, hidden files, and
-            hidden folders and links back to an enclosing folder as ``class/link/``).
+            hidden folders and links to a folder that holds them as ``class/link/``, or
+            ``link/`` in the root).
         left_out: sub-folders an explicit class list left out.
         empty: sub-folders holding nothing (or only hidden files), so no class: a class
             whose photos are still to come would otherwise go unnoticed.
@@ -104,14 +105,14 @@ class ImageFolder:
         ]
 
     def loops(self) -> list[str]:
-        """Links back to a folder on their own path (``b/loop/ -> b``), not followed: that
-        folder's images are read once, where it lies. Not in a sub-folder a class list left
-        out."""
+        """Links to a folder that holds them (``b/loop/ -> b``, ``b/up/ -> ../..``, and in
+        the root ``again/ -> .``), not followed: that folder's images are read once, where it
+        lies, and none from above the source. Not in a sub-folder a class list left out."""
+        # The root's own ignored folders ending in "/" are the hidden ones and these.
         return [
             n
             for n in self.ignored
             if n.endswith("/")
-            and "/" in n[:-1]
             and n.split("/", 1)[0] not in self.left_out
             and not is_hidden_entry(n)
         ]
