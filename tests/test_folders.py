@@ -387,3 +387,67 @@ def test_classes_with_spaces_around_or_a_comma_in_their_names(tmp_path):
         "--classes, where commas separate the names: rename the folder, or leave out "
         "--classes to read every class folder."
     )
+
+
+def test_a_link_to_a_folder_above_the_source_is_a_loop_not_read(tmp_path):
+    """`a/up -> ../..` was followed: the photos beside the source were filed under `a` (and a
+    link to / walked the whole disk). A link to a folder elsewhere is still followed."""
+    root = tmp_path / "src"
+    _touch(root / "a" / "1.jpg")
+    _touch(root / "b" / "2.jpg")
+    _touch(tmp_path / "other" / "stranger.jpg")
+    (root / "a" / "up").symlink_to("../..", target_is_directory=True)
+    (root / "a" / "root").symlink_to("/", target_is_directory=True)
+    (root / "b" / "more").symlink_to(tmp_path / "other", target_is_directory=True)
+    folder = find_images(root)
+    assert [f.relpath for f in folder.files] == ["a/1.jpg", "b/2.jpg", "b/more/stranger.jpg"]
+    assert folder.loops() == ["a/root/", "a/up/"] and folder.ignored == ("a/root/", "a/up/")
+    # A source reached through a link: a link to the folder holding that link is a loop too.
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "src").symlink_to(root, target_is_directory=True)
+    (root / "b" / "view").symlink_to(view, target_is_directory=True)
+    assert find_images(view / "src").loops() == ["a/root/", "a/up/", "b/view/"]
+
+
+def test_predict_does_not_follow_a_link_to_a_folder_above_the_one_given(tmp_path):
+    """`petal predict RUN odd/a` with `odd/a/loop -> ..` predicted odd/b's images too."""
+    from petal.evaluation.predict import expand_images
+
+    _touch(tmp_path / "odd" / "a" / "1.jpg")
+    _touch(tmp_path / "odd" / "b" / "2.jpg")
+    (tmp_path / "odd" / "a" / "loop").symlink_to("..", target_is_directory=True)
+    warnings: list[str] = []
+    folder = tmp_path / "odd" / "a"
+    assert expand_images([folder], warn=warnings.append) == [folder / "1.jpg"]
+    assert warnings == [
+        f"1 folder link(s) under {folder} lead back to a folder that holds them and are not "
+        f"followed: {folder}/loop/ (that folder's images are predicted once, where it lies)"
+    ]
+
+
+def test_a_link_in_the_source_back_to_it_is_a_listed_loop(small_flowers, tmp_path):
+    """`again -> .` beside the class folders was counted among ignored_files alone: no
+    warning, not in folder_loops."""
+    import json
+
+    from petal.data import convert
+
+    root = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (root / cls).mkdir(parents=True)
+        first = sorted((small_flowers / cls).iterdir())[0]
+        (root / cls / first.name).symlink_to(first.resolve())
+    (root / "again").symlink_to(".", target_is_directory=True)
+    (root / "again2").symlink_to("../src", target_is_directory=True)
+    folder = find_images(root)
+    assert folder.classes == ("daisy", "roses") and len(folder.files) == 2
+    assert folder.loops() == ["again/", "again2/"] and folder.empty == ()
+    assert "2 link(s) back to a folder holding them, not followed (again/, again2/)" in (
+        folder.unread_note()
+    )
+    convert(root, tmp_path / "records", image_size=16, val_fraction=0, workers=1, progress=False)
+    manifest = json.loads((tmp_path / "records" / "manifest.json").read_text())
+    assert manifest["images_found"] == manifest["written"] == 2
+    assert manifest["ignored_files"] == 2
+    assert manifest["folder_loops"] == ["again/", "again2/"] and manifest["empty_folders"] == []

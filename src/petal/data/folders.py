@@ -51,7 +51,8 @@ class ImageFolder:
         files: candidate images, sorted by class then relative path.
         ignored: relative paths that are not candidates (other extensions, files directly
             in the root, classes left out by an explicit class list, hidden files, and
-            hidden folders and links back to an enclosing folder as ``class/link/``).
+            hidden folders and links to a folder that holds them as ``class/link/``, or
+            ``link/`` in the root).
         left_out: sub-folders an explicit class list left out.
         empty: sub-folders holding nothing (or only hidden files), so no class: a class
             whose photos are still to come would otherwise go unnoticed.
@@ -104,14 +105,14 @@ class ImageFolder:
         ]
 
     def loops(self) -> list[str]:
-        """Links back to a folder on their own path (``b/loop/ -> b``), not followed: that
-        folder's images are read once, where it lies. Not in a sub-folder a class list left
-        out."""
+        """Links to a folder that holds them (``b/loop/ -> b``, ``b/up/ -> ../..``, and in
+        the root ``again/ -> .``), not followed: that folder's images are read once, where it
+        lies, and none from above the source. Not in a sub-folder a class list left out."""
+        # The root's own ignored folders ending in "/" are the hidden ones and these.
         return [
             n
             for n in self.ignored
             if n.endswith("/")
-            and "/" in n[:-1]
             and n.split("/", 1)[0] not in self.left_out
             and not is_hidden_entry(n)
         ]
@@ -481,10 +482,16 @@ def walk_tree(
     candidates are entries with an image extension, ignored the other files.
 
     Symlinked folders are followed like real ones, so a class folder that links to another
-    class's folder lists those images too (as a copy would). Only a link back to a folder on
-    its own path (``roses/again -> roses``) is not followed: it would never end; it is listed
-    as ignored (a name ending in ``/``) instead of vanishing. Hidden entries (:func:`is_hidden`)
-    are listed as ignored without being read, folders with a trailing ``/``.
+    class's folder, or to a folder elsewhere, lists those images too (as a copy would). Only a
+    link to a folder that holds it is not followed: its own (``roses/again -> roses``), the
+    source or one above it (``roses/up -> ../..``, ``-> /``), whose walk would never end or
+    would file every photo beside the source under the class; it is listed as ignored (a name
+    ending in ``/``) instead of vanishing. Hidden entries (:func:`is_hidden`) are listed as
+    ignored without being read, folders with a trailing ``/``.
+
+    Args:
+        ancestors: local folders that hold ``root/rel`` (the source, for a class folder):
+            real paths, and the source's path as given, made absolute.
     """
     listdir = listdir or (_list_remote if is_remote(root) else _list_local)
     found: list[str] = []
@@ -492,9 +499,9 @@ def walk_tree(
     here = join(root, *rel.split("/")) if rel else root
     if not is_remote(root):
         real = os.path.realpath(here)
-        if real in ancestors:
+        if any(_holds(real, folder) for folder in ancestors):
             return found, [rel + "/"]
-        ancestors = ancestors | {real}
+        ancestors = ancestors | {real} | ({os.path.abspath(here)} if not rel else set())
     for name, is_dir in listdir(here):
         child = f"{rel}/{name}" if rel else name
         if is_hidden(name):
@@ -510,6 +517,12 @@ def walk_tree(
         else:
             ignored.append(child)
     return found, ignored
+
+
+def _holds(folder: str, path: str) -> bool:
+    """Whether local ``path`` is ``folder`` or lies below it, by their text (both resolved or
+    absolute already; :func:`is_within` resolves them)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalError | None:
@@ -554,9 +567,14 @@ def find_images(
             f"Received: source={root}"
         )
     listdir = _list_remote if is_remote(root) else _list_local
-    # The source holds every class folder: a link in one back to it is a loop too (followed,
-    # it filed every class's photos under that class).
-    above = frozenset() if is_remote(root) else frozenset({os.path.realpath(root)})
+    # The source holds every class folder: a link in one back to it, or to a folder above it,
+    # is a loop too (followed, it filed every class's photos, or the whole disk's, under that
+    # class). Its path as given too: a link to a folder above a linked source's name.
+    above = (
+        frozenset()
+        if is_remote(root)
+        else frozenset({os.path.realpath(root), os.path.abspath(root)})
+    )
     by_class: dict[str, list[str]] = {}
     ignored: list[str] = []
     try:
