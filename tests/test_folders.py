@@ -422,7 +422,8 @@ def test_predict_does_not_follow_a_link_to_a_folder_above_the_one_given(tmp_path
     assert expand_images([folder], warn=warnings.append) == [folder / "1.jpg"]
     assert warnings == [
         f"1 folder link(s) under {folder} lead back to a folder that holds them and are not "
-        f"followed: {folder}/loop/ (that folder's images are predicted once, where it lies)"
+        f"followed: {folder}/loop/ (images in {folder} are predicted once, where they lie; none "
+        "above it)"
     ]
 
 

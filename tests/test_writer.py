@@ -667,8 +667,8 @@ def test_a_folder_loop_is_listed_and_the_lists_add_up_to_the_ignored_files(tmp_p
     assert sum(len(m[key]) for key in lists) == m["ignored_files"] == 4
     assert (
         "1 folder link(s) lead back to a folder that holds them and were not followed "
-        "(b/loop/; listed in manifest.json as folder_loops): that folder's images are read "
-        "once, where it lies; remove the links to silence this"
+        "(b/loop/; listed in manifest.json as folder_loops): a folder in the source is read "
+        "once, where it lies, and none above it is read; remove the links to silence this"
     ) in summary.warnings
 
 

@@ -1291,8 +1291,9 @@ def _warnings(manifest: dict) -> list[str]:
     if loops := manifest.get("folder_loops"):
         out.append(
             f"{len(loops)} folder link(s) lead back to a folder that holds them and were not "
-            f"followed ({some_names(loops)}; listed in manifest.json as folder_loops): that "
-            "folder's images are read once, where it lies; remove the links to silence this"
+            f"followed ({some_names(loops)}; listed in manifest.json as folder_loops): a folder "
+            "in the source is read once, where it lies, and none above it is read; remove the "
+            "links to silence this"
         )
     if empty_folders := manifest.get("empty_folders"):
         out.append(

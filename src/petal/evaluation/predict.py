@@ -133,7 +133,8 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
             notes.append(
                 f"{len(loops)} folder link(s) under {path} lead back to a folder that holds "
                 f"them and are not followed: {_listing(loops)}"
-                + (" (that folder's images are predicted once, where it lies)" if found else "")
+                + (f" (images in {path} are predicted once, where they lie; none above it)"
+                   if found else "")
             )
         if not found and _records(path, other):
             raise PetalError(
