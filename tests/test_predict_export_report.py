@@ -921,8 +921,8 @@ def test_predict_names_a_folder_link_back_to_its_own_path_as_such(tmp_path):
     assert expand_images([photos], warn=warnings.append) == [photos / "a.jpg"]
     assert warnings == [
         f"1 folder link(s) under {photos} lead back to a folder that holds them and are not "
-        f"followed: {photos}/nested/loop/ (that folder's images are predicted once, where it "
-        "lies)"
+        f"followed: {photos}/nested/loop/ (images in {photos} are predicted once, where they "
+        "lie; none above it)"
     ]
     (photos / "a.jpg").unlink()
     with pytest.raises(PetalError, match=re.escape(
@@ -1447,3 +1447,26 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
     (run / "scan").write_text("x")  # a photo saved without an extension, perhaps
     with pytest.raises(PetalError, match="; pass them by name to predict them;"):
         expand_images([run])
+
+
+def test_predict_names_each_file_as_it_was_given(trained, small_flowers, tmp_path, monkeypatch):
+    # "./imgs/a.jpg" and "imgs//b.jpg" came back as "imgs/a.jpg" and "imgs/b.jpg": a script
+    # found none of its own paths among the results.
+    from petal.evaluation.predict import expand_images, predict
+
+    imgs = tmp_path / "imgs"
+    (imgs / "more").mkdir(parents=True)
+    photo = sorted(small_flowers.glob("*/*.jpg"))[0].read_bytes()
+    for name in ("a.jpg", "b.jpg", "more/c.jpg"):
+        (imgs / name).write_bytes(photo)
+    (imgs / "d.jpg").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    given = ["./imgs/a.jpg", "imgs//b.jpg", "./imgs/more/", "imgs/d.jpg", "./imgs/a.jpg"]
+    results = predict(trained, given, skip_corrupt=True, warn=lambda line: None)
+    assert [r["file"] for r in results] == [
+        "./imgs/a.jpg", "imgs//b.jpg", "./imgs/more/c.jpg", "imgs/d.jpg", "./imgs/a.jpg"
+    ]
+    assert [len(r["predictions"]) for r in results] == [3, 3, 3, 0, 3]
+    assert results[0]["predictions"] == results[1]["predictions"] == results[4]["predictions"]
+    assert expand_images(given[:3]) == [Path("imgs/a.jpg"), Path("imgs/b.jpg"),
+                                        Path("imgs/more/c.jpg")]

@@ -87,6 +87,14 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     Raises:
         PetalError: a folder holds no image files, or a path is a URL or empty.
     """
+    return [path for path, _ in _expand(paths, warn)]
+
+
+def _expand(paths: Sequence[str | Path], warn) -> list[tuple[Path, str]]:
+    """:func:`expand_images`, each file with its name as given: a path given as written
+    (``./a.jpg``), a file found in a folder as that folder's path as written joined to its
+    path there; a Path would drop the ``./`` and a doubled ``/``, and a script would not
+    find its own paths among the results."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
     if any(str(p) == "" for p in paths):
@@ -102,15 +110,16 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden_entry, walk_tree
 
     warn = warn or _warn
-    files: list[Path] = []
-    for path in map(Path, paths):
+    files: list[tuple[Path, str]] = []
+    for given in paths:
+        path, written = Path(given), os.fspath(given)
         if not path.is_dir():
-            files.append(path)
+            files.append((path, written))
             continue
         # Links to folders are followed, as petal convert does; a link back to a folder on
         # its own path is not (listed among the other files, with a trailing /).
         image_names, other_names = walk_tree(str(path))
-        found = [path / rel for rel in image_names]
+        found = sorted((path / rel, os.path.join(written, rel)) for rel in image_names)
         hidden = [f"{path}/{rel}" for rel in hidden_entries(other_names)]
         # Other hidden files (.DS_Store, .gitkeep) are in every folder: not worth a word.
         shown = [rel for rel in other_names if not is_hidden_entry(rel)]
@@ -151,7 +160,7 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
             )
         for note in notes:
             warn(note)
-        files += sorted(found)
+        files += found
     return files
 
 
@@ -231,7 +240,9 @@ def predict(
     warn = warn or _warn
     run = open_run(workdir, warn=warn)
     top_k = top_k_for(run, top_k, warn)
-    images = expand_images(images, warn=warn)
+    given = _expand(images, warn)
+    images = [path for path, _ in given]
+    names = [utf8_name(name) for _, name in given]  # as given: the results' "file"
     if not_utf8 := [path for path in images if not is_utf8(str(path))]:
         # Kept as Python holds them (lone surrogates) they are no text JSON or a terminal
         # can hold: written as petal convert writes such names in its manifest.
@@ -240,28 +251,28 @@ def predict(
             f"that is not as \\xNN: {_listing(not_utf8)}"
         )
     model = None
-    found: dict[Path, dict] = {}
-    bad: list[tuple[Path, str]] = []
+    found: dict[int, dict] = {}  # by the file's place in images
+    bad: list[tuple[int, str]] = []
     # A batch at a time, so a folder of any size fits in memory. After the first unreadable
     # file (without skip_corrupt) the rest are only decoded, to name every one of them.
     with progress_bar("predict", len(images), progress) as bar:
         for start in range(0, len(images), batch_size):
-            chunk = images[start : start + batch_size]
+            chunk = range(start, min(start + batch_size, len(images)))
             pixels, kept = [], []
-            for path in chunk:
+            for at in chunk:
                 try:
-                    pixels.append(_decode(path, run, max_pixels))
-                    kept.append(path)
+                    pixels.append(_decode(images[at], run, max_pixels))
+                    kept.append(at)
                 except _Unreadable as err:
-                    bad.append((path, str(err)))
+                    bad.append((at, str(err)))
             if pixels and (skip_corrupt or not bad):
                 model = model or load_model(run)
                 batch = normalize(np.stack(pixels), run.normalization)
                 probs = np.asarray(model.predict_on_batch(batch), dtype=np.float64)
                 idx, p = best_k(probs, top_k)
-                for n, path in enumerate(kept):
-                    found[path] = {
-                        "file": utf8_name(str(path)),
+                for n, at in enumerate(kept):
+                    found[at] = {
+                        "file": names[at],
                         "predictions": [
                             {"label": run.classes[int(i)], "index": int(i), "probability": float(q)}
                             for i, q in zip(idx[n], p[n], strict=True)
@@ -269,9 +280,9 @@ def predict(
                     }
             bar.update(len(chunk))
     if len(images) == 1 and bad:
-        raise _error(*bad[0])  # one file: its own message
+        raise _error(given[0][1], bad[0][1])  # one file: its own message
     if bad:
-        named = [(utf8_name(str(path)), reason) for path, reason in bad]
+        named = [(names[at], reason) for at, reason in bad]
         shown = some_files(named, "--skip-corrupt marks each skipped")
         if len(bad) == len(images):
             raise PetalError(
@@ -286,9 +297,9 @@ def predict(
             f"skipped {len(bad)} of {len(images)} images that cannot be read (each marked "
             f"skipped in the results): {shown}"
         )
-    for path, reason in bad:
-        found[path] = {"file": utf8_name(str(path)), "predictions": [], "skipped": reason}
-    return [found[path] for path in images]
+    for at, reason in bad:
+        found[at] = {"file": names[at], "predictions": [], "skipped": reason}
+    return [found[at] for at in range(len(images))]
 
 
 def _shown_label(label: str) -> str:
