@@ -1601,3 +1601,24 @@ def test_a_plot_that_cannot_be_saved_closes_its_figure(tmp_path):
         with pytest.raises((OSError, ValueError)):
             plot_confusion_matrix(np.eye(2, dtype=int), ["a", "b"], out)
         assert plt.get_fignums() == []
+
+
+def test_classes_picked_from_a_folder_are_said_to_be_picked_not_all_it_holds(
+    trained, small_flowers, tmp_path
+):
+    # The folder held all five classes; the warning said it held the two --classes picked.
+    from petal.evaluation.evaluate import evaluate
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "dandelion", "roses", "sunflowers", "tulips"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:1]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    warned: list[str] = []
+    report = evaluate(trained, photos, classes="roses,daisy", out_dir=tmp_path / "eval",
+                      log=lambda line: None, warn=warned.append)
+    assert report["count"] == 2
+    assert warned[-1] == (
+        f"--classes picks 2 of the model's 5 classes (roses, daisy) from {photos}; the macro "
+        "averages are over those"
+    )

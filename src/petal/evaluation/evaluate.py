@@ -165,6 +165,7 @@ def evaluate(
         # The run's own data (the default) needs no comparison with itself: its manifest, if
         # any, is not read a second time; its classes are those the run was given.
         own_data = same_place(data, run.config.get("data") or "")
+        picked = classes is not None  # the user's choice of class folders, for a folder
         if classes is None and own_data:
             classes = run.config.get("classes")
         # New photos may be of one of the model's classes.
@@ -190,10 +191,14 @@ def evaluate(
         if upscaled := upscale_warning(source, run.image_size):
             warnings.append(f"{upscaled}: the model may score lower on them")
         if to_model is not None and len(source.classes) < len(run.classes):
+            some = f"{len(source.classes)} of the model's {len(run.classes)} classes"
+            names = ", ".join(source.classes)
             warnings.append(
-                f"{data} holds {len(source.classes)} of the model's {len(run.classes)} classes "
-                f"({', '.join(source.classes)}); the macro averages are over those"
+                f"--classes picks {some} ({names}) from {data}"
+                if picked and source.kind == "folder"
+                else f"{data} holds {some} ({names})"
             )
+            warnings[-1] += "; the macro averages are over those"
         undecodable, line = (
             decode_skips(source, split, "eval.json", counted=True) if skip_corrupt else (None, "")
         )
