@@ -1622,3 +1622,17 @@ def test_classes_picked_from_a_folder_are_said_to_be_picked_not_all_it_holds(
         f"--classes picks 2 of the model's 5 classes (roses, daisy) from {photos}; the macro "
         "averages are over those"
     )
+
+
+def test_evaluate_refuses_data_that_is_not_one_path(trained):
+    # None and a list failed with pathlib's TypeError; '' read the current folder.
+    from petal.evaluation.evaluate import evaluate
+
+    ours = json.loads((trained / "config.json").read_text())["data"]
+    for data in (None, [str(trained)], ""):
+        with pytest.raises(PetalError) as caught:
+            evaluate(trained, data, log=lambda line: None, warn=lambda line: None)
+        assert str(caught.value) == (
+            "evaluate needs data as one records folder, codelab shards or image folder (the "
+            f"run trained on {ours}). Received: data={data!r}"
+        )

@@ -140,6 +140,12 @@ def evaluate(
         )
     warnings: list[str] = []
     run = open_run(workdir, warn=warnings.append)  # a stale model: said, and in eval.json
+    if not isinstance(data, (str, os.PathLike)) or not str(data):
+        # A Path of None or of a list failed deep in pathlib; '' was the current folder.
+        raise PetalError(
+            "evaluate needs data as one records folder, codelab shards or image folder (the "
+            f"run trained on {run.config.get('data')}). Received: data={data!r}"
+        )
     top_k = top_k_for(run, top_k, warnings.append)
     # Before the evaluation, which may take minutes: a URL or a file in the way stops it
     # now (the folder is created once there is something to write).
