@@ -387,7 +387,7 @@ def normalize(images, normalization: str = "unit") -> tf.Tensor:
     return images
 
 
-def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
+def load_image(path: str | os.PathLike, image_size=None, resize: str = "fill") -> tf.Tensor:
     """One image file -> uint8 ``[H, W, 3]``, fitted with ``resize`` when ``image_size`` is
     given.
 
@@ -396,8 +396,12 @@ def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
     Raises:
         PetalError: (eagerly) the file cannot be read or decoded; the message names it.
     """
+    if isinstance(path, bytes | os.PathLike):
+        path = os.fsdecode(path)  # a pathlib.Path, as convert and train_dataset take one
     if not tf.executing_eagerly():  # inside tf.data or a tf.function: the op's own error
         return _load_image(path, image_size, resize)
+    if not isinstance(path, str | tf.Tensor):
+        raise PetalError(f"path must be an image file's path. Received: path={path!r}")
     try:
         return _load_image(path, image_size, resize)
     except PetalError:
