@@ -1122,3 +1122,15 @@ def test_load_image_takes_a_pathlib_path(small_flowers, tmp_path):
     with pytest.raises(PetalError, match=r"^path must be an image file's path\. "
                        r"Received: path=None$"):  # fmt: skip
         pipeline.load_image(None, 24)
+
+
+@pytest.mark.parametrize("resize", ["fill", "none"])
+def test_fit_image_raises_invalid_argument_for_junk_eagerly_as_in_a_graph(resize):
+    """Eagerly, fit_image raised a bare ValueError for bytes that are no image, while its
+    docstring (and tf.data) gave InvalidArgumentError."""
+    for data in (b"junk", tf.constant(b"junk")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"not an image"):
+            pipeline.fit_image(data, 16, resize)
+    ds = tf.data.Dataset.from_tensors(b"junk").map(lambda d: pipeline.fit_image(d, 16, resize))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not an image"):
+        next(iter(ds))
