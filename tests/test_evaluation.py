@@ -1601,3 +1601,17 @@ def test_a_plot_that_cannot_be_saved_closes_its_figure(tmp_path):
         with pytest.raises((OSError, ValueError)):
             plot_confusion_matrix(np.eye(2, dtype=int), ["a", "b"], out)
         assert plt.get_fignums() == []
+
+
+def test_per_class_metrics_refuses_class_names_that_do_not_fit_the_matrix():
+    """Fewer names than the matrix's classes dropped classes from per_class while the macro
+    averages kept them; more raised an IndexError."""
+    cm = metrics.confusion_matrix(Y_TRUE, np.argmax(PROBS, axis=1), 3)
+    for classes in (["a", "b"], ["a", "b", "c", "d"]):
+        n = len(classes)
+        with pytest.raises(PetalError, match=rf"^cm must be \[{n}, {n}\] for {n} classes\. "
+                           r"Received: shape=\(3, 3\)$"):  # fmt: skip
+            metrics.per_class_metrics(cm, classes)
+    with pytest.raises(PetalError, match=r"Received: shape=\(3,\)$"):
+        metrics.per_class_metrics(np.array([1, 2, 3]), ["a", "b", "c"])
+    assert list(metrics.per_class_metrics(cm, ["a", "b", "c"])["per_class"]) == ["a", "b", "c"]
