@@ -273,3 +273,30 @@ def test_a_codelab_ramp_longer_than_a_phase_of_head_then_all_is_refused(tmp_path
     for cfg in (fits, base.replace(fine_tune="all", head_epochs=0)):
         with pytest.raises(PetalError, match="no-records-here"):
             train(cfg, tmp_path / "run")
+
+
+def test_numpy_scalars_are_numbers_and_strings_are_named():
+    """np.int64(10) was no "finite number" (nor a positive int for epochs_to_steps), and a
+    string given to a public helper failed as Python's "'<' not supported"."""
+    schedule = build_schedule(
+        "warmup_cosine", steps_per_epoch=np.int64(10), peak_lr=np.float32(1.0),
+        total_epochs=np.int64(2),
+    )  # fmt: skip
+    plain = build_schedule("warmup_cosine", steps_per_epoch=10, peak_lr=1.0, total_epochs=2)
+    assert float(schedule(5)) == float(plain(5))
+    # Saved with the model as JSON: the NumPy scalars become Python numbers.
+    assert schedule.get_config() == plain.get_config()
+    assert epochs_to_steps(np.float64(1.5), np.int64(4)) == 6
+    assert codelab_max_lr(np.int64(8)) == pytest.approx(4e-4)
+    cases = [
+        (lambda: epochs_to_steps("1", 10), "epochs must be a finite number. Received: epochs='1'"),
+        (lambda: scale_lr(0.1, "512"), "batch_size must be a finite number. "
+                                       "Received: batch_size='512'"),
+        (lambda: codelab_max_lr("8"), "replicas must be a finite number. Received: replicas='8'"),
+        (lambda: warmup_cosine(10, peak_lr=1.0, total_epochs="2"),
+         "total_epochs must be a finite number. Received: total_epochs='2'"),
+        (lambda: epochs_to_steps(1, True), "steps_per_epoch must be a positive int"),
+    ]  # fmt: skip
+    for call, message in cases:
+        with pytest.raises(PetalError, match=f"^{re.escape(message)}"):
+            call()
