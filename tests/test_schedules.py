@@ -300,3 +300,32 @@ def test_numpy_scalars_are_numbers_and_strings_are_named():
     for call, message in cases:
         with pytest.raises(PetalError, match=f"^{re.escape(message)}"):
             call()
+
+
+def test_codelab_ramp_refuses_a_decay_that_grows_the_rate():
+    """decay=5.0 was taken, and its "decay" grew the rate to 625x the peak in 4 epochs."""
+    for decay in (5.0, 1.01):
+        with pytest.raises(PetalError, match=r"^Schedule option decay must be from 0 \(down to "
+                           r"min_lr after the peak\) to 1 \(held at the peak\), a factor per "
+                           rf"epoch\. Received: decay={decay}$"):  # fmt: skip
+            build_schedule("codelab_ramp", steps_per_epoch=1, max_lr=1.0, decay=decay)
+    with pytest.raises(PetalError, match=r"decay must be from 0 .*Received: decay='x'$"):
+        codelab_ramp(1, decay="x")
+    # The ends are schedules: down to min_lr the epoch after the peak, or held there.
+    kw = {"steps_per_epoch": 1, "max_lr": 1.0, "min_lr": 0.0, "rampup_epochs": 1}
+    assert per_epoch_values(codelab_ramp(**kw, decay=0), 4, 1) == pytest.approx([1e-5, 1, 0, 0])
+    assert per_epoch_values(codelab_ramp(**kw, decay=1), 4, 1) == pytest.approx([1e-5, 1, 1, 1])
+
+
+def test_a_growing_decay_is_one_line_on_the_command_line(tmp_path, capsys):
+    from petal.cli import main
+
+    code = main(["train", "--preset", "quick", "--data", str(tmp_path / "none"),
+                 "--workdir", str(tmp_path / "run"), "--set", "schedule=codelab_ramp",
+                 "--set", "schedule_options.decay=5"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "petal train: error: Schedule option decay must be from 0 (down to min_lr after the "
+        "peak) to 1 (held at the peak), a factor per epoch. Received: decay=5\n"
+    )
+    assert not (tmp_path / "run").exists()

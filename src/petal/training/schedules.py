@@ -144,7 +144,8 @@ def codelab_ramp(
         min_lr: Rate the decay tends to.
         rampup_epochs: Epochs of linear ramp-up.
         sustain_epochs: Epochs held at the peak.
-        decay: Per-epoch decay factor of ``max - min``.
+        decay: Per-epoch decay factor of ``max - min``, from 0 (down to ``min_lr`` the epoch
+            after the peak) to 1 (held at the peak).
         replicas: Replicas in sync (only used when ``max_lr`` is None).
         interpolate: ``False`` keeps each epoch's codelab value for all its steps (identical to
             the codelab's per-epoch callback); ``True`` evaluates the same curve at fractional
@@ -155,6 +156,12 @@ def codelab_ramp(
         ``step -> lr``.
     """
     epochs_to_steps(0, steps_per_epoch)  # validates steps_per_epoch
+    if not (_is_number(decay) and 0 <= decay <= 1):
+        # Above 1 the "decay" grew the rate past the peak, epoch after epoch.
+        raise PetalError(
+            "Schedule option decay must be from 0 (down to min_lr after the peak) to 1 (held "
+            f"at the peak), a factor per epoch. Received: decay={decay!r}"
+        )
     peak = codelab_max_lr(replicas) if max_lr is None else max_lr
     spe = float(steps_per_epoch)
 
