@@ -1636,3 +1636,17 @@ def test_evaluate_refuses_data_that_is_not_one_path(trained):
             "evaluate needs data as one records folder, codelab shards or image folder (the "
             f"run trained on {ours}). Received: data={data!r}"
         )
+
+
+def test_per_class_metrics_refuses_class_names_that_do_not_fit_the_matrix():
+    """Fewer names than the matrix's classes dropped classes from per_class while the macro
+    averages kept them; more raised an IndexError."""
+    cm = metrics.confusion_matrix(Y_TRUE, np.argmax(PROBS, axis=1), 3)
+    for classes in (["a", "b"], ["a", "b", "c", "d"]):
+        n = len(classes)
+        with pytest.raises(PetalError, match=rf"^cm must be \[{n}, {n}\] for {n} classes\. "
+                           r"Received: shape=\(3, 3\)$"):  # fmt: skip
+            metrics.per_class_metrics(cm, classes)
+    with pytest.raises(PetalError, match=r"Received: shape=\(3,\)$"):
+        metrics.per_class_metrics(np.array([1, 2, 3]), ["a", "b", "c"])
+    assert list(metrics.per_class_metrics(cm, ["a", "b", "c"])["per_class"]) == ["a", "b", "c"]

@@ -597,3 +597,26 @@ def test_a_keras3_file_with_the_imagenet_top_says_its_top_was_left_out(tmp_path)
     model = create_model("mobilenet_v2", 3, 32, weights=path, log=lines.append)
     assert lines == [f"weights from {path}: backbone (the file's top left out: dense)"]
     _assert_backbone_holds(model, source)
+
+
+def test_load_weights_file_refuses_a_name_and_create_model_weights_of_the_wrong_kind(tmp_path):
+    """A name gave "AttributeError: 'str' object has no attribute 'layers'" (count_params
+    named the mistake); weights=True or a list, pathlib's "expected str, bytes or
+    os.PathLike" TypeError."""
+    import re
+
+    from petal.models.registry import load_weights_file
+
+    path = str(tmp_path / "x.weights.h5")
+    with pytest.raises(PetalError, match=r"^load_weights_file loads weights into a built "
+                       r"keras\.Model, not a name: build it with the file \(create_model\("
+                       r"'dense', num_classes, image_size, weights='.*x\.weights\.h5'\)\)\. "
+                       r"Received: model='dense'$"):  # fmt: skip
+        load_weights_file("dense", path)
+    with pytest.raises(PetalError, match=r"Received: model of type NoneType$"):
+        load_weights_file(None, path)
+    for weights in (True, [path]):
+        with pytest.raises(PetalError, match=r"^weights must be the path of a \.weights\.h5 "
+                           r"file, 'imagenet', or None: `--weights none` on the command line\. "
+                           rf"Received: weights={re.escape(repr(weights))}$"):  # fmt: skip
+            create_model("dense", 5, 32, weights=weights)

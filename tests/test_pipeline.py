@@ -1108,3 +1108,29 @@ def test_an_image_folder_with_fewer_files_than_input_pipelines(small_flowers, tm
                        r"pipelines\. Received: batch_size=4$"):  # fmt: skip
         train_dataset(str(folder), batch_size=4, image_size=32, split="all",
                       input_context=tf.distribute.InputContext(4, 3, 4))  # fmt: skip
+
+
+def test_load_image_takes_a_pathlib_path(small_flowers, tmp_path):
+    """A pathlib.Path failed as "Attempt to convert a value (PosixPath(...)) ... to a
+    Tensor", a missing one too, instead of saying that it does not exist."""
+    path = sorted(small_flowers.glob("daisy/*.jpg"))[0]
+    image = pipeline.load_image(path, 24)
+    assert np.array_equal(image.numpy(), pipeline.load_image(str(path), 24).numpy())
+    with pytest.raises(PetalError, match=r"^Cannot load the image .*nowhere\.jpg: No such file "
+                       r"or directory\.$"):  # fmt: skip
+        pipeline.load_image(tmp_path / "nowhere.jpg", 24)
+    with pytest.raises(PetalError, match=r"^path must be an image file's path\. "
+                       r"Received: path=None$"):  # fmt: skip
+        pipeline.load_image(None, 24)
+
+
+@pytest.mark.parametrize("resize", ["fill", "none"])
+def test_fit_image_raises_invalid_argument_for_junk_eagerly_as_in_a_graph(resize):
+    """Eagerly, fit_image raised a bare ValueError for bytes that are no image, while its
+    docstring (and tf.data) gave InvalidArgumentError."""
+    for data in (b"junk", tf.constant(b"junk")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"not an image"):
+            pipeline.fit_image(data, 16, resize)
+    ds = tf.data.Dataset.from_tensors(b"junk").map(lambda d: pipeline.fit_image(d, 16, resize))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"not an image"):
+        next(iter(ds))

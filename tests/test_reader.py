@@ -641,3 +641,20 @@ def test_codelab_classes_given_must_agree_with_the_names_the_records_hold(
     # Records with class ids alone: classes names them, in any words.
     keep_only(folder)
     assert open_source(str(folder), classes="a,b,c,d,e,f").classes == tuple("abcdef")
+
+
+def test_a_list_of_folders_is_no_data_source(make_records):
+    """["records"] was read as a glob: "No files match the pattern ['records']"."""
+    import re
+
+    folder = make_records()
+    assert open_source(folder).count("all") == open_source(str(folder)).count("all")
+    for data in ([str(folder)], [str(folder), str(folder)], b"records"):
+        message = (
+            r"^The data source must be one folder, glob or URL \(a str or os\.PathLike\)\. "
+            rf"Received: path={re.escape(repr(data))}$"
+        )
+        with pytest.raises(PetalError, match=message):
+            open_source(data)
+        with pytest.raises(PetalError, match=message):
+            train_dataset(data, batch_size=4)

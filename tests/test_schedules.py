@@ -273,3 +273,59 @@ def test_a_codelab_ramp_longer_than_a_phase_of_head_then_all_is_refused(tmp_path
     for cfg in (fits, base.replace(fine_tune="all", head_epochs=0)):
         with pytest.raises(PetalError, match="no-records-here"):
             train(cfg, tmp_path / "run")
+
+
+def test_numpy_scalars_are_numbers_and_strings_are_named():
+    """np.int64(10) was no "finite number" (nor a positive int for epochs_to_steps), and a
+    string given to a public helper failed as Python's "'<' not supported"."""
+    schedule = build_schedule(
+        "warmup_cosine", steps_per_epoch=np.int64(10), peak_lr=np.float32(1.0),
+        total_epochs=np.int64(2),
+    )  # fmt: skip
+    plain = build_schedule("warmup_cosine", steps_per_epoch=10, peak_lr=1.0, total_epochs=2)
+    assert float(schedule(5)) == float(plain(5))
+    # Saved with the model as JSON: the NumPy scalars become Python numbers.
+    assert schedule.get_config() == plain.get_config()
+    assert epochs_to_steps(np.float64(1.5), np.int64(4)) == 6
+    assert codelab_max_lr(np.int64(8)) == pytest.approx(4e-4)
+    cases = [
+        (lambda: epochs_to_steps("1", 10), "epochs must be a finite number. Received: epochs='1'"),
+        (lambda: scale_lr(0.1, "512"), "batch_size must be a finite number. "
+                                       "Received: batch_size='512'"),
+        (lambda: codelab_max_lr("8"), "replicas must be a finite number. Received: replicas='8'"),
+        (lambda: warmup_cosine(10, peak_lr=1.0, total_epochs="2"),
+         "total_epochs must be a finite number. Received: total_epochs='2'"),
+        (lambda: epochs_to_steps(1, True), "steps_per_epoch must be a positive int"),
+    ]  # fmt: skip
+    for call, message in cases:
+        with pytest.raises(PetalError, match=f"^{re.escape(message)}"):
+            call()
+
+
+def test_codelab_ramp_refuses_a_decay_that_grows_the_rate():
+    """decay=5.0 was taken, and its "decay" grew the rate to 625x the peak in 4 epochs."""
+    for decay in (5.0, 1.01):
+        with pytest.raises(PetalError, match=r"^Schedule option decay must be from 0 \(down to "
+                           r"min_lr after the peak\) to 1 \(held at the peak\), a factor per "
+                           rf"epoch\. Received: decay={decay}$"):  # fmt: skip
+            build_schedule("codelab_ramp", steps_per_epoch=1, max_lr=1.0, decay=decay)
+    with pytest.raises(PetalError, match=r"decay must be from 0 .*Received: decay='x'$"):
+        codelab_ramp(1, decay="x")
+    # The ends are schedules: down to min_lr the epoch after the peak, or held there.
+    kw = {"steps_per_epoch": 1, "max_lr": 1.0, "min_lr": 0.0, "rampup_epochs": 1}
+    assert per_epoch_values(codelab_ramp(**kw, decay=0), 4, 1) == pytest.approx([1e-5, 1, 0, 0])
+    assert per_epoch_values(codelab_ramp(**kw, decay=1), 4, 1) == pytest.approx([1e-5, 1, 1, 1])
+
+
+def test_a_growing_decay_is_one_line_on_the_command_line(tmp_path, capsys):
+    from petal.cli import main
+
+    code = main(["train", "--preset", "quick", "--data", str(tmp_path / "none"),
+                 "--workdir", str(tmp_path / "run"), "--set", "schedule=codelab_ramp",
+                 "--set", "schedule_options.decay=5"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "petal train: error: Schedule option decay must be from 0 (down to min_lr after the "
+        "peak) to 1 (held at the peak), a factor per epoch. Received: decay=5\n"
+    )
+    assert not (tmp_path / "run").exists()

@@ -387,7 +387,7 @@ def normalize(images, normalization: str = "unit") -> tf.Tensor:
     return images
 
 
-def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
+def load_image(path: str | os.PathLike, image_size=None, resize: str = "fill") -> tf.Tensor:
     """One image file -> uint8 ``[H, W, 3]``, fitted with ``resize`` when ``image_size`` is
     given.
 
@@ -396,13 +396,17 @@ def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
     Raises:
         PetalError: (eagerly) the file cannot be read or decoded; the message names it.
     """
+    if isinstance(path, bytes | os.PathLike):
+        path = os.fsdecode(path)  # a pathlib.Path, as convert and train_dataset take one
     if not tf.executing_eagerly():  # inside tf.data or a tf.function: the op's own error
         return _load_image(path, image_size, resize)
+    if not isinstance(path, str | tf.Tensor):
+        raise PetalError(f"path must be an image file's path. Received: path={path!r}")
     try:
         return _load_image(path, image_size, resize)
     except PetalError:
         raise  # a bad argument, named
-    except (tf.errors.OpError, ValueError) as err:  # ValueError: eagerly, from _decode_file
+    except tf.errors.OpError as err:
         # ReadFile names the path again: "PATH; No such file or directory".
         reason = _op_reason(err).removeprefix(f"{os.fspath(path)}; ")
         raise PetalError(f"Cannot load the image {os.fspath(path)}: {reason}.") from None
@@ -411,8 +415,7 @@ def load_image(path: str, image_size=None, resize: str = "fill") -> tf.Tensor:
 def _load_image(path, image_size, resize) -> tf.Tensor:
     data = tf.io.read_file(path)
     if image_size is None:
-        image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
-        return tf.ensure_shape(image, [None, None, 3])
+        return tf.ensure_shape(_decode_op(_decode_file, data), [None, None, 3])
     return fit_image(data, _as_size(image_size), resize)
 
 
@@ -440,11 +443,22 @@ def fit_image(data: tf.Tensor, size, resize: str = "fill") -> tf.Tensor:
     size = _as_size(size, "size")  # (0, 64) made a (0, 64, 3) image; 64 a TypeError
     resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
     if resize == "none":
-        image = tf.numpy_function(_decode_file, [data], tf.uint8, stateful=False)
+        image = _decode_op(_decode_file, data)
         return resize_fill(tf.ensure_shape(image, [None, None, 3]), size)
     fit = functools.partial(_fit_file, size=tuple(size), mode=resize)
-    image = tf.numpy_function(fit, [data], tf.uint8, stateful=False)
-    return tf.ensure_shape(image, [size[0], size[1], 3])
+    return tf.ensure_shape(_decode_op(fit, data), [size[0], size[1], 3])
+
+
+def _decode_op(fn, data) -> tf.Tensor:
+    """``fn`` (a decoder of :func:`_decode_file`'s) on ``data`` in a ``numpy_function``,
+    raising ``InvalidArgumentError`` for an undecodable file eagerly as in a graph: eagerly,
+    ``numpy_function`` calls ``fn`` itself, and its ``ValueError`` came out bare."""
+    if not tf.executing_eagerly():
+        return tf.numpy_function(fn, [data], tf.uint8, stateful=False)
+    try:
+        return tf.numpy_function(fn, [data], tf.uint8, stateful=False)
+    except ValueError as err:
+        raise tf.errors.InvalidArgumentError(None, None, str(err)) from None
 
 
 def _decode_file(data) -> np.ndarray:

@@ -179,6 +179,12 @@ def open_source(
     """
     if isinstance(path, Source):
         return path
+    if not isinstance(path, str | os.PathLike):
+        # A list of folders was read as a glob: "No files match the pattern ['records']".
+        raise PetalError(
+            "The data source must be one folder, glob or URL (a str or os.PathLike). "
+            f"Received: path={path!r}"
+        )
     path = str(path)
     if not path:
         raise PetalError("Data source path is empty. Received: path=''")

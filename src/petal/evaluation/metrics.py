@@ -111,8 +111,18 @@ def per_class_metrics(cm: np.ndarray, classes: Sequence[str]) -> dict:
     Returns:
         ``{"per_class": {name: {"precision", "recall", "f1", "support"}},
         "macro": {...}, "weighted": {...}}``.
+
+    Raises:
+        PetalError: ``cm`` is not ``[C, C]`` for the ``C`` names of ``classes``.
     """
     cm = np.asarray(cm)
+    if cm.shape != (len(classes), len(classes)):
+        # Fewer names dropped classes from per_class while the averages kept them; more
+        # raised an IndexError.
+        raise PetalError(
+            f"cm must be [{len(classes)}, {len(classes)}] for {len(classes)} classes. "
+            f"Received: shape={cm.shape}"
+        )
     tp = np.diag(cm).astype(np.float64)
     support = cm.sum(axis=1)
     predicted = cm.sum(axis=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import numbers
+import os
 import re
 import shutil
 import tempfile
@@ -320,8 +321,14 @@ def load_weights_file(
         but the N-class head"`` (N the file's classes): which part the file filled.
 
     Raises:
-        PetalError: The file fits neither the model nor its backbone (the message names it).
+        PetalError: ``model`` is not a ``keras.Model``, or the file fits neither the model nor
+            its backbone (the message names it).
     """
+    _check_model(
+        model, "load_weights_file", "loads weights into",
+        f"build it with the file (create_model({model!r}, num_classes, image_size, "
+        f"weights={str(path)!r}))",
+    )  # fmt: skip
     check_weights_file(path)  # else Keras would say it does not fit
     path = Path(path)
     with _named_for_keras(path) as keras_path:
@@ -566,6 +573,10 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
     """
     import h5py
 
+    if not isinstance(path, str | os.PathLike):  # True, or a list: Path's TypeError
+        raise PetalError(
+            f"weights must be the path of a .weights.h5 file{others}. Received: weights={path!r}"
+        )
     received = f"Received: weights={str(path)!r}"  # as given: Path("") would say '.'
     if not str(path).strip():
         raise PetalError(
@@ -725,19 +736,22 @@ def walk_layers(model: keras.Layer):
             yield layer
 
 
-def _check_model(model, function: str) -> None:
+def _check_model(model, function: str, does: str = "counts", fix: str | None = None) -> None:
     """Refuses anything but a built Keras model, a registered name included: what is counted
-    depends on the classes and the image size the model is built for."""
+    (or loaded) depends on the classes and the image size the model is built for. ``fix``:
+    what to do instead for a name."""
     if isinstance(model, keras.Model):
         return
     if isinstance(model, str):
+        fix = fix or (
+            f"build it first (create_model({model!r}, num_classes, image_size)), or use "
+            f"model_summary({model!r}) as `petal models` does"
+        )
         raise PetalError(
-            f"{function} counts a built keras.Model, not a name: build it first "
-            f"(create_model({model!r}, num_classes, image_size)), or use "
-            f"model_summary({model!r}) as `petal models` does. Received: model={model!r}"
+            f"{function} {does} a built keras.Model, not a name: {fix}. Received: model={model!r}"
         )
     raise PetalError(
-        f"{function} counts a built keras.Model (from create_model). "
+        f"{function} {does} a built keras.Model (from create_model). "
         f"Received: model of type {type(model).__name__}"
     )
 

@@ -1125,6 +1125,9 @@ def train(
 ) -> dict:
     """Train ``config`` into ``workdir``.
 
+    Seeds Python's, NumPy's and TensorFlow's global random generators with ``config.seed``
+    (``keras.utils.set_random_seed``) and does not restore them afterwards.
+
     Args:
         config: the run's configuration (``config.data`` must name the training data; a
             local path is saved absolute in ``config.json``).

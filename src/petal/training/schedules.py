@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable
 
 import keras
@@ -30,23 +31,39 @@ StepFn = Callable[[object], object]
 RAMPUP_EPOCHS = 5
 
 
-def epochs_to_steps(epochs: float, steps_per_epoch: int) -> int:
-    """Convert a duration in (possibly fractional) epochs to whole optimizer steps.
+def _is_number(value) -> bool:
+    """Whether ``value`` is a finite real number: a NumPy scalar is one, a bool or a string
+    is not."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_number(name: str, value) -> None:
+    """One line for an argument of a public helper that is no number (a string gave
+    Python's "'<' not supported")."""
+    if not _is_number(value):
+        raise PetalError(f"{name} must be a finite number. Received: {name}={value!r}")
+
+
+def epochs_to_steps(epochs: float, steps_per_epoch: int, name: str = "epochs") -> int:
+    """Convert a duration in (possibly fractional) epochs to whole optimizer steps (``name``:
+    the argument the duration came from, for the messages).
 
     Raises:
-        PetalError: ``steps_per_epoch`` is not a positive int or ``epochs`` is negative.
+        PetalError: ``steps_per_epoch`` is not a positive int or ``epochs`` is not a number
+            of at least 0.
     """
     if (
         isinstance(steps_per_epoch, bool)
-        or not isinstance(steps_per_epoch, int)
+        or not isinstance(steps_per_epoch, numbers.Integral)  # np.int64 too
         or steps_per_epoch < 1
     ):
         raise PetalError(
             f"steps_per_epoch must be a positive int. Received: steps_per_epoch={steps_per_epoch!r}"
         )
+    _check_number(name, epochs)
     if epochs < 0:
-        raise PetalError(f"A duration in epochs cannot be negative. Received: epochs={epochs!r}")
-    return int(round(epochs * steps_per_epoch))
+        raise PetalError(f"A duration in epochs cannot be negative. Received: {name}={epochs!r}")
+    return int(round(epochs * int(steps_per_epoch)))
 
 
 def scale_lr(
@@ -67,6 +84,9 @@ def scale_lr(
     Returns:
         The scaled rate.
     """
+    for name, value in (("base_lr", base_lr), ("batch_size", batch_size),
+                        ("reference_batch", reference_batch)):  # fmt: skip
+        _check_number(name, value)
     if batch_size < 1 or reference_batch < 1:
         raise PetalError(
             "Batch sizes must be positive. "
@@ -88,6 +108,7 @@ def codelab_max_lr(replicas: int) -> float:
     5e-5 x replicas (4e-4 on 8 TPU cores) and 2e-4 on one device; in between we keep at least
     2e-4 so that more replicas never lower the rate (our interpolation, not the codelab's).
     """
+    _check_number("replicas", replicas)
     if replicas < 1:
         raise PetalError(f"replicas must be at least 1. Received: replicas={replicas}")
     return max(2e-4, 5e-5 * replicas)
@@ -123,7 +144,8 @@ def codelab_ramp(
         min_lr: Rate the decay tends to.
         rampup_epochs: Epochs of linear ramp-up.
         sustain_epochs: Epochs held at the peak.
-        decay: Per-epoch decay factor of ``max - min``.
+        decay: Per-epoch decay factor of ``max - min``, from 0 (down to ``min_lr`` the epoch
+            after the peak) to 1 (held at the peak).
         replicas: Replicas in sync (only used when ``max_lr`` is None).
         interpolate: ``False`` keeps each epoch's codelab value for all its steps (identical to
             the codelab's per-epoch callback); ``True`` evaluates the same curve at fractional
@@ -134,6 +156,12 @@ def codelab_ramp(
         ``step -> lr``.
     """
     epochs_to_steps(0, steps_per_epoch)  # validates steps_per_epoch
+    if not (_is_number(decay) and 0 <= decay <= 1):
+        # Above 1 the "decay" grew the rate past the peak, epoch after epoch.
+        raise PetalError(
+            "Schedule option decay must be from 0 (down to min_lr after the peak) to 1 (held "
+            f"at the peak), a factor per epoch. Received: decay={decay!r}"
+        )
     peak = codelab_max_lr(replicas) if max_lr is None else max_lr
     spe = float(steps_per_epoch)
 
@@ -174,8 +202,8 @@ def warmup_cosine(
     Returns:
         ``step -> lr``.
     """
-    total = epochs_to_steps(total_epochs, steps_per_epoch)
-    warmup = epochs_to_steps(warmup_epochs, steps_per_epoch)
+    total = epochs_to_steps(total_epochs, steps_per_epoch, "total_epochs")
+    warmup = epochs_to_steps(warmup_epochs, steps_per_epoch, "warmup_epochs")
     if warmup > total or total < 1:
         raise PetalError(
             f"warmup_epochs must not exceed total_epochs, which must be positive. "
@@ -235,6 +263,8 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"{', '.join(SCHEDULES)}. Received: schedule={name!r}"
             )
         _check_options(name, kwargs)
+        # NumPy scalars as Python numbers: the config is saved as JSON with the model.
+        kwargs = {key: _plain_number(value) for key, value in kwargs.items()}
         self.schedule_name = name
         self.kwargs = dict(kwargs)
         try:
@@ -274,16 +304,19 @@ def _check_options(name: str, kwargs: dict) -> None:
             continue
         if value is None and params[key].default is None:
             continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
+        if not _is_number(value):
             raise PetalError(
                 f"Schedule option {key} must be a finite number. Received: {key}={value!r}"
             )
         if value < 0:
             raise PetalError(f"Schedule option {key} must be >= 0. Received: {key}={value!r}")
+
+
+def _plain_number(value):
+    """A NumPy integer or float as a Python ``int`` or ``float``; anything else as it is."""
+    if not _is_number(value) or isinstance(value, int | float):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _options_line(name: str) -> str:
