@@ -80,7 +80,7 @@ class TrainConfig:
         lr_reference_batch: when set, the peak rate is scaled linearly by
             global batch / this (``None``: no scaling).
         weight_decay: decoupled weight decay (adamw, sgd).
-        momentum: sgd momentum.
+        momentum: sgd and rmsprop momentum (a resumed run keeps it zero or non-zero).
         clipnorm: per-variable gradient-norm clipping (``None``: off).
         schedule: learning-rate schedule (``constant``, ``codelab_ramp``, ``warmup_cosine``),
             applied per step.
