@@ -480,3 +480,28 @@ def test_a_config_file_that_is_a_directory_says_so(tmp_path):
         f"Config file {tmp_path} is a directory, not a file. "
         "Pass a JSON file of TrainConfig fields (UTF-8 text)."
     )
+
+
+def test_an_unknown_key_in_a_config_file_says_to_fix_it_there(tmp_path):
+    """A run's config.json with a key added by hand stopped --resume and the retrain with
+    "did you mean 'precision'?" and no word of the file holding it; with no close key the
+    message ran on ("(from --set) Valid keys")."""
+    path = tmp_path / "config.json"
+    save_config(TrainConfig(), path, classes=["daisy"])
+    values = json.loads(path.read_text())
+    path.write_text(json.dumps({**values, "mixed_precision": True}))
+    for load in (config_from_json, lambda p: load_config(None, p)):
+        with pytest.raises(PetalError, match=re.escape(
+            f"Unknown config key 'mixed_precision' (from {path}); did you mean 'precision'? "
+            "Rename it in that file, or remove it. Valid keys: preset, data,"
+        )):
+            load(path)
+    path.write_text(json.dumps({**values, "colour": 3}))
+    with pytest.raises(PetalError, match=re.escape(
+        f"Unknown config key 'colour' (from {path}). Remove it from that file, or rename it "
+        "to a valid key. Valid keys: preset, data,"
+    )):
+        config_from_json(path)
+    with pytest.raises(PetalError, match=r"^Unknown config key 'colour' \(from --set\)\. Valid "
+                                         r"keys: preset, .*, tensorboard\. Received: colour=3$"):
+        load_config("quick", None, ["colour=3"])

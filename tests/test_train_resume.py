@@ -405,3 +405,29 @@ def test_resume_on_its_own_records_converted_again_in_place_with_another_split_i
     (run / "config.json").write_text(json.dumps(config))
     train(tiny_config(records, model="dense", epochs=2, steps_per_epoch=1), run, resume=True,
           **QUIET)
+
+
+def test_resume_refuses_momentum_moved_across_zero_and_keeps_another_non_zero_one(
+    small_records, tmp_path
+):
+    """sgd and rmsprop keep a momentum slot per weight only when momentum is not 0: a resume
+    that moved it across zero went on with a fresh optimizer (Keras only warned)."""
+    import warnings
+
+    for optimizer, first, across, other in (("sgd", 0.9, 0.0, 0.5), ("rmsprop", 0.0, 0.9, 0.0)):
+        run = tmp_path / optimizer
+        cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1,
+                          optimizer=optimizer, momentum=first)
+        train(cfg, run, **QUIET)
+        saved = (run / "config.json").read_text()
+        held = "momentum: any non-zero value keeps it" if first else "no momentum: 0 keeps it"
+        with pytest.raises(PetalError, match=re.escape(
+            f"cannot change: momentum {first} -> {across} (the saved {optimizer} state holds "
+            f"{held}). Leave those settings out"
+        )):
+            train(cfg.replace(epochs=2, momentum=across), run, resume=True, **QUIET)
+        assert (run / "config.json").read_text() == saved
+        # Another value on the same side of zero loads the saved state.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="Skipping variable loading")
+            train(cfg.replace(epochs=2, momentum=other), run, resume=True, **QUIET)

@@ -80,7 +80,7 @@ class TrainConfig:
         lr_reference_batch: when set, the peak rate is scaled linearly by
             global batch / this (``None``: no scaling).
         weight_decay: decoupled weight decay (adamw, sgd).
-        momentum: sgd momentum.
+        momentum: sgd and rmsprop momentum (a resumed run keeps it zero or non-zero).
         clipnorm: per-variable gradient-norm clipping (``None``: off).
         schedule: learning-rate schedule (``constant``, ``codelab_ramp``, ``warmup_cosine``),
             applied per step.
@@ -639,6 +639,8 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
 
     Setting ``batch_size`` drops a preset's ``single_device_batch_size``, and another
     ``schedule`` starts from empty ``schedule_options``, unless ``values`` sets those too.
+    ``source`` names where ``values`` come from in errors: ``"--set"``, ``"flag"`` or a
+    config file's path.
     """
     hints = typing.get_type_hints(TrainConfig)
     data = cfg.to_dict()
@@ -654,7 +656,10 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
         name, _, sub = key.partition(".")
         if name not in hints:
             close = difflib.get_close_matches(name.lower(), hints, n=1, cutoff=0.6)
-            guess = f"; did you mean {close[0]!r}?" if close else ""
+            guess = f"; did you mean {close[0]!r}?" if close else "."
+            if source not in ("", "flag", "--set"):  # a config file: fixed in it
+                guess += (" Rename it in that file, or remove it." if close
+                          else " Remove it from that file, or rename it to a valid key.")
             raise PetalError(
                 f"Unknown config key {name!r}{where}{guess} Valid keys: {', '.join(hints)}. "
                 f"Received: {key}={value!r}"

@@ -700,6 +700,20 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             f"precision {_show(was)} -> {_show(resolved['precision'])} (--precision {was} "
             "keeps it)"
         )
+    # sgd and rmsprop keep a momentum slot per weight only when momentum is not 0: across
+    # zero, their saved state would not load either. Another non-zero momentum may change.
+    was = saved.get("momentum")
+    if (
+        cfg.optimizer in ("sgd", "rmsprop")
+        and saved.get("optimizer") == cfg.optimizer
+        and isinstance(was, (int, float))
+        and (was != 0) != (now["momentum"] != 0)
+    ):
+        held = "momentum: any non-zero value keeps it" if was else "no momentum: 0 keeps it"
+        changed.append(
+            f"momentum {_show(was)} -> {_show(now['momentum'])} (the saved {cfg.optimizer} "
+            f"state holds {held})"
+        )
     if changed:
         raise PetalError(
             f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
