@@ -431,3 +431,33 @@ def test_resume_refuses_momentum_moved_across_zero_and_keeps_another_non_zero_on
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message="Skipping variable loading")
             train(cfg.replace(epochs=2, momentum=other), run, resume=True, **QUIET)
+
+
+def test_a_checkpoint_whose_optimizer_state_would_not_load_is_refused(tmp_path):
+    # Keras only warns when an optimizer's saved variables do not match (and the run went
+    # on from a fresh state): whatever option caused it, the resume is refused.
+    import keras
+    import numpy as np
+
+    from petal.training.loop import _load_checkpoint
+
+    def model_with(momentum: float):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1, momentum=momentum), "mse")
+        return model
+
+    saved = model_with(0.9)
+    saved.fit(np.ones((4, 3)), np.ones((4, 2)), epochs=1, verbose=0)
+    saved.save(tmp_path / "last.keras")
+    fresh = model_with(0.0)
+    fresh.optimizer.build(fresh.trainable_variables)
+    with pytest.raises(PetalError, match=(
+        rf"^{re.escape(str(tmp_path / 'last.keras'))} does not fit the model of this config "
+        r"\(Skipping variable loading for optimizer '\w+', because it has 2 variables "
+        r"whereas the saved optimizer has 4 variables\.\); resume with"
+    )):
+        _load_checkpoint(fresh, tmp_path)
+    same = model_with(0.5)
+    same.optimizer.build(same.trainable_variables)
+    _load_checkpoint(same, tmp_path)  # the same variables: loads
+    assert np.allclose(same.layers[0].kernel.numpy(), saved.layers[0].kernel.numpy())

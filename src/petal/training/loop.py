@@ -1882,8 +1882,17 @@ def _load_checkpoint(model, workdir: Path) -> None:
     try:
         # As for saving: Keras' loader of whole models opens the weight store in a bare
         # `except:` that swallows a signal's exception (load_weights does not, so far).
-        with signals_held():
+        with signals_held(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             model.load_weights(str(path))
+        for warning in caught:
+            if "Skipping variable loading" in str(warning.message):
+                # Keras only warns, and the run went on from a fresh optimizer state (an
+                # option that changes its variables, which the checks above did not know).
+                raise ValueError(str(warning.message).strip())
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
     except (zipfile.BadZipFile, EOFError, OSError) as err:
         raise PetalError(
             f"{path} cannot be read ({first_line(err)[:200]}); "
