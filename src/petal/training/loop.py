@@ -1169,8 +1169,10 @@ def train(
         PetalError: bad config or data, a refused work directory, or a non-finite loss
             (the message names the epoch).
     """
-    with contextlib.ExitStack() as held:
-        return _train(config, workdir, resume=resume, overwrite=overwrite, log=log, held=held)
+    with contextlib.ExitStack() as releases:
+        return _train(
+            config, workdir, resume=resume, overwrite=overwrite, log=log, releases=releases
+        )
 
 
 def _train(
@@ -1180,10 +1182,10 @@ def _train(
     resume: bool,
     overwrite: bool,
     log: Callable[[str], None] | None,
-    held: contextlib.ExitStack,
+    releases: contextlib.ExitStack,
 ) -> dict:
-    """:func:`train`; ``held`` releases what it holds (the records' reading marker) however
-    it ends."""
+    """:func:`train`; ``releases`` gets what to release however it ends (the records'
+    reading marker)."""
     import keras
     from tensorflow import errors as tf_errors
 
@@ -1346,7 +1348,7 @@ def _train(
     if source.kind == "records" and not is_remote(source.path):
         # A conversion into these records is refused from here (the model's build took
         # long enough for one to replace the shards) to the end of this run.
-        held.callback(mark_reading(Path(source.path), "training from it"))
+        releases.callback(mark_reading(Path(source.path), "training from it"))
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
