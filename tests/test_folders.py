@@ -452,3 +452,30 @@ def test_a_link_in_the_source_back_to_it_is_a_listed_loop(small_flowers, tmp_pat
     assert manifest["images_found"] == manifest["written"] == 2
     assert manifest["ignored_files"] == 2
     assert manifest["folder_loops"] == ["again/", "again2/"] and manifest["empty_folders"] == []
+
+
+def test_classes_match_a_folder_name_in_another_unicode_form(tmp_path):
+    """A folder unzipped on macOS is named in NFD (e + a combining accent): --classes typed
+    "rosé" was an unknown class, "Found classes: daisy, rosé" listing one that looks the same."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "rosé")
+    for name in ("daisy", nfd):
+        _touch(tmp_path / name / "1.jpg")
+    folder = find_images(tmp_path, "rosé,daisy")
+    assert folder.classes == (nfd, "daisy")  # the folder's own name, to read its files
+    assert folder.files[0].path == str(tmp_path / nfd / "1.jpg")
+    assert find_images(tmp_path, [nfd, "daisy"]).classes == (nfd, "daisy")
+    with pytest.raises(PetalError, match=r"^--classes names 'rosé' twice"):
+        find_images(tmp_path, ["rosé", nfd])
+    # Two folders that look the same: which one is meant cannot be told, even typed exactly.
+    _touch(tmp_path / "rosé" / "2.jpg")
+    for given in ("rosé", nfd):
+        with pytest.raises(PetalError) as info:
+            find_images(tmp_path, [given, "daisy"])
+        assert str(info.value) == (
+            f"Class {given!r} in --classes matches 2 sub-folders of {tmp_path} that differ only "
+            "in their Unicode form ('rose\\u0301', 'ros\\xe9'): rename or merge them so that "
+            "one holds the class."
+        )
+
