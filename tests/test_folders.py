@@ -164,7 +164,7 @@ def test_single_class(tmp_path):
     with pytest.raises(PetalError, match="only one class"):
         find_images(tmp_path)
     _touch(tmp_path / "roses" / "b.jpg")
-    with pytest.raises(PetalError, match=r"only one class.*--classes\)\.$"):
+    with pytest.raises(PetalError, match=r"^--classes picks one class \('roses'\) of the 2"):
         find_images(tmp_path, ["roses"])
 
 
@@ -479,3 +479,17 @@ def test_classes_match_a_folder_name_in_another_unicode_form(tmp_path):
             "one holds the class."
         )
 
+
+def test_classes_picking_one_of_several_says_so(tmp_path):
+    """--classes tulips on a 5-class source said "Found only one class ('tulips')": it found 5
+    and the user picked one."""
+    for name in ("daisy", "roses", "tulips"):
+        _touch(tmp_path / name / "1.jpg")
+    with pytest.raises(PetalError) as info:
+        find_images(tmp_path, "tulips")
+    assert str(info.value) == (
+        f"--classes picks one class ('tulips') of the 3 under {tmp_path}, and a classifier "
+        "needs at least two: name two or more in --classes, or leave it out to read every "
+        "class folder. Found classes: daisy, roses, tulips."
+    )
+    assert find_images(tmp_path, "tulips", min_classes=1).classes == ("tulips",)

@@ -678,6 +678,12 @@ def find_images(
             f"No images found under {root}: expected class sub-folders holding files with "
             f"extensions {accepted} (case-insensitive){nowhere}."
         )
+    if len(chosen) < min_classes and classes is not None and len(present) > 1:
+        raise PetalError(
+            f"--classes picks one class ({chosen[0]!r}) of the {len(present)} under {root}, "
+            "and a classifier needs at least two: name two or more in --classes, or leave it "
+            f"out to read every class folder. {found}"
+        )
     if len(chosen) < min_classes:
         # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
         inner = {rel.split("/")[1] for rel in by_class[chosen[0]] if rel.count("/") > 1}
