@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -548,15 +549,15 @@ def find_images(
         root: folder whose sub-folders are the classes (local or ``gs://``).
         classes: class names in the order that defines their indices (a list, or a
             comma-separated string); a name also matches the one sub-folder whose name
-            only adds spaces around it; default: every sub-folder that holds at least one
-            candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
+            only adds spaces around it or is in another Unicode form (NFD); default: every
+            sub-folder that holds at least one candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
             never classes, and hidden entries inside classes are never read.
         min_classes: fewer classes are refused (2 to train; scoring new photos needs 1).
 
     Raises:
         PetalError: missing, unreachable or unlistable root, no candidate images, fewer
-            than ``min_classes`` classes, or an explicit class that does not exist or holds
-            no images.
+            than ``min_classes`` classes, or an explicit class that does not exist, holds
+            no images or matches two folders.
     """
     root = str(root)
     if not exists(root):
@@ -601,7 +602,7 @@ def find_images(
     if classes is None:
         chosen = [name for name in sorted(by_class) if by_class[name]]
     else:
-        chosen = [_spaced_match(c, by_class) for c in parse_classes(classes)]
+        chosen = [_spaced_match(c, by_class, root) for c in parse_classes(classes)]
         present = sorted(name for name in by_class if by_class[name])
         found = f"Found classes: {_class_names(present) or '(none)'}."
         # A path (./daisy, ., ..) starts with '.' too: it is no hidden folder's name.
@@ -677,6 +678,12 @@ def find_images(
             f"No images found under {root}: expected class sub-folders holding files with "
             f"extensions {accepted} (case-insensitive){nowhere}."
         )
+    if len(chosen) < min_classes and classes is not None and len(present) > 1:
+        raise PetalError(
+            f"--classes picks one class ({chosen[0]!r}) of the {len(present)} under {root}, "
+            "and a classifier needs at least two: name two or more in --classes, or leave it "
+            f"out to read every class folder. {found}"
+        )
     if len(chosen) < min_classes:
         # A folder one level too high (``data/`` holding ``flower_photos/CLASS/``).
         inner = {rel.split("/")[1] for rel in by_class[chosen[0]] if rel.count("/") > 1}
@@ -720,14 +727,35 @@ def find_images(
     )
 
 
-def _spaced_match(name: str, names) -> str:
+def _spaced_match(name: str, names, root: str) -> str:
     """``name`` when a class folder has it, else the one folder's name that it is once the
     spaces around it are stripped, as :func:`parse_classes` strips them (`` spaced `` for
-    ``spaced``); else ``name``."""
+    ``spaced``), or once both are in the same Unicode form (NFC: a folder unzipped on macOS
+    holds ``e`` and a combining accent where a keyboard types ``é``); else ``name``.
+
+    Raises:
+        PetalError: two folders of ``root`` are ``name`` in the same Unicode form: they look
+            the same, so which one is meant cannot be told.
+    """
+    same = [n for n in names if _nfc(n) == _nfc(name)]
+    if len(same) > 1:
+        raise PetalError(
+            f"Class {name!r} in --classes matches {len(same)} sub-folders of {root} that differ "
+            f"only in their Unicode form ({', '.join(ascii(n) for n in same)}): rename or "
+            "merge them so that one holds the class."
+        )
     if name in names:
         return name
-    near = [n for n in names if n.strip() == name]
+    if same:
+        return same[0]
+    near = [n for n in names if _nfc(n.strip()) == _nfc(name)]
     return near[0] if len(near) == 1 else name
+
+
+def _nfc(name: str) -> str:
+    """``name`` in Unicode's composed form (NFC), in which names that look the same are the
+    same text."""
+    return unicodedata.normalize("NFC", name)
 
 
 def _class_names(names: Sequence[str]) -> str:
@@ -752,7 +780,9 @@ def parse_classes(classes: Sequence[str] | str) -> list[str]:
     names = [n.strip() for n in names]
     if not names or any(not n for n in names):
         raise PetalError(f"--classes must be comma-separated non-empty names. Received: {classes}")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    # Names that look the same are one name, whatever their Unicode form.
+    forms = [_nfc(n) for n in names]
+    duplicates = [n for n in names if forms.count(_nfc(n)) > 1]
     if duplicates:
         raise PetalError(f"--classes names {duplicates[0]!r} twice. Received: {classes}")
     return names
