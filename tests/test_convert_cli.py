@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -349,3 +350,23 @@ def test_names_that_are_not_utf8(tmp_path, capsys):
         "and run again.\n"
     )
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_dst_whose_name_is_not_utf8_is_refused_before_the_old_conversion_goes(
+    small_flowers, small_records, tmp_path, capsys
+):
+    """TensorFlow cannot open such a path: the manifest failed after the shards were written
+    (a traceback), and --overwrite had removed the complete conversion already."""
+    old = shutil.copytree(small_records, tmp_path / os.fsdecode(b"old\xffrecs"))
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    new = old.parent / os.fsdecode(b"new\xferecs")
+    for dst, shown, extra in ((old, "old\\xffrecs", ["--overwrite"]), (new, "new\\xferecs", [])):
+        args = ["convert", str(small_flowers), str(dst), "--image-size", "8", "--workers", "1"]
+        assert main([*args, *extra]) == 2
+        assert _error_line(capsys) == (
+            "petal convert: error: The output folder's name is not valid UTF-8 (TensorFlow "
+            "writes and reads records only under UTF-8 paths); rename it, or pass another DST. "
+            f"Received: output={tmp_path / shown}"
+        )
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert not new.exists()

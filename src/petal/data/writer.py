@@ -1079,6 +1079,14 @@ def convert(
                 f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
             )
     source, output = str(source), str(output)
+    if not folders.is_utf8(output):
+        # TensorFlow takes paths as UTF-8 text: the manifest could not be written (after the
+        # shards, and after --overwrite had removed the conversion it replaced).
+        raise PetalError(
+            "The output folder's name is not valid UTF-8 (TensorFlow writes and reads records "
+            "only under UTF-8 paths); rename it, or pass another DST. "
+            f"Received: output={printable(folders.utf8_name(output))}"
+        )
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     options, recorded = _resolve_options(
