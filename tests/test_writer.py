@@ -1471,3 +1471,22 @@ def test_an_output_that_is_a_link_to_a_missing_folder_names_it(small_flowers, tm
             f"Received: output={out}"
         )
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_manifest_json_petal_did_not_write_is_a_foreign_file(small_flowers, tmp_path):
+    """Any manifest.json counted as a complete conversion, and --overwrite replaced it."""
+    out = tmp_path / "web"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my app"}\n')
+    (out / "index.html").write_text("<html>\n")
+    for overwrite in (False, True):
+        with pytest.raises(PetalError) as caught:
+            convert(small_flowers, out, image_size=8, workers=1, overwrite=overwrite,
+                    progress=False)  # fmt: skip
+        assert str(caught.value) == (
+            f"The output folder {out} holds a manifest.json petal did not write (not a records "
+            "manifest), which petal's own would replace; choose an empty or new folder, or "
+            "move that file out of it."
+        )
+    assert (out / "manifest.json").read_text() == '{"name": "my app"}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "manifest.json"]

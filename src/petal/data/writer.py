@@ -730,6 +730,16 @@ def _is_ours(name: str) -> bool:
     )
 
 
+def _is_petal_manifest(path: str) -> bool:
+    """Whether the ``manifest.json`` at ``path`` is a records manifest (petal's keys), not
+    another program's file of that name."""
+    try:
+        manifest = json.loads(folders.read_bytes(path).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and {"classes", "splits", "format"} <= manifest.keys()
+
+
 def _check_writable(output: str) -> None:
     """Refuses (before the scan, which reads every file) a local folder that cannot be
     written."""
@@ -799,6 +809,16 @@ def _claimed(output: str) -> Iterator[None]:
 def _check_output(output: str, overwrite: bool) -> None:
     """Refuses to replace a complete conversion or to mix with foreign files."""
     names = _listdir(output)
+    if schema.MANIFEST_NAME in names and not _is_petal_manifest(
+        folders.join(output, schema.MANIFEST_NAME)
+    ):
+        # Another program's file of that name (a web app's): petal's manifest would replace
+        # it, so --overwrite, which replaces only petal's files, is no fix.
+        raise PetalError(
+            f"The output folder {output} holds a {schema.MANIFEST_NAME} petal did not write "
+            "(not a records manifest), which petal's own would replace; choose an empty or new "
+            "folder, or move that file out of it."
+        )
     if schema.MANIFEST_NAME in names and not overwrite:
         raise PetalError(
             f"{output} already holds a complete conversion ({schema.MANIFEST_NAME}); "
