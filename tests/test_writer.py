@@ -1490,3 +1490,26 @@ def test_a_manifest_json_petal_did_not_write_is_a_foreign_file(small_flowers, tm
         )
     assert (out / "manifest.json").read_text() == '{"name": "my app"}\n'
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "manifest.json"]
+
+
+def test_a_file_url_output_is_checked_as_its_local_folder(small_flowers, tmp_path):
+    """A file:// DST skipped the output-inside-source check and the .petal-running guard."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for cls in ("daisy", "roses"):
+        (src / cls).symlink_to(small_flowers / cls)
+    with pytest.raises(PetalError, match="^The output folder is inside the source folder"):
+        convert(src, f"file://{src}/recs", image_size=8, workers=1, progress=False)
+    assert sorted(p.name for p in src.iterdir()) == ["daisy", "roses"]
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}
+        (busy / RUNNING_FILE).write_text(json.dumps(marker))
+        with pytest.raises(PetalError, match=rf"^{busy} is in use: process {live.pid} on "):
+            convert(src, f"file://{busy}", image_size=8, workers=1, progress=False)
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in busy.iterdir()) == [RUNNING_FILE]

@@ -686,10 +686,20 @@ def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, rece
         )
 
 
+def _local_path(path: str) -> str | None:
+    """The local path of ``path``: itself, or the path of a ``file://`` URL (TensorFlow
+    reads and writes it on the local disk, ignoring its host), else None (an object store)."""
+    if not folders.is_remote(path):
+        return path
+    scheme, _, rest = path.partition("://")
+    return "/" + rest.partition("/")[2] if scheme == "file" else None
+
+
 def _norm(path: str) -> str:
-    if folders.is_remote(path):
+    local = _local_path(path)
+    if local is None:
         return path.rstrip("/") + "/"
-    return os.path.join(os.path.realpath(path), "")
+    return os.path.join(os.path.realpath(local), "")
 
 
 def _check_paths(source: str, output: str) -> None:
@@ -781,29 +791,31 @@ def _claimed(output: str) -> Iterator[None]:
     other's), and removes the folder again if it created it and nothing is left in it.
 
     Remote outputs are not held: an object store has no exclusive create to build it on.
+    A ``file://`` output is its local folder.
     """
-    if folders.is_remote(output):
+    local = _local_path(output)
+    if local is None:
         yield
         return
-    created = not os.path.exists(output)
-    _make_folder(output)
+    created = not os.path.exists(local)
+    _make_folder(local)
     unmark = None
     try:
         unmark = mark_running(
-            Path(output), functools.partial(in_use_error, output, option="DST"),
+            Path(local), functools.partial(in_use_error, local, option="DST"),
             "converting into it",
         )
-        if reader := reading_elsewhere(Path(output)):
+        if reader := reading_elsewhere(Path(local)):
             # Its shards replaced under it: epochs that mix two conversions' records.
             who, marker = reader
-            raise in_use_error(output, who, "DST", marker=marker)
+            raise in_use_error(local, who, "DST", marker=marker)
         yield
     finally:
         if unmark is not None:
             unmark()
         with contextlib.suppress(OSError):
-            if created and not os.listdir(output):
-                os.rmdir(output)
+            if created and not os.listdir(local):
+                os.rmdir(local)
 
 
 def _check_output(output: str, overwrite: bool) -> None:
