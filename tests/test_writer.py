@@ -1513,3 +1513,17 @@ def test_a_file_url_output_is_checked_as_its_local_folder(small_flowers, tmp_pat
         live.kill()
         live.wait()
     assert sorted(p.name for p in busy.iterdir()) == [RUNNING_FILE]
+
+
+def test_the_shard_size_estimate_samples_every_class(tmp_path):
+    """The sample was files[::len // 16][:16]: of 31 files, the first 16, all of class a,
+    whose small images made one shard of the whole split."""
+    src = tmp_path / "src"
+    for cls, count, side in (("a_small", 16, 16), ("b_big", 15, 256)):
+        (src / cls).mkdir(parents=True)
+        for i in range(count):
+            (src / cls / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(side, side, seed=i)))
+    big = sum(p.stat().st_size for p in (src / "b_big").iterdir())
+    summary = convert(src, tmp_path / "out", resize="none", shard_mb=big / 4 / 1e6,
+                      val_fraction=0, workers=1, progress=False)  # fmt: skip
+    assert summary.shards["train"] >= 3  # 4 for their bytes; a_small's sizes gave 1

@@ -968,8 +968,10 @@ def _start_size_estimate(files, options: _Options, mapper: _Mapper) -> Callable[
     Started before the scan, so the workers convert the sample while this process stats and
     hashes the files: the shard count costs no time of its own.
     """
-    step = max(1, len(files) // _ESTIMATE_SAMPLE)
-    sample = [(f.path, f.label, f.relpath) for f in files[::step][:_ESTIMATE_SAMPLE]]
+    # Evenly spread over the whole list (files[::len // 16][:16] took the first 16 of 31,
+    # all of the first class, whose sizes may be nothing like the others').
+    n = min(_ESTIMATE_SAMPLE, len(files))
+    sample = [(f.path, f.label, f.relpath) for f in (files[i * len(files) // n] for i in range(n))]
     results = mapper.submit(functools.partial(_convert, options=options), sample)
 
     def average() -> float | None:
