@@ -1527,3 +1527,14 @@ def test_the_shard_size_estimate_samples_every_class(tmp_path):
     summary = convert(src, tmp_path / "out", resize="none", shard_mb=big / 4 / 1e6,
                       val_fraction=0, workers=1, progress=False)  # fmt: skip
     assert summary.shards["train"] >= 3  # 4 for their bytes; a_small's sizes gave 1
+
+
+def test_a_failed_conversion_removes_the_parent_folders_it_created(small_flowers, tmp_path):
+    """It removed b of a new n2/a/b, and left the empty n2/a it had created."""
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "n2" / "a" / "b", tmp_path / "kept" / "a" / "b"):
+        with pytest.raises(PetalError, match="The train split would be empty"):
+            convert(small_flowers, out, image_size=8, val_fraction=0.99, workers=1,
+                    progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert not any((tmp_path / "kept").iterdir())

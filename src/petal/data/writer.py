@@ -788,7 +788,8 @@ def _claimed(output: str) -> Iterator[None]:
     """Holds a local output folder for this conversion: creates it and keeps
     :data:`~petal.running.RUNNING_FILE` in it meanwhile, so that a second conversion into it
     is refused (both wrote the same temporary files, and one's clean-up deleted the
-    other's), and removes the folder again if it created it and nothing is left in it.
+    other's), and removes the folders it created again (``n2/a/b``: the three) where
+    nothing is left in them.
 
     Remote outputs are not held: an object store has no exclusive create to build it on.
     A ``file://`` output is its local folder.
@@ -797,7 +798,9 @@ def _claimed(output: str) -> Iterator[None]:
     if local is None:
         yield
         return
-    created = not os.path.exists(local)
+    folder, created = Path(local).absolute(), None  # the outermost folder it creates
+    while not folder.exists() and folder != folder.parent:
+        created, folder = folder, folder.parent
     _make_folder(local)
     unmark = None
     try:
@@ -813,9 +816,15 @@ def _claimed(output: str) -> Iterator[None]:
     finally:
         if unmark is not None:
             unmark()
-        with contextlib.suppress(OSError):
-            if created and not os.listdir(local):
-                os.rmdir(local)
+        folder = Path(local).absolute()
+        while created is not None:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the conversion's output, or someone else's files)
+                break
+            if folder == created:
+                break
+            folder = folder.parent
 
 
 def _check_output(output: str, overwrite: bool) -> None:
