@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -133,9 +134,13 @@ def test_unreachable_remote_output(small_flowers, tmp_path, capsys, monkeypatch)
     assert "\n" not in err
 
 
-def test_remote_output_failing_part_way(small_flowers, capsys, monkeypatch):
-    """ram:// is TensorFlow's in-memory filesystem: the remote write path, no network."""
+def test_remote_output_failing_part_way(small_flowers, monkeypatch):
+    """ram:// is TensorFlow's in-memory filesystem: the remote write path, no network (the
+    library's: the command refuses ram:// as DST)."""
     import tensorflow as tf
+
+    from petal.data import convert
+    from petal.errors import PetalError
 
     real = tf.io.TFRecordWriter
 
@@ -150,15 +155,16 @@ def test_remote_output_failing_part_way(small_flowers, capsys, monkeypatch):
 
     monkeypatch.setattr(tf.io, "TFRecordWriter", Failing)
     out = "ram://petal-failing/out"
-    assert main(["convert", str(small_flowers), out, "--workers", "1"]) == 2
-    assert _error_line(capsys) == (
-        f"petal convert: error: Cannot reach {out} (Connection reset by peer); check the "
-        "path, the network and the credentials."
+    with pytest.raises(PetalError) as caught:
+        convert(small_flowers, out, workers=1, progress=False)
+    assert str(caught.value) == (
+        f"Cannot reach {out} (Connection reset by peer); check the path, the network and the "
+        "credentials."
     )
     assert not tf.io.gfile.glob(out + "/*")  # no temporaries, no manifest
 
     monkeypatch.setattr(tf.io, "TFRecordWriter", real)
-    assert main(["convert", str(small_flowers), out, "--workers", "1"]) == 0
+    assert convert(small_flowers, out, workers=1, progress=False).written == 60
     assert tf.io.gfile.exists(out + "/manifest.json")
 
 
@@ -349,3 +355,39 @@ def test_names_that_are_not_utf8(tmp_path, capsys):
         "and run again.\n"
     )
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_dst_whose_name_is_not_utf8_is_refused_before_the_old_conversion_goes(
+    small_flowers, small_records, tmp_path, capsys
+):
+    """TensorFlow cannot open such a path: the manifest failed after the shards were written
+    (a traceback), and --overwrite had removed the complete conversion already."""
+    old = shutil.copytree(small_records, tmp_path / os.fsdecode(b"old\xffrecs"))
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    new = old.parent / os.fsdecode(b"new\xferecs")
+    for dst, shown, extra in ((old, "old\\xffrecs", ["--overwrite"]), (new, "new\\xferecs", [])):
+        args = ["convert", str(small_flowers), str(dst), "--image-size", "8", "--workers", "1"]
+        assert main([*args, *extra]) == 2
+        assert _error_line(capsys) == (
+            "petal convert: error: The output folder's name is not valid UTF-8 (TensorFlow "
+            "writes and reads records only under UTF-8 paths); rename it, or pass another DST. "
+            f"Received: output={tmp_path / shown}"
+        )
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert not new.exists()
+
+
+def test_a_ram_url_dst_is_refused_and_not_listed_as_supported(small_flowers, tmp_path, capsys):
+    """ram:// records vanished as the command ended, after "written 60 ... -> ram://recs"."""
+    import tensorflow as tf
+
+    assert main(["convert", str(small_flowers), "ram://petal-cli/recs", "--workers", "1"]) == 2
+    assert _error_line(capsys) == (
+        "petal convert: error: DST ram://petal-cli/recs is TensorFlow's in-memory file system: "
+        "its records would be gone when petal exits; pass a local folder or a gs:// one."
+    )
+    assert not tf.io.gfile.exists("ram://petal-cli/recs")
+    assert main(["convert", str(small_flowers), "http://example.com/recs"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith("petal convert: error: Cannot open http://example.com/recs: paths ")
+    assert "(supported: local paths, " in line and "ram://" not in line

@@ -1471,3 +1471,70 @@ def test_an_output_that_is_a_link_to_a_missing_folder_names_it(small_flowers, tm
             f"Received: output={out}"
         )
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_manifest_json_petal_did_not_write_is_a_foreign_file(small_flowers, tmp_path):
+    """Any manifest.json counted as a complete conversion, and --overwrite replaced it."""
+    out = tmp_path / "web"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my app"}\n')
+    (out / "index.html").write_text("<html>\n")
+    for overwrite in (False, True):
+        with pytest.raises(PetalError) as caught:
+            convert(small_flowers, out, image_size=8, workers=1, overwrite=overwrite,
+                    progress=False)  # fmt: skip
+        assert str(caught.value) == (
+            f"The output folder {out} holds a manifest.json petal did not write (not a records "
+            "manifest), which petal's own would replace; choose an empty or new folder, or "
+            "move that file out of it."
+        )
+    assert (out / "manifest.json").read_text() == '{"name": "my app"}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "manifest.json"]
+
+
+def test_a_file_url_output_is_checked_as_its_local_folder(small_flowers, tmp_path):
+    """A file:// DST skipped the output-inside-source check and the .petal-running guard."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for cls in ("daisy", "roses"):
+        (src / cls).symlink_to(small_flowers / cls)
+    with pytest.raises(PetalError, match="^The output folder is inside the source folder"):
+        convert(src, f"file://{src}/recs", image_size=8, workers=1, progress=False)
+    assert sorted(p.name for p in src.iterdir()) == ["daisy", "roses"]
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = {"pid": live.pid, "host": socket.gethostname(), "doing": "training in it"}
+        (busy / RUNNING_FILE).write_text(json.dumps(marker))
+        with pytest.raises(PetalError, match=rf"^{busy} is in use: process {live.pid} on "):
+            convert(src, f"file://{busy}", image_size=8, workers=1, progress=False)
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in busy.iterdir()) == [RUNNING_FILE]
+
+
+def test_the_shard_size_estimate_samples_every_class(tmp_path):
+    """The sample was files[::len // 16][:16]: of 31 files, the first 16, all of class a,
+    whose small images made one shard of the whole split."""
+    src = tmp_path / "src"
+    for cls, count, side in (("a_small", 16, 16), ("b_big", 15, 256)):
+        (src / cls).mkdir(parents=True)
+        for i in range(count):
+            (src / cls / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(side, side, seed=i)))
+    big = sum(p.stat().st_size for p in (src / "b_big").iterdir())
+    summary = convert(src, tmp_path / "out", resize="none", shard_mb=big / 4 / 1e6,
+                      val_fraction=0, workers=1, progress=False)  # fmt: skip
+    assert summary.shards["train"] >= 3  # 4 for their bytes; a_small's sizes gave 1
+
+
+def test_a_failed_conversion_removes_the_parent_folders_it_created(small_flowers, tmp_path):
+    """It removed b of a new n2/a/b, and left the empty n2/a it had created."""
+    (tmp_path / "kept").mkdir()
+    for out in (tmp_path / "n2" / "a" / "b", tmp_path / "kept" / "a" / "b"):
+        with pytest.raises(PetalError, match="The train split would be empty"):
+            convert(small_flowers, out, image_size=8, val_fraction=0.99, workers=1,
+                    progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+    assert not any((tmp_path / "kept").iterdir())

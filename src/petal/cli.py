@@ -93,6 +93,12 @@ def _run_convert(args: argparse.Namespace) -> int:
     from petal.data import convert
     from petal.data.images import DEFAULT_MAX_PIXELS
 
+    if args.output.startswith("ram://"):
+        # TensorFlow's in-memory file system: the records would vanish as the command ends.
+        raise PetalError(
+            f"DST {args.output} is TensorFlow's in-memory file system: its records would be "
+            "gone when petal exits; pass a local folder or a gs:// one."
+        )
     summary = convert(
         args.source,
         args.output,

@@ -292,7 +292,9 @@ def gfile_error(path: str, err, also: Sequence[str] = ()) -> PetalError:
     import tensorflow as tf
 
     if isinstance(err, tf.errors.UnimplementedError) and "scheme" in str(err.message):
-        schemes = [f"{s}://" for s in tf.io.gfile.get_registered_schemes() if s]
+        # Not ram:// (TensorFlow's in-memory file system): what it holds is gone when the
+        # process ends, so no command reads or writes there (library callers still may).
+        schemes = [f"{s}://" for s in tf.io.gfile.get_registered_schemes() if s and s != "ram"]
         supported = ", ".join(["local paths", *sorted(schemes), *also])
         scheme = str(path).split("://", 1)[0]
         return PetalError(

@@ -686,10 +686,20 @@ def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, rece
         )
 
 
+def _local_path(path: str) -> str | None:
+    """The local path of ``path``: itself, or the path of a ``file://`` URL (TensorFlow
+    reads and writes it on the local disk, ignoring its host), else None (an object store)."""
+    if not folders.is_remote(path):
+        return path
+    scheme, _, rest = path.partition("://")
+    return "/" + rest.partition("/")[2] if scheme == "file" else None
+
+
 def _norm(path: str) -> str:
-    if folders.is_remote(path):
+    local = _local_path(path)
+    if local is None:
         return path.rstrip("/") + "/"
-    return os.path.join(os.path.realpath(path), "")
+    return os.path.join(os.path.realpath(local), "")
 
 
 def _check_paths(source: str, output: str) -> None:
@@ -730,6 +740,16 @@ def _is_ours(name: str) -> bool:
     )
 
 
+def _is_petal_manifest(path: str) -> bool:
+    """Whether the ``manifest.json`` at ``path`` is a records manifest (petal's keys), not
+    another program's file of that name."""
+    try:
+        manifest = json.loads(folders.read_bytes(path).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and {"classes", "splits", "format"} <= manifest.keys()
+
+
 def _check_writable(output: str) -> None:
     """Refuses (before the scan, which reads every file) a local folder that cannot be
     written."""
@@ -768,37 +788,58 @@ def _claimed(output: str) -> Iterator[None]:
     """Holds a local output folder for this conversion: creates it and keeps
     :data:`~petal.running.RUNNING_FILE` in it meanwhile, so that a second conversion into it
     is refused (both wrote the same temporary files, and one's clean-up deleted the
-    other's), and removes the folder again if it created it and nothing is left in it.
+    other's), and removes the folders it created again (``n2/a/b``: the three) where
+    nothing is left in them.
 
     Remote outputs are not held: an object store has no exclusive create to build it on.
+    A ``file://`` output is its local folder.
     """
-    if folders.is_remote(output):
+    local = _local_path(output)
+    if local is None:
         yield
         return
-    created = not os.path.exists(output)
-    _make_folder(output)
+    folder, created = Path(local).absolute(), None  # the outermost folder it creates
+    while not folder.exists() and folder != folder.parent:
+        created, folder = folder, folder.parent
+    _make_folder(local)
     unmark = None
     try:
         unmark = mark_running(
-            Path(output), functools.partial(in_use_error, output, option="DST"),
+            Path(local), functools.partial(in_use_error, local, option="DST"),
             "converting into it",
         )
-        if reader := reading_elsewhere(Path(output)):
+        if reader := reading_elsewhere(Path(local)):
             # Its shards replaced under it: epochs that mix two conversions' records.
             who, marker = reader
-            raise in_use_error(output, who, "DST", marker=marker)
+            raise in_use_error(local, who, "DST", marker=marker)
         yield
     finally:
         if unmark is not None:
             unmark()
-        with contextlib.suppress(OSError):
-            if created and not os.listdir(output):
-                os.rmdir(output)
+        folder = Path(local).absolute()
+        while created is not None:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the conversion's output, or someone else's files)
+                break
+            if folder == created:
+                break
+            folder = folder.parent
 
 
 def _check_output(output: str, overwrite: bool) -> None:
     """Refuses to replace a complete conversion or to mix with foreign files."""
     names = _listdir(output)
+    if schema.MANIFEST_NAME in names and not _is_petal_manifest(
+        folders.join(output, schema.MANIFEST_NAME)
+    ):
+        # Another program's file of that name (a web app's): petal's manifest would replace
+        # it, so --overwrite, which replaces only petal's files, is no fix.
+        raise PetalError(
+            f"The output folder {output} holds a {schema.MANIFEST_NAME} petal did not write "
+            "(not a records manifest), which petal's own would replace; choose an empty or new "
+            "folder, or move that file out of it."
+        )
     if schema.MANIFEST_NAME in names and not overwrite:
         raise PetalError(
             f"{output} already holds a complete conversion ({schema.MANIFEST_NAME}); "
@@ -936,8 +977,10 @@ def _start_size_estimate(files, options: _Options, mapper: _Mapper) -> Callable[
     Started before the scan, so the workers convert the sample while this process stats and
     hashes the files: the shard count costs no time of its own.
     """
-    step = max(1, len(files) // _ESTIMATE_SAMPLE)
-    sample = [(f.path, f.label, f.relpath) for f in files[::step][:_ESTIMATE_SAMPLE]]
+    # Evenly spread over the whole list (files[::len // 16][:16] took the first 16 of 31,
+    # all of the first class, whose sizes may be nothing like the others').
+    n = min(_ESTIMATE_SAMPLE, len(files))
+    sample = [(f.path, f.label, f.relpath) for f in (files[i * len(files) // n] for i in range(n))]
     results = mapper.submit(functools.partial(_convert, options=options), sample)
 
     def average() -> float | None:
@@ -1079,6 +1122,14 @@ def convert(
                 f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
             )
     source, output = str(source), str(output)
+    if not folders.is_utf8(output):
+        # TensorFlow takes paths as UTF-8 text: the manifest could not be written (after the
+        # shards, and after --overwrite had removed the conversion it replaced).
+        raise PetalError(
+            "The output folder's name is not valid UTF-8 (TensorFlow writes and reads records "
+            "only under UTF-8 paths); rename it, or pass another DST. "
+            f"Received: output={printable(folders.utf8_name(output))}"
+        )
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     options, recorded = _resolve_options(
