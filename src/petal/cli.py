@@ -62,7 +62,11 @@ def _add_convert(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format", choices=("jpeg", "raw"), default="jpeg", help="jpeg (default) or raw uint8"
     )
-    parser.add_argument("--quality", type=int, default=None, help="JPEG quality (default 95)")
+    parser.add_argument(
+        "--quality", type=int, default=None,
+        help="JPEG quality of the images it encodes (default 95; with --resize none a plain "
+        "JPEG keeps its own bytes)",
+    )
     parser.add_argument(
         "--val-fraction", type=float, default=0.19, help="validation share per class (0.19)"
     )
