@@ -552,8 +552,9 @@ def find_images(
         classes: class names in the order that defines their indices (a list, or a
             comma-separated string); a name also matches the one sub-folder whose name
             only adds spaces around it or is in another Unicode form (NFD); default: every
-            sub-folder that holds at least one candidate image, sorted by name. Hidden folders (``.name``, ``__MACOSX``) are
-            never classes, and hidden entries inside classes are never read.
+            sub-folder that holds at least one candidate image, sorted by name. Hidden
+            folders (``.name``, ``__MACOSX``) are never classes, and hidden entries inside
+            classes are never read.
         min_classes: fewer classes are refused (2 to train; scoring new photos needs 1).
 
     Raises:
