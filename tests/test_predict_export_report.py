@@ -1470,3 +1470,32 @@ def test_predict_names_each_file_as_it_was_given(trained, small_flowers, tmp_pat
     assert results[0]["predictions"] == results[1]["predictions"] == results[4]["predictions"]
     assert expand_images(given[:3]) == [Path("imgs/a.jpg"), Path("imgs/b.jpg"),
                                         Path("imgs/more/c.jpg")]
+
+
+def test_report_reads_an_evaluation_written_elsewhere(trained, small_records, tmp_path,
+                                                       capsys):
+    # `petal evaluate RUN --out DIR` and then `petal report RUN`: the page had no evaluation
+    # and nothing said where the report looked for one.
+    from petal.cli import main
+    from petal.evaluation.evaluate import evaluate
+
+    run = _copy_run(trained, tmp_path / "run")
+    out = tmp_path / "evalout"
+    evaluate(run, small_records, out_dir=out, log=lambda line: None)
+    capsys.readouterr()
+    assert main(["report", str(run)]) == 0
+    none = (f"no evaluation in {run / 'eval'}: run `petal evaluate {run}` to add one, or pass "
+            "--eval DIR for one written with `petal evaluate --out DIR`.")
+    assert capsys.readouterr().out == f"petal report: {none}\n{run / 'report.html'}\n"
+    page = (run / "report.html").read_text()
+    assert "N" + none[1:] in page and "Confusion matrix" not in page
+    assert main(["report", str(run), "--eval", str(out)]) == 0
+    assert capsys.readouterr().out == f"{run / 'report.html'}\n"
+    page = (run / "report.html").read_text()
+    assert "<h2>Evaluation on" in page and "No evaluation" not in page
+    assert {"confusion_matrix.png", "samples.png"} <= {p.name for p in (run / "plots").iterdir()}
+    assert main(["report", str(run), "--eval", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"petal report: error: --eval {tmp_path} holds no eval.json; pass the folder `petal "
+        "evaluate --out` wrote, or leave --eval out for WORKDIR/eval.\n"
+    )

@@ -636,12 +636,19 @@ def _run_export(args: argparse.Namespace) -> int:
 def _add_report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workdir", metavar="WORKDIR", help="work directory of a run")
     parser.add_argument("--embed", action="store_true", help="embed the PNGs in the HTML")
+    parser.add_argument(
+        "--eval",
+        dest="eval_dir",
+        default=None,
+        metavar="DIR",
+        help="the run's evaluation, as `petal evaluate --out DIR` wrote it (default WORKDIR/eval)",
+    )
 
 
 def _run_report(args: argparse.Namespace) -> int:
     from petal.evaluation.report import build_report
 
-    print(build_report(args.workdir, embed=args.embed))
+    print(build_report(args.workdir, embed=args.embed, eval_dir=args.eval_dir))
     return 0
 
 
@@ -729,7 +736,10 @@ _LOCAL_ONLY = {
         ("workdir", "WORKDIR", "run folders", _READ, True),
         ("out", "--out", "exports", _WRITE, True),
     ),
-    "report": (("workdir", "WORKDIR", "run folders", _READ, True),),
+    "report": (
+        ("workdir", "WORKDIR", "run folders", _READ, True),
+        ("eval_dir", "--eval", "evaluations", _READ, True),
+    ),
     "demo": (
         ("data", "--data", "the demo's photos", _READ, True),
         ("workdir", "--workdir", "the demo's records and run", _WRITE, True),
@@ -770,7 +780,10 @@ _PATHS = {
         ("workdir", "WORKDIR", _RUN),
         ("out", "--out", "a folder, or leave --out out for WORKDIR/export"),
     ),
-    "report": (("workdir", "WORKDIR", _RUN),),
+    "report": (
+        ("workdir", "WORKDIR", _RUN),
+        ("eval_dir", "--eval", "the folder of `petal evaluate --out`, or leave --eval out"),
+    ),
     "demo": (
         ("data", "--data", "a folder of class sub-folders, or leave --data out"),
         ("workdir", "--workdir", "a folder, or leave --workdir out for ./petal-demo"),

@@ -1,7 +1,8 @@
 """A single static ``report.html`` for a work directory, drawn from its saved files.
 
 Reads ``config.json``, ``metrics.json``, ``history.csv`` (up to the epoch ``state.json`` says
-is saved) and, when ``petal evaluate`` has run, ``eval/eval.json`` with its image samples;
+is saved) and, when ``petal evaluate`` has run, ``eval/eval.json`` (or that of the folder
+``eval_dir`` names: ``petal evaluate --out``) with its image samples;
 redraws every plot into ``plots/`` (removing those of an earlier report it does not draw) and
 writes ``report.html`` referencing them by relative path (or embedding them, so the page can
 be mailed on its own).
@@ -141,19 +142,23 @@ _METRIC_ROWS = (
 )
 
 
-def build_report(workdir: str | Path, embed: bool = False) -> Path:
+def build_report(
+    workdir: str | Path, embed: bool = False, eval_dir: str | Path | None = None
+) -> Path:
     """Redraw the plots from the saved files and write ``WORKDIR/report.html``.
 
     Args:
         workdir: a training work directory.
         embed: embed the PNGs as data URIs instead of referencing ``plots/*.png``.
+        eval_dir: the folder of the run's evaluation (``petal evaluate --out``); default
+            ``WORKDIR/eval``. Without one there, the page says where it looked.
 
     Returns:
         The path of ``report.html``.
 
     Raises:
-        PetalError: when ``workdir`` holds no training run, or one of its saved files is
-            damaged (the message names it and what to run again).
+        PetalError: when ``workdir`` holds no training run, ``eval_dir`` no evaluation, or
+            one of their saved files is damaged (the message names it and what to run again).
     """
     workdir = run_folder(workdir)
     if not workdir.is_dir():
@@ -161,6 +166,16 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         raise PetalError(
             f"Run folder {workdir} {what} a folder petal train wrote (its --workdir)."
         )
+    if eval_dir is not None:
+        eval_dir = Path(eval_dir)
+        if not (eval_dir / "eval.json").is_file():
+            what = "holds no eval.json" if eval_dir.is_dir() else "is not a folder"
+            raise PetalError(
+                f"--eval {eval_dir} {what}; pass the folder `petal evaluate --out` wrote, or "
+                "leave --eval out for WORKDIR/eval."
+            )
+    else:
+        eval_dir = workdir / EVAL_DIR
     config = _read_json(workdir / "config.json", _retrain(workdir, None))
     retrain = _retrain(workdir, config)
     metrics = _read_json(workdir / "metrics.json", retrain)
@@ -234,7 +249,11 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
         except OSError as err:
             raise _cannot_write(workdir, err) from None
     evaluate_again = f"run `petal evaluate {workdir}` again."
-    eval_json = workdir / EVAL_DIR / "eval.json"
+    if not same_place(eval_dir, workdir / EVAL_DIR):
+        evaluate_again = (
+            f"run `petal evaluate {workdir} --out {shlex.quote(str(eval_dir))}` again."
+        )
+    eval_json = eval_dir / "eval.json"
     evaluation = _read_json(eval_json, evaluate_again)
     if evaluation is not None:
         missing = [key for key in _EVAL_KEYS if key not in evaluation]
@@ -256,7 +275,7 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             # Titled as petal evaluate's own misclassified.png.
             ("misclassified", f"Misclassified ({wrong} of {evaluation['count']})"),
         ):
-            npz = workdir / EVAL_DIR / f"{name}.npz"
+            npz = eval_dir / f"{name}.npz"
             if npz.is_file():
                 try:
                     grids.append((title, plots.read_samples(npz), name))
@@ -336,6 +355,14 @@ def build_report(workdir: str | Path, embed: bool = False) -> Path:
             print(f"petal report: warning: {stale}", file=sys.stderr)
             eval_parts.insert(1, f"<p><b>Warning:</b> {html.escape(stale)}</p>")
         parts += eval_parts
+    else:
+        # Said, so that an evaluation written elsewhere (evaluate --out) is not just missing.
+        none = (
+            f"no evaluation in {eval_dir}: run `petal evaluate {workdir}` to add one, or pass "
+            "--eval DIR for one written with `petal evaluate --out DIR`."
+        )
+        print(f"petal report: {none}")
+        parts.append(f"<p>{html.escape('N' + none[1:])}</p>")
     if not epochs_done:
         parts.append("<p>No epoch has finished yet: no training curves.</p>")
     for caption, png in figures:
