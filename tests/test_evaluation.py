@@ -1650,3 +1650,34 @@ def test_per_class_metrics_refuses_class_names_that_do_not_fit_the_matrix():
     with pytest.raises(PetalError, match=r"Received: shape=\(3,\)$"):
         metrics.per_class_metrics(np.array([1, 2, 3]), ["a", "b", "c"])
     assert list(metrics.per_class_metrics(cm, ["a", "b", "c"])["per_class"]) == ["a", "b", "c"]
+
+
+def test_lr_plot_places_an_epochs_last_step_before_the_next_epochs_first(
+    trained, tmp_path, monkeypatch
+):
+    # The last step of epoch e was drawn at x=e, where epoch e+1's first step is: a warm-up
+    # showed a vertical drop at each epoch boundary instead of the step between them.
+    import shutil
+
+    from petal.evaluation import plots
+    from petal.evaluation.report import build_report
+
+    rows = [{"epoch": 1, "lr": 0.0, "lr_end": 2.56e-3}, {"epoch": 2, "lr": 2.07e-3,
+            "lr_end": 1.1e-4}, {"epoch": 3, "lr": 1e-4, "lr_end": 1e-5}]
+    batches = [{"from_epoch": 1, "steps_per_epoch": 5}, {"from_epoch": 3, "steps_per_epoch": 2}]
+    x, y = plots.lr_points(rows, batches)
+    assert x.tolist() == [0, 0.8, 1, 1.8, 2, 2.5]
+    assert y.tolist() == [0.0, 2.56e-3, 2.07e-3, 1.1e-4, 1e-4, 1e-5]
+    # One step per epoch: its first step is its last.
+    x, _ = plots.lr_points(rows[:1], [{"from_epoch": 1, "steps_per_epoch": 1}])
+    assert x.tolist() == [0]
+    # The report places them by the run's own steps per epoch.
+    given = []
+    real = plots.plot_lr
+    monkeypatch.setattr(plots, "plot_lr",
+                        lambda rows, out, batches=None: given.append(batches) or real(rows, out))
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    build_report(run)
+    steps = json.loads((run / "config.json").read_text())["resolved"]["steps_per_epoch"]
+    assert [b["steps_per_epoch"] for b in given[0]] == [steps]

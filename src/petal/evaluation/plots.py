@@ -86,30 +86,53 @@ def plot_history(history_csv: str | Path | list[dict], out: str | Path) -> Path:
     return _save(fig, out)
 
 
-def lr_points(rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+def lr_points(
+    rows: list[dict], batches: list[dict] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The learning rates ``history.csv`` records, placed on the epochs trained so far.
 
-    Epoch ``e``'s first step is at ``e - 1`` and its last at ``e`` (where its accuracies
-    are drawn). Histories written before ``lr_end`` was recorded give the first steps only.
+    Epoch ``e``'s first step is at ``e - 1`` and its last at ``e - 1/steps`` (the next
+    epoch's first is one step later), ``steps`` its steps per epoch from ``batches``: the
+    run's ``{from_epoch, steps_per_epoch}`` entries (metrics.json, state.json). Without
+    them the last step is placed at ``e`` (where its accuracies are drawn). Histories written
+    before ``lr_end`` was recorded give the first steps only.
     """
     x, y = [], []
     for row in rows:
         x.append(row["epoch"] - 1)
         y.append(row.get("lr", math.nan))
-        if math.isfinite(row.get("lr_end", math.nan)):
-            x.append(row["epoch"])
+        steps = _steps_in(row["epoch"], batches or [])
+        if math.isfinite(row.get("lr_end", math.nan)) and steps != 1:
+            x.append(row["epoch"] - (1 / steps if steps else 0))
             y.append(row["lr_end"])
     return np.array(x, dtype=np.float64), np.array(y, dtype=np.float64)
 
 
-def plot_lr(history_csv: str | Path | list[dict], out: str | Path) -> Path:
-    """Learning rate at the first and last step of each epoch (see :func:`lr_points`); the
-    schedule runs per step, so a warm-up epoch is a line from 0 to its last rate.
+def _steps_in(epoch: int, batches: list[dict]) -> int | None:
+    """The steps per epoch of ``epoch`` in ``batches`` (each session's from its first
+    epoch on), None when they do not say."""
+    steps = None
+    for batch in batches:
+        if not isinstance(batch, dict):
+            return None
+        start, count = batch.get("from_epoch"), batch.get("steps_per_epoch")
+        if isinstance(start, int) and start <= epoch:
+            steps = count
+    valid = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
+    return steps if valid else None
+
+
+def plot_lr(
+    history_csv: str | Path | list[dict], out: str | Path, batches: list[dict] | None = None
+) -> Path:
+    """Learning rate at the first and last step of each epoch (see :func:`lr_points`, which
+    places them by ``batches``); the schedule runs per step, so a warm-up epoch is a line
+    from 0 to its last rate.
 
     ``history_csv``: the file, or its rows (as :func:`plot_history`).
     """
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(*lr_points(_rows(history_csv)), marker=".")
+    ax.plot(*lr_points(_rows(history_csv), batches), marker=".")
     ax.set_title("Learning rate")
     _epoch_axis(ax)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))

@@ -244,7 +244,9 @@ def build_report(
         try:
             figures += [
                 ("Accuracy and loss", plots.plot_history(epochs_done, plot_dir / "curves.png")),
-                ("Learning rate", plots.plot_lr(epochs_done, plot_dir / "lr.png")),
+                ("Learning rate", plots.plot_lr(
+                    epochs_done, plot_dir / "lr.png", _batches(workdir, metrics, config)
+                )),
             ]
         except OSError as err:
             raise _cannot_write(workdir, err) from None
@@ -407,6 +409,21 @@ def _saved_epoch(workdir: Path, metrics: dict | None) -> int | None:
         return None
     epoch = state.get("epoch") if isinstance(state, dict) else None
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def _batches(workdir: Path, metrics: dict | None, config: dict) -> list[dict] | None:
+    """The run's steps per epoch, per session (``{from_epoch, steps_per_epoch}``): from
+    ``state.json``, which a resume updates first, else ``metrics.json``, else the last
+    session's in ``config.json`` (runs saved before they were kept). None when unknown."""
+    try:
+        batches = json.loads((workdir / "state.json").read_text()).get("batches")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        batches = None
+    batches = batches or (metrics or {}).get("batches")
+    if isinstance(batches, list) and batches:
+        return batches
+    steps = (config.get("resolved") or {}).get("steps_per_epoch")
+    return [{"from_epoch": 1, "steps_per_epoch": steps}] if isinstance(steps, int) else None
 
 
 def _remove_undrawn(plot_dir: Path, drawn: set[str]) -> None:
