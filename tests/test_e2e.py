@@ -466,3 +466,24 @@ def test_demo_refused_by_a_conversion_into_its_records_names_workdir(
     )):
         run_demo(others, records.parent)  # to convert the others over the records it reads
     assert converted == [photos, others]  # refused by convert itself, before it wrote
+
+
+def test_demo_refuses_classes_before_converting(small_flowers, tmp_path, monkeypatch):
+    # It converted every photo, then train refused the classes with advice of --classes,
+    # an option the demo does not have.
+    from petal import demo
+    from petal.errors import PetalError
+
+    def convert(*args, **kwargs):
+        raise AssertionError("the photos were converted before the settings were checked")
+
+    monkeypatch.setattr("petal.data.convert", convert)
+    with pytest.raises(PetalError) as caught:
+        demo.run_demo(small_flowers, tmp_path / "demo", overrides=("classes=daisy,roses",),
+                      log=lambda line: None)
+    assert str(caught.value) == (
+        "petal demo converts every class folder of --data, and trains on them all: --set "
+        "classes=... cannot choose among them. Pass --data a folder holding only those classes "
+        "(links to their folders will do). Received: classes='daisy,roses'"
+    )
+    assert not (tmp_path / "demo").exists()

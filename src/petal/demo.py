@@ -160,6 +160,13 @@ def run_demo(
             "--set data=... would train on other data than it evaluates. Pass the photos as "
             f"--data, or use petal train --data for records. Received: data={values['data']!r}"
         )
+    if values.get("classes"):
+        # Train cannot choose among the classes of records it converts: refused before that.
+        raise PetalError(
+            "petal demo converts every class folder of --data, and trains on them all: --set "
+            "classes=... cannot choose among them. Pass --data a folder holding only those "
+            f"classes (links to their folders will do). Received: classes={values['classes']!r}"
+        )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
     model_info(config.model)
     size = config.image_size or 192  # of the records it converts, and of evaluation
