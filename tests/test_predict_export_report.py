@@ -1499,3 +1499,26 @@ def test_report_reads_an_evaluation_written_elsewhere(trained, small_records, tm
         f"petal report: error: --eval {tmp_path} holds no eval.json; pass the folder `petal "
         "evaluate --out` wrote, or leave --eval out for WORKDIR/eval.\n"
     )
+
+
+def test_report_of_an_unfinished_or_stopped_run_says_what_to_do(trained, tmp_path):
+    # An unfinished run's page did not say how to finish it, and a NaN loss in epoch 1 (no
+    # epoch completed) showed `null` for its accuracies and images/s.
+    import html
+
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    metrics = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").unlink()
+    page = build_report(run).read_text()
+    assert html.escape("metrics.json missing: the run has not finished. Resume it with "
+                       f"`petal train --workdir {run} --resume`.") in page
+    nones = ("final_val_accuracy", "mean_last5_val_accuracy", "best_val_accuracy",
+             "best_epoch", "train_images_per_sec")
+    (run / "metrics.json").write_text(json.dumps({**metrics, **dict.fromkeys(nones)}))
+    page = build_report(run).read_text()
+    training = page[page.index("<h2>Training</h2>"):page.index("</table>")]
+    assert "null" not in training
+    assert "<tr><th>best validation accuracy</th><td class='num'>n/a</td></tr>" in training
+    assert "<tr><th>training images/s</th><td class='num'>n/a</td></tr>" in training

@@ -313,7 +313,12 @@ def build_report(
         labels = dict(_METRIC_ROWS)
         if isinstance(completed, int) and 0 < completed < 5:
             labels["mean_last5_val_accuracy"] = f"mean of last {completed} validation accuracies"
-        rows = [(label, shown[key]) for key, label in labels.items() if key in shown]
+        # None: no epoch completed (a NaN loss stopped the first), so nothing to show.
+        rows = [
+            (label, "n/a" if shown[key] is None else shown[key])
+            for key, label in labels.items()
+            if key in shown
+        ]
         rows += _skipped_rows(metrics)
         parts += ["<h2>Training</h2>", _table(rows)]
         if stopped and isinstance(completed, int) and len(epochs_done) == completed + 1:
@@ -339,7 +344,14 @@ def build_report(
         elif stopped:
             parts.append(f"<p><b>Stopped:</b> {html.escape(str(stopped))}</p>")
     else:
-        parts.append("<p>metrics.json missing: the run has not finished.</p>")
+        resume = (
+            ""
+            if training  # --resume would be refused while it trains
+            else f" Resume it with `petal train --workdir {workdir} --resume`."
+        )
+        parts.append(
+            f"<p>metrics.json missing: the run has not finished.{html.escape(resume)}</p>"
+        )
         if epochs_done:
             parts += ["<h2>Training so far</h2>", _table(_so_far(epochs_done, config))]
     if training:
