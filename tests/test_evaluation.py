@@ -1681,3 +1681,19 @@ def test_lr_plot_places_an_epochs_last_step_before_the_next_epochs_first(
     build_report(run)
     steps = json.loads((run / "config.json").read_text())["resolved"]["steps_per_epoch"]
     assert [b["steps_per_epoch"] for b in given[0]] == [steps]
+
+
+def test_a_class_named_in_another_unicode_form_is_the_model_s_class(tmp_path):
+    # A run trained on a folder unzipped on macOS (NFD names) refused new photos in a
+    # folder typed elsewhere (NFC) as classes it did not know, listing look-alike names.
+    import types
+    import unicodedata
+
+    from petal.evaluation.workdir import class_index
+
+    nfd = unicodedata.normalize("NFD", "rosé")
+    run = types.SimpleNamespace(classes=("daisy", nfd, "tulips"), workdir=tmp_path)
+    assert class_index(("rosé", "daisy"), run, "photos", "folder").tolist() == [1, 0]
+    assert class_index((nfd, "tulips"), run, "photos", "folder").tolist() == [1, 2]
+    with pytest.raises(PetalError, match="does not know: lily; "):
+        class_index(("rosé", "lily"), run, "photos", "folder")

@@ -11,6 +11,7 @@ import hashlib
 import json
 import shlex
 import sys
+import unicodedata
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -484,9 +485,18 @@ def class_index(
     data_classes = tuple(data_classes)
     if data_classes == run.classes:
         return None
-    unknown = [c for c in data_classes if c not in run.classes]
+    # A name matches the model's in another Unicode form too: a folder unzipped on macOS
+    # is named in NFD ("rose\u0301"), the same name typed elsewhere in NFC ("ros\xe9").
+    by_form: dict[str, int] = {}
+    for i, name in enumerate(run.classes):
+        by_form.setdefault(unicodedata.normalize("NFC", name), i)
+    index = [
+        run.classes.index(c) if c in run.classes else by_form.get(unicodedata.normalize("NFC", c))
+        for c in data_classes
+    ]
+    unknown = [c for c, i in zip(data_classes, index, strict=True) if i is None]
     if unknown:
-        known = [c for c in data_classes if c in run.classes]
+        known = [c for c, i in zip(data_classes, index, strict=True) if i is not None]
         keep = shlex.quote(",".join(known))
         named = "class folders (or records) named after those"
         fix = f"Evaluate on {named}"
@@ -498,7 +508,7 @@ def class_index(
             f"{data} holds classes the model in {run.workdir} does not know: "
             f"{', '.join(unknown)}; its classes are {', '.join(run.classes)}. {fix}."
         )
-    return np.array([run.classes.index(c) for c in data_classes], dtype=np.int64)
+    return np.array(index, dtype=np.int64)
 
 
 def denormalize_np(x: np.ndarray, mode: str) -> np.ndarray:
