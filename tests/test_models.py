@@ -620,3 +620,31 @@ def test_load_weights_file_refuses_a_name_and_create_model_weights_of_the_wrong_
                            r"file, 'imagenet', or None: `--weights none` on the command line\. "
                            rf"Received: weights={re.escape(repr(weights))}$"):  # fmt: skip
             create_model("dense", 5, 32, weights=weights)
+
+
+def test_a_cached_imagenet_file_keras_finds_stale_offline_is_named(monkeypatch, tmp_path):
+    # Keras checks the published file's hash, removes a file that fails it and downloads it
+    # again: offline, petal said only "Cannot download", and the user's copy was gone.
+    import re
+
+    from keras.src.utils import file_utils
+
+    from petal.models import applications
+
+    name = "mobilenet_v2_weights_tf_dim_ordering_tf_kernels_1.0_96_no_top.h5"
+    (tmp_path / name).write_bytes(b"not the published file")
+    monkeypatch.setattr(applications, "_cache_folder", lambda: str(tmp_path))
+
+    def stale(fname, origin, **kwargs):
+        (tmp_path / fname).unlink()  # as Keras does before downloading again
+        raise Exception(f"URL fetch failure on {origin}: None -- [Errno -2] Name unknown")
+
+    monkeypatch.setattr(file_utils, "get_file", stale)
+    with pytest.raises(PetalError, match=(
+        rf"^The ImageNet weights file {re.escape(str(tmp_path / name))} in Keras' cache is not "
+        r"the published file of 'mobilenet_v2' \(its hash does not match: damaged, or another "
+        r"file\), and Keras removed it to download it again, which failed \(offline\?\): URL "
+        r"fetch failure on .*Name unknown\. Copy the published file there again, or pass "
+        r"--weights PATH"
+    )):
+        create_model("mobilenet_v2", 5, 96, weights="imagenet")

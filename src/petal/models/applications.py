@@ -85,8 +85,9 @@ def build_application(
     check_bool_options(arch, bn_frozen=bn_frozen, backbone_trainable=backbone_trainable)
     spec = _BACKBONES[arch]
     fetched: list[str] = []  # the cached or downloaded ImageNet file Keras loads
+    cached: list[str] = []  # a file in the cache before a fetch that failed
     try:
-        with warnings.catch_warnings(), _recording_fetches(fetched):
+        with warnings.catch_warnings(), _recording_fetches(fetched, cached):
             # MobileNetV2 warns at sizes other than its published ones that it loads the
             # 224-pixel ImageNet weights (even when it loads none), as a raw warning with its
             # source line: the same weights fit any size.
@@ -103,6 +104,18 @@ def build_application(
         # raise. Anything else is a real bug and propagates unchanged.
         if weights != "imagenet":
             raise
+        if "URL fetch failure" in str(err) and cached:
+            # Keras checks the published file's hash, removes a file that fails it and
+            # downloads it again: offline, the user's copy is gone and the reason with it.
+            gone = "removed it" if not os.path.exists(cached[-1]) else "kept it"
+            raise PetalError(
+                f"The ImageNet weights file {cached[-1]} in Keras' cache is not the published "
+                f"file of {arch!r} (its hash does not match: damaged, or another file), and "
+                f"Keras {gone} to download it again, which failed (offline?): "
+                f"{first_line(err)}. Copy the published file there again, or pass --weights "
+                "PATH (weights=PATH) to a local weights file, or --weights none (weights=None) "
+                "to train from scratch. Received: weights='imagenet'"
+            ) from err
         if "URL fetch failure" in str(err):
             raise PetalError(
                 f"Cannot download the ImageNet weights of {arch!r} (offline?): "
@@ -130,9 +143,11 @@ def build_application(
 
 
 @contextlib.contextmanager
-def _recording_fetches(fetched: list[str]):
+def _recording_fetches(fetched: list[str], cached: list[str]):
     """Append the path of every file ``keras.applications`` fetches (from Keras' cache, or
-    downloaded) to ``fetched``: a file Keras then fails to load is named to the user.
+    downloaded) to ``fetched``: a file Keras then fails to load is named to the user; and
+    the path of a file in the cache whose fetch failed to ``cached`` (Keras found it stale
+    by its hash and could not download it again).
 
     Keras' application modules call ``keras.src.utils.file_utils.get_file`` through the
     module, so wrapping it there for the duration sees them. Where a Keras version does
@@ -143,7 +158,15 @@ def _recording_fetches(fetched: list[str]):
     get_file = file_utils.get_file
 
     def recording(*args, **kwargs):
-        path = get_file(*args, **kwargs)
+        name = kwargs.get("fname", args[0] if args else None)
+        where = os.path.join(_cache_folder(), str(name)) if name else None
+        there = where is not None and os.path.isfile(where)
+        try:
+            path = get_file(*args, **kwargs)
+        except Exception:
+            if there:
+                cached.append(where)
+            raise
         fetched.append(str(path))
         return path
 
