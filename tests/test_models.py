@@ -328,7 +328,8 @@ def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):
     from petal.models import load_weights_file
 
     with pytest.raises(PetalError, match=r"model.weights.h5 does not match model 'mobilenet_v2'"
-                       r".* same model and image size, and classes\.$"):  # fmt: skip
+                       r".* same model \(at the same image size where its weights depend on "
+                       r"it, as dense's do\), and classes\.$"):  # fmt: skip
         load_weights_file(create_model("mobilenet_v2", 3, 32), model_file)
 
 

@@ -389,8 +389,8 @@ def _load_weights_file(
     raise PetalError(
         f"Weights file {path} does not match model {model.name!r} "
         f"({'; '.join(errors) or 'no layers but the head fit'}). Save the weights from the "
-        "same model and image size"
-        + (" (with any number of classes)." if rebuild is not None else ", and classes.")
+        "same model (at the same image size where its weights depend on it, as dense's do)"
+        + (", with any number of classes." if rebuild is not None else ", and classes.")
     )
 
 
