@@ -461,3 +461,24 @@ def test_a_checkpoint_whose_optimizer_state_would_not_load_is_refused(tmp_path):
     same.optimizer.build(same.trainable_variables)
     _load_checkpoint(same, tmp_path)  # the same variables: loads
     assert np.allclose(same.layers[0].kernel.numpy(), saved.layers[0].kernel.numpy())
+
+
+def test_resume_changing_fine_tune_names_fine_tune_not_head_epochs(tmp_path, capsys):
+    # The config's own check came first: "head_epochs is only used with fine_tune=
+    # 'head_then_all'", and setting head_epochs=0 only led to this refusal.
+    from petal.cli import main
+    from petal.training.config import get_preset, save_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = get_preset("codelab-xception").replace(
+        data=str(tmp_path / "records"), weights=str(tmp_path / "x.weights.h5"),
+        fine_tune="head_then_all", head_epochs=1, epochs=3,
+    )
+    save_config(cfg, run / "config.json", classes=["a", "b"])
+    assert main(["train", "--workdir", str(run), "--resume", "--set", "fine_tune=all"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"petal train: error: {run} holds a checkpoint that --resume cannot change: fine_tune "
+        '"head_then_all" -> "all". Leave those settings out to continue the run, or start a '
+        "new one (another --workdir, or --overwrite)."
+    )

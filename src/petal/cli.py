@@ -416,21 +416,32 @@ def _run_train(args: argparse.Namespace) -> int:
     weights = args.weights
     if weights is not None and weights.lower() == "none":
         weights, overrides = None, ["weights=null", *overrides]
-    config = load_config(
-        args.preset,
-        args.config,
-        overrides,
-        base=base,
-        data=args.data,
-        classes=args.classes,
-        model=args.model,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        strategy=args.strategy,
-        precision=args.precision,
-        weights=weights,
-    )
+    try:
+        config = load_config(
+            args.preset,
+            args.config,
+            overrides,
+            base=base,
+            data=args.data,
+            classes=args.classes,
+            model=args.model,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            image_size=args.image_size,
+            strategy=args.strategy,
+            precision=args.precision,
+            weights=weights,
+        )
+    except PetalError:
+        if base is not None:  # a change --resume refuses anyway is the one to name
+            from petal.training.config import parse_overrides
+            from petal.training.loop import refuse_checkpoint_changes
+
+            given = parse_overrides(overrides)
+            if args.model is not None:
+                given["model"] = args.model
+            refuse_checkpoint_changes(args.workdir, base, given)
+        raise
     if args.workdir is None:  # the preset resolved: --preset's, else the --config file's
         args.workdir = str(Path("runs") / config.preset)
 

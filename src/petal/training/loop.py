@@ -715,12 +715,33 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
             f"state holds {held})"
         )
     if changed:
-        raise PetalError(
-            f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
-            "Leave those settings out to continue the run, or start a new one (another "
-            "--workdir, or --overwrite)."
-        )
+        raise _fixed_by_checkpoint(workdir, changed)
     return saved_resolved
+
+
+def _fixed_by_checkpoint(workdir: Path | str, changed: list[str]) -> PetalError:
+    return PetalError(
+        f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
+        "Leave those settings out to continue the run, or start a new one (another "
+        "--workdir, or --overwrite)."
+    )
+
+
+def refuse_checkpoint_changes(workdir: str | Path, base: TrainConfig, values: dict) -> None:
+    """Raise :func:`_check_resumed_checkpoint`'s refusal when ``values`` (fields given to
+    ``--resume`` the run ``base`` saved in ``workdir``) change a field its checkpoint fixes.
+    For a config those values do not validate on: the validation's own complaint
+    (``head_epochs`` is only used with head_then_all, for a changed ``fine_tune``) sent the
+    user to change another field, only to be refused for this one."""
+    now = base.to_dict()
+    changed = [
+        f"{key} {_show(now[key])} -> {_show(values[key])}"
+        for key in CHECKPOINT_FIELDS
+        if key in values and key not in ("image_size", "train_image_size")
+        and values[key] != now[key]
+    ]
+    if changed:
+        raise _fixed_by_checkpoint(workdir, changed)
 
 
 def _trained_size(workdir: Path, cfg: TrainConfig) -> tuple[int, int] | None:
