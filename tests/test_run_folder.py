@@ -456,3 +456,34 @@ def test_a_run_marks_its_records_while_it_builds_its_model_and_unmarks_them_if_t
         train(tiny_config(records, epochs=1, model="dense"), tmp_path / "run", **QUIET)
     assert seen == [[f"{READING_PREFIX}{socket.gethostname()}-{os.getpid()}"]]
     assert not list(records.glob(f"{READING_PREFIX}*"))  # gone when the run failed
+
+
+def test_a_refused_work_directory_names_the_library_arguments_too(tmp_path):
+    # A notebook calling train() was told only the command's flags.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(PETAL_CONFIG)
+    (run / "last.keras").write_bytes(b"weights")
+    with pytest.raises(PetalError) as caught:
+        prepare_workdir(run, resume=False, overwrite=False)
+    assert str(caught.value) == (
+        f"{run} already holds a training run (config.json, last.keras); pass --resume "
+        "(resume=True) to continue it or --overwrite (overwrite=True) to start again (deletes "
+        "its checkpoints and results)."
+    )
+    with pytest.raises(PetalError, match=r"^Pass either --resume or --overwrite \(resume=True "
+                       r"or overwrite=True\), not both\.$"):
+        prepare_workdir(run, resume=True, overwrite=True)
+
+
+def test_an_empty_training_split_asks_for_a_fraction_below_the_one_converted_with(
+    make_records, tmp_path
+):
+    # It said "a smaller --val-fraction (default 0.19)" of records converted with 0.9.
+    no_train = make_records("no-train-09", counts={"train": [], "validation": [5]})
+    manifest = json.loads((no_train / "manifest.json").read_text())
+    manifest["val_fraction"] = 0.9
+    (no_train / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PetalError, match=r"reconvert the images with a smaller --val-fraction "
+                       r"than 0\.9 or add images"):
+        train(tiny_config(no_train, steps_per_epoch=None), tmp_path / "run", **QUIET)

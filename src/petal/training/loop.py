@@ -258,7 +258,9 @@ def prepare_workdir(
         log: told when the files of a failed start are deleted.
     """
     if resume and overwrite:
-        raise PetalError("Pass either --resume or --overwrite, not both.")
+        raise PetalError(
+            "Pass either --resume or --overwrite (resume=True or overwrite=True), not both."
+        )
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(f"Work directory {workdir} is a file; pass a folder.")
     if reason := dangling_link(workdir):
@@ -288,8 +290,9 @@ def prepare_workdir(
         if "config.json" not in found:
             raise _no_config(workdir, found)
         raise PetalError(
-            f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume to "
-            "continue it or --overwrite to start again (deletes its checkpoints and results)."
+            f"{workdir} already holds a training run ({', '.join(found[:3])}); pass --resume "
+            "(resume=True) to continue it or --overwrite (overwrite=True) to start again "
+            "(deletes its checkpoints and results)."
         )
     if overwrite and (busy := _written_inside(workdir)):
         # --overwrite deletes eval/ and export/: another process's files as it writes them.
@@ -839,9 +842,8 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
         fraction = (source.manifest or {}).get("val_fraction")
         made = f" (converted with --val-fraction {fraction})" if fraction is not None else ""
         fix_val = _fill_records_validation(source, fraction)
-        fix_train = (
-            "reconvert the images with a smaller --val-fraction (default 0.19) or add images"
-        )
+        below = f"than {fraction}" if fraction is not None else "(default 0.19)"
+        fix_train = f"reconvert the images with a smaller --val-fraction {below} or add images"
     else:
         made = ""
         fix_val = fix_train = (
