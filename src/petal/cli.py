@@ -930,14 +930,17 @@ def _send_later(thread_id: int, signum: int, delay: float = 0.05) -> None:
         signal.pthread_kill(thread_id, signum)
 
 
-# Where each command writes, for the fix of a full disk: (attribute, option).
-_WRITES_INTO = {
-    "convert": ("output", "DST"),
-    "train": ("workdir", "--workdir"),
-    "evaluate": ("out", "--out"),
-    "export": ("out", "--out"),
-    "demo": ("workdir", "--workdir"),
-}
+def _writes_into(command: str | None) -> tuple[str | None, str | None]:
+    """(attribute, option) of the folder ``command`` writes into, for the fix of a full
+    disk: convert's DST (which may be a URL, so not among :data:`_LOCAL_ONLY`), else the
+    folder :data:`_LOCAL_ONLY` lists as written; (None, None) for a command that writes
+    into no folder of its own."""
+    if command == "convert":
+        return "output", "DST"
+    for attr, option, _, reads, folder in _LOCAL_ONLY.get(command, ()):
+        if not reads and folder:
+            return attr, option
+    return None, None
 
 
 def _os_error_line(err: OSError, args: argparse.Namespace | None = None) -> str:
@@ -945,7 +948,7 @@ def _os_error_line(err: OSError, args: argparse.Namespace | None = None) -> str:
     (its message, ``[Errno 28] No space left on device``, said neither), naming the output
     of ``args``' command when the error names no file."""
     if disk_full(err):
-        attr, option = _WRITES_INTO.get(getattr(args, "command", None), (None, None))
+        attr, option = _writes_into(getattr(args, "command", None))
         output = getattr(args, attr, None) if attr else None
         if err.filename:
             where = f" writing {printable(err.filename)}"

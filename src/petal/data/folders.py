@@ -18,6 +18,7 @@ import stat
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from petal.errors import PetalError, first_line, printable
 
@@ -528,6 +529,31 @@ def _holds(folder: str, path: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def first_missing(path: str | os.PathLike) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what creating it creates),
+    or None when it exists."""
+    path, missing = Path(path).absolute(), None
+    while not path.exists() and path != path.parent:
+        missing, path = path, path.parent
+    return missing
+
+
+def remove_created(out: str | os.PathLike, created: Path | None) -> None:
+    """Removes ``out`` and its parents up to ``created`` (:func:`first_missing` before
+    ``out`` was made) where they are empty: a failed command leaves no empty folder."""
+    if created is None:
+        return
+    folder = Path(out).absolute()
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (or gone): leave it and its parents
+        if folder == created or folder == folder.parent:
+            return
+        folder = folder.parent
+
+
 def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalError | None:
     """The error for a folder whose images lie directly in it, not in class sub-folders;
     None when ``names`` (the folder's file names) hold no image. ``what`` precedes the
@@ -740,7 +766,7 @@ def _spaced_match(name: str, names, root: str) -> str:
         PetalError: two folders of ``root`` are ``name`` in the same Unicode form: they look
             the same, so which one is meant cannot be told.
     """
-    same = [n for n in names if _nfc(n) == _nfc(name)]
+    same = [n for n in names if nfc(n) == nfc(name)]
     if len(same) > 1:
         raise PetalError(
             f"Class {name!r} in --classes matches {len(same)} sub-folders of {root} that differ "
@@ -751,11 +777,11 @@ def _spaced_match(name: str, names, root: str) -> str:
         return name
     if same:
         return same[0]
-    near = [n for n in names if _nfc(n.strip()) == _nfc(name)]
+    near = [n for n in names if nfc(n.strip()) == nfc(name)]
     return near[0] if len(near) == 1 else name
 
 
-def _nfc(name: str) -> str:
+def nfc(name: str) -> str:
     """``name`` in Unicode's composed form (NFC), in which names that look the same are the
     same text."""
     return unicodedata.normalize("NFC", name)
@@ -784,8 +810,8 @@ def parse_classes(classes: Sequence[str] | str) -> list[str]:
     if not names or any(not n for n in names):
         raise PetalError(f"--classes must be comma-separated non-empty names. Received: {classes}")
     # Names that look the same are one name, whatever their Unicode form.
-    forms = [_nfc(n) for n in names]
-    duplicates = [n for n in names if forms.count(_nfc(n)) > 1]
+    forms = [nfc(n) for n in names]
+    duplicates = [n for n in names if forms.count(nfc(n)) > 1]
     if duplicates:
         raise PetalError(f"--classes names {duplicates[0]!r} twice. Received: {classes}")
     return names

@@ -798,9 +798,7 @@ def _claimed(output: str) -> Iterator[None]:
     if local is None:
         yield
         return
-    folder, created = Path(local).absolute(), None  # the outermost folder it creates
-    while not folder.exists() and folder != folder.parent:
-        created, folder = folder, folder.parent
+    created = folders.first_missing(local)
     _make_folder(local)
     unmark = None
     try:
@@ -816,15 +814,8 @@ def _claimed(output: str) -> Iterator[None]:
     finally:
         if unmark is not None:
             unmark()
-        folder = Path(local).absolute()
-        while created is not None:
-            try:
-                folder.rmdir()
-            except OSError:  # not empty (the conversion's output, or someone else's files)
-                break
-            if folder == created:
-                break
-            folder = folder.parent
+        # Those left empty: one holding the conversion's output, or others' files, stays.
+        folders.remove_created(local, created)
 
 
 def _check_output(output: str, overwrite: bool) -> None:
@@ -1276,6 +1267,8 @@ def _warnings(manifest: dict) -> list[str]:
     splits, fraction = manifest["splits"], manifest["val_fraction"]
     train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
     out = []
+    # A class of one photo cannot give one to validation and keep one to train on.
+    one_photo = "add images (a class needs 2 or more to validate on one)"
     if splits["validation"]["count"] == 0:
         if fraction == 0:
             out.append(
@@ -1284,11 +1277,8 @@ def _warnings(manifest: dict) -> list[str]:
                 f"(default {DEFAULT_VAL_FRACTION}) to train on these records"
             )
         else:
-            # A class of one photo cannot give one to validation and keep one to train on.
             alone = max((train[c] + val[c] for c in manifest["classes"]), default=0) < 2
-            fix = "add images (a class needs 2 or more to validate on one)" if alone else (
-                "raise --val-fraction or add images"
-            )
+            fix = one_photo if alone else "raise --val-fraction or add images"
             out.append(
                 f"the validation split is empty: val_fraction {fraction} of each class rounds "
                 f"to 0 images; {fix}"
@@ -1375,7 +1365,7 @@ def _warnings(manifest: dict) -> list[str]:
         if shared := [c for c in no_val if c not in copied]:
             fix = "raise --val-fraction or add images"
             if all(train[c] < 2 for c in shared):  # one photo: it trains, or it validates
-                fix = "add images (a class needs 2 or more to validate on one)"
+                fix = one_photo
             out.append(
                 f"no validation images for class {some_names(shared)} (too few images for "
                 f"val_fraction {fraction}): its accuracy is not measured; {fix}"

@@ -23,9 +23,11 @@ import numpy as np
 from petal.data.folders import (
     absolute_data,
     find_images,
+    first_missing,
     is_http,
     is_remote,
     is_within,
+    remove_created,
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
@@ -38,12 +40,10 @@ from petal.evaluation.workdir import (
     class_index,
     denormalize_np,
     file_sha256,
-    first_missing,
     load_model,
     make_output_folder,
     open_run,
     progress_bar,
-    remove_created,
     top_k_for,
 )
 from petal.jsonfile import temporary_name, write_json

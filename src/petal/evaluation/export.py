@@ -25,17 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from petal.data.folders import refuse_url
+from petal.data.folders import first_missing, refuse_url, remove_created
 from petal.errors import PetalError, first_line, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
     check_not_in_the_way,
     check_output_folder,
-    first_missing,
     load_model,
     make_output_folder,
     open_run,
-    remove_created,
 )
 from petal.running import RUNNING_FILE, mark_running, running_elsewhere
 

@@ -11,14 +11,13 @@ import hashlib
 import json
 import shlex
 import sys
-import unicodedata
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import refuse_url
+from petal.data.folders import nfc, refuse_url
 from petal.errors import (
     PetalError,
     cannot_write,
@@ -145,31 +144,6 @@ def make_output_folder(out: str | Path, what: str) -> Path:
             f"path whose parents are folders you can write."
         ) from None
     return out
-
-
-def first_missing(path: str | Path) -> Path | None:
-    """The outermost folder of ``path`` that does not exist yet (what creating it creates),
-    or None when it exists."""
-    path, missing = Path(path).absolute(), None
-    while not path.exists() and path != path.parent:
-        missing, path = path, path.parent
-    return missing
-
-
-def remove_created(out: Path, created: Path | None) -> None:
-    """Removes ``out`` and its parents up to ``created`` (:func:`first_missing` before
-    ``out`` was made) where they are empty: a failed command leaves no empty folder."""
-    if created is None:
-        return
-    folder = Path(out).absolute()
-    while True:
-        try:
-            folder.rmdir()
-        except OSError:
-            return  # not empty (or gone): leave it and its parents
-        if folder == created or folder == folder.parent:
-            return
-        folder = folder.parent
 
 
 def unfinished_resume(workdir: Path, completed, trained: int, held: str) -> str | None:
@@ -489,10 +463,9 @@ def class_index(
     # is named in NFD ("rose\u0301"), the same name typed elsewhere in NFC ("ros\xe9").
     by_form: dict[str, int] = {}
     for i, name in enumerate(run.classes):
-        by_form.setdefault(unicodedata.normalize("NFC", name), i)
+        by_form.setdefault(nfc(name), i)
     index = [
-        run.classes.index(c) if c in run.classes else by_form.get(unicodedata.normalize("NFC", c))
-        for c in data_classes
+        run.classes.index(c) if c in run.classes else by_form.get(nfc(c)) for c in data_classes
     ]
     unknown = [c for c, i in zip(data_classes, index, strict=True) if i is None]
     if unknown:
