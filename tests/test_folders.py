@@ -493,3 +493,17 @@ def test_classes_picking_one_of_several_says_so(tmp_path):
         "class folder. Found classes: daisy, roses, tulips."
     )
     assert find_images(tmp_path, "tulips", min_classes=1).classes == ("tulips",)
+
+
+def test_class_names_in_messages_and_predictions_are_quoted_by_one_rule():
+    # Two copies of the rule had drifted: a name starting with a quote was quoted in
+    # predictions but not in the classes a message lists.
+    from petal.data.folders import _class_names, blurs_in_list
+    from petal.evaluation.predict import format_predictions
+
+    assert [blurs_in_list(n) for n in ["a,b", " a", "a ", '"a', "'a", "a'b", "daisy"]] == [
+        True, True, True, True, True, False, False,
+    ]
+    assert _class_names(["'roses", "tulips"]) == "\"'roses\", 'tulips'"
+    result = {"file": "x.jpg", "predictions": [{"label": "'roses", "probability": 0.5}]}
+    assert format_predictions([result]) == "x.jpg: \"'roses\" 0.500"

@@ -12,15 +12,18 @@ read; they are listed among the ignored paths.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import stat
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from petal.errors import PetalError, first_line, printable
+from petal.running import in_use_error, mark_running
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 # Besides names starting with ".": the folder macOS's zip tool adds beside the files, full
@@ -554,6 +557,29 @@ def remove_created(out: str | os.PathLike, created: Path | None) -> None:
         folder = folder.parent
 
 
+@contextlib.contextmanager
+def held_output(
+    out: str | os.PathLike, make: Callable[[], object], option: str, doing: str
+) -> Iterator[Path]:
+    """Holds the local output folder ``out`` while this process writes into it: ``make()``
+    creates it, and :data:`~petal.running.RUNNING_FILE` stays in it meanwhile (``doing``
+    says what for), so that a second process writing into it is refused, naming
+    ``option`` to pass instead; the folders created are removed again where nothing is left
+    in them (:func:`remove_created`). Yields ``out`` as a Path."""
+    created = first_missing(out)
+    make()
+    unmark = None
+    try:
+        unmark = mark_running(
+            Path(out), functools.partial(in_use_error, out, option=option), doing
+        )
+        yield Path(out)
+    finally:
+        if unmark is not None:
+            unmark()
+        remove_created(out, created)
+
+
 def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalError | None:
     """The error for a folder whose images lie directly in it, not in class sub-folders;
     None when ``names`` (the folder's file names) hold no image. ``what`` precedes the
@@ -787,10 +813,16 @@ def nfc(name: str) -> str:
     return unicodedata.normalize("NFC", name)
 
 
+def blurs_in_list(name: str) -> bool:
+    """Whether a class name, unquoted in a comma-separated list, would blur where it ends:
+    it holds a comma, starts or ends with a space, or starts with a quote."""
+    return "," in name or name != name.strip() or name.startswith(('"', "'"))
+
+
 def _class_names(names: Sequence[str]) -> str:
-    """Class names, comma-separated; every one quoted when one holds a comma or starts or
-    ends with a space, so that the names stay apart."""
-    if any("," in n or n != n.strip() for n in names):
+    """Class names, comma-separated; every one quoted when one would blur where it ends
+    (:func:`blurs_in_list`), so that the names stay apart."""
+    if any(map(blurs_in_list, names)):
         return ", ".join(repr(n) for n in names)
     return ", ".join(map(printable, names))
 

@@ -66,7 +66,6 @@ from petal.running import (
     READING_PREFIX,
     RUNNING_FILE,
     in_use_error,
-    mark_running,
     reading_elsewhere,
     signals_held,
 )
@@ -798,24 +797,14 @@ def _claimed(output: str) -> Iterator[None]:
     if local is None:
         yield
         return
-    created = folders.first_missing(local)
-    _make_folder(local)
-    unmark = None
-    try:
-        unmark = mark_running(
-            Path(local), functools.partial(in_use_error, local, option="DST"),
-            "converting into it",
-        )
+    with folders.held_output(
+        local, lambda: _make_folder(local), "DST", "converting into it"
+    ):
         if reader := reading_elsewhere(Path(local)):
             # Its shards replaced under it: epochs that mix two conversions' records.
             who, marker = reader
             raise in_use_error(local, who, "DST", marker=marker)
         yield
-    finally:
-        if unmark is not None:
-            unmark()
-        # Those left empty: one holding the conversion's output, or others' files, stays.
-        folders.remove_created(local, created)
 
 
 def _check_output(output: str, overwrite: bool) -> None:

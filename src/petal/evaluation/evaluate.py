@@ -10,12 +10,10 @@ other files as those of one finished evaluation.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +21,10 @@ import numpy as np
 from petal.data.folders import (
     absolute_data,
     find_images,
-    first_missing,
+    held_output,
     is_http,
     is_remote,
     is_within,
-    remove_created,
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
@@ -47,7 +44,7 @@ from petal.evaluation.workdir import (
     top_k_for,
 )
 from petal.jsonfile import temporary_name, write_json
-from petal.running import in_use_error, mark_reading, mark_running, running_elsewhere
+from petal.running import in_use_error, mark_reading, running_elsewhere
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -167,7 +164,9 @@ def evaluate(
         raise in_use_error(data, who, "--data")
     # Held from here to the end: a second evaluation into the folder is refused instead
     # of removing this one's files as it writes its own.
-    with _held(out), contextlib.ExitStack() as reading:
+    with held_output(
+        out, lambda: make_output_folder(out, "evaluation"), "--out", "evaluating into it"
+    ), contextlib.ExitStack() as reading:
         # The run's own data (the default) needs no comparison with itself: its manifest, if
         # any, is not read a second time; its classes are those the run was given.
         own_data = same_place(data, run.config.get("data") or "")
@@ -624,26 +623,6 @@ PENDING_JSON = ".pending-eval.json"
 # Every file an evaluation writes in its folder (a folder in the way of one is refused
 # before the evaluation), eval.json first: it is removed first.
 _WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
-
-
-@contextlib.contextmanager
-def _held(out: Path) -> Iterator[None]:
-    """Holds the evaluation folder ``out`` while this process evaluates into it: creates it
-    and keeps :data:`~petal.running.RUNNING_FILE` in it meanwhile, so that a second
-    evaluation into it is refused (each removed the other's files as it wrote its own, and
-    the folder ended empty), and removes what it created again if nothing is left in it."""
-    created = first_missing(out)
-    out = make_output_folder(out, "evaluation")
-    unmark = None
-    try:
-        unmark = mark_running(
-            out, functools.partial(in_use_error, out, option="--out"), "evaluating into it"
-        )
-        yield
-    finally:
-        if unmark is not None:
-            unmark()
-        remove_created(out, created)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:

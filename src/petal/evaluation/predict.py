@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
-from petal.data.folders import is_utf8, read_bytes, utf8_name
+from petal.data.folders import blurs_in_list, is_utf8, read_bytes, utf8_name
 from petal.errors import PetalError, is_int_at_least, printable, some_files
 from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
@@ -306,7 +306,7 @@ def _shown_label(label: str) -> str:
     """A class name in a line of predictions: on that line (a newline written ``\\n``), and
     quoted where a comma or an edge space would blur where it ends in the list."""
     shown = printable(label)
-    if "," in shown or shown != shown.strip() or shown.startswith('"'):
+    if blurs_in_list(shown):
         return f'"{shown}"'
     return shown
 
