@@ -505,3 +505,26 @@ def test_an_unknown_key_in_a_config_file_says_to_fix_it_there(tmp_path):
     with pytest.raises(PetalError, match=r"^Unknown config key 'colour' \(from --set\)\. Valid "
                                          r"keys: preset, .*, tensorboard\. Received: colour=3$"):
         load_config("quick", None, ["colour=3"])
+
+
+def test_numpy_scalars_in_a_config_are_the_python_numbers_they_hold(tmp_path):
+    # A notebook's np.int64 epochs was refused as "not a whole number", and an np.float32
+    # in schedule_options was skipped as max_lr (the codelab rule's peak used instead) and
+    # crashed writing config.json.
+    import dataclasses
+
+    import numpy as np
+
+    from petal.training.config import get_preset, save_config
+    from petal.training.loop import _ramp_peak
+
+    cfg = dataclasses.replace(
+        get_preset("quick"), epochs=np.int64(2), learning_rate=np.float64(0.5),
+        schedule="codelab_ramp",
+        schedule_options={"max_lr": np.float32(0.25), "rampup_epochs": np.int64(1)},
+    ).validate()
+    assert (cfg.epochs, type(cfg.epochs), type(cfg.learning_rate)) == (2, int, float)
+    assert cfg.schedule_options == {"max_lr": 0.25, "rampup_epochs": 1}
+    assert _ramp_peak(cfg, 1) == 0.25
+    save_config(cfg, tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text())["schedule_options"] == {"max_lr": 0.25, "rampup_epochs": 1}

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import json
 import math
+import numbers
 import os
 import re
 import types
@@ -677,6 +678,7 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
 
 def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
     """Check ``value`` against the field's type, converting the lossless cases."""
+    value = _plain(value)
     options = typing.get_args(hint) if _is_union(hint) else (hint,)
     if bool in options and isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"  # Python's True, or TRUE: true meant, not a string
@@ -701,6 +703,20 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             return ",".join(value)  # a JSON config's list of names
     expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy scalars (a notebook's ``np.float32(1e-3)``, ``np.int64(3)``) as
+    the Python numbers they hold, also inside a dict or list: as they are, an int field
+    refused them and ``config.json`` could not be written."""
+    if isinstance(value, numbers.Number) and type(value) not in (bool, int, float):
+        item = getattr(value, "item", None)
+        return item() if callable(item) else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_plain, value))
+    return value
 
 
 # What a field takes, in the words of --set and a JSON config (not Python's type names).
