@@ -1538,3 +1538,20 @@ def test_a_failed_conversion_removes_the_parent_folders_it_created(small_flowers
                     progress=False)  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
     assert not any((tmp_path / "kept").iterdir())
+
+
+def test_a_file_url_output_is_written_as_its_local_folder(
+    small_records, small_flowers, tmp_path, monkeypatch
+):
+    # A file:// DST went through TensorFlow's file system layer: every record written by
+    # this process, none of the workers' pieces.
+    def no_writer(*args, **kwargs):
+        raise AssertionError("records written one by one through TensorFlow")
+
+    monkeypatch.setattr(writer, "_write_records", no_writer)
+    out = tmp_path / "url"
+    summary = convert(
+        small_flowers, f"file://{out}", image_size=64, seed=0, shards=2, workers=1, progress=False
+    )
+    assert _shard_bytes(out) == _shard_bytes(small_records)
+    assert summary.manifest["splits"] == read_manifest(small_records)["splits"]

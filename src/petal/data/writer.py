@@ -1112,6 +1112,9 @@ def convert(
         )
     if not isinstance(overwrite, bool):
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
+    # A file:// DST is the local folder it names, written as one: the workers write pieces
+    # of its shards (TensorFlow's file system layer wrote every record in this process).
+    output = _local_path(output) or output
     options, recorded = _resolve_options(
         image_size,
         resize,
