@@ -197,7 +197,10 @@ def test_ctrl_c_in_train_says_how_to_resume_from_the_last_saved_epoch(
             str(tmp_path / "my run")]
     (tmp_path / "my run").mkdir()
     assert cli.main(argv) == 130  # interrupted before an epoch was saved: nothing to resume
-    assert capsys.readouterr().err == "petal train: interrupted\n"
+    assert capsys.readouterr().err.splitlines() == [
+        "petal train: no epoch was saved; the same command starts the run again",
+        "petal train: interrupted",
+    ]
 
     saved["state"] = "[3]"  # not petal's state file: no hint, and no error on top of Ctrl-C
     assert cli.main(argv) == 130
@@ -368,3 +371,60 @@ def test_a_full_disk_in_convert_names_its_output_and_convert_s_own_option(
         f"petal convert: error: No space left on the device writing into {dst}: free space "
         "on that disk, or write to another one (pass another DST)."
     )
+
+
+def test_a_closed_stdout_ends_the_command_quietly(monkeypatch, capsys):
+    # `petal predict DIR | head -1`: "error: [Errno 32] Broken pipe" and exit 2.
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.setattr(sys, "stdout", open(write, "w", buffering=1))  # noqa: SIM115
+    try:
+        assert cli.main(["train", "--list-presets"]) == 141
+    finally:
+        sys.stdout.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_names_the_locale_cannot_encode_are_escaped_and_convert_draws_no_bar_into_a_log(
+    monkeypatch, capsys, tmp_path
+):
+    # Under LANG=C a class named rosé crashed inspect (and evaluate's table part-way) with a
+    # UnicodeEncodeError; convert drew its bars into files and CI logs.
+    import io
+
+    from PIL import Image
+
+    for cls in ("rosé", "tulips"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (40 * i, 90, 200)).save(tmp_path / "src" / cls / f"{i}.png")
+    out = str(tmp_path / "out")
+    assert cli.main(["convert", str(tmp_path / "src"), out, "--image-size", "8",
+                     "--workers", "1"]) == 0
+    assert "scan" not in capsys.readouterr().err
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", ascii_out)
+    assert cli.main(["inspect", out, "--verify"]) == 0
+    ascii_out.flush()
+    assert b"ros\\xe9" in ascii_out.buffer.getvalue()
+    assert "verify" not in capsys.readouterr().err
+
+
+def test_ctrl_c_in_the_demo_says_how_to_finish_its_run(monkeypatch, capsys, tmp_path):
+    import petal.demo
+
+    run = tmp_path / "demo"
+
+    def interrupted(data, workdir, overrides=()):
+        run.mkdir()
+        (run / "config.json").write_text("{}")
+        (run / "state.json").write_text('{"epoch": 4}')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(petal.demo, "run_demo", interrupted)
+    assert cli.main(["demo", "--data", str(tmp_path), "--workdir", str(run)]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "petal demo: interrupted",
+        f"petal demo: epoch 4 is saved; continue with `petal train --resume --workdir {run}`, "
+        f"then `petal evaluate {run}` and `petal report {run}` (the demo run again starts over)",
+    ]

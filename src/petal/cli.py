@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import glob
+import io
 import os
 import re
 import signal
@@ -118,6 +119,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         workers=args.workers,
         max_pixels=DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         overwrite=args.overwrite,
+        progress=sys.stderr.isatty(),
     )
     for line in summary.skipped_lines():
         print(line, file=sys.stderr)
@@ -149,7 +151,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
         args.grid = image_path(args.grid)
         if not is_remote(args.grid):  # before the records are read
             _check_output_file(args.grid, "--grid")
-    report = inspect_records(args.output, verify=args.verify, grid=args.grid)
+    report = inspect_records(
+        args.output, verify=args.verify, grid=args.grid, progress=sys.stderr.isatty()
+    )
     print(report)
     return 0 if report.ok else 1
 
@@ -474,25 +478,40 @@ def _state_file(workdir: str) -> tuple | None:
         return None
 
 
-def _print_resume_hint(workdir: str) -> None:
+def _print_resume_hint(workdir: str, command: str = "train") -> None:
     """After Ctrl-C (or an error): say how to continue from the last saved epoch, if one was
-    saved (or that the run is complete, when it was stopped after its last file)."""
+    saved (or that the run is complete, when it was stopped after its last file). For
+    ``demo``: its run, which the demo run again would start over."""
     import shlex
 
     from petal.training.loop import finished_epochs, saved_epoch
 
+    quoted = shlex.quote(workdir)
+    then = (
+        f", then `petal evaluate {quoted}` and `petal report {quoted}` (the demo run again "
+        "starts over)" if command == "demo" else ""
+    )
+    if command == "demo" and not os.path.isfile(os.path.join(workdir, "config.json")):
+        return  # no run there yet: the demo was converting
     if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
         print(
-            f"petal train: the run is complete: its {done} epochs, model.keras and "
-            f"metrics.json are saved in {workdir}",
+            f"petal {command}: the run is complete: its {done} epochs, model.keras and "
+            f"metrics.json are saved in {workdir}"
+            + (f"; `petal evaluate {quoted}` and `petal report {quoted}` finish the demo"
+               if command == "demo" else ""),
             file=sys.stderr,
         )
         return
     epoch = saved_epoch(workdir)
     if epoch:
         print(
-            f"petal train: epoch {epoch} is saved; continue with "
-            f"`petal train --resume --workdir {shlex.quote(workdir)}`",
+            f"petal {command}: epoch {epoch} is saved; continue with "
+            f"`petal train --resume --workdir {quoted}`{then}",
+            file=sys.stderr,
+        )
+    elif command == "train" and not os.path.exists(os.path.join(workdir, "state.json")):
+        print(
+            "petal train: no epoch was saved; the same command starts the run again",
             file=sys.stderr,
         )
 
@@ -966,6 +985,11 @@ def main(argv: list[str] | None = None) -> int:
     """The ``petal`` command; ``argv`` None: this process's arguments (the command itself,
     which may then end the process: see :func:`_leave`)."""
     kept: list[BaseException] = []
+    for stream in (sys.stdout, sys.stderr):
+        # A class or file name the locale cannot encode (LANG=C, Latin-1): escaped, as
+        # stderr's are by default, instead of a UnicodeEncodeError part-way through a table.
+        with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+            stream.reconfigure(errors="backslashreplace")
     code = _main(argv, kept)
     remote = sys.modules.get("petal.data.remote")
     if argv is None and getattr(remote, "GENERATORS_MADE", False):
@@ -991,6 +1015,26 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
+# What Ctrl-C leaves, after "interrupted" (train and demo say which epoch is saved).
+_KEPT = {
+    "convert": "; DST holds what it held before (this conversion's files were removed)",
+    "evaluate": "; the evaluation folder keeps the evaluation it held before, if any",
+    "export": "; the export folder keeps the export it held before, if any",
+}
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -1008,6 +1052,15 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
         return int(args._run(args) or 0)
+    except BrokenPipeError as err:
+        if not _stdout_gone():
+            raise
+        kept.append(err)
+        # The reader of stdout went away (`petal predict DIR | head -1`): quiet, as other
+        # tools; stdout points nowhere now, so that the exit's flush fails no more.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except (PetalError, OSError) as err:
         kept.append(err)
         # OSError: a file the command could not read or write (missing, a folder, no
@@ -1022,7 +1075,9 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         if isinstance(err, _Terminated):
             print(f"petal {args.command}: terminated", file=sys.stderr)
             return 128 + signal.SIGTERM
-        print(f"petal {args.command}: interrupted", file=sys.stderr)
+        print(f"petal {args.command}: interrupted{_KEPT.get(args.command, '')}", file=sys.stderr)
+        if args.command == "demo":
+            _print_resume_hint(str(args.workdir), "demo")
         return 130
     finally:
         sys.unraisablehook = previous_hook

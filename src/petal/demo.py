@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -208,7 +209,9 @@ def run_demo(
         log(f"petal demo: converting {source} -> {records} at {size}x{size}")
         _write_marker(workdir, source, None)  # converting: the records are the demo's
         try:
-            summary = convert(source, records, image_size=size, overwrite=True)
+            summary = convert(
+                source, records, image_size=size, overwrite=True, progress=sys.stderr.isatty()
+            )
         except PetalError:
             # Claimed since the check above: convert's refusal names its DST, not --workdir.
             if error := _records_in_use(records, reading=True):
