@@ -428,3 +428,52 @@ def test_ctrl_c_in_the_demo_says_how_to_finish_its_run(monkeypatch, capsys, tmp_
         f"petal demo: epoch 4 is saved; continue with `petal train --resume --workdir {run}`, "
         f"then `petal evaluate {run}` and `petal report {run}` (the demo run again starts over)",
     ]
+
+
+def test_an_unknown_option_is_refused_with_its_command_s_usage(capsys):
+    # It got petal's top-level usage, naming neither the command nor its options.
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["train", "--bogus"])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: petal train ")
+    assert err.splitlines()[-1] == "petal train: error: unrecognized arguments: --bogus"
+
+
+def test_a_full_standard_output_is_not_blamed_on_the_output_folder():
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "petal", "train", "--list-presets"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "petal train: error: No space left on the device writing the standard output: send it "
+        "elsewhere, or free space on its disk.\n"
+    )
+
+
+def test_commands_run_keras_on_tensorflow_and_name_a_keras_settings_file_keras_refuses(
+    tmp_path,
+):
+    # KERAS_BACKEND=jax: evaluate, predict and export crashed with JAX tracebacks, train ran
+    # on JAX; a keras.json Keras refuses gave a traceback from every command.
+    env = {**os.environ, "KERAS_BACKEND": "jax", "KERAS_HOME": str(tmp_path)}
+    code = ("from petal import cli; cli.start_tensorflow_quietly(); import keras; "
+            "print(keras.backend.backend())")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "tensorflow\n"
+    assert "petal: warning: KERAS_BACKEND=jax is ignored: petal's commands run Keras on " \
+        "TensorFlow" in done.stderr
+    (tmp_path / "keras.json").write_text('{"floatx": "bfloat16"}')
+    done = subprocess.run([sys.executable, "-m", "petal", "models"],
+                          env={**env, "KERAS_BACKEND": "tensorflow"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        "petal models: error: Keras did not start: Invalid `floatx` configuration.")
+    assert done.stderr.splitlines()[-1].endswith(
+        f"fix or remove its settings file {tmp_path / 'keras.json'} (Keras writes a default "
+        "one).")

@@ -17,6 +17,7 @@ import io
 import os
 import re
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -28,7 +29,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from petal import __version__
 from petal.display import columns, ljust
-from petal.errors import PetalError, cannot_write, disk_full, printable, tf_message
+from petal.errors import (
+    PetalError,
+    cannot_write,
+    disk_full,
+    first_line,
+    printable,
+    tf_message,
+)
 from petal.jsonfile import json_text
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
@@ -854,8 +862,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name, add, run, help_text in COMMANDS:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add(p)
-        p.set_defaults(_run=run)
+        p.set_defaults(_run=run, _parser=p)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown option of a command is refused with that command's usage
+    (argparse gave petal's own, which names neither the command nor its options)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def start_tensorflow_quietly() -> None:
@@ -871,8 +888,35 @@ def start_tensorflow_quietly() -> None:
         return
     from petal.running import signals_held
 
+    _use_tensorflow_backend()
     with signals_held():
-        _import_tensorflow()
+        try:
+            _import_tensorflow()
+        except ValueError as err:  # Keras' settings file: an unknown floatx, backend, ...
+            settings = os.path.join(
+                os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras"),
+                "keras.json",
+            )
+            raise PetalError(
+                f"Keras did not start: {first_line(err)}; fix or remove its settings file "
+                f"{settings} (Keras writes a default one)."
+            ) from None
+
+
+def _use_tensorflow_backend() -> None:
+    """petal's commands run Keras on TensorFlow: a ``KERAS_BACKEND`` (or ``keras.json``
+    backend) naming another is overridden, ``KERAS_BACKEND`` with a warning. On JAX,
+    evaluate, predict and export crashed, and train ran slower without saying so."""
+    if "keras" in sys.modules:
+        return
+    chosen = os.environ.get("KERAS_BACKEND", "tensorflow")
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    if chosen != "tensorflow":
+        print(
+            f"petal: warning: KERAS_BACKEND={chosen} is ignored: petal's commands run Keras "
+            "on TensorFlow (petal's models and schedules work on other backends as a library)",
+            file=sys.stderr,
+        )
 
 
 def _import_tensorflow() -> None:
@@ -1023,6 +1067,23 @@ _KEPT = {
 }
 
 
+def _stdout_full() -> bool:
+    """Whether stdout is ``/dev/full`` or a file on a full disk; then it is pointed
+    nowhere, so that the exit's flush fails no more."""
+    try:
+        fd = sys.stdout.fileno()
+        info = os.fstat(fd)
+        if stat.S_ISCHR(info.st_mode):
+            full = os.path.exists("/dev/full") and info.st_rdev == os.stat("/dev/full").st_rdev
+        else:
+            full = stat.S_ISREG(info.st_mode) and os.fstatvfs(fd).f_bavail == 0
+        if full:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return full
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _stdout_gone() -> bool:
     """Whether stdout is a pipe whose reader has closed it."""
     import select
@@ -1037,7 +1098,7 @@ def _stdout_gone() -> bool:
 
 def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -1051,7 +1112,9 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         refuse_urls(args)
         if _needs_tensorflow(args):
             start_tensorflow_quietly()
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # its failure (a closed pipe, a full disk) said as the others
+        return code
     except BrokenPipeError as err:
         if not _stdout_gone():
             raise
@@ -1066,6 +1129,11 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full).
         text = _os_error_line(err, args) if isinstance(err, OSError) else str(err)
+        if isinstance(err, OSError) and disk_full(err) and not err.filename and _stdout_full():
+            text = (
+                "No space left on the device writing the standard output: send it elsewhere, "
+                "or free space on its disk."
+            )
         # A URL's user and password are never shown, whatever message carries them.
         shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text, flags=re.I)
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
