@@ -1697,3 +1697,23 @@ def test_a_class_named_in_another_unicode_form_is_the_model_s_class(tmp_path):
     assert class_index((nfd, "tulips"), run, "photos", "folder").tolist() == [1, 2]
     with pytest.raises(PetalError, match="does not know: lily; "):
         class_index(("rosé", "lily"), run, "photos", "folder")
+
+
+def test_evaluating_all_of_the_folder_the_records_came_from_is_warned_about(
+    trained, small_records, small_flowers, tmp_path
+):
+    """`--split all` of the image folder the run's records were converted from scored the
+    50 photos it trained on with no warning, though the same photos through the records
+    were warned about."""
+    from petal.evaluation.evaluate import evaluate
+
+    report = evaluate(trained, small_flowers, split="all", out_dir=tmp_path / "eval",
+                      log=lambda line: None)  # fmt: skip
+    assert report["warnings"] == [
+        f"{small_flowers} is the image folder the run's records {small_records} were converted "
+        "from: the all split scored holds 50 of its 60 images the model trained on, so the "
+        "score overstates how it does on new photos. For a held-out score evaluate on "
+        f"{small_records}, or evaluate on new photos."
+    ]
+    saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert saved["warnings"] == report["warnings"]
