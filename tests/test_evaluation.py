@@ -1717,3 +1717,32 @@ def test_evaluating_all_of_the_folder_the_records_came_from_is_warned_about(
     ]
     saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
     assert saved["warnings"] == report["warnings"]
+
+
+def test_a_run_on_shards_that_name_no_classes_warns_in_train_and_evaluate(
+    make_records, tmp_path, capsys
+):
+    """Shards of class ids alone trained a model whose classes were the codelab's flower
+    names (7 classes: daisy, ..., tulips, class_5, class_6) without a word; evaluate and
+    predict then called another's class 0 "daisy"."""
+    from conftest import keep_only
+    from petal.cli import main
+
+    names = ("cat", "dog", "fox", "owl", "bee", "ant", "elk")
+    folder = keep_only(make_records("seven", counts={"all": [7] * 6}, codelab=True,
+                                    fmt="jpeg", classes=names))  # fmt: skip
+    workdir = tmp_path / "run"
+    assert main(["train", "--preset", "quick", "--model", "dense", "--data", str(folder),
+                 "--workdir", str(workdir), "--epochs", "1", "--image-size", "16",
+                 "--batch-size", "8", "--precision", "float32", "--set", "steps_per_epoch=2",
+                 "--set", "tensorboard=false"]) == 0  # fmt: skip
+    note = (
+        f"the shards at {folder} name no classes (no label in their records, no manifest.json): "
+        "their 7 classes are called class_0 ... class_6, by index; pass --classes NAMES "
+        "(comma-separated, in index order) to name them"
+    )
+    assert f"petal train: warning: {note}" in capsys.readouterr().err.splitlines()
+    classes = [f"class_{i}" for i in range(7)]
+    assert json.loads((workdir / "metrics.json").read_text())["classes"] == classes
+    assert main(["evaluate", str(workdir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [note]

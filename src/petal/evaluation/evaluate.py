@@ -178,6 +178,16 @@ def evaluate(
         if source.kind == "records" and not is_remote(source.path):
             # A conversion into these records is refused while this evaluation reads them.
             reading.callback(mark_reading(Path(source.path), "evaluating it"))
+        if source.kind == "codelab" and source.notes and not set(source.classes) <= set(
+            run.classes
+        ):
+            # Shards that name no classes are called class_0, ...: the model's names are
+            # not theirs unless it was trained on such shards too.
+            raise PetalError(
+                f"The shards at {source.path} name no classes (no label in their records) and "
+                f"the model in {run.workdir} knows them by name ({', '.join(run.classes)}): "
+                "pass --classes NAME,NAME,... naming the shards' classes in index order."
+            )
         to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
         trained_on = None if own_data else _run_records(run)
         split = _split_for(source, data, run, split, trained_on, own_data)
@@ -192,7 +202,8 @@ def evaluate(
             )
             if w
         ]
-        warnings += source.notes  # an image folder's files that are not read
+        # An image folder's files that are not read; shards' class names assumed.
+        warnings += source.notes
         if upscaled := upscale_warning(source, run.image_size):
             warnings.append(f"{upscaled}: the model may score lower on them")
         if to_model is not None and len(source.classes) < len(run.classes):

@@ -1474,7 +1474,7 @@ def _train(
     if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
-    for note in source.notes:  # an image folder's files that are not read
+    for note in source.notes:  # an image folder's files not read; class names assumed
         log(f"petal train: warning: {note}")
     if (
         resume
