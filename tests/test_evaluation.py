@@ -1697,3 +1697,52 @@ def test_a_class_named_in_another_unicode_form_is_the_model_s_class(tmp_path):
     assert class_index((nfd, "tulips"), run, "photos", "folder").tolist() == [1, 2]
     with pytest.raises(PetalError, match="does not know: lily; "):
         class_index(("rosé", "lily"), run, "photos", "folder")
+
+
+def test_evaluating_all_of_the_folder_the_records_came_from_is_warned_about(
+    trained, small_records, small_flowers, tmp_path
+):
+    """`--split all` of the image folder the run's records were converted from scored the
+    50 photos it trained on with no warning, though the same photos through the records
+    were warned about."""
+    from petal.evaluation.evaluate import evaluate
+
+    report = evaluate(trained, small_flowers, split="all", out_dir=tmp_path / "eval",
+                      log=lambda line: None)  # fmt: skip
+    assert report["warnings"] == [
+        f"{small_flowers} is the image folder the run's records {small_records} were converted "
+        "from: the all split scored holds 50 of its 60 images the model trained on, so the "
+        "score overstates how it does on new photos. For a held-out score evaluate on "
+        f"{small_records}, or evaluate on new photos."
+    ]
+    saved = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert saved["warnings"] == report["warnings"]
+
+
+def test_a_run_on_shards_that_name_no_classes_warns_in_train_and_evaluate(
+    make_records, tmp_path, capsys
+):
+    """Shards of class ids alone trained a model whose classes were the codelab's flower
+    names (7 classes: daisy, ..., tulips, class_5, class_6) without a word; evaluate and
+    predict then called another's class 0 "daisy"."""
+    from conftest import keep_only
+    from petal.cli import main
+
+    names = ("cat", "dog", "fox", "owl", "bee", "ant", "elk")
+    folder = keep_only(make_records("seven", counts={"all": [7] * 6}, codelab=True,
+                                    fmt="jpeg", classes=names))  # fmt: skip
+    workdir = tmp_path / "run"
+    assert main(["train", "--preset", "quick", "--model", "dense", "--data", str(folder),
+                 "--workdir", str(workdir), "--epochs", "1", "--image-size", "16",
+                 "--batch-size", "8", "--precision", "float32", "--set", "steps_per_epoch=2",
+                 "--set", "tensorboard=false"]) == 0  # fmt: skip
+    note = (
+        f"the shards at {folder} name no classes (no label in their records, no manifest.json): "
+        "their 7 classes are called class_0 ... class_6, by index; pass --classes NAMES "
+        "(comma-separated, in index order) to name them"
+    )
+    assert f"petal train: warning: {note}" in capsys.readouterr().err.splitlines()
+    classes = [f"class_{i}" for i in range(7)]
+    assert json.loads((workdir / "metrics.json").read_text())["classes"] == classes
+    assert main(["evaluate", str(workdir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [note]

@@ -693,3 +693,25 @@ def test_codelab_shard_counts_that_cancel_out_within_a_split_are_problems(make_r
         assert inspect_records(folder, verify=verify, progress=False).problems == problems
     assert cli.main(["inspect", str(folder)]) == 1
     assert problems[0] in capsys.readouterr().out
+
+
+def test_codelab_shards_that_name_no_classes_are_said_to_have_assumed_names(make_records):
+    """Shards of class ids alone were shown with the codelab's flower names, "classes from
+    the records"; their names are class_0, ..., assumed, and the fix is named."""
+    from conftest import keep_only
+
+    folder = keep_only(make_records("cl", counts={"all": [6, 6]}, codelab=True, fmt="jpeg"))
+    text = str(inspect_records(str(folder), progress=False)).splitlines()
+    assert text[1:3] == [
+        "no manifest.json (the codelab's shards): counts from the file names, classes by "
+        "index (names assumed), split by file as petal train reads them",
+        "warning: the records name no classes (no label): class_0 ... class_4 are assumed "
+        "names; pass --classes NAMES (comma-separated, in index order) to petal train and "
+        "evaluate to name them",
+    ]
+    assert [line.split()[0] for line in text if line.startswith("class_")] == [
+        f"class_{i}" for i in range(5)
+    ]
+    named = str(inspect_records(str(make_records("named", counts={"all": [6, 6]}, codelab=True,
+                                                 fmt="jpeg")), progress=False))  # fmt: skip
+    assert "classes from the records" in named and "warning" not in named and "daisy" in named

@@ -539,12 +539,12 @@ def test_local_codelab_shards_count_the_class_of_every_record(late_class, monkey
     # The first 32 records of each shard counted five classes: the sixth class's records
     # had the all-zero one-hot label of an index past them.
     src = open_source(str(late_class))
-    assert src.classes == (*CODELAB_CLASSES, "class_5")
+    assert src.classes == tuple(f"class_{i}" for i in range(6))  # the shards name none
     assert src.classes_from == "counted from every record; the shards name none"
     # Beyond the size read whole (or remote): the first records of each shard, said so.
     monkeypatch.setattr(reader, "MAX_CLASS_SCAN_BYTES", 0)
     src = open_source(str(late_class))
-    assert src.classes == CODELAB_CLASSES
+    assert src.classes == tuple(f"class_{i}" for i in range(5))
     assert src.classes_from == (
         "counted from the first 32 records of each shard; the shards name none"
     )
@@ -658,3 +658,24 @@ def test_a_list_of_folders_is_no_data_source(make_records):
             open_source(data)
         with pytest.raises(PetalError, match=message):
             train_dataset(data, batch_size=4)
+
+
+def test_codelab_shards_that_name_no_classes_get_neutral_names_and_a_warning(make_records):
+    """Shards of class ids alone (Kaggle-style) were given the codelab's flower names, padded
+    with class_N (7 classes: daisy, ..., tulips, class_5, class_6), without a word."""
+    from conftest import keep_only
+
+    names = ("cat", "dog", "fox", "owl", "bee", "ant", "elk")
+    folder = make_records("seven", counts={"all": [7] * 6}, codelab=True, classes=names)
+    src = open_source(str(folder))
+    assert src.classes == names and src.notes == ()  # their label field names them
+    keep_only(folder)
+    src = open_source(str(folder))
+    assert src.classes == tuple(f"class_{i}" for i in range(7))
+    assert src.notes == (
+        f"the shards at {folder} name no classes (no label in their records, no "
+        "manifest.json): their 7 classes are called class_0 ... class_6, by index; pass "
+        "--classes NAMES (comma-separated, in index order) to name them",
+    )
+    given = open_source(str(folder), classes=",".join(names))
+    assert given.classes == names and given.notes == ()

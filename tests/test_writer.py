@@ -563,7 +563,8 @@ def test_empty_splits_and_classes_are_warned_about(tmp_path):
     assert summary.manifest["splits"]["validation"]["per_class"] == {"a": 1, "b": 0}
     assert summary.warnings == [
         "no validation images for class b (too few images for val_fraction 0.19): its "
-        "accuracy is not measured; raise --val-fraction or add images"
+        "accuracy is not measured; raise --val-fraction to 0.25 (a class of 2 validates one) "
+        "or add images (at val_fraction 0.19 a class needs 3 or more to validate on one)"
     ]
     assert str(summary).splitlines()[1] == f"warning: {summary.warnings[0]}"
 
@@ -719,7 +720,8 @@ def test_a_class_of_copies_of_another_class_s_images_is_told_the_real_fix(tmp_pa
     summary = convert(src, tmp_path / "out", image_size=8, seed=0, workers=1, progress=False)
     assert summary.warnings[-1] == (
         "no validation images for class c (too few images for val_fraction 0.19): its "
-        "accuracy is not measured; raise --val-fraction or add images"
+        "accuracy is not measured; raise --val-fraction to 0.25 (a class of 2 validates one) "
+        "or add images (at val_fraction 0.19 a class needs 3 or more to validate on one)"
     )
 
 
@@ -1448,13 +1450,14 @@ def test_a_class_of_one_photo_is_told_to_add_images_not_to_raise_the_fraction(tm
     summary = convert(src, tmp_path / "o1", image_size=8, workers=1, progress=False)
     assert summary.warnings == [
         "the validation split is empty: val_fraction 0.19 of each class rounds to 0 images; "
-        "add images (a class needs 2 or more to validate on one)"
+        "add images (at val_fraction 0.19 a class needs 3 or more to validate on one)"
     ]
     _write_class_tree(src, 6, classes=("a",))
     summary = convert(src, tmp_path / "o2", image_size=8, workers=1, progress=False)
     assert summary.warnings == [
         "no validation images for class b (too few images for val_fraction 0.19): its "
-        "accuracy is not measured; add images (a class needs 2 or more to validate on one)"
+        "accuracy is not measured; add images (at val_fraction 0.19 a class needs 3 or more "
+        "to validate on one)"
     ]
 
 
@@ -1555,3 +1558,29 @@ def test_a_file_url_output_is_written_as_its_local_folder(
     )
     assert _shard_bytes(out) == _shard_bytes(small_records)
     assert summary.manifest["splits"] == read_manifest(small_records)["splits"]
+
+
+def test_a_class_left_without_validation_is_told_the_size_or_fraction_that_gives_one(tmp_path):
+    """At val_fraction 0.19 a class of 2 validates none (round(0.38) = 0), yet the warning said
+    a class needs 2 or more; it names the class size the fraction needs and the fraction
+    that validates one of the classes it has."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 2)
+    summary = convert(src, tmp_path / "o1", image_size=8, workers=1, progress=False)
+    assert summary.warnings == [
+        "the validation split is empty: val_fraction 0.19 of each class rounds to 0 images; "
+        "raise --val-fraction to 0.25 (a class of 2 validates one) or add images (at "
+        "val_fraction 0.19 a class needs 3 or more to validate on one)"
+    ]
+    for i in range(2, 10):
+        (src / "b" / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=900 + i)))
+    (src / "c").mkdir()
+    (src / "c" / "00.jpg").write_bytes(_jpeg(_photo(12, 16, seed=990)))
+    summary = convert(src, tmp_path / "o2", image_size=8, val_fraction=0.05, workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.manifest["splits"]["validation"]["per_class"] == {"a": 0, "b": 1, "c": 0}
+    assert summary.warnings == [
+        "no validation images for class a, c (too few images for val_fraction 0.05): its "
+        "accuracy is not measured; raise --val-fraction to 0.25 (a class of 2 validates one) "
+        "or add images (at val_fraction 0.05 a class needs 10 or more to validate on one)"
+    ]

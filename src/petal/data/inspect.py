@@ -2,8 +2,8 @@
 
 The summary comes from the manifest alone (no scan). Shards without a manifest (the
 codelab's own, a folder or a glob) are summarised as training reads them: counts from the
-file names, classes from the records, split by file; their per-class counts take one read
-of every record's class. ``verify`` reads every record with
+file names, classes from the records (``class_0``, ... when they name none), split by file;
+their per-class counts take one read of every record's class. ``verify`` reads every record with
 its CRC checked, parses it with the full feature spec, decodes the image and checks the
 fields against the manifest, naming the shard and record index of the first problem in
 each shard. ``grid`` draws a labelled grid of sample images (headless, Agg) from the
@@ -232,6 +232,8 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         "splits": splits,
         "origin": "codelab",
     }
+    if source.notes:  # shards that name no classes: class_0, ... are assumed names
+        manifest["unnamed_classes"] = True
     return folder or ".", _complete(manifest), problems
 
 
@@ -331,13 +333,21 @@ def _format(report: InspectReport) -> list[str]:
     size = "x".join(map(str, m["image_size"])) if m.get("image_size") else "original sizes"
     quality = f", quality {m['quality']}" if m.get("quality") is not None else ""
     if m.get("origin") == "codelab":
+        unnamed = m.get("unnamed_classes")
         lines = [
             f"{printable(report.path)}: {m['written']} records, {m['format']} {size}, "
             f"{len(classes)} classes",
             "no manifest.json (the codelab's shards): counts from the file names, classes "
-            "from the records, split by file as petal train reads them",
-            "",
+            f"{'by index (names assumed)' if unnamed else 'from the records'}, split by file as "
+            "petal train reads them",
         ]
+        if unnamed:
+            lines.append(
+                f"warning: the records name no classes (no label): class_0 ... "
+                f"class_{len(classes) - 1} are assumed names; pass --classes NAMES "
+                "(comma-separated, in index order) to petal train and evaluate to name them"
+            )
+        lines.append("")
     else:
         lines = _conversion_lines(printable(report.path), m, size, quality)
     if report.uncounted and report.verified is None:

@@ -70,7 +70,9 @@ class Source:
             (records written with resize mode ``none``, or an image folder).
         format: ``"jpeg"`` or ``"raw"`` for records, ``"files"`` for an image folder.
         manifest: the records folder's manifest, or None.
-        notes: for an image folder, lines naming the files it holds that are not read.
+        notes: warnings about what is read: for an image folder, lines naming the files it
+            holds that are not read; for codelab shards that name no classes, that their
+            names are assumed (:func:`unnamed_classes_note`).
         size_recorded: False for codelab shards whose records carry no ``size`` feature
             (``image_size`` is None then, though they may all have one size).
         classes_from: how the classes were found, for messages (codelab shards).
@@ -431,6 +433,7 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
         format=schema.FORMAT_JPEG,
         size_recorded=bool(sizes),
         classes_from=how,
+        notes=() if classes is not None or names else (unnamed_classes_note(root, found),),
     )
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
@@ -498,11 +501,27 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
 
 
 def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
-    """Class names for ``seen`` class indices: the records' own, else the codelab's five
-    (at least five when the records name none)."""
-    num_classes = max(seen, len(CODELAB_CLASSES) if not names else 0)
-    defaults = dict(enumerate(CODELAB_CLASSES))
-    return tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(num_classes))
+    """Class names for ``seen`` class indices: the records' own; an index they do not name
+    takes the codelab's name where the names read are the codelab's, else ``class_<i>``.
+    Records that name no classes get ``class_0`` ... (any other names would be made up:
+    Kaggle-style shards of other photos were called daisy, dandelion, ...)."""
+    codelab = bool(names) and all(
+        i < len(CODELAB_CLASSES) and CODELAB_CLASSES[i] == name for i, name in names.items()
+    )
+    defaults = dict(enumerate(CODELAB_CLASSES)) if codelab else {}
+    return tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(seen))
+
+
+def unnamed_classes_note(root: str, classes: tuple[str, ...]) -> str:
+    """The warning for codelab shards at ``root`` that name no classes: ``classes`` (their
+    ``class_<i>``) are assumed names."""
+    n = len(classes)
+    called = ", ".join(classes) if n <= 3 else f"{classes[0]} ... {classes[-1]}"
+    return (
+        f"the shards at {root.rstrip('/')} name no classes (no label in their records, no "
+        f"manifest.json): their {n} classes are called {called}, by index; pass --classes "
+        "NAMES (comma-separated, in index order) to name them"
+    )
 
 
 def _scan_classes_at_open(shards: list[str]) -> bool:

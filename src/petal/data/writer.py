@@ -888,6 +888,24 @@ def validation_count(val_fraction: float, n: int) -> int:
     return math.floor(val_fraction * n + 0.5)
 
 
+def photos_to_validate(val_fraction: float) -> int:
+    """The fewest files a class needs for :func:`validation_count` to validate one of them
+    at ``val_fraction`` (above 0)."""
+    need = max(1, math.ceil(0.5 / val_fraction) - 1)  # one below, for 0.5 / fraction's rounding
+    while validation_count(val_fraction, need) < 1:
+        need += 1
+    return need
+
+
+def fraction_to_validate(n: int) -> float:
+    """The smallest two-decimal val_fraction that validates one of a class's ``n`` files
+    (2 or more): at most 0.25, so that every class of 2 or more keeps one to train on."""
+    fraction = math.ceil(50 / n) / 100
+    while validation_count(fraction, n) < 1:
+        fraction = round(fraction + 0.01, 2)
+    return fraction
+
+
 def split_files(
     probed: Sequence[_Probed],
     classes: Sequence[str],
@@ -1259,8 +1277,22 @@ def _warnings(manifest: dict) -> list[str]:
     splits, fraction = manifest["splits"], manifest["val_fraction"]
     train, val = splits["train"]["per_class"], splits["validation"]["per_class"]
     out = []
-    # A class of one photo cannot give one to validation and keep one to train on.
-    one_photo = "add images (a class needs 2 or more to validate on one)"
+
+    def fill(n: int) -> str:
+        """The fix for classes of ``n`` files at most that validate none at ``fraction``: a
+        class of one photo cannot give one to validation and keep one to train on; one of
+        2 or more can at the fraction that :func:`fraction_to_validate` names."""
+        more = (
+            f"add images (at val_fraction {fraction} a class needs "
+            f"{photos_to_validate(fraction)} or more to validate on one)"
+        )
+        if n < 2:
+            return more
+        return (
+            f"raise --val-fraction to {fraction_to_validate(n)} (a class of {n} validates one) "
+            f"or {more}"
+        )
+
     if splits["validation"]["count"] == 0:
         if fraction == 0:
             out.append(
@@ -1269,8 +1301,8 @@ def _warnings(manifest: dict) -> list[str]:
                 f"(default {DEFAULT_VAL_FRACTION}) to train on these records"
             )
         else:
-            alone = max((train[c] + val[c] for c in manifest["classes"]), default=0) < 2
-            fix = one_photo if alone else "raise --val-fraction or add images"
+            most = max((train[c] + val[c] for c in manifest["classes"]), default=0)
+            fix = fill(most)
             out.append(
                 f"the validation split is empty: val_fraction {fraction} of each class rounds "
                 f"to 0 images; {fix}"
@@ -1355,9 +1387,9 @@ def _warnings(manifest: dict) -> list[str]:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
         if shared := [c for c in no_val if c not in copied]:
-            fix = "raise --val-fraction or add images"
-            if all(train[c] < 2 for c in shared):  # one photo: it trains, or it validates
-                fix = one_photo
+            # One photo: it trains, or it validates. Else the fraction that gives one to the
+            # smallest class of 2 or more (a larger class then validates one too).
+            fix = fill(min((train[c] for c in shared if train[c] >= 2), default=1))
             out.append(
                 f"no validation images for class {some_names(shared)} (too few images for "
                 f"val_fraction {fraction}): its accuracy is not measured; {fix}"

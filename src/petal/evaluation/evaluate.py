@@ -178,6 +178,16 @@ def evaluate(
         if source.kind == "records" and not is_remote(source.path):
             # A conversion into these records is refused while this evaluation reads them.
             reading.callback(mark_reading(Path(source.path), "evaluating it"))
+        if source.kind == "codelab" and source.notes and not set(source.classes) <= set(
+            run.classes
+        ):
+            # Shards that name no classes are called class_0, ...: the model's names are
+            # not theirs unless it was trained on such shards too.
+            raise PetalError(
+                f"The shards at {source.path} name no classes (no label in their records) and "
+                f"the model in {run.workdir} knows them by name ({', '.join(run.classes)}): "
+                "pass --classes NAME,NAME,... naming the shards' classes in index order."
+            )
         to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
         trained_on = None if own_data else _run_records(run)
         split = _split_for(source, data, run, split, trained_on, own_data)
@@ -192,7 +202,8 @@ def evaluate(
             )
             if w
         ]
-        warnings += source.notes  # an image folder's files that are not read
+        # An image folder's files that are not read; shards' class names assumed.
+        warnings += source.notes
         if upscaled := upscale_warning(source, run.image_size):
             warnings.append(f"{upscaled}: the model may score lower on them")
         if to_model is not None and len(source.classes) < len(run.classes):
@@ -493,8 +504,9 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
     on), records converted from such a copy (same names and sizes: most likely the same
     photos), or records converted from the very image folder it trained on (split by
     ``petal convert``, not as training split it). Photos of its validation split are held
-    out still and not counted. The folder itself is refused by :func:`_split_for`; other
-    records of its records' folder are :func:`_resplit_warning`'s."""
+    out still and not counted. The folder itself is :func:`_origin_warning`'s (its splits
+    are refused by :func:`_split_for`); other records of its records' folder are
+    :func:`_resplit_warning`'s."""
     resolved = run.config.get("resolved", {})
     trained_on_folder = resolved.get("data_kind") == "folder"
     origin = resolved.get("records_source") or (trained_on or {}).get("source")
@@ -509,6 +521,8 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
     if not origin or not copy:
         return None
     same = same_place(copy, origin)
+    if same and source.kind == "folder" and not trained_on_folder:
+        return _origin_warning(source, run, origin, trained_on, split)
     if same and (source.kind == "folder" or not trained_on_folder):
         return None
     theirs = _photos(copy)
@@ -544,6 +558,23 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
         f"{len(shared)} of the {len(theirs)} images of {what} have the names and sizes of "
         f"{'' if trained is None else 'training '}photos in {origin}, {whence}: most likely "
         f"copies of the images the model trained on, {advice}"
+    )
+
+
+def _origin_warning(source, run, origin: str, trained_on: dict | None, split: str) -> str | None:
+    """A warning when ``source`` is the image folder the run's records were converted from
+    (all of it: :func:`_split_for` refuses its splits): it holds the photos the model trained
+    on, counted by the ``filename`` of the records' training split where they can be read."""
+    scored, trained = _scored_names(source, split), _trained_names(run, origin)
+    shared = scored & trained if scored is not None and trained is not None else None
+    if shared == set():
+        return None
+    how_many = f"{len(shared)} of its {len(scored)} images" if shared else "images"
+    return (
+        f"{source.path} is the image folder the run's records {run.config.get('data')} were "
+        f"converted from: the {split} split scored holds {how_many} the model trained on, so "
+        f"the score overstates how it does on new photos. For a held-out score "
+        f"{_held_out_advice(run, trained_on)}, or evaluate on new photos."
     )
 
 

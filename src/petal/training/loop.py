@@ -882,7 +882,7 @@ def _fill_records_validation(source, fraction) -> str:
     """How to convert again so that a class validates an image, by the converter's rule
     (``writer.validation_count``): a class of n photos validates ``round(fraction x n)``, halves
     rounded up, so one from ``0.5 / fraction`` photos on."""
-    from petal.data.writer import DEFAULT_VAL_FRACTION, validation_count
+    from petal.data.writer import DEFAULT_VAL_FRACTION, fraction_to_validate, photos_to_validate
 
     default = (
         f"reconvert the images with `petal convert SRC DST --val-fraction {DEFAULT_VAL_FRACTION}`"
@@ -894,9 +894,7 @@ def _fill_records_validation(source, fraction) -> str:
     most = max((int(n) + int(per_class[1].get(c) or 0) for c, n in per_class[0].items()),
                default=0)
     asked = float(fraction) or DEFAULT_VAL_FRACTION  # 0 asked for none: the default's rule
-    need = max(1, math.ceil(0.5 / asked) - 1)  # one below, for 0.5 / fraction's rounding
-    while validation_count(asked, need) < 1:
-        need += 1
+    need = photos_to_validate(asked)
     if not fraction and most >= need:
         return f"{default} (the default)"
     rule = f"--val-fraction {asked}" if fraction else f"the default --val-fraction, {asked},"
@@ -908,9 +906,7 @@ def _fill_records_validation(source, fraction) -> str:
         return fix  # a larger fraction would validate every photo of a class, train none
     # The smallest two-decimal fraction that validates one of the largest class's photos;
     # at most 0.25, so every class keeps a training image.
-    larger = math.ceil(50 / most) / 100
-    while validation_count(larger, most) < 1:
-        larger = round(larger + 0.01, 2)
+    larger = fraction_to_validate(most)
     return (
         f"reconvert the images with `petal convert SRC DST --val-fraction {larger}` (one of a "
         f"class's {most} photos validates), or {fix}"
@@ -1478,7 +1474,7 @@ def _train(
     if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
-    for note in source.notes:  # an image folder's files that are not read
+    for note in source.notes:  # an image folder's files not read; class names assumed
         log(f"petal train: warning: {note}")
     if (
         resume
