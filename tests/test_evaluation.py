@@ -1697,3 +1697,23 @@ def test_a_class_named_in_another_unicode_form_is_the_model_s_class(tmp_path):
     assert class_index((nfd, "tulips"), run, "photos", "folder").tolist() == [1, 2]
     with pytest.raises(PetalError, match="does not know: lily; "):
         class_index(("rosé", "lily"), run, "photos", "folder")
+
+
+def test_the_progress_bar_counts_the_images_scored_not_those_skipped(
+    trained, small_flowers, tmp_path, capsys
+):
+    """With undecodable files skipped the bar ended short of its total (99% 300/302)."""
+    from petal.evaluation.evaluate import evaluate
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
+    report = evaluate(trained, folder, out_dir=tmp_path / "eval", skip_corrupt=True,
+                      log=lambda line: None, progress=True)
+    assert report["count"] == 10
+    err = capsys.readouterr().err.replace("\r", "\n")
+    last = [line for line in err.splitlines() if line.startswith("evaluate:")][-1]
+    assert last.startswith("evaluate: 100%") and " 10/10 " in last, last
