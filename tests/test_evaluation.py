@@ -1746,3 +1746,23 @@ def test_a_run_on_shards_that_name_no_classes_warns_in_train_and_evaluate(
     assert json.loads((workdir / "metrics.json").read_text())["classes"] == classes
     assert main(["evaluate", str(workdir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == [note]
+
+
+def test_the_progress_bar_counts_the_images_scored_not_those_skipped(
+    trained, small_flowers, tmp_path, capsys
+):
+    """With undecodable files skipped the bar ended short of its total (99% 300/302)."""
+    from petal.evaluation.evaluate import evaluate
+
+    folder = tmp_path / "photos"
+    for cls in sorted(p.name for p in small_flowers.iterdir()):
+        (folder / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:2]:
+            (folder / cls / f.name).symlink_to(f.resolve())
+    (folder / "daisy" / "zz-not-an-image.jpg").write_bytes(b"plain text, not a JPEG")
+    report = evaluate(trained, folder, out_dir=tmp_path / "eval", skip_corrupt=True,
+                      log=lambda line: None, progress=True)
+    assert report["count"] == 10
+    err = capsys.readouterr().err.replace("\r", "\n")
+    last = [line for line in err.splitlines() if line.startswith("evaluate:")][-1]
+    assert last.startswith("evaluate: 100%") and " 10/10 " in last, last

@@ -507,3 +507,45 @@ def test_class_names_in_messages_and_predictions_are_quoted_by_one_rule():
     assert _class_names(["'roses", "tulips"]) == "\"'roses\", 'tulips'"
     result = {"file": "x.jpg", "predictions": [{"label": "'roses", "probability": 0.5}]}
     assert format_predictions([result]) == "x.jpg: \"'roses\" 0.500"
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_names_are_utf8_text_whatever_the_locale_decoded_them_with(
+    tmp_path, monkeypatch, encoding
+):
+    """Under a Latin-1 locale classes were stored as "rosÃ©" (the UTF-8 bytes read as
+    Latin-1); under ASCII a valid UTF-8 folder was refused as not UTF-8."""
+    import petal.data.folders as folders
+
+    if os.fsencode("é") != b"\xc3\xa9":
+        pytest.skip("the test writes UTF-8 names")
+    for rel in ("rosé/1é.jpg", "日本の花/2.jpg", os.fsdecode(b"b/caf\xe9.jpg")):
+        _touch(tmp_path / rel)
+
+    # The names as Python reads them under the locale, and back to the bytes on disk.
+    fsencode = os.fsencode
+
+    def as_read(name: str) -> str:
+        return fsencode(name).decode(encoding, "surrogateescape")
+
+    def on_disk(name: str) -> str:
+        return os.fsdecode(name.encode(encoding, "surrogateescape"))
+
+    list_local = folders._list_local
+    monkeypatch.setattr(
+        folders,
+        "_list_local",
+        lambda path: [(as_read(n), d) for n, d in list_local(on_disk(path))],
+    )
+    monkeypatch.setattr(os, "fsencode", lambda name: name.encode(encoding, "surrogateescape"))
+    found = find_images(tmp_path)
+    assert found.classes == ("b", "rosé", "日本の花")
+    assert [(f.relpath, f.utf8) for f in found.files] == [
+        ("b/caf\\xe9.jpg", False),
+        ("rosé/1é.jpg", True),
+        ("日本の花/2.jpg", True),
+    ]
+    # Files are opened by their names as read.
+    assert found.files[1].path == os.path.join(tmp_path, as_read("rosé"), as_read("1é.jpg"))
+    assert [f.relpath for f in found.by_utf8()[1]] == ["b/caf\\xe9.jpg"]
+    assert some_names([as_read("rosé"), "日本"]) == "rosé, 日本"

@@ -1024,3 +1024,28 @@ def test_a_file_where_the_tensorboard_logs_go_is_refused_before_training(tmp_pat
             )
         assert (run / name).read_text() == "x"
         assert len(list(run.rglob("*"))) == 1 + name.count("/")
+
+
+def test_the_step_bar_is_cleared_before_the_epoch_line(small_records, tmp_path, monkeypatch):
+    """On a terminal the epoch line was printed into the last column of the step bar, which
+    was left on screen: the bar closed after the checkpoint printed the line."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    screens = []
+
+    def log(line: str) -> None:
+        if line.startswith("epoch "):
+            screens.append(terminal.getvalue())
+
+    train(tiny_config(small_records, model="dense", epochs=2), tmp_path / "run", log=log)
+    assert len(screens) == 2
+    for screen in screens:
+        assert "epoch" in screen  # a bar was drawn...
+        # ...and cleared: its last line is blank, the cursor back at its start.
+        assert screen.endswith("\r") and not screen.rsplit("\r", 2)[-2].strip()

@@ -246,7 +246,9 @@ def evaluate(
         samples: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
         wrong: dict[str, list] = {"images": [], "true": [], "pred": [], "prob": []}
         try:
-            with progress_bar("evaluate", source.count(split), progress) as bar:
+            # Over the images scored: those found undecodable up front are not.
+            total = source.count(split) - len(undecodable or ())
+            with progress_bar("evaluate", total, progress) as bar:
                 for images, y in ds:
                     p = np.asarray(model.predict_on_batch(images), dtype=np.float64)
                     y = np.asarray(y, dtype=np.int64)

@@ -361,7 +361,11 @@ class StoreGuard(keras.callbacks.Callback):
 
 
 class StepProgress(keras.callbacks.Callback):
-    """A tqdm bar over the steps of each epoch, only when stderr is a terminal."""
+    """A tqdm bar over the steps of each epoch, only when stderr is a terminal.
+
+    The bar is cleared when validation begins (and at the end of an epoch without it), so
+    the epoch's line, printed once the epoch is saved, starts on a clean line.
+    """
 
     def __init__(self, steps_per_epoch: int):
         super().__init__()
@@ -379,7 +383,13 @@ class StepProgress(keras.callbacks.Callback):
         if self._bar is not None:
             self._bar.update(1)
 
+    def on_test_begin(self, logs=None):
+        self._close()
+
     def on_epoch_end(self, epoch, logs=None):
+        self._close()
+
+    def _close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None

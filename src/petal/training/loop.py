@@ -1699,7 +1699,9 @@ def _train(
                 history_path, global_batch, steps, cfg.epochs, log=log, defer=True
             )
             callbacks = [
-                # First: a failed request to the store ends training before the epoch that
+                # First: the step bar is cleared before any line is printed at an epoch's end.
+                StepProgress(steps),
+                # Then: a failed request to the store ends training before the epoch that
                 # missed data is saved or reported.
                 *([StoreGuard(store_mark, "train")] if source.remote else []),
                 # Before validation and the checkpoint: one set of BatchNormalization
@@ -1717,7 +1719,6 @@ def _train(
                 Checkpointer(
                     workdir, state, clock=clock, nan_guard=nan_guard, saved=writer.announce
                 ),
-                StepProgress(steps),
             ]
             if phase.name == "full":
                 bn = "BatchNorm kept in inference mode" if bn_frozen else "BatchNorm training"
