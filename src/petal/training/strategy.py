@@ -21,6 +21,37 @@ from petal.errors import PetalError, first_line
 STRATEGIES = ("auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default")
 
 
+def check_tensorflow_backend(what: str) -> None:
+    """Refuses to go on when Keras runs on another backend than TensorFlow: petal's training,
+    evaluation, prediction and export feed ``tf.data`` into Keras and use ``tf.distribute``.
+    Building models (:func:`~petal.models.create_model`) works on any backend.
+
+    Args:
+        what: what needs TensorFlow, to start the message (``"petal train"``).
+
+    Raises:
+        PetalError: ``keras.backend.backend()`` is not ``"tensorflow"``; the message names the
+            backend, where it was set (``KERAS_BACKEND`` or ``keras.json``) and the fix.
+    """
+    import keras
+    from keras.src.backend import config
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return
+    if os.environ.get("KERAS_BACKEND") == backend:
+        where = f"from KERAS_BACKEND={backend}"
+    elif "KERAS_BACKEND" not in os.environ:
+        where = f"from the \"backend\" of {os.path.join(config.keras_home(), 'keras.json')}"
+    else:
+        where = "chosen before KERAS_BACKEND changed, or by keras.config.set_backend"
+    raise PetalError(
+        f"{what} needs Keras' TensorFlow backend, but Keras runs on {backend!r} here "
+        f"({where}): set KERAS_BACKEND=tensorflow before Python imports keras (petal's "
+        f"models themselves build on any backend). Received: backend={backend!r}"
+    )
+
+
 def _connect_tpu(tpu_address: str | None = None):
     """Connect to a TPU and return its resolver; raises ValueError when there is none."""
     # No argument, as in the codelab: the resolver then reads TPU_NAME / Colab / Kaggle / TPU VM
