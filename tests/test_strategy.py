@@ -439,3 +439,25 @@ def test_another_backend_from_keras_json_names_the_file(monkeypatch):
         rf"the \"backend\" of {keras_json}\): set KERAS_BACKEND=tensorflow before"
     )):  # fmt: skip
         check_tensorflow_backend("petal train")
+
+
+@pytest.mark.parametrize("name", ["auto", "tpu"])
+def test_a_tpu_name_that_cannot_be_reached_says_so(monkeypatch, name):
+    # TPU_NAME=foo off Google Cloud: "petal train: error: <urlopen error [Errno -2] Name or
+    # service not known>" from the resolver's metadata lookup.
+    import socket
+    import urllib.error
+
+    import tensorflow as tf
+
+    def unreachable(*args, **kwargs):
+        raise urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+
+    monkeypatch.setenv("TPU_NAME", "foo")
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", unreachable)
+    with pytest.raises(PetalError, match=(
+        r"^Cannot reach the TPU named by TPU_NAME='foo' \(\[Errno -2\] Name or service not "
+        r"known\): unset TPU_NAME \(or name a reachable TPU\), or pass --strategy cpu or "
+        rf"--strategy default to train without a TPU\. Received: strategy='{name}'$"
+    )):  # fmt: skip
+        get_strategy(name)
