@@ -649,3 +649,26 @@ def test_a_cached_imagenet_file_keras_finds_stale_offline_is_named(monkeypatch, 
         r"--weights PATH"
     )):
         create_model("mobilenet_v2", 5, 96, weights="imagenet")
+
+
+def test_models_are_built_channels_last_whatever_keras_image_data_format():
+    # keras.json's (or the caller's) channels_first made convolutions run over the width of
+    # (height, width, 3) images: a silently wrong squeezenet, a crash for convnet.
+    from petal.models.registry import walk_layers
+
+    keras.config.set_image_data_format("channels_first")
+    try:
+        for name in list_models():
+            model = create_model(name, 5, _tiny_size(name))
+            assert keras.config.image_data_format() == "channels_first"  # the caller's, back
+            formats = {
+                layer.data_format for layer in walk_layers(model) if hasattr(layer, "data_format")
+            }
+            assert formats <= {"channels_last"}, (name, formats)
+            assert tuple(model.outputs[0].shape) == (None, 5), name
+            if name == "squeezenet":
+                assert count_params(model)[0] == 120_613  # 127,181 built channels_first
+            del model
+            keras.backend.clear_session()
+    finally:
+        keras.config.set_image_data_format("channels_last")

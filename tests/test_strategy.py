@@ -375,3 +375,89 @@ def test_multi_worker_after_the_runtime_started_is_one_line(tmp_path, monkeypatc
     error = _run_script(tmp_path, script)["error"]
     assert error.startswith("strategy 'multi-worker' must be created before TensorFlow's runtime")
     assert "\n" not in error
+
+
+_JAX_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import os
+
+    os.environ["KERAS_BACKEND"] = "jax"  # before keras is imported
+    from pathlib import Path
+
+    import keras
+    from petal.errors import PetalError
+    from petal.evaluation.workdir import RunInfo, load_model
+    from petal.models import create_model
+    from petal.training.config import TrainConfig
+    from petal.training.loop import train
+
+    out = {"backend": keras.backend.backend()}
+    out["params"] = create_model("dense", 5, 32).count_params()  # building still works
+    try:
+        train(TrainConfig(), "run")
+    except PetalError as err:
+        out["train"] = str(err)
+    run = RunInfo(Path("run"), {}, ("a", "b"), (32, 32), "unit", "fill", None)
+    try:
+        load_model(run)  # what evaluate, predict and export load the model with
+    except PetalError as err:
+        out["load"] = str(err)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_training_and_loading_a_run_refuse_another_keras_backend(tmp_path):
+    # On JAX, train() trained without a word (slower, no fused BN) and evaluate, predict and
+    # export crashed with JAX tracebacks on TensorFlow tensors.
+    pytest.importorskip("jax")
+    result = _run_script(tmp_path, _JAX_SCRIPT)
+    assert result["backend"] == "jax" and result["params"] > 0
+    fix = (
+        "needs Keras' TensorFlow backend, but Keras runs on 'jax' here (from "
+        "KERAS_BACKEND=jax): set KERAS_BACKEND=tensorflow before Python imports keras"
+    )
+    assert result["train"].startswith(f"petal train {fix}")
+    loading = "Loading a run's model (petal evaluate, predict, export)"
+    assert result["load"].startswith(f"{loading} {fix}")
+
+
+def test_another_backend_from_keras_json_names_the_file(monkeypatch):
+    import re
+
+    from keras.src.backend import config
+
+    from petal.training.strategy import check_tensorflow_backend
+
+    check_tensorflow_backend("petal train")  # the tests' backend
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "torch")
+    keras_json = re.escape(os.path.join(config.keras_home(), "keras.json"))
+    with pytest.raises(PetalError, match=(
+        rf"^petal train needs Keras' TensorFlow backend, but Keras runs on 'torch' here \(from "
+        rf"the \"backend\" of {keras_json}\): set KERAS_BACKEND=tensorflow before"
+    )):  # fmt: skip
+        check_tensorflow_backend("petal train")
+
+
+@pytest.mark.parametrize("name", ["auto", "tpu"])
+def test_a_tpu_name_that_cannot_be_reached_says_so(monkeypatch, name):
+    # TPU_NAME=foo off Google Cloud: "petal train: error: <urlopen error [Errno -2] Name or
+    # service not known>" from the resolver's metadata lookup.
+    import socket
+    import urllib.error
+
+    import tensorflow as tf
+
+    def unreachable(*args, **kwargs):
+        raise urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+
+    monkeypatch.setenv("TPU_NAME", "foo")
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", unreachable)
+    with pytest.raises(PetalError, match=(
+        r"^Cannot reach the TPU named by TPU_NAME='foo' \(\[Errno -2\] Name or service not "
+        r"known\): unset TPU_NAME \(or name a reachable TPU\), or pass --strategy cpu or "
+        rf"--strategy default to train without a TPU\. Received: strategy='{name}'$"
+    )):  # fmt: skip
+        get_strategy(name)

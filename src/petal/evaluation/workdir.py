@@ -371,13 +371,16 @@ def load_model(run: RunInfo, float32: bool = False):
             serving runtimes and TFLite expect float32), with the trained weights.
 
     Raises:
-        PetalError: the model's outputs do not match the run's classes, or its input the
-            run's image size.
+        PetalError: Keras runs on another backend than TensorFlow; the model's outputs do
+            not match the run's classes, or its input the run's image size.
     """
     import keras
 
     import petal.models  # noqa: F401 (registers any custom objects the models use)
+    from petal.training.strategy import check_tensorflow_backend
 
+    # Evaluate, predict and export feed tf.data and TensorFlow tensors to the model.
+    check_tensorflow_backend("Loading a run's model (petal evaluate, predict, export)")
     whole = zipfile.is_zipfile(run.model_path)
     try:
         if not whole:  # Keras would call it "File not found"

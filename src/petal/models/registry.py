@@ -254,7 +254,7 @@ def create_model(
         weights_file = Path(weights)
 
     try:
-        model = _BUILDERS[name](num_classes, hw, builder_weights, **kwargs)
+        model = _build(name, num_classes, hw, builder_weights, **kwargs)
     except PetalError:
         raise
     except (TypeError, ValueError) as err:
@@ -273,12 +273,25 @@ def create_model(
         part = load_weights_file(
             model,
             weights_file,
-            rebuild=lambda n: _BUILDERS[name](n, hw, None, **kwargs),
+            rebuild=lambda n: _build(name, n, hw, None, **kwargs),
             fresh_head=fresh_head,
         )
         if log is not None:
             log(f"weights from {weights_file}: {part}")
     return model
+
+
+def _build(name: str, num_classes: int, hw: tuple[int, int], weights: str | None, **kwargs):
+    """``name``'s builder, called in Keras' ``channels_last`` image format whatever the
+    caller's: the models take (height, width, 3) images, and layers (and
+    ``keras.applications``) read the global format when created, so ``channels_first`` (in
+    ``keras.json``, or set by the caller) built convolutions over the wrong axis, or failed."""
+    previous = keras.config.image_data_format()
+    keras.config.set_image_data_format("channels_last")
+    try:
+        return _BUILDERS[name](num_classes, hw, weights, **kwargs)
+    finally:
+        keras.config.set_image_data_format(previous)
 
 
 def check_bool_options(model: str, **options) -> None:

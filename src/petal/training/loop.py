@@ -1188,6 +1188,9 @@ def train(
         PetalError: bad config or data, a refused work directory, or a non-finite loss
             (the message names the epoch).
     """
+    from petal.training.strategy import check_tensorflow_backend
+
+    check_tensorflow_backend("petal train")
     with contextlib.ExitStack() as releases:
         return _train(
             config, workdir, resume=resume, overwrite=overwrite, log=log, releases=releases

@@ -3,7 +3,8 @@
 ``get_strategy("auto")`` follows the codelab's detection but fixes its 2021 bug (``tpu`` is set
 to ``None`` before the attempt, so the GPU/CPU fallback cannot hit a NameError) and catches only
 the error ``TPUClusterResolver`` raises when there is no TPU: a ``ValueError`` ("Please provide
-a TPU Name to connect to.", checked on TensorFlow 2.21).
+a TPU Name to connect to.", checked on TensorFlow 2.21). A TPU that is named (``TPU_NAME``)
+but cannot be reached (the resolver's ``URLError``) is an error that says so, not a fallback.
 
 This module uses ``tf.distribute`` (TensorFlow backend); the models themselves are Keras-only.
 """
@@ -21,6 +22,37 @@ from petal.errors import PetalError, first_line
 STRATEGIES = ("auto", "tpu", "mirrored", "multi-worker", "one-device", "cpu", "default")
 
 
+def check_tensorflow_backend(what: str) -> None:
+    """Refuses to go on when Keras runs on another backend than TensorFlow: petal's training,
+    evaluation, prediction and export feed ``tf.data`` into Keras and use ``tf.distribute``.
+    Building models (:func:`~petal.models.create_model`) works on any backend.
+
+    Args:
+        what: what needs TensorFlow, to start the message (``"petal train"``).
+
+    Raises:
+        PetalError: ``keras.backend.backend()`` is not ``"tensorflow"``; the message names the
+            backend, where it was set (``KERAS_BACKEND`` or ``keras.json``) and the fix.
+    """
+    import keras
+    from keras.src.backend import config
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return
+    if os.environ.get("KERAS_BACKEND") == backend:
+        where = f"from KERAS_BACKEND={backend}"
+    elif "KERAS_BACKEND" not in os.environ:
+        where = f"from the \"backend\" of {os.path.join(config.keras_home(), 'keras.json')}"
+    else:
+        where = "chosen before KERAS_BACKEND changed, or by keras.config.set_backend"
+    raise PetalError(
+        f"{what} needs Keras' TensorFlow backend, but Keras runs on {backend!r} here "
+        f"({where}): set KERAS_BACKEND=tensorflow before Python imports keras (petal's "
+        f"models themselves build on any backend). Received: backend={backend!r}"
+    )
+
+
 def _connect_tpu(tpu_address: str | None = None):
     """Connect to a TPU and return its resolver; raises ValueError when there is none."""
     # No argument, as in the codelab: the resolver then reads TPU_NAME / Colab / Kaggle / TPU VM
@@ -30,6 +62,23 @@ def _connect_tpu(tpu_address: str | None = None):
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return resolver
+
+
+def _unreachable_tpu(name: str, tpu_address: str | None, err: OSError) -> PetalError:
+    """The error of a TPU that was named (``tpu_address``, else ``TPU_NAME``) but could not be
+    reached, with the cause and how to train without it."""
+    reason = first_line(getattr(err, "reason", err))  # URLError's: the socket error
+    if tpu_address:
+        what, fix = f"the TPU {tpu_address!r}", "pass the address of a reachable TPU"
+    elif os.environ.get("TPU_NAME"):
+        what = f"the TPU named by TPU_NAME={os.environ['TPU_NAME']!r}"
+        fix = "unset TPU_NAME (or name a reachable TPU)"
+    else:
+        what, fix = "the TPU this environment names", "run on a TPU host"
+    return PetalError(
+        f"Cannot reach {what} ({reason}): {fix}, or pass --strategy cpu or --strategy default "
+        f"to train without a TPU. Received: strategy={name!r}"
+    )
 
 
 def _gpu_compute_capability(gpus) -> tuple[int, int] | None:
@@ -106,7 +155,8 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
         ``devices``, ``tpu`` and ``gpu`` (bools) and ``gpu_compute_capability`` (or None).
 
     Raises:
-        PetalError: Unknown name; ``tpu`` without a TPU; ``multi-worker`` without ``TF_CONFIG``,
+        PetalError: Unknown name; ``tpu`` without a TPU; a TPU named (``tpu_address``,
+            ``TPU_NAME``) that cannot be reached; ``multi-worker`` without ``TF_CONFIG``,
             or after TensorFlow's runtime started (it must be created first in a process).
     """
     if name not in STRATEGIES:
@@ -151,6 +201,10 @@ def get_strategy(name: str = "auto", tpu_address: str | None = None):
                 raise PetalError(
                     f"No TPU found ({err}). Run on a TPU host or pass --strategy auto. Received: strategy='tpu'"
                 ) from err
+        except OSError as err:
+            # urllib's URLError: the resolver looks a named TPU up through the GCE metadata
+            # server, which does not answer off Google Cloud.
+            raise _unreachable_tpu(name, tpu_address, err) from err
         if tpu is not None:
             strategy = tf.distribute.TPUStrategy(tpu)
             return strategy, _info(strategy, "tpu", tpu=True)
