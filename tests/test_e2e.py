@@ -156,7 +156,7 @@ def demo_without_training(monkeypatch):
 
     def convert(source, output, **kwargs):
         converted.append(Path(source))
-        return writer.convert(source, output, **kwargs, workers=1, progress=False)
+        return writer.convert(source, output, **{**kwargs, "workers": 1, "progress": False})
 
     monkeypatch.setattr("petal.data.convert", convert)
     monkeypatch.setattr("petal.training.loop.train", lambda *a, **k: {})

@@ -385,6 +385,13 @@ def _refuse_other_records(
 def _demo_warning(line: str, fraction: float) -> str:
     """A warning of ``petal convert`` about the split, told as the demo's (it has no
     ``--val-fraction``: its photos are what a demo user changes)."""
+    line = re.sub(
+        r"raise --val-fraction to [\d.]+ \(a class of \d+ validates one\) or add images "
+        r"\(at val_fraction [\d.]+ a class needs (\d+) or more to validate on one\)",
+        f"add photos to it (petal demo keeps {fraction} of each class to validate on: a class "
+        r"needs \1 or more to validate on one; petal convert --val-fraction sets another share)",
+        line,
+    )
     return re.sub(
         r"(?:raise|lower) --val-fraction or add images",
         f"add photos to it (petal demo keeps {fraction} of each class to validate on; "
