@@ -395,11 +395,8 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
     if not origin or not theirs.get("source") or not same_place(theirs["source"], origin):
         return None
     if split != "validation":
-        scored, trained = _scored_names(source, split), _trained_names(run, origin)
-        shared = scored & trained if scored is not None and trained is not None else None
-        if shared == set():
+        if (how_many := _trained_share(source, run, origin, split)) is None:
             return None
-        how_many = f"{len(shared)} of its {len(scored)} images" if shared else "images"
         return (
             f"{source.path} was converted from {origin} like the run's records {ours}: the "
             f"{split} split scored holds {how_many} the model trained on, so the score "
@@ -563,15 +560,22 @@ def _copy_warning(source, run, trained_on: dict | None, split: str) -> str | Non
     )
 
 
-def _origin_warning(source, run, origin: str, trained_on: dict | None, split: str) -> str | None:
-    """A warning when ``source`` is the image folder the run's records were converted from
-    (all of it: :func:`_split_for` refuses its splits): it holds the photos the model trained
-    on, counted by the ``filename`` of the records' training split where they can be read."""
+def _trained_share(source, run, origin: str, split: str) -> str | None:
+    """How many of the ``split`` images scored the model trained on (photos of ``origin``):
+    ``"N of its M images"``, ``"images"`` where the names cannot be read, None for none."""
     scored, trained = _scored_names(source, split), _trained_names(run, origin)
     shared = scored & trained if scored is not None and trained is not None else None
     if shared == set():
         return None
-    how_many = f"{len(shared)} of its {len(scored)} images" if shared else "images"
+    return f"{len(shared)} of its {len(scored)} images" if shared else "images"
+
+
+def _origin_warning(source, run, origin: str, trained_on: dict | None, split: str) -> str | None:
+    """A warning when ``source`` is the image folder the run's records were converted from
+    (all of it: :func:`_split_for` refuses its splits): it holds the photos the model trained
+    on, counted by the ``filename`` of the records' training split where they can be read."""
+    if (how_many := _trained_share(source, run, origin, split)) is None:
+        return None
     return (
         f"{source.path} is the image folder the run's records {run.config.get('data')} were "
         f"converted from: the {split} split scored holds {how_many} the model trained on, so "
