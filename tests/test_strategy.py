@@ -462,3 +462,99 @@ def test_a_tpu_name_that_cannot_be_reached_says_so(monkeypatch, name):
         rf"--strategy default to train without a TPU\. Received: strategy='{name}'$"
     )):  # fmt: skip
         get_strategy(name)
+
+
+_UNEVEN_VALIDATION_SCRIPT = textwrap.dedent(
+    """
+    import csv, json, sys
+    import tensorflow as tf
+
+    replicas, batch = int(sys.argv[4]), int(sys.argv[5])
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+    )
+    import keras
+    sys.path.insert(0, sys.argv[3])
+    from conftest import tiny_config
+    from petal.data.pipeline import eval_dataset
+    from petal.training.loop import train
+
+    workdir = sys.argv[2]
+    cfg = tiny_config(
+        sys.argv[1], strategy="mirrored", epochs=1, steps_per_epoch=1, batch_size=batch
+    )
+    metrics = train(cfg, workdir, log=lambda line: None)
+    (last,) = list(csv.DictReader(open(workdir + "/history.csv")))
+    model = keras.models.load_model(workdir + "/model.keras", compile=False)
+    losses, hits, count = [], 0, 0
+    for x, y in eval_dataset(sys.argv[1], batch_size=7, image_size=32):
+        p = model(x, training=False)
+        losses.append(keras.losses.categorical_crossentropy(y, p))
+        hits += int(tf.reduce_sum(tf.cast(tf.argmax(p, -1) == tf.argmax(y, -1), tf.int32)))
+        count += int(x.shape[0])
+    print(json.dumps({
+        "replicas": metrics["replicas"],
+        "recorded_loss": float(last["val_loss"]),
+        "recorded_accuracy": float(last["val_accuracy"]),
+        "saved_loss": float(tf.reduce_mean(tf.concat(losses, 0))),
+        "saved_accuracy": hits / count,
+        "count": count,
+        "eval_batch": json.load(open(workdir + "/config.json"))["resolved"]["eval_batch"],
+    }))
+    """
+)
+
+
+def test_replicas_validate_a_split_that_does_not_divide_evenly(make_records, tmp_path):
+    """21 validation images on 2 replicas in batches of 5: batches dealt in turn from one
+    pipeline ([5, 5, 1] and [5, 5]), or shares of whole shards (15 and 6), left a replica an
+    empty last batch, on which BatchNormalization failed ("Incompatible shapes: [32] vs.
+    [0,32,32,3]"), blamed on the records. Each replica reads every other image, in batches
+    of 4: [4, 4, 3] and [4, 4, 2], every image once."""
+    shards = [15, 6]
+    records = make_records(counts={"train": [20], "validation": shards}, size=(32, 32))
+    args = [str(records), str(tmp_path / "run"), str(REPO / "tests"), "2", "5"]
+    result = _run_script(tmp_path, _UNEVEN_VALIDATION_SCRIPT, *args)
+    assert result["replicas"] == 2
+    assert result["eval_batch"] == 8
+    assert result["count"] == sum(shards)
+    assert result["recorded_accuracy"] == pytest.approx(result["saved_accuracy"], abs=1e-6)
+    assert result["recorded_loss"] == pytest.approx(result["saved_loss"], rel=1e-5), result
+
+
+def test_the_validation_batch_gives_every_replica_as_many_batches():
+    from petal.training.loop import _replicated_eval_batch
+
+    lines = []
+    # Per-replica pipelines (MirroredStrategy): shares of 11 and 10 in batches of 4, not
+    # 5 ([5, 5, 1] and [5, 5]); 21 in one pipeline dealt to 2 replicas: 6 batches of 4.
+    assert _replicated_eval_batch(10, 21, 2, lines.append, pipelines=2) == 8
+    assert _replicated_eval_batch(10, 21, 2, lines.append, pipelines=1) == 8
+    assert lines[0].startswith("petal train: validation in batches of 8 (4 per replica), not 10")
+    assert _replicated_eval_batch(32, 21, 2, lines.append, pipelines=2) == 18  # [9, 2], [9, 1]
+    assert _replicated_eval_batch(64, 10, 2, lines.append, pipelines=2) == 10  # [5], [5]
+    assert _replicated_eval_batch(64, 1000, 2, lines.append, pipelines=2) == 64
+    assert _replicated_eval_batch(64, 21, 1, lines.append) == 64
+    with pytest.raises(PetalError, match="validation split's 5 images cannot be batched"):
+        _replicated_eval_batch(4, 5, 2, lines.append, pipelines=2)  # [2, 1] and [2]
+
+
+def test_validation_pipelines_share_by_record_whatever_the_shards(make_records):
+    """Shares of whole shards (15 and 6 images) left one replica batches after the other's
+    ran out; every other record gives 11 and 10."""
+    import tensorflow as tf
+
+    from petal.data.pipeline import eval_dataset
+
+    records = make_records(counts={"train": [4], "validation": [15, 6]})
+    shares = [
+        sum(
+            int(x.shape[0])
+            for x, _ in eval_dataset(
+                str(records), batch_size=8, input_context=tf.distribute.InputContext(2, i, 2)
+            )
+        )
+        for i in range(2)
+    ]
+    assert shares == [11, 10]

@@ -10,8 +10,8 @@ Training (:func:`train_dataset`)::
 
 Evaluation (:func:`eval_dataset`)::
 
-    read (files in order) -> decode -> batch (keep the last, partial batch) -> labels
-      -> normalise -> prefetch
+    read (files in order; several input pipelines: every n-th record each) -> decode
+      -> batch (keep the last, partial batch) -> labels -> normalise -> prefetch
 
 so every validation image is seen exactly once.
 
@@ -287,7 +287,9 @@ def eval_dataset(
     model's own records (and ``petal predict``) give it; records are read as stored, as
     with ``resize`` (a run's fitting applies to whatever data it is evaluated on).
     ``resize`` may also be ``"none"`` here, with no ``fit_size`` (refused with one): files
-    are resized as records of ``--resize none`` are (see :func:`fit_image`).
+    are resized as records of ``--resize none`` are (see :func:`fit_image`). With several
+    input pipelines (``input_context``) each keeps every n-th record or file, whatever the
+    shards: the shares differ by one image at most.
 
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
@@ -310,6 +312,8 @@ def eval_dataset(
     per_replica = _per_replica_batch(batch_size, input_context)
     split = _check_split(src, split)
     how = f"{resize}|{fit}"  # parsed: 192 and "192x192" fit the same pixels
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        how += "|by-record"  # a kept cache of an earlier build's share of whole files differs
     cache_to = _resolve_cache(cache, src, split, size, input_context, how, skip_corrupt)
     # Read in file order, decode, batch without dropping anything.
     ds = _read(
@@ -355,7 +359,8 @@ def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
     ``fn`` is typically
     ``lambda ctx: train_dataset(src, batch_size=GLOBAL, input_context=ctx)``: each input
     pipeline reads its own share (by file when there are at least as many files as input
-    pipelines, else by record) and batches ``GLOBAL / replicas``.
+    pipelines, else by record; :func:`eval_dataset` always by record, so the shares differ
+    by one image at most) and batches ``GLOBAL / replicas``.
 
     Raises:
         PetalError: when ``fn`` asks for a global batch that does not divide across replicas.
@@ -511,14 +516,16 @@ def _read(
     by_record = None
     if input_context is not None and input_context.num_input_pipelines > 1:
         n, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-        if src.kind != "folder" and len(files) >= n:
+        if src.kind != "folder" and len(files) >= n and training:
             # Enough shards for every input pipeline: each reads whole files of its own.
             files, counts = files[index::n], counts[index::n]
         elif src.kind == "folder":
             files, labels = files[index::n], labels[index::n]
         else:
-            # Fewer shards than pipelines (the codelab's 3 validation files on a pod): every
-            # pipeline reads everything and keeps every n-th record.
+            # Fewer shards than pipelines (the codelab's 3 validation files on a pod), or
+            # evaluation (shares of whole files differ by a shard's size, and a replica whose
+            # share ran out got empty batches): every pipeline reads everything and keeps
+            # every n-th record, so the shares differ by one image at most.
             by_record = (n, index)
 
     if src.kind == "folder":

@@ -816,11 +816,35 @@ def _no_room_to_cache(err, cache) -> PetalError:
     )
 
 
-def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) -> int:
-    """The validation batch: under several replicas Keras builds the model from the first
-    batch of every replica, and fails on a replica given none (a validation split smaller
-    than one batch): then the largest multiple of the replicas that the split fills."""
-    if replicas == 1 or val_count >= eval_batch:
+def _eval_input(strategy, replicas: int):
+    """``(options, pipelines)`` of the validation input under ``strategy``: MirroredStrategy
+    gives each replica a pipeline of its own (every n-th image: the shares differ by one
+    image at most); the others, one pipeline per host, dealing its batches to the host's
+    replicas in turn."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        mode = tf.distribute.InputReplicationMode.PER_REPLICA
+        return tf.distribute.InputOptions(experimental_replication_mode=mode), replicas
+    local = len(getattr(getattr(strategy, "extended", None), "worker_devices", ())) or replicas
+    return None, replicas // local if replicas % local == 0 else 1
+
+
+def _replicated_eval_batch(
+    eval_batch: int, val_count: int, replicas: int, log, pipelines: int = 1
+) -> int:
+    """The validation batch: under several replicas Keras builds the model from the mean of
+    the replicas' first batches (which must all be full) and gives a replica that has run
+    out an empty batch, on which BatchNormalization fails.
+
+    Each of the ``pipelines`` input pipelines reads every ``pipelines``-th image, ``s`` or
+    ``s + 1`` of them, and deals its batches of ``b`` in turn to its ``replicas /
+    pipelines`` replicas. So its first round of batches must be full (``b`` times its
+    replicas is ``s`` at most), and ``ceil(s / b)`` must equal ``ceil((s + 1) / b)`` (``b``
+    does not divide ``s``; not needed when every share is ``s``) and be a multiple of its
+    replicas. ``b`` is the largest such up to the per-replica batch asked for.
+    """
+    if replicas == 1:
         return eval_batch
     if val_count < replicas:
         raise PetalError(
@@ -828,12 +852,30 @@ def _replicated_eval_batch(eval_batch: int, val_count: int, replicas: int, log) 
             "replicas, each of which validates on a share of it: convert with a larger "
             "--val-fraction or add images, or train on fewer devices (--strategy one-device)."
         )
-    smaller = val_count // replicas * replicas
+    local = replicas // pipelines
+    share = val_count // pipelines
+
+    def fits(b: int) -> bool:
+        uneven = val_count % pipelines and share % b == 0
+        return not uneven and -(-share // b) % local == 0
+
+    asked = min(eval_batch // replicas, share // local)
+    per_replica = next((b for b in range(asked, 0, -1) if fits(b)), None)
+    if per_replica is None:
+        raise PetalError(
+            f"The validation split's {val_count} images cannot be batched so that each of the "
+            f"{replicas} replicas validates as many batches as the others: add images to it "
+            "(convert with a larger --val-fraction), or train on fewer devices "
+            "(--strategy one-device)."
+        )
+    if per_replica * replicas == eval_batch:
+        return eval_batch
     log(
-        f"petal train: validation in batches of {smaller}: its {val_count} images are fewer "
-        f"than one batch of {eval_batch}, which would leave a replica a short batch or none"
+        f"petal train: validation in batches of {per_replica * replicas} ({per_replica} per "
+        f"replica), not {eval_batch}: its {val_count} images then give each of the "
+        f"{replicas} replicas as many batches as the others, none of them empty"
     )
-    return smaller
+    return per_replica * replicas
 
 
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
@@ -1394,7 +1436,8 @@ def _train(
         val_count -= _in_split(undecodable, source, "validation")
         train_count -= _in_split(undecodable, source, "train")
     _check_splits(source, cfg.data, train_count, val_count)
-    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log)
+    eval_options, pipelines = _eval_input(strategy, replicas)
+    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         # Name the setting that made the global batch (a preset's one-device batch on one).
@@ -1600,7 +1643,10 @@ def _train(
     state["batches"] = batches
 
     train_ds = train_from(start_epoch)
-    val_ds = distributed_dataset(strategy, eval_fn) if replicas > 1 else eval_fn()
+    if replicas > 1:
+        val_ds = distributed_dataset(strategy, eval_fn, options=eval_options)
+    else:
+        val_ds = eval_fn()
 
     from petal.data.reader import SKIPPED, input_error
     from petal.data.remote import STORE_ERRORS
