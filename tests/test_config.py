@@ -527,4 +527,5 @@ def test_numpy_scalars_in_a_config_are_the_python_numbers_they_hold(tmp_path):
     assert cfg.schedule_options == {"max_lr": 0.25, "rampup_epochs": 1}
     assert _ramp_peak(cfg, 1) == 0.25
     save_config(cfg, tmp_path / "config.json")
-    assert json.loads((tmp_path / "config.json").read_text())["schedule_options"] == {"max_lr": 0.25, "rampup_epochs": 1}
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["schedule_options"] == {"max_lr": 0.25, "rampup_epochs": 1}
