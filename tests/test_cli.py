@@ -477,3 +477,16 @@ def test_commands_run_keras_on_tensorflow_and_name_a_keras_settings_file_keras_r
     assert done.stderr.splitlines()[-1].endswith(
         f"fix or remove its settings file {tmp_path / 'keras.json'} (Keras writes a default "
         "one).")
+
+
+def test_a_broken_pipe_that_is_not_stdout_s_is_an_error_line(monkeypatch, capsys):
+    # A connection the command wrote to closed (not stdout): one line, as any OSError.
+    def closed(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    for action in parser._subparsers._group_actions[0].choices.values():
+        action.set_defaults(_run=closed)
+    assert cli.main(["train", "--list-presets"]) == 2
+    assert capsys.readouterr().err == "petal train: error: [Errno 32] Broken pipe\n"

@@ -1115,17 +1115,14 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         code = int(args._run(args) or 0)
         sys.stdout.flush()  # its failure (a closed pipe, a full disk) said as the others
         return code
-    except BrokenPipeError as err:
-        if not _stdout_gone():
-            raise
-        kept.append(err)
-        # The reader of stdout went away (`petal predict DIR | head -1`): quiet, as other
-        # tools; stdout points nowhere now, so that the exit's flush fails no more.
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
     except (PetalError, OSError) as err:
         kept.append(err)
+        if isinstance(err, BrokenPipeError) and _stdout_gone():
+            # The reader of stdout went away (`petal predict DIR | head -1`): quiet, as other
+            # tools; stdout points nowhere now, so that the exit's flush fails no more.
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full).
         text = _os_error_line(err, args) if isinstance(err, OSError) else str(err)
