@@ -520,10 +520,12 @@ def test_numpy_scalars_in_a_config_are_the_python_numbers_they_hold(tmp_path):
 
     cfg = dataclasses.replace(
         get_preset("quick"), epochs=np.int64(2), learning_rate=np.float64(0.5),
+        skip_corrupt=np.bool_(True),
         schedule="codelab_ramp",
         schedule_options={"max_lr": np.float32(0.25), "rampup_epochs": np.int64(1)},
     ).validate()
     assert (cfg.epochs, type(cfg.epochs), type(cfg.learning_rate)) == (2, int, float)
+    assert cfg.skip_corrupt is True
     assert cfg.schedule_options == {"max_lr": 0.25, "rampup_epochs": 1}
     assert _ramp_peak(cfg, 1) == 0.25
     save_config(cfg, tmp_path / "config.json")

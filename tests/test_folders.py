@@ -549,3 +549,15 @@ def test_names_are_utf8_text_whatever_the_locale_decoded_them_with(
     assert found.files[1].path == os.path.join(tmp_path, as_read("rosé"), as_read("1é.jpg"))
     assert [f.relpath for f in found.by_utf8()[1]] == ["b/caf\\xe9.jpg"]
     assert some_names([as_read("rosé"), "日本"]) == "rosé, 日本"
+
+
+def test_a_file_url_is_the_same_place_as_its_local_path(tmp_path):
+    # evaluate --data file://ORIGIN scored the training photos without a warning: the URL
+    # was compared with the run's local paths as text.
+    from petal.data.folders import same_place
+
+    (tmp_path / "photos").mkdir()
+    assert same_place(f"file://{tmp_path}/photos/", tmp_path / "photos")
+    assert same_place(f"FILE://localhost{tmp_path}/photos", f"file://{tmp_path}/photos")
+    assert not same_place(f"file://{tmp_path}/photos", tmp_path)
+    assert not same_place(f"gs://b{tmp_path}/photos", tmp_path / "photos")

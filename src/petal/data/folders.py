@@ -275,10 +275,19 @@ def is_within(path, folder) -> bool:
 def same_place(a, b) -> bool:
     """Whether two paths name the same file or folder: links resolved for local paths, the
     text without a trailing slash for remote ones (their scheme and host in any case)."""
-    a, b = str(a), str(b)
+    a, b = (local_path(str(x)) or str(x) for x in (a, b))
     if is_remote(a) or is_remote(b):
         return _url_key(a) == _url_key(b)
     return os.path.realpath(a) == os.path.realpath(b)
+
+
+def local_path(path: str) -> str | None:
+    """The local path of ``path``: itself, or the path of a ``file://`` URL (TensorFlow
+    reads and writes it on the local disk, ignoring its host), else None (an object store)."""
+    if not is_remote(path):
+        return path
+    scheme, _, rest = path.partition("://")
+    return "/" + rest.partition("/")[2] if scheme.lower() == "file" else None
 
 
 def _url_key(url: str) -> str:

@@ -685,17 +685,8 @@ def _check_stored_size(size: tuple[int, int], format: str, max_pixels: int, rece
         )
 
 
-def _local_path(path: str) -> str | None:
-    """The local path of ``path``: itself, or the path of a ``file://`` URL (TensorFlow
-    reads and writes it on the local disk, ignoring its host), else None (an object store)."""
-    if not folders.is_remote(path):
-        return path
-    scheme, _, rest = path.partition("://")
-    return "/" + rest.partition("/")[2] if scheme == "file" else None
-
-
 def _norm(path: str) -> str:
-    local = _local_path(path)
+    local = folders.local_path(path)
     if local is None:
         return path.rstrip("/") + "/"
     return os.path.join(os.path.realpath(local), "")
@@ -793,7 +784,7 @@ def _claimed(output: str) -> Iterator[None]:
     Remote outputs are not held: an object store has no exclusive create to build it on.
     A ``file://`` output is its local folder.
     """
-    local = _local_path(output)
+    local = folders.local_path(output)
     if local is None:
         yield
         return
@@ -1132,7 +1123,7 @@ def convert(
         raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
     # A file:// DST is the local folder it names, written as one: the workers write pieces
     # of its shards (TensorFlow's file system layer wrote every record in this process).
-    output = _local_path(output) or output
+    output = folders.local_path(output) or output
     options, recorded = _resolve_options(
         image_size,
         resize,

@@ -21,7 +21,6 @@ import dataclasses
 import difflib
 import json
 import math
-import numbers
 import os
 import re
 import types
@@ -709,8 +708,8 @@ def _plain(value: Any) -> Any:
     """``value`` with NumPy scalars (a notebook's ``np.float32(1e-3)``, ``np.int64(3)``) as
     the Python numbers they hold, also inside a dict or list: as they are, an int field
     refused them and ``config.json`` could not be written."""
-    if isinstance(value, numbers.Number) and type(value) not in (bool, int, float):
-        item = getattr(value, "item", None)
+    if type(value) not in (bool, int, float) and getattr(value, "shape", None) == ():
+        item = getattr(value, "item", None)  # a NumPy scalar (np.bool_ too) or 0-d array
         return item() if callable(item) else value
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
