@@ -823,10 +823,15 @@ def _eval_input(strategy, replicas: int):
     replicas in turn."""
     import tensorflow as tf
 
+    if replicas == 1:
+        return None, 1
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         mode = tf.distribute.InputReplicationMode.PER_REPLICA
         return tf.distribute.InputOptions(experimental_replication_mode=mode), replicas
-    local = len(getattr(getattr(strategy, "extended", None), "worker_devices", ())) or replicas
+    try:  # (TensorFlow's default strategy raises for it)
+        local = len(strategy.extended.worker_devices) or replicas
+    except (AttributeError, RuntimeError):
+        local = replicas
     return None, replicas // local if replicas % local == 0 else 1
 
 
