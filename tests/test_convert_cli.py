@@ -291,8 +291,8 @@ def test_ctrl_c_dropped_by_a_garbage_collector_callback_still_stops(small_flower
     done = run_script(script)
     assert done.returncode == 130, done.stderr[-2000:]
     assert done.stderr.splitlines()[-1] == (
-        "petal convert: interrupted; DST holds what it held before (this conversion's files "
-        "were removed)"
+        "petal convert: interrupted; DST is as it was, or holds the whole new conversion if it "
+        "had just finished (never a part of one)"
     )
     assert not out.exists()
 

@@ -1766,3 +1766,27 @@ def test_the_progress_bar_counts_the_images_scored_not_those_skipped(
     err = capsys.readouterr().err.replace("\r", "\n")
     last = [line for line in err.splitlines() if line.startswith("evaluate:")][-1]
     assert last.startswith("evaluate: 100%") and " 10/10 " in last, last
+
+
+def test_ctrl_c_as_an_evaluation_replaces_another_leaves_one_of_them_whole(
+    trained, small_records, tmp_path, monkeypatch
+):
+    # Ctrl-C while the files were written left the folder empty: the earlier evaluation
+    # removed, this one not written.
+    import signal
+
+    from petal.evaluation import plots
+    from petal.evaluation.evaluate import evaluate
+
+    out = tmp_path / "ev"
+    evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    drawn = plots.plot_confusion_from_json
+
+    def interrupted(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)
+        return drawn(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_confusion_from_json", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(trained, small_records, out_dir=out, log=lambda line: None)
+    assert (out / "eval.json").is_file() and (out / "confusion_matrix.png").is_file()

@@ -1522,3 +1522,30 @@ def test_report_of_an_unfinished_or_stopped_run_says_what_to_do(trained, tmp_pat
     assert "null" not in training
     assert "<tr><th>best validation accuracy</th><td class='num'>n/a</td></tr>" in training
     assert "<tr><th>training images/s</th><td class='num'>n/a</td></tr>" in training
+
+
+def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
+    trained, tmp_path, monkeypatch
+):
+    # Ctrl-C during the replacement left some of the earlier export's files and some of
+    # this one's.
+    import os
+    import signal
+
+    from petal.evaluation import export as export_module
+
+    out = tmp_path / "export"
+    export_module.export(trained, out=out)
+    first = (out / "saved_model" / "saved_model.pb").stat().st_mtime_ns
+    replaced = os.replace
+
+    def interrupted(src, dst):
+        signal.raise_signal(signal.SIGINT)
+        replaced(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_module.export(trained, out=out)
+    listed = json.loads((out / "export.json").read_text())
+    assert all((out / name).exists() for name in listed["files"])
+    assert (out / "saved_model" / "saved_model.pb").stat().st_mtime_ns != first  # this one's

@@ -1584,3 +1584,25 @@ def test_a_class_left_without_validation_is_told_the_size_or_fraction_that_gives
         "accuracy is not measured; raise --val-fraction to 0.25 (a class of 2 validates one) "
         "or add images (at val_fraction 0.05 a class needs 10 or more to validate on one)"
     ]
+
+
+def test_ctrl_c_as_a_conversion_replaces_another_leaves_one_of_them_whole(
+    small_flowers, tmp_path, monkeypatch
+):
+    # Ctrl-C between the removal of the old shards and the new manifest left no manifest,
+    # old shards or new ones: neither conversion.
+    out = tmp_path / "out"
+    convert(small_flowers, out, image_size=16, workers=1, progress=False)
+    renamed = writer._rename
+
+    def interrupted(src, dst):
+        signal.raise_signal(signal.SIGINT)
+        renamed(src, dst)
+
+    monkeypatch.setattr(writer, "_rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=24, workers=1, progress=False, overwrite=True)
+    manifest = read_manifest(out)  # the new conversion, whole
+    assert manifest["image_size"] == [24, 24]
+    names = {sh["file"] for s in ("train", "validation") for sh in manifest["splits"][s]["shards"]}
+    assert {p.name for p in out.iterdir()} == names | {"manifest.json"}

@@ -1061,9 +1061,12 @@ def _leave(code: int) -> None:
 
 # What Ctrl-C leaves, after "interrupted" (train and demo say which epoch is saved).
 _KEPT = {
-    "convert": "; DST holds what it held before (this conversion's files were removed)",
-    "evaluate": "; the evaluation folder keeps the evaluation it held before, if any",
-    "export": "; the export folder keeps the export it held before, if any",
+    "convert": "; DST is as it was, or holds the whole new conversion if it had just finished "
+    "(never a part of one)",
+    "evaluate": "; the evaluation folder holds its earlier evaluation, or this one if it was "
+    "being written (never a part of either)",
+    "export": "; the export folder holds its earlier export, or this one if it was being "
+    "written (never a part of either)",
 }
 
 

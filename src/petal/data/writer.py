@@ -1233,12 +1233,15 @@ def convert(
                 return again, _shard_counts(again, options, shards, shard_mb, estimate)
 
             try:
-                written = _write(
-                    source, output, splits, shard_counts, options, mapper, progress, skipped,
-                    resplit,
-                )  # fmt: skip
-                manifest = _manifest(source, folder, recorded, classes, written, skipped, probed)
-                _write_manifest(output, manifest)
+                with contextlib.ExitStack() as finish:
+                    written = _write(
+                        source, output, splits, shard_counts, options, mapper, progress,
+                        skipped, resplit, finish,
+                    )  # fmt: skip
+                    manifest = _manifest(
+                        source, folder, recorded, classes, written, skipped, probed
+                    )
+                    _write_manifest(output, manifest)
             except tensorflow.errors.OpError as err:
                 # Writing to an object store failed part-way (network, credentials, quota).
                 raise folders.gfile_error(output, err) from None
@@ -1435,6 +1438,7 @@ def _write(
     progress: bool,
     skipped: list[dict],
     resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
+    finish: contextlib.ExitStack | None = None,
 ) -> dict[str, list[dict]]:
     """Pass 2: converts and writes every shard; returns per split its shards' entries.
 
@@ -1443,6 +1447,10 @@ def _write(
     split, ``resplit(failed)`` gives the new one (splits and shard counts) and every shard
     is written again without them (converted again: a cost only conversions with such
     files pay).
+
+    From the removal of the conversion it replaces on, Ctrl-C waits (held in ``finish``,
+    which the caller closes once the manifest is written): an interruption leaves the
+    folder as it was, or the whole new conversion, never a part of either.
     """
     write = _write_pieces if _pieces_possible(output) else _write_records
     previous = _prepare_output(output)
@@ -1472,6 +1480,8 @@ def _write(
         # All shards are complete: only now remove the conversion they replace (manifest
         # first, so the folder never looks complete with a mix), then give the new shards
         # their final names (count and total included).
+        if finish is not None:
+            finish.enter_context(signals_held())
         for name in previous:
             _remove(folders.join(output, name))
         entries: dict[str, list[dict]] = {s: [] for s in schema.SPLITS}

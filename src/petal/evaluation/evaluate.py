@@ -44,7 +44,7 @@ from petal.evaluation.workdir import (
     top_k_for,
 )
 from petal.jsonfile import temporary_name, write_json
-from petal.running import in_use_error, mark_reading, running_elsewhere
+from petal.running import in_use_error, mark_reading, running_elsewhere, signals_held
 
 EVAL_DIR = "eval"
 # The run's training records are read for their file names (to tell which photos of a copy
@@ -665,8 +665,8 @@ _WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:
     """Writes an evaluation's files into ``out``, ``eval.json`` last, so that the folder never
     mixes two evaluations: an earlier evaluation's files are removed first (its eval.json
-    before the rest), and what was written is removed again when the writing fails or is
-    interrupted (Ctrl-C), leaving no eval.json beside files of another evaluation or with
+    before the rest), and what was written is removed again when the writing fails (Ctrl-C
+    waits for its end), leaving no eval.json beside files of another evaluation or with
     some of its own missing. ``title`` is the misclassified grid's.
 
     Raises:
@@ -677,21 +677,24 @@ def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, tit
         for name in _WRITTEN:
             (out / name).unlink(missing_ok=True)
 
-    try:
-        remove()
-        for name, bucket in (("samples", samples), ("misclassified", wrong)):
-            _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
-        write_json(out / PENDING_JSON, report)
-        plots.plot_confusion_from_json(out / PENDING_JSON, out / "confusion_matrix.png")
-        # Nothing misclassified: no grid (the earlier evaluation's is gone).
-        plots.plot_image_grid(out / "misclassified.npz", out / "misclassified.png", title=title)
-        os.replace(out / PENDING_JSON, out / EVAL_JSON)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
+    # Ctrl-C waits until the files are written: the folder holds the earlier evaluation or
+    # this one, never a part of either.
+    with signals_held():
+        try:
             remove()
-        if isinstance(err, OSError):  # the disk is full, most likely
-            raise write_failed(out, "evaluation", err) from None
-        raise
+            for name, bucket in (("samples", samples), ("misclassified", wrong)):
+                _save_samples(out / f"{name}.npz", bucket, run.classes, run.image_size)
+            write_json(out / PENDING_JSON, report)
+            plots.plot_confusion_from_json(out / PENDING_JSON, out / "confusion_matrix.png")
+            # Nothing misclassified: no grid (the earlier evaluation's is gone).
+            plots.plot_image_grid(out / "misclassified.npz", out / "misclassified.png", title=title)
+            os.replace(out / PENDING_JSON, out / EVAL_JSON)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                remove()
+            if isinstance(err, OSError):  # the disk is full, most likely
+                raise write_failed(out, "evaluation", err) from None
+            raise
 
 
 def _save_samples(path: Path, bucket: dict, classes, image_size) -> None:

@@ -35,7 +35,7 @@ from petal.evaluation.workdir import (
     make_output_folder,
     open_run,
 )
-from petal.running import RUNNING_FILE, mark_running, running_elsewhere
+from petal.running import RUNNING_FILE, mark_running, running_elsewhere, signals_held
 
 EXPORT_DIR = "export"
 
@@ -545,21 +545,23 @@ def export(
         written = [name for name in _OUTPUTS if (staging / name).exists()]
         # Everything written: only now replace the earlier export. The marker first lists
         # what is replaced or removed too, so an interruption leaves all of it the export's.
-        gone = {name for name in _OUTPUTS if (out / name).exists()}
-        _write_marker(out, staging, run, set(written) | gone)
-        removed = []
-        for name in _OUTPUTS:
-            target = out / name
-            if name == EXPORT_MARKER:
-                continue
-            if target.is_dir():
-                shutil.rmtree(target)
-            if name in written:
-                os.replace(staging / name, target)
-            elif target.exists():
-                target.unlink()
-                removed.append(str(target))
-        _write_marker(out, staging, run, [*written, EXPORT_MARKER])
+        # Ctrl-C waits for the replacement: the folder holds the earlier export or this one.
+        with signals_held():
+            gone = {name for name in _OUTPUTS if (out / name).exists()}
+            _write_marker(out, staging, run, set(written) | gone)
+            removed = []
+            for name in _OUTPUTS:
+                target = out / name
+                if name == EXPORT_MARKER:
+                    continue
+                if target.is_dir():
+                    shutil.rmtree(target)
+                if name in written:
+                    os.replace(staging / name, target)
+                elif target.exists():
+                    target.unlink()
+                    removed.append(str(target))
+            _write_marker(out, staging, run, [*written, EXPORT_MARKER])
     except (OSError, tf.errors.OpError) as err:  # SaveV2's ResourceExhaustedError: disk full
         raise write_failed(out, "export", err) from None
     finally:
