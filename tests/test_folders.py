@@ -509,48 +509,6 @@ def test_class_names_in_messages_and_predictions_are_quoted_by_one_rule():
     assert format_predictions([result]) == "x.jpg: \"'roses\" 0.500"
 
 
-@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
-def test_names_are_utf8_text_whatever_the_locale_decoded_them_with(
-    tmp_path, monkeypatch, encoding
-):
-    """Under a Latin-1 locale classes were stored as "rosÃ©" (the UTF-8 bytes read as
-    Latin-1); under ASCII a valid UTF-8 folder was refused as not UTF-8."""
-    import petal.data.folders as folders
-
-    if os.fsencode("é") != b"\xc3\xa9":
-        pytest.skip("the test writes UTF-8 names")
-    for rel in ("rosé/1é.jpg", "日本の花/2.jpg", os.fsdecode(b"b/caf\xe9.jpg")):
-        _touch(tmp_path / rel)
-
-    # The names as Python reads them under the locale, and back to the bytes on disk.
-    fsencode = os.fsencode
-
-    def as_read(name: str) -> str:
-        return fsencode(name).decode(encoding, "surrogateescape")
-
-    def on_disk(name: str) -> str:
-        return os.fsdecode(name.encode(encoding, "surrogateescape"))
-
-    list_local = folders._list_local
-    monkeypatch.setattr(
-        folders,
-        "_list_local",
-        lambda path: [(as_read(n), d) for n, d in list_local(on_disk(path))],
-    )
-    monkeypatch.setattr(os, "fsencode", lambda name: name.encode(encoding, "surrogateescape"))
-    found = find_images(tmp_path)
-    assert found.classes == ("b", "rosé", "日本の花")
-    assert [(f.relpath, f.utf8) for f in found.files] == [
-        ("b/caf\\xe9.jpg", False),
-        ("rosé/1é.jpg", True),
-        ("日本の花/2.jpg", True),
-    ]
-    # Files are opened by their names as read.
-    assert found.files[1].path == os.path.join(tmp_path, as_read("rosé"), as_read("1é.jpg"))
-    assert [f.relpath for f in found.by_utf8()[1]] == ["b/caf\\xe9.jpg"]
-    assert some_names([as_read("rosé"), "日本"]) == "rosé, 日本"
-
-
 def test_a_file_url_is_the_same_place_as_its_local_path(tmp_path):
     # evaluate --data file://ORIGIN scored the training photos without a warning: the URL
     # was compared with the run's local paths as text.
@@ -561,3 +519,24 @@ def test_a_file_url_is_the_same_place_as_its_local_path(tmp_path):
     assert same_place(f"FILE://localhost{tmp_path}/photos", f"file://{tmp_path}/photos")
     assert not same_place(f"file://{tmp_path}/photos", tmp_path)
     assert not same_place(f"gs://b{tmp_path}/photos", tmp_path / "photos")
+
+
+def test_names_other_than_ascii_are_refused_where_python_decodes_names_otherwise(
+    tmp_path, monkeypatch
+):
+    # Under a Latin-1 locale "rosé" became the class "rosÃ©"; under LANG=C (UTF-8 mode
+    # off) convert crashed writing its manifest and train in TensorFlow.
+    import petal.data.folders as folders
+
+    for rel in ("rosé/1.jpg", "tulips/2.jpg", "daisy/3.jpg"):
+        _touch(tmp_path / rel)
+    assert find_images(tmp_path).classes == ("daisy", "rosé", "tulips")  # UTF-8: read
+    monkeypatch.setattr(folders.sys, "getfilesystemencoding", lambda: "iso8859-1")
+    with pytest.raises(PetalError) as caught:
+        find_images(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path / 'rosé'}: file names other than ASCII are read only under a UTF-8 "
+        "locale, and Python decodes them as iso8859-1 here; run petal with PYTHONUTF8=1 (or "
+        "LC_ALL=C.UTF-8)."
+    )
+    assert find_images(tmp_path, classes="daisy,tulips").classes == ("daisy", "tulips")

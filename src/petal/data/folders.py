@@ -17,6 +17,7 @@ import functools
 import os
 import re
 import stat
+import sys
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,17 +38,13 @@ class ImageFile:
 
     Attributes:
         path: full path (local, or with a scheme such as ``gs://``).
-        relpath: path relative to the source root, ``/``-separated (``daisy/123.jpg``), as
-            UTF-8 text whatever the locale (:func:`utf8_name`): what records store.
+        relpath: path relative to the source root, ``/``-separated (``daisy/123.jpg``).
         label: index into the folder's class list.
-        utf8: whether the relative path's bytes are valid UTF-8 (``relpath`` writes each
-            byte that is not as ``\\xNN``).
     """
 
     path: str
     relpath: str
     label: int
-    utf8: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ class ImageFolder:
         TensorFlow's paths hold UTF-8 text, so the others cannot be read or written."""
         good, bad = [], []
         for f in self.files:
-            (good if f.utf8 else bad).append(f)
+            (good if is_utf8(f.relpath) else bad).append(f)
         return good, bad
 
     def unclassified_images(self) -> list[str]:
@@ -168,34 +165,24 @@ def some_names(names: Sequence[str], limit: int = 5) -> str:
     return ", ".join(printable(utf8_name(n)) for n in names[:limit]) + more
 
 
-def _name_bytes(name: str) -> bytes | None:
-    """The bytes of a name read from the file system (or given on the command line), which
-    Python decoded with the locale's encoding: UTF-8, ASCII, Latin-1, each byte it cannot
-    decode kept as a lone surrogate. None for text that is no such name (a character the
-    locale's encoding has no byte for: a name from ``tf.io.gfile``, which is UTF-8 text)."""
-    try:
-        return os.fsencode(name)
-    except UnicodeEncodeError:
-        return None
-
-
 def is_utf8(name: str) -> bool:
-    """Whether a name read from the file system is valid UTF-8, whatever the locale
-    decoded it with."""
-    raw = _name_bytes(name)
+    """Whether a name read from the file system is valid UTF-8 (Python keeps each byte
+    that is not as a lone surrogate, which no UTF-8 text can hold)."""
     try:
-        name.encode("utf-8") if raw is None else raw.decode("utf-8")
-    except UnicodeError:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
         return False
     return True
 
 
 def utf8_name(name: str) -> str:
-    """A name read from the file system as UTF-8 text (``rosé`` for its bytes under any
-    locale), with each byte that is not valid UTF-8 written as ``\\xNN``: text a manifest,
-    a record or a terminal can hold."""
-    raw = _name_bytes(name)
-    if raw is None:  # text already, or a surrogate that stands for no byte
+    """``name`` unchanged when it is valid UTF-8, else with each byte that is not written
+    as ``\\xNN``: text a manifest, a record or a terminal can hold."""
+    if is_utf8(name):
+        return name
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
         return name.encode("utf-8", "backslashreplace").decode("utf-8")
     return raw.decode("utf-8", "backslashreplace")
 
@@ -776,29 +763,22 @@ def find_images(
             f"two class sub-folders (or two names in --classes){hint}"
         )
 
-    if bad := [c for c in chosen if not is_remote(root) and not is_utf8(c)]:
+    if not is_remote(root):
+        _refuse_names_the_locale_hides(root, [*chosen, *(r for c in chosen for r in by_class[c])])
+    if bad := [c for c in chosen if not is_utf8(c)]:
         raise PetalError(
             f"The name of the class folder {printable(join(root, utf8_name(bad[0])))} is not "
             "valid UTF-8, and class names are stored as UTF-8 text: rename the folder (e.g. "
             "with convmv) and run again."
         )
-    # Local names are bytes that Python decoded with the locale's encoding (``rosé`` read as
-    # ``rosÃ©`` under Latin-1): classes and records hold them as UTF-8 text, and the
-    # files are opened by the names as read. Remote names are UTF-8 text already.
-    text = (lambda name: name) if is_remote(root) else utf8_name
     files = [
-        ImageFile(
-            path=join(root, *rel.split("/")),
-            relpath=text(rel),
-            label=label,
-            utf8=is_remote(root) or is_utf8(rel),
-        )
+        ImageFile(path=join(root, *rel.split("/")), relpath=rel, label=label)
         for label, name in enumerate(chosen)
         for rel in by_class[name]
     ]
     return ImageFolder(
         root=root,
-        classes=tuple(text(name) for name in chosen),
+        classes=tuple(chosen),
         files=tuple(files),
         ignored=tuple(sorted(ignored)),
         left_out=tuple(left_out),
@@ -843,6 +823,22 @@ def nfc(name: str) -> str:
     """``name`` in Unicode's composed form (NFC), in which names that look the same are the
     same text."""
     return unicodedata.normalize("NFC", name)
+
+
+def _refuse_names_the_locale_hides(root: str, names: Sequence[str]) -> None:
+    """Refuses local file names other than ASCII where Python decodes names with another
+    encoding than UTF-8 (``LANG=C`` with its UTF-8 mode off, a Latin-1 locale): ``rosé``
+    read as ``rosÃ©`` became a class of that name, and TensorFlow could not open such
+    files. Records and TensorFlow hold names as UTF-8 text."""
+    encoding = sys.getfilesystemencoding()
+    if encoding.lower().replace("-", "") == "utf8":
+        return
+    if other := next((n for n in names if not n.isascii()), None):
+        raise PetalError(
+            f"{printable(utf8_name(join(root, other)))}: file names other than ASCII are read "
+            f"only under a UTF-8 locale, and Python decodes them as {encoding} here; run petal "
+            "with PYTHONUTF8=1 (or LC_ALL=C.UTF-8)."
+        )
 
 
 def blurs_in_list(name: str) -> bool:
