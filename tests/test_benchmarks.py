@@ -292,6 +292,7 @@ def test_bench_uint8_finding_takes_the_uint8_pipeline_as_its_base():
                          "throughput."), line  # fmt: skip
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_bench_input_repeats_the_remote_case_in_every_round(make_records):
     from petal.data import bench
 
@@ -358,6 +359,7 @@ def test_bench_convert_refuses_bad_arguments_in_one_line(tmp_path):
         ) and "Traceback" not in done.stderr, done.stderr  # fmt: skip
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_bench_input_runs_the_remote_rounds_after_every_local_one(make_records):
     """A remote round between local rounds slowed the later ones about 3x (a process that
     has read a Dataset.from_generator runs TensorFlow's float pipelines slower), so

@@ -272,6 +272,7 @@ _BN_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_two_replicas_validate_with_the_batch_norm_statistics_they_save(small_records, tmp_path):
     """Keras 3 lets each replica keep its own BatchNormalization statistics: validation
     during training used them, the saved model the first replica's, and the two scores

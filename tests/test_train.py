@@ -620,7 +620,7 @@ sys.exit(main(sys.argv[1:]))
         # Epoch 2's last.keras: it was swallowed, and training ran on to exit 0.
         (2, "SIGTERM", 143, "terminated"),
         # model.keras, after the 3 epochs: the run is complete.
-        (4, "SIGINT", 130, "interrupted"),
+        pytest.param(4, "SIGINT", 130, "interrupted", marks=pytest.mark.slow),
     ],
 )
 def test_a_signal_while_keras_saves_stops_training_once_the_epoch_is_saved(
@@ -732,6 +732,7 @@ def test_an_epochs_tensorboard_scalars_are_written_before_it_is_saved(
     assert {(1, "train/epoch_loss"), (1, "validation/epoch_accuracy")} <= tags
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_resuming_for_more_epochs_says_the_cosine_schedule_is_rebuilt(small_records, tmp_path):
     """Its rate went from the end of a decay back up near the peak, unsaid."""
     from petal.training.callbacks import read_history

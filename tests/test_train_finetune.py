@@ -121,6 +121,7 @@ def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     )
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_a_resumed_deterministic_fine_tuning_run_trains_on_what_an_uninterrupted_one_does(
     small_records, tmp_path, tiny_backbone_model
 ):
@@ -310,6 +311,7 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
     assert not (tmp_path / "run" / "config.json").exists()  # a failed start leaves no run behind
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
     trained, make_records, tmp_path
 ):

@@ -28,6 +28,7 @@ def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
     assert resumed == whole
 
 
+@pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_a_resumed_deterministic_float16_run_follows_the_schedule_of_an_uninterrupted_one(
     small_records, tmp_path
 ):
