@@ -126,7 +126,7 @@ def slow_precision_warning(
     else:
         return None
     return (
-        f"precision {name} trains slower than float32 on a CPU ({why}): use --precision auto "
+        f"precision {name} trains slower than float32 on a CPU ({why} CPU): use --precision auto "
         "or float32 unless you are checking numerics"
     )
 
