@@ -494,24 +494,21 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
 
     from petal.training.loop import finished_epochs, saved_epoch
 
-    quoted = shlex.quote(workdir)
-    then = (
-        f", then `petal evaluate {quoted}` and `petal report {quoted}` (the demo run again "
-        "starts over)" if command == "demo" else ""
-    )
-    if command == "demo" and not os.path.isfile(os.path.join(workdir, "config.json")):
+    demo = command == "demo"
+    if demo and not os.path.isfile(os.path.join(workdir, "config.json")):
         return  # no run there yet: the demo was converting
+    quoted = shlex.quote(workdir)
+    rest = f"`petal evaluate {quoted}` and `petal report {quoted}`"  # what the demo had left
     if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
         print(
             f"petal {command}: the run is complete: its {done} epochs, model.keras and "
-            f"metrics.json are saved in {workdir}"
-            + (f"; `petal evaluate {quoted}` and `petal report {quoted}` finish the demo"
-               if command == "demo" else ""),
+            f"metrics.json are saved in {workdir}" + (f"; {rest} finish the demo" if demo else ""),
             file=sys.stderr,
         )
         return
     epoch = saved_epoch(workdir)
     if epoch:
+        then = f", then {rest} (the demo run again starts over)" if demo else ""
         print(
             f"petal {command}: epoch {epoch} is saved; continue with "
             f"`petal train --resume --workdir {quoted}`{then}",
@@ -1072,7 +1069,7 @@ _KEPT = {
 
 def _stdout_full() -> bool:
     """Whether stdout is ``/dev/full`` or a file on a full disk; then it is pointed
-    nowhere, so that the exit's flush fails no more."""
+    nowhere (:func:`_stdout_nowhere`)."""
     try:
         fd = sys.stdout.fileno()
         info = os.fstat(fd)
@@ -1080,11 +1077,18 @@ def _stdout_full() -> bool:
             full = os.path.exists("/dev/full") and info.st_rdev == os.stat("/dev/full").st_rdev
         else:
             full = stat.S_ISREG(info.st_mode) and os.fstatvfs(fd).f_bavail == 0
-        if full:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
-        return full
     except (OSError, ValueError, AttributeError):
         return False
+    if full:
+        _stdout_nowhere()
+    return full
+
+
+def _stdout_nowhere() -> None:
+    """Points stdout at the null device once its own writes failed, so that the exit's
+    flush of what is left in its buffer fails no more."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stdout_gone() -> bool:
@@ -1122,9 +1126,8 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         kept.append(err)
         if isinstance(err, BrokenPipeError) and _stdout_gone():
             # The reader of stdout went away (`petal predict DIR | head -1`): quiet, as other
-            # tools; stdout points nowhere now, so that the exit's flush fails no more.
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            # tools.
+            _stdout_nowhere()
             return 128 + signal.SIGPIPE
         # OSError: a file the command could not read or write (missing, a folder, no
         # permission, disk full).
