@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import re
 import shutil
@@ -405,8 +404,10 @@ def _check_validation(manifest: dict, source: Path) -> None:
     evaluates on them, and its photos are all it can change."""
     if manifest["splits"]["validation"]["count"] > 0:
         return
+    from petal.data.writer import photos_to_validate
+
     fraction = manifest["val_fraction"]
-    need = math.ceil(0.5 / fraction) if fraction > 0 else None
+    need = photos_to_validate(fraction) if fraction > 0 else None
     enough = f" (at least {need} photos)" if need else ""
     raise PetalError(
         f"The photos in {source} are too few for petal demo: it keeps {fraction} of each "

@@ -782,19 +782,18 @@ def _claimed(output: str) -> Iterator[None]:
     nothing is left in them.
 
     Remote outputs are not held: an object store has no exclusive create to build it on.
-    A ``file://`` output is its local folder.
+    (:func:`convert` has made a ``file://`` output its local folder.)
     """
-    local = folders.local_path(output)
-    if local is None:
+    if folders.is_remote(output):
         yield
         return
     with folders.held_output(
-        local, lambda: _make_folder(local), "DST", "converting into it"
+        output, lambda: _make_folder(output), "DST", "converting into it"
     ):
-        if reader := reading_elsewhere(Path(local)):
+        if reader := reading_elsewhere(Path(output)):
             # Its shards replaced under it: epochs that mix two conversions' records.
             who, marker = reader
-            raise in_use_error(local, who, "DST", marker=marker)
+            raise in_use_error(output, who, "DST", marker=marker)
         yield
 
 
