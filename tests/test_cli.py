@@ -490,3 +490,19 @@ def test_a_broken_pipe_that_is_not_stdout_s_is_an_error_line(monkeypatch, capsys
         action.set_defaults(_run=closed)
     assert cli.main(["train", "--list-presets"]) == 2
     assert capsys.readouterr().err == "petal train: error: [Errno 32] Broken pipe\n"
+
+
+def test_predict_takes_files_on_both_sides_of_an_option(monkeypatch, capsys):
+    # `predict RUN a.jpg --top-k 2 b.jpg` was refused ("unrecognized arguments: b.jpg"):
+    # argparse ends a list of positionals at the first option.
+    parser = cli.build_parser()
+    args = cli._parse(parser, ["predict", "RUN", "a.jpg", "--top-k", "2", "b c.jpg", "--json"])
+    assert (args.workdir, args.images) == ("RUN", ["a.jpg", "b c.jpg"])
+    assert (args.top_k, args.json) == (2, True)
+    assert args.command == "predict" and args._run is cli._run_predict
+    monkeypatch.setattr(sys, "argv", ["petal", "predict", "RUN", "a.jpg", "--json", "b.jpg"])
+    assert cli._parse(parser, None).images == ["a.jpg", "b.jpg"]
+    with pytest.raises(SystemExit):  # an unknown option among them is still refused
+        cli._parse(parser, ["predict", "RUN", "a.jpg", "--bogus", "b.jpg"])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "petal predict: error: unrecognized arguments: --bogus b.jpg")

@@ -867,6 +867,15 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     """The arguments; an unknown option of a command is refused with that command's usage
     (argparse gave petal's own, which names neither the command nor its options)."""
     args, unknown = parser.parse_known_args(argv)
+    command = getattr(args, "_parser", None)
+    if unknown and command is not None and not any(u.startswith("-") for u in unknown) and any(
+        a.nargs in ("+", "*") for a in command._actions if not a.option_strings
+    ):
+        # `predict RUN a.jpg --top-k 2 b.jpg`: argparse ends a list of files at an option
+        argv = sys.argv[1:] if argv is None else argv
+        rest = argv[argv.index(args.command) + 1 :]
+        args = command.parse_intermixed_args(rest, argparse.Namespace(command=args.command))
+        unknown = []
     if unknown:
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
