@@ -705,9 +705,10 @@ def test_codelab_shards_that_name_no_classes_are_said_to_have_assumed_names(make
     assert text[1:3] == [
         "no manifest.json (the codelab's shards): counts from the file names, classes by "
         "index (names assumed), split by file as petal train reads them",
-        "warning: the records name no classes (no label): class_0 ... class_4 are assumed "
-        "names; pass --classes NAMES (comma-separated, in index order) to petal train and "
-        "evaluate to name them",
+        f"warning: the shards at {folder} name no classes (no label in their records, no "
+        "manifest.json): their 5 classes are called class_0 ... class_4, by index; pass "
+        "--classes NAMES (comma-separated, in index order) to petal train and evaluate to name "
+        "them",
     ]
     assert [line.split()[0] for line in text if line.startswith("class_")] == [
         f"class_{i}" for i in range(5)

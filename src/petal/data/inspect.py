@@ -342,11 +342,12 @@ def _format(report: InspectReport) -> list[str]:
             "petal train reads them",
         ]
         if unnamed:
-            lines.append(
-                f"warning: the records name no classes (no label): class_0 ... "
-                f"class_{len(classes) - 1} are assumed names; pass --classes NAMES "
-                "(comma-separated, in index order) to petal train and evaluate to name them"
+            from petal.data.reader import unnamed_classes_note
+
+            note = unnamed_classes_note(
+                printable(report.path), tuple(classes), "petal train and evaluate"
             )
+            lines.append(f"warning: {note}")
         lines.append("")
     else:
         lines = _conversion_lines(printable(report.path), m, size, quality)

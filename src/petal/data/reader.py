@@ -512,15 +512,16 @@ def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
     return tuple(names.get(i, defaults.get(i, f"class_{i}")) for i in range(seen))
 
 
-def unnamed_classes_note(root: str, classes: tuple[str, ...]) -> str:
+def unnamed_classes_note(root: str, classes: tuple[str, ...], to: str = "") -> str:
     """The warning for codelab shards at ``root`` that name no classes: ``classes`` (their
-    ``class_<i>``) are assumed names."""
+    ``class_<i>``) are assumed names; ``to``: the commands that take ``--classes``, where
+    the one warning takes none."""
     n = len(classes)
     called = ", ".join(classes) if n <= 3 else f"{classes[0]} ... {classes[-1]}"
     return (
         f"the shards at {root.rstrip('/')} name no classes (no label in their records, no "
         f"manifest.json): their {n} classes are called {called}, by index; pass --classes "
-        "NAMES (comma-separated, in index order) to name them"
+        f"NAMES (comma-separated, in index order){f' to {to}' if to else ''} to name them"
     )
 
 
