@@ -540,3 +540,23 @@ def test_names_other_than_ascii_are_refused_where_python_decodes_names_otherwise
         "LC_ALL=C.UTF-8)."
     )
     assert find_images(tmp_path, classes="daisy,tulips").classes == ("daisy", "tulips")
+
+
+def test_two_class_folders_in_two_unicode_forms_are_refused(tmp_path):
+    """"rosé" typed and "rosé" unzipped on macOS (e + a combining accent) became two classes
+    that print the same, the photos of one class split between them."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "rosé")
+    for name in ("daisy", nfd, "rosé"):
+        _touch(tmp_path / name / "1.jpg")
+    with pytest.raises(PetalError) as info:
+        find_images(tmp_path)
+    assert str(info.value) == (
+        f"The class folders 'rose\\u0301', 'ros\\xe9' of {tmp_path} differ only in their "
+        "Unicode form, so they would be two classes whose names look the same: rename or merge "
+        "them so that one holds the class."
+    )
+    (tmp_path / nfd / "1.jpg").rename(tmp_path / "daisy" / "2.jpg")
+    (tmp_path / nfd).rmdir()
+    assert find_images(tmp_path).classes == ("daisy", "rosé")

@@ -12,6 +12,7 @@ read; they are listed among the ignored paths.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -770,6 +771,14 @@ def find_images(
             f"The name of the class folder {printable(join(root, utf8_name(bad[0])))} is not "
             "valid UTF-8, and class names are stored as UTF-8 text: rename the folder (e.g. "
             "with convmv) and run again."
+        )
+    forms = collections.Counter(nfc(c) for c in chosen)
+    twins = [c for c in chosen if forms[nfc(c)] > 1]
+    if twins and classes is None:  # two classes whose names look the same
+        raise PetalError(
+            f"The class folders {', '.join(ascii(n) for n in twins)} of {root} differ only in "
+            "their Unicode form, so they would be two classes whose names look the same: "
+            "rename or merge them so that one holds the class."
         )
     files = [
         ImageFile(path=join(root, *rel.split("/")), relpath=rel, label=label)
