@@ -1050,3 +1050,19 @@ def test_the_step_bar_is_cleared_before_the_epoch_line(small_records, tmp_path, 
         assert "epoch" in screen  # a bar was drawn...
         # ...and cleared: its last line is blank, the cursor back at its start.
         assert screen.endswith("\r") and not screen.rsplit("\r", 2)[-2].strip()
+
+
+def test_resume_and_overwrite_must_be_bools(small_records, tmp_path):
+    """overwrite="no" replaced a finished run and resume="false" resumed one: any truthy
+    value was taken as True. Refused as convert and export refuse it."""
+    cfg = tiny_config(small_records, model="dense", epochs=1)
+    run = tmp_path / "run"
+    train(cfg, run, **QUIET)
+    before = (run / "metrics.json").read_text()
+    for name, value in (("overwrite", "no"), ("resume", "false"), ("overwrite", 1)):
+        with pytest.raises(PetalError) as caught:
+            train(cfg, run, **{name: value}, **QUIET)
+        assert str(caught.value) == (
+            f"{name} must be True or False. Received: {name}={value!r}"
+        )
+    assert (run / "metrics.json").read_text() == before

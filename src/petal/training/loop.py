@@ -1299,6 +1299,9 @@ def _train(
     if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
         raise PetalError(f"train needs workdir as a folder path. Received: workdir={workdir!r}")
     refuse_url(workdir, "workdir", "run folders")
+    for name, value in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(value, bool):  # "no" and "false" are truthy: they would act
+            raise PetalError(f"{name} must be True or False. Received: {name}={value!r}")
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
