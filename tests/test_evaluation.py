@@ -1452,7 +1452,7 @@ def test_evaluate_warns_when_the_runs_own_records_were_converted_again_with_anot
     ]
     # Other records split as the run's are now: split otherwise than it trained.
     seed1 = converted(tmp_path / "seed1", 1)
-    assert [w.endswith(f"For a held-out score {again}.") and "(seed 1 vs 0," in w
+    assert [w.endswith(f"For a held-out score {again}.") and "(seed 1 vs 0):" in w
             for w in warned(run, seed1)] == [True]
     # Split as the run's were: its held-out photos.
     assert warned(run, converted(tmp_path / "seed0", 0)) == []
@@ -1790,3 +1790,26 @@ def test_ctrl_c_as_an_evaluation_replaces_another_leaves_one_of_them_whole(
     with pytest.raises(KeyboardInterrupt):
         evaluate(trained, small_records, out_dir=out, log=lambda line: None)
     assert (out / "eval.json").is_file() and (out / "confusion_matrix.png").is_file()
+
+
+def test_records_of_some_of_the_runs_classes_split_alike_are_held_out(
+    trained, small_records, small_flowers, tmp_path
+):
+    """Records of two of the run's classes, split as its records were, drew "split
+    differently (seed 0 vs 0, validation fraction 0.19 vs 0.19, or other images)": the whole
+    split was compared, though each class is split on its own. Only what differs is named."""
+    from petal.data import convert
+    from petal.evaluation.evaluate import evaluate
+
+    warnings: list[str] = []
+    for seed in (0, 1):
+        some = tmp_path / f"some{seed}"
+        convert(small_flowers, some, classes=("roses", "daisy"), image_size=32, seed=seed,
+                workers=1, progress=False)
+        evaluate(trained, some, out_dir=tmp_path / f"eval{seed}", log=lambda line: None,
+                 warn=warnings.append)
+    warnings = [w for w in warnings if "split" in w]  # (not the classes they lack)
+    assert len(warnings) == 1, warnings
+    assert (f"{tmp_path / 'some1'} was converted from {small_flowers} like the run's records "
+            f"{small_records}, but split differently (seed 1 vs 0): its validation") \
+        in warnings[0]

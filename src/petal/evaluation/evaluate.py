@@ -407,15 +407,39 @@ def _resplit_warning(source, run, split: str, trained_on: dict | None) -> str | 
 
     # As the run's records were split when it trained: they may have been converted again.
     saved = run.config.get("resolved", {}).get("records_split") or records_split(trained_on)
-    if records_split(theirs) == saved:
+    if not (differ := _split_differs(records_split(theirs), saved)):
         return None
     return (
         f"{source.path} was converted from {origin} like the run's records {ours}, but split "
-        f"differently (seed {theirs.get('seed')} vs {saved['seed']}, validation "
-        f"fraction {theirs.get('val_fraction')} vs {saved['val_fraction']}, or other "
-        "images): its validation split may hold images the model trained on. For a held-out "
-        f"score {_held_out_advice(run, trained_on)}."
+        f"differently ({differ}): its validation split may hold images the model trained on. "
+        f"For a held-out score {_held_out_advice(run, trained_on)}."
     )
+
+
+def _split_differs(theirs: dict, saved: dict) -> str:
+    """What differs between two ``records_split`` of one image folder ("" when nothing does).
+
+    Each class is split on its own (by the seed, the fraction and its own photos), so only the
+    classes both hold are compared: records of some of the run's classes split as it was hold
+    none of the photos it trained on in their validation split."""
+    differ = [
+        f"{what} {theirs[key]} vs {saved[key]}"
+        for key, what in (("seed", "seed"), ("val_fraction", "validation fraction"))
+        if theirs[key] != saved[key]
+    ]
+    if differ:
+        return ", ".join(differ)
+
+    def counts(split: dict) -> dict:
+        by_class: dict = {}
+        for side, per_class in (split.get("per_class") or {}).items():
+            for name, count in (per_class or {}).items():
+                by_class.setdefault(name, {})[side] = count
+        return by_class
+
+    ours, now = counts(saved), counts(theirs)
+    other = [name for name in sorted(ours.keys() & now.keys()) if ours[name] != now[name]]
+    return f"other images of {', '.join(other)}" if other else ""
 
 
 def _own_resplit_warning(source, run, split: str) -> str | None:
