@@ -716,3 +716,19 @@ def test_codelab_shards_that_name_no_classes_are_said_to_have_assumed_names(make
     named = str(inspect_records(str(make_records("named", counts={"all": [6, 6]}, codelab=True,
                                                  fmt="jpeg")), progress=False))  # fmt: skip
     assert "classes from the records" in named and "warning" not in named and "daisy" in named
+
+
+def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_records, monkeypatch):
+    """The library drew its bar into a log file or a pipe by default (evaluate's default,
+    and the CLI's, is a terminal only)."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stderr, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert inspect_records(small_records, verify=True).problems == []
+        assert ("verify: 100%" in stderr.getvalue()) is drawn, stderr.getvalue()

@@ -1606,3 +1606,20 @@ def test_ctrl_c_as_a_conversion_replaces_another_leaves_one_of_them_whole(
     assert manifest["image_size"] == [24, 24]
     names = {sh["file"] for s in ("train", "validation") for sh in manifest["splits"][s]["shards"]}
     assert {p.name for p in out.iterdir()} == names | {"manifest.json"}
+
+
+def test_convert_draws_progress_bars_only_on_a_terminal_by_default(
+    small_flowers, tmp_path, monkeypatch
+):
+    """The library drew its bars into a log file or a pipe by default (evaluate's default,
+    and the CLI's, is a terminal only)."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stderr, drawn in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stderr)
+        out = tmp_path / f"bars-{drawn}"
+        convert(small_flowers, out, image_size=16, shards=1, workers=1)
+        assert ("convert: 100%" in stderr.getvalue()) is drawn, stderr.getvalue()

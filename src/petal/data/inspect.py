@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import os
 import posixpath
+import sys
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
@@ -80,7 +81,7 @@ def inspect_records(
     verify: bool = False,
     grid: str | os.PathLike | None = None,
     grid_per_class: int = 4,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> InspectReport:
     """Summarises a records folder, optionally verifying every record and drawing a grid.
 
@@ -91,13 +92,16 @@ def inspect_records(
         verify: read every record (CRC, parse, decode, field checks).
         grid: write a PNG grid of sample images (rows are classes) to this path.
         grid_per_class: images per class in the grid.
-        progress: show a progress bar while verifying.
+        progress: show a progress bar on stderr while counting or verifying (default: only
+            when it is a terminal).
 
     Raises:
         PetalError: no manifest (not a records folder or an unfinished conversion), a
             folder of images, or a grid path whose extension is not an image format.
     """
     manifest_path = path = str(path)
+    if progress is None:
+        progress = sys.stderr.isatty()
     if folders.is_http(path):
         from petal.data.reader import _fs_for
 

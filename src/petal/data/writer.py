@@ -1043,9 +1043,11 @@ def _file_digest(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(total: int, desc: str, enabled: bool | None):
     from tqdm.auto import tqdm
 
+    if enabled is None:  # as evaluate's: a bar redrawn into a log file or a pipe is noise
+        enabled = sys.stderr.isatty()
     return tqdm(total=total, desc=desc, unit="img", disable=not enabled, dynamic_ncols=True)
 
 
@@ -1068,7 +1070,7 @@ def convert(
     workers: int | None = None,
     max_pixels: int = images.DEFAULT_MAX_PIXELS,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> ConvertSummary:
     """Converts a folder of class sub-folders into sharded TFRecords and a manifest.
 
@@ -1093,7 +1095,7 @@ def convert(
         max_pixels: images with more pixels are skipped unread (decompression bombs).
         overwrite: replace a complete conversion already in ``output`` (removed only once
             the new shards are complete); never one still being written by another process.
-        progress: show progress bars.
+        progress: show progress bars on stderr (default: only when it is a terminal).
 
     Returns:
         A summary; the full account is in ``output/manifest.json``.
@@ -1434,7 +1436,7 @@ def _write(
     shard_counts: dict[str, int],
     options: _Options,
     mapper: _Mapper,
-    progress: bool,
+    progress: bool | None,
     skipped: list[dict],
     resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
     finish: contextlib.ExitStack | None = None,
