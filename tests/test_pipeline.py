@@ -1134,3 +1134,17 @@ def test_fit_image_raises_invalid_argument_for_junk_eagerly_as_in_a_graph(resize
     ds = tf.data.Dataset.from_tensors(b"junk").map(lambda d: pipeline.fit_image(d, 16, resize))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"not an image"):
         next(iter(ds))
+
+
+def test_distributed_dataset_names_a_strategy_or_function_of_the_wrong_kind(small_records):
+    """A records path for fn ended in "'str' object is not callable", None for the strategy
+    in an AttributeError."""
+    from petal.data.pipeline import distributed_dataset
+
+    strategy = tf.distribute.get_strategy()
+    with pytest.raises(PetalError, match=r"^distributed_dataset needs fn as a function of a "
+                       r"tf\.distribute\.InputContext .* Received: fn='records'$"):
+        distributed_dataset(strategy, "records")
+    with pytest.raises(PetalError, match=r"^distributed_dataset needs strategy as a "
+                       r"tf\.distribute\.Strategy .* Received: strategy=None$"):
+        distributed_dataset(None, lambda ctx: eval_dataset(small_records, batch_size=2))

@@ -1549,3 +1549,28 @@ def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
     listed = json.loads((out / "export.json").read_text())
     assert all((out / name).exists() for name in listed["files"])
     assert (out / "saved_model" / "saved_model.pb").stat().st_mtime_ns != first  # this one's
+
+
+def test_a_folder_argument_that_is_not_a_path_is_named(trained, small_records):
+    """None or a number as a folder ended in pathlib's "expected str, bytes or os.PathLike
+    object, not NoneType", naming no argument."""
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import predict
+    from petal.evaluation.report import build_report
+
+    run = r"the work directory of a `petal train` run\)\. Received: workdir=None$"
+    for call in (lambda: evaluate(None, small_records), lambda: predict(None, ["a.jpg"]),
+                 lambda: export(None), lambda: build_report(None)):
+        with pytest.raises(PetalError, match=r"^workdir must be a folder path \(" + run):
+            call()
+    for call, name, value in (
+        (lambda: export(trained, 5), "out", 5),
+        (lambda: evaluate(trained, small_records, out_dir=5), "out_dir", 5),
+    ):
+        with pytest.raises(PetalError, match=rf"^{name} must be a folder path \(new or not\)\. "
+                           rf"Received: {name}={value}$"):
+            call()
+    with pytest.raises(PetalError, match=r"^eval_dir must be a folder path \(the folder `petal "
+                       r"evaluate --out` wrote\)\. Received: eval_dir=3$"):
+        build_report(trained, eval_dir=3)

@@ -363,8 +363,20 @@ def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
     by one image at most) and batches ``GLOBAL / replicas``.
 
     Raises:
-        PetalError: when ``fn`` asks for a global batch that does not divide across replicas.
+        PetalError: ``strategy`` is not a ``tf.distribute.Strategy`` or ``fn`` is not
+            callable (a records path passed for it), or ``fn`` asks for a global batch that
+            does not divide across replicas.
     """
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise PetalError(
+            "distributed_dataset needs strategy as a tf.distribute.Strategy (from "
+            f"petal.training.strategy.get_strategy). Received: strategy={strategy!r}"
+        )
+    if not callable(fn):
+        raise PetalError(
+            "distributed_dataset needs fn as a function of a tf.distribute.InputContext that "
+            f"returns a tf.data.Dataset. Received: fn={fn!r}"
+        )
     return strategy.distribute_datasets_from_function(fn, options=options)
 
 

@@ -147,7 +147,7 @@ def evaluate(
     # Before the evaluation, which may take minutes: a URL or a file in the way stops it
     # now (the folder is created once there is something to write).
     out = check_output_folder(
-        out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation"
+        out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation", "out_dir"
     )
     for name in _WRITTEN:
         check_not_in_the_way(out / name, False, f"the evaluation writes its {name}",

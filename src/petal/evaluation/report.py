@@ -26,6 +26,7 @@ from petal.evaluation.workdir import (
     MODEL_FILE,
     check_not_in_the_way,
     file_sha256,
+    need_folder,
     retrain_command,
     run_folder,
     still_training,
@@ -167,6 +168,7 @@ def build_report(
             f"Run folder {workdir} {what} a folder petal train wrote (its --workdir)."
         )
     if eval_dir is not None:
+        need_folder(eval_dir, "eval_dir", "the folder `petal evaluate --out` wrote")
         eval_dir = Path(eval_dir)
         if not (eval_dir / "eval.json").is_file():
             what = "holds no eval.json" if eval_dir.is_dir() else "is not a folder"

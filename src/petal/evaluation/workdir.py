@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import sys
 import zipfile
@@ -98,7 +99,14 @@ def top_k_for(run: RunInfo, k: int | None, warn) -> int:
     return k
 
 
-def check_output_folder(out: str | Path, what: str) -> Path:
+def need_folder(value, name: str, what: str) -> None:
+    """Refuse a ``value`` that is not a path (str or os.PathLike): ``Path()`` met None or a
+    number with a bare TypeError. ``what`` says which folder is meant."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise PetalError(f"{name} must be a folder path ({what}). Received: {name}={value!r}")
+
+
+def check_output_folder(out: str | Path, what: str, name: str = "out") -> Path:
     """Checks that the output folder ``out`` of a command (``--out``) can be created or
     written, creating nothing: a command checks before its work and creates the folder only
     to write into it, so a failure leaves no empty folder behind.
@@ -106,11 +114,13 @@ def check_output_folder(out: str | Path, what: str) -> Path:
     Args:
         out: the folder.
         what: what it holds, for the message ("export", "evaluation").
+        name: the caller's argument, for the message when ``out`` is not a path.
 
     Raises:
-        PetalError: ``out`` is empty, a file, or cannot be created (a file where a parent
+        PetalError: ``out`` is not a path, is empty, a file, or cannot be created (a file where a parent
             folder should be, no permission), naming it and the fix.
     """
+    need_folder(out, name, "new or not")
     refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
     if str(out) == "":  # Path() made it the current folder
         raise PetalError(f"--out is empty; pass a folder path for the {what} (new or not).")
@@ -268,8 +278,10 @@ def run_folder(workdir: str | Path) -> Path:
     """``workdir`` as the local folder of a run to read.
 
     Raises:
-        PetalError: ``workdir`` is a URL, or empty (``Path("")`` is the current folder).
+        PetalError: ``workdir`` is not a path, a URL, or empty (``Path("")`` is the current
+            folder).
     """
+    need_folder(workdir, "workdir", "the work directory of a `petal train` run")
     refuse_url(workdir, "workdir", "run folders", reads=True)
     if str(workdir) == "":
         raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
