@@ -531,3 +531,16 @@ def test_numpy_scalars_in_a_config_are_the_python_numbers_they_hold(tmp_path):
     save_config(cfg, tmp_path / "config.json")
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["schedule_options"] == {"max_lr": 0.25, "rampup_epochs": 1}
+
+
+def test_a_class_name_holding_a_comma_is_refused_as_one(tmp_path):
+    """["daisy, white", "rosé"] drew "classes must be a string or null", though a list of
+    names is taken: the comma, which would split the name, was not said."""
+    said = (r"^classes name 'daisy, white'{} holds a comma, which separates the names \(as in "
+            r"--classes\): rename the class folder, or leave classes out")
+    with pytest.raises(PetalError, match=said.format("")):
+        get_preset("codelab-dense").replace(data="uni", classes=["daisy, white", "rosé"])
+    (tmp_path / "c.json").write_text('{"classes": ["rosé", "daisy, white"]}')
+    with pytest.raises(PetalError, match=said.format(re.escape(f" (from {tmp_path / 'c.json'})"))):
+        load_config("quick", tmp_path / "c.json")
+    assert get_preset("codelab-dense").replace(classes=("daisy", "rosé")).classes == "daisy,rosé"

@@ -700,6 +700,14 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             return dict(value)
         if option is str and name == "classes" and _names(value):
             return ",".join(value)  # a JSON config's list of names
+    if name == "classes" and isinstance(value, (list, tuple)) and (
+        commas := [n for n in value if isinstance(n, str) and "," in n]
+    ):  # kept as one comma-separated string (as --classes gives it): it would be split
+        raise PetalError(
+            f"classes name {commas[0]!r}{where} holds a comma, which separates the names "
+            "(as in --classes): rename the class folder, or leave classes out to read "
+            f"every class. Received: classes={value!r}"
+        )
     expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
 
