@@ -148,3 +148,45 @@ def test_reading_a_run_and_writing_an_evaluation_refuse_urls_in_the_library(
     with pytest.raises(PetalError, match=r"^--out gs://b/ev is a URL: petal writes evaluations"):
         evaluate(trained, small_records, out_dir="gs://b/ev", log=lambda line: None)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_url_made_a_path_is_refused_as_the_url_it_was(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """Path("gs://b/x") is the local path gs:/b/x: train, evaluate, export and convert wrote
+    into a folder ./gs:/b/x. Refused as the URL; convert, which writes to gs://, asks for
+    the URL as a string."""
+    from pathlib import Path
+
+    from petal.data import convert
+    from petal.data.folders import refuse_url
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.export import export
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    monkeypatch.chdir(tmp_path)
+    quiet = lambda line: None  # noqa: E731
+    config = get_preset("quick").replace(data=str(small_records), epochs=1)
+    lost = "is a URL that lost a slash (gs://b/x, as pathlib.Path makes it)"
+    for call, shown in (
+        (lambda: train(config, Path("gs://b/x"), log=quiet),
+         f"workdir gs:/b/x {lost}: petal writes run folders on a local disk; pass a local "
+         "path and copy it to gs://b/x afterwards (gcloud storage cp -r"),
+        (lambda: evaluate(trained, small_records, out_dir=Path("gs://b/x"), log=quiet),
+         f"--out gs:/b/x {lost}: petal writes evaluations"),
+        (lambda: export(trained, Path("gs://b/x")), f"out gs:/b/x {lost}: petal writes exports"),
+        (lambda: convert("photos", Path("gs://b/x")),
+         f"output gs:/b/x {lost}; pass the URL as a string, not a Path."),
+        (lambda: refuse_url("HTTPS:/h/x", "--out", "exports"),
+         "--out HTTPS:/h/x is a URL that lost a slash (HTTPS://h/x,"),
+        (lambda: refuse_url("s3:", "--workdir", "run folders", reads=True),
+         "--workdir s3: is a URL that lost a slash (s3://, as pathlib.Path makes it): petal "
+         "reads run folders from a local disk; copy it to a local disk first (aws s3 cp"),
+    ):
+        with pytest.raises(PetalError) as err:
+            call()
+        assert str(err.value).startswith(shown), str(err.value)
+    assert os.listdir(tmp_path) == []
+    refuse_url("gs:b/x", "--out", "exports")  # no URL: a local folder named so
+    refuse_url("gsx:/b/x", "--out", "exports")

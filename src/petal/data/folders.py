@@ -195,14 +195,25 @@ def is_remote(path: str) -> bool:
 
 # A scheme at the start: gs://, http(s)://, s3://, file://.
 _URL_RE = re.compile(r"[a-z][a-z0-9+.-]*://", re.I)
+# A URL of a scheme petal or tf.io.gfile knows, as pathlib.Path(url) leaves it: one slash.
+_COLLAPSED_RE = re.compile(r"(gs|s3|https?|hdfs|viewfs|file|ram):(?:/(?!/)|$)", re.I)
 # The copy command of the stores users name most, for the refusals of :func:`refuse_url`.
 _COPY_TOOLS = {"gs": "gcloud storage cp{r} or gsutil cp{r}", "s3": "aws s3 cp{recursive}"}
 
 
-def refuse_url(path, option: str, what: str, *, reads: bool = False, folder: bool = True) -> None:
+def refuse_url(
+    path,
+    option: str,
+    what: str,
+    *,
+    reads: bool = False,
+    folder: bool = True,
+    urls: bool = False,
+) -> None:
     """Refuse a URL (``scheme://...``) where petal writes or reads on a local disk only: run
     folders, evaluations, exports, config and weights files. ``pathlib`` would otherwise turn
-    ``gs://bucket/run`` into the local folder ``gs:/bucket/run`` and carry on.
+    ``gs://bucket/run`` into the local folder ``gs:/bucket/run`` and carry on: that form, of
+    a scheme petal knows (``gs:/``, ``s3:/``, ``http:/``, ...), is refused as the URL it was.
 
     Args:
         path: the value given; None and local paths pass.
@@ -210,24 +221,36 @@ def refuse_url(path, option: str, what: str, *, reads: bool = False, folder: boo
         what: what petal keeps there, plural (``run folders``, ``weights files``).
         reads: petal reads it (copy it down first) rather than writes it (copy it up after).
         folder: it is a folder (the copy is recursive), not a file.
+        urls: the caller takes URLs (``petal convert``): only one that ``pathlib`` made a
+            local path is refused, with the fix of passing it as a string.
 
     Raises:
         PetalError: ``path`` is a URL, naming ``option``, the value and the fix.
     """
-    if path is None or not _URL_RE.match(str(path)):
+    if path is None:
         return
-    path = str(path)
-    copy = _COPY_TOOLS.get(path.split("://", 1)[0].lower())
+    given, path = path, str(path)
+    if collapsed := _COLLAPSED_RE.match(path):
+        url = f"{collapsed[1]}://{path[collapsed.end():]}"
+        seen = f"{path} is a URL that lost a slash ({url}, as pathlib.Path makes it)"
+        if urls:
+            fix = "the URL as a string, not a Path" if isinstance(given, os.PathLike) else url
+            raise PetalError(f"{option} {seen}; pass {fix}.")
+    elif urls or not _URL_RE.match(path):
+        return
+    else:
+        url, seen = path, f"{path} is a URL"
+    copy = _COPY_TOOLS.get(url.split("://", 1)[0].lower())
     flags = {"r": " -r", "recursive": " --recursive"} if folder else {"r": "", "recursive": ""}
     tool = f" ({copy.format(**flags)})" if copy else ""
     if reads:
         raise PetalError(
-            f"{option} {path} is a URL: petal reads {what} from a local disk; copy it to a local "
+            f"{option} {seen}: petal reads {what} from a local disk; copy it to a local "
             f"disk first{tool} and pass the local path."
         )
     raise PetalError(
-        f"{option} {path} is a URL: petal writes {what} on a local disk; pass a local path "
-        f"and copy it to {path} afterwards{tool}."
+        f"{option} {seen}: petal writes {what} on a local disk; pass a local path "
+        f"and copy it to {url} afterwards{tool}."
     )
 
 

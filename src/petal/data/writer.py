@@ -1111,6 +1111,7 @@ def convert(
             raise PetalError(
                 f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
             )
+        folders.refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
     source, output = str(source), str(output)
     if not folders.is_utf8(output):
         # TensorFlow takes paths as UTF-8 text: the manifest could not be written (after the
