@@ -1574,3 +1574,13 @@ def test_a_folder_argument_that_is_not_a_path_is_named(trained, small_records):
     with pytest.raises(PetalError, match=r"^eval_dir must be a folder path \(the folder `petal "
                        r"evaluate --out` wrote\)\. Received: eval_dir=3$"):
         build_report(trained, eval_dir=3)
+
+
+def test_an_image_that_is_not_a_path_is_named(trained):
+    # predict(run, [None]) ended in pathlib's TypeError.
+    from petal.evaluation.predict import predict
+
+    with pytest.raises(PetalError) as info:
+        predict(trained, ["a.jpg", None])
+    assert str(info.value) == ("images must be image files or folders of them (str or Path). "
+                               "Received: None among images=['a.jpg', None]")

@@ -97,6 +97,11 @@ def _expand(paths: Sequence[str | Path], warn) -> list[tuple[Path, str]]:
     find its own paths among the results."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
+    if bad := [p for p in paths if not isinstance(p, (str, os.PathLike))]:
+        raise PetalError(
+            f"images must be image files or folders of them (str or Path). Received: {bad[0]!r} "
+            f"among images={paths!r}"
+        )
     if any(str(p) == "" for p in paths):
         # A Path would make it the current folder, and every image under it would be read.
         raise PetalError("An image path is empty (an unset shell variable?); pass image files "

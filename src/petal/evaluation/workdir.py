@@ -117,8 +117,8 @@ def check_output_folder(out: str | Path, what: str, name: str = "out") -> Path:
         name: the caller's argument, for the message when ``out`` is not a path.
 
     Raises:
-        PetalError: ``out`` is not a path, is empty, a file, or cannot be created (a file where a parent
-            folder should be, no permission), naming it and the fix.
+        PetalError: ``out`` is not a path, is empty, a file, or cannot be created (a file
+            where a parent folder should be, no permission), naming it and the fix.
     """
     need_folder(out, name, "new or not")
     refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
