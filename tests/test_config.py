@@ -531,3 +531,31 @@ def test_numpy_scalars_in_a_config_are_the_python_numbers_they_hold(tmp_path):
     save_config(cfg, tmp_path / "config.json")
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["schedule_options"] == {"max_lr": 0.25, "rampup_epochs": 1}
+
+
+def test_a_null_learning_rate_names_the_preset_and_the_fix():
+    # codelab-xception's learning_rate is null (the codelab's rule): with another schedule the
+    # error said "may only be null" about a value the user never set, and named no fix.
+    pattern = (r"^learning_rate is null \(preset 'codelab-xception' leaves it so\): the peak "
+               r"follows the codelab's rule .* \(--set learning_rate=2e-4, .*\. Received: "
+               r"learning_rate=None, schedule='constant'$")
+    with pytest.raises(PetalError, match=pattern):
+        load_config("codelab-xception", None, ["schedule=constant"])
+    assert load_config("codelab-xception", None, ["schedule=constant", "learning_rate=2e-4"])
+
+
+def test_keys_that_a_run_would_ignore_are_refused():
+    # lr_reference_batch scales learning_rate only, and fine_tune_lr_factor is read by
+    # head_then_all only: both were accepted and silently ignored.
+    with pytest.raises(PetalError, match=r"^lr_reference_batch scales learning_rate, which is "
+                                         r"null .*Received: learning_rate=None, "
+                                         r"lr_reference_batch=160$"):
+        load_config("codelab-xception", None, ["lr_reference_batch=160"])
+    assert load_config("codelab-xception", None,
+                       ["lr_reference_batch=160", "learning_rate=2e-4"]).lr_reference_batch == 160
+    with pytest.raises(PetalError, match=r"^fine_tune_lr_factor is only used with fine_tune="
+                                         r"'head_then_all' .*Received: fine_tune_lr_factor=0\.5, "
+                                         r"fine_tune='all'$"):
+        load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])
+    assert load_config("codelab-xception", None, ["fine_tune=head_then_all", "head_epochs=2",
+                                                  "fine_tune_lr_factor=0.5"])

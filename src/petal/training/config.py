@@ -77,8 +77,9 @@ class TrainConfig:
         learning_rate: peak learning rate (at ``lr_reference_batch`` when that is set);
             ``None`` only with ``codelab_ramp``: the codelab's rule, 5e-5 x replicas
             (2e-4 on one replica).
-        lr_reference_batch: when set, the peak rate is scaled linearly by
-            global batch / this (``None``: no scaling).
+        lr_reference_batch: when set, ``learning_rate`` is scaled linearly by
+            global batch / this (``None``: no scaling); refused with a null
+            ``learning_rate`` (the codelab's rule follows the replicas by itself).
         weight_decay: decoupled weight decay (adamw, sgd).
         momentum: sgd and rmsprop momentum (a resumed run keeps it zero or non-zero).
         clipnorm: per-variable gradient-norm clipping (``None``: off).
@@ -97,7 +98,8 @@ class TrainConfig:
             ``fine_tune_lr_factor``; BatchNorm stays in inference mode unless
             ``model_options.bn_frozen`` is false). Needs a model with a pretrained backbone.
         head_epochs: head-only warm-up epochs for ``head_then_all``.
-        fine_tune_lr_factor: multiplier of the peak rate once the backbone is unfrozen
+        fine_tune_lr_factor: ``head_then_all`` only (refused with ``all``): multiplier of
+            the peak rate once the backbone is unfrozen
             (``learning_rate``'s, or with ``codelab_ramp`` and no ``learning_rate`` the
             codelab's rule's).
         strategy: ``auto``, ``tpu``, ``mirrored``, ``multi-worker``, ``one-device`` or ``cpu``.
@@ -188,10 +190,25 @@ class TrainConfig:
             allow_none=True,
         )
         if self.learning_rate is None:
+            preset = _PRESETS.get(self.preset)
+            by = f" (preset {self.preset!r} leaves it so)" if preset else ""
+            if preset and preset().learning_rate is not None:
+                by = ""
             if self.schedule != "codelab_ramp":
                 raise PetalError(
-                    "learning_rate may only be null with schedule='codelab_ramp'. "
+                    f"learning_rate is null{by}: the peak follows the codelab's rule for the "
+                    "replicas, which only schedule='codelab_ramp' has; set a rate for "
+                    f"schedule={self.schedule!r} (--set learning_rate=2e-4, the rule's on one "
+                    "device) or keep schedule='codelab_ramp'. "
                     f"Received: learning_rate=None, schedule={self.schedule!r}"
+                )
+            if self.lr_reference_batch is not None:
+                # _peak_lr scales learning_rate only; the codelab's rule follows the replicas.
+                raise PetalError(
+                    f"lr_reference_batch scales learning_rate, which is null{by}: the codelab's "
+                    "rule follows the replicas by itself. Set a rate at that batch too (--set "
+                    "learning_rate=2e-4), or lr_reference_batch=null. Received: "
+                    f"learning_rate=None, lr_reference_batch={self.lr_reference_batch}"
                 )
         elif not 0 < self.learning_rate < math.inf:
             raise PetalError(
@@ -264,6 +281,14 @@ class TrainConfig:
             raise PetalError(
                 "head_epochs is only used with fine_tune='head_then_all'. "
                 f"Received: head_epochs={self.head_epochs}, fine_tune={self.fine_tune!r}"
+            )
+        elif self.fine_tune_lr_factor != TrainConfig.fine_tune_lr_factor:
+            # Only the full phase of head_then_all recompiles at a factor of the peak.
+            raise PetalError(
+                "fine_tune_lr_factor is only used with fine_tune='head_then_all' (the rate once "
+                "the backbone is unfrozen): drop it, or set fine_tune=head_then_all and "
+                "head_epochs. Received: "
+                f"fine_tune_lr_factor={self.fine_tune_lr_factor}, fine_tune={self.fine_tune!r}"
             )
         if self.classes is not None:
             parse_classes(self.classes)  # names, none twice
