@@ -52,7 +52,8 @@ def test_codelab_presets_follow_the_codelab():
     xc = get_preset("codelab-xception")
     assert (xc.model, xc.weights, xc.image_size, xc.epochs) == ("xception", "imagenet", 331, 12)
     assert xc.schedule == "codelab_ramp" and xc.fine_tune == "all"
-    assert xc.schedule_options["rampup_epochs"] == 5 and xc.schedule_options["decay"] == 0.8
+    # rampup_epochs: the codelab's for the replicas (5, 7 on a TPU pod).
+    assert "rampup_epochs" not in xc.schedule_options and xc.schedule_options["decay"] == 0.8
     # The codelab feeds /255 pixels (codelab.md 1.3), not the [-1, 1] of the weights.
     assert xc.normalization == "unit"
     conv = get_preset("codelab-convnet")

@@ -72,6 +72,9 @@ class TrainConfig:
         batch_size: batch per replica; the global batch is this times the replicas.
         single_device_batch_size: global batch used instead when there is only one
             replica (the codelab trains with 32 on one GPU but 16 x 8 on a TPU).
+        pod_batch_size: batch per replica used instead on more than 8 replicas (a TPU
+            pod: the codelab's Xception trains with 8 x replicas there); ``None``:
+            ``batch_size``. Setting ``batch_size`` drops a preset's.
         eval_batch_size: global validation batch; ``None`` uses the training batch.
         optimizer: one of ``adam``, ``adamw``, ``sgd``, ``rmsprop``.
         learning_rate: peak learning rate (at ``lr_reference_batch`` when that is set);
@@ -132,6 +135,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None
     batch_size: int = 16
     single_device_batch_size: int | None = None
+    pod_batch_size: int | None = None
     eval_batch_size: int | None = None
     optimizer: str = "adam"
     learning_rate: float | None = 1e-3
@@ -183,6 +187,7 @@ class TrainConfig:
             self,
             "steps_per_epoch",
             "single_device_batch_size",
+            "pod_batch_size",
             "eval_batch_size",
             "image_size",
             "train_image_size",
@@ -404,7 +409,9 @@ def codelab_xception() -> TrainConfig:
     accuracy 0.96-0.97). All layers trainable from epoch 1 (BatchNorm too, as the codelab);
     Adam with the codelab's ramp 1e-5 -> 5e-5 x replicas over 5 epochs (2e-4 on one
     replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch
-    16 x replicas; flip+saturation; no cache; pixels in [0, 1] as the codelab feeds them,
+    16 x replicas. On a TPU pod (more than 8 replicas) the codelab's pod recipe: batch 8 x
+    replicas, peak 2e-5 x replicas, a 7-epoch ramp (unless batch_size, learning_rate or
+    schedule_options.rampup_epochs / max_lr are set); flip+saturation; no cache; pixels in [0, 1] as the codelab feeds them,
     although Keras' Xception weights were trained on [-1, 1] (``--set
     normalization=symmetric`` matches them; another ``--model`` gets its own normalization
     unless ``--set normalization=...`` is given). Needs the ImageNet
@@ -419,13 +426,13 @@ def codelab_xception() -> TrainConfig:
         normalization="unit",  # the codelab's /255, not the weights' [-1, 1]
         epochs=12,
         batch_size=16,
+        pod_batch_size=8,
         optimizer="adam",
         learning_rate=None,
         schedule="codelab_ramp",
-        schedule_options={
+        schedule_options={  # rampup_epochs: the codelab's for the replicas (5, 7 on a pod)
             "start_lr": 1e-5,
             "min_lr": 1e-5,
-            "rampup_epochs": 5,
             "sustain_epochs": 0,
             "decay": 0.8,
         },
@@ -662,7 +669,8 @@ def _python_number(raw: str) -> int | float | str:
 def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "") -> TrainConfig:
     """A copy of ``cfg`` with ``values`` applied; dotted keys set one key of a dict field.
 
-    Setting ``batch_size`` drops a preset's ``single_device_batch_size``, and another
+    Setting ``batch_size`` drops a preset's ``single_device_batch_size`` and
+    ``pod_batch_size``, and another
     ``schedule`` starts from empty ``schedule_options``, unless ``values`` sets those too.
     ``source`` names where ``values`` come from in errors: ``"--set"``, ``"flag"`` or a
     config file's path.
@@ -673,8 +681,9 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
     given = {key.partition(".")[0] for key in values}
     # A batch size chosen replaces a preset's one-device batch; another schedule does not
     # inherit the old one's options (the preset's warm-up is no option of "constant").
-    if "batch_size" in given and "single_device_batch_size" not in given:
-        data["single_device_batch_size"] = None
+    for other in ("single_device_batch_size", "pod_batch_size"):
+        if "batch_size" in given and other not in given:
+            data[other] = None
     if values.get("schedule", cfg.schedule) != cfg.schedule and "schedule_options" not in values:
         data["schedule_options"] = {}  # (its keys given one by one apply to the new one)
     for key, value in values.items():
