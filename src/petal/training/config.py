@@ -79,7 +79,7 @@ class TrainConfig:
         optimizer: one of ``adam``, ``adamw``, ``sgd``, ``rmsprop``.
         learning_rate: peak learning rate (at ``lr_reference_batch`` when that is set);
             ``None`` only with ``codelab_ramp``: the codelab's rule, 5e-5 x replicas
-            (2e-4 on one replica).
+            (2e-4 on one replica, 2e-5 x replicas on more than 8).
         lr_reference_batch: when set, ``learning_rate`` is scaled linearly by
             global batch / this (``None``: no scaling); refused with a null
             ``learning_rate`` (the codelab's rule follows the replicas by itself).
