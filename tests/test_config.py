@@ -52,7 +52,8 @@ def test_codelab_presets_follow_the_codelab():
     xc = get_preset("codelab-xception")
     assert (xc.model, xc.weights, xc.image_size, xc.epochs) == ("xception", "imagenet", 331, 12)
     assert xc.schedule == "codelab_ramp" and xc.fine_tune == "all"
-    assert xc.schedule_options["rampup_epochs"] == 5 and xc.schedule_options["decay"] == 0.8
+    # rampup_epochs: the codelab's for the replicas (5, 7 on a TPU pod).
+    assert "rampup_epochs" not in xc.schedule_options and xc.schedule_options["decay"] == 0.8
     # The codelab feeds /255 pixels (codelab.md 1.3), not the [-1, 1] of the weights.
     assert xc.normalization == "unit"
     conv = get_preset("codelab-convnet")
@@ -544,3 +545,31 @@ def test_a_class_name_holding_a_comma_is_refused_as_one(tmp_path):
     with pytest.raises(PetalError, match=said.format(re.escape(f" (from {tmp_path / 'c.json'})"))):
         load_config("quick", tmp_path / "c.json")
     assert get_preset("codelab-dense").replace(classes=("daisy", "rosé")).classes == "daisy,rosé"
+
+
+def test_a_null_learning_rate_names_the_preset_and_the_fix():
+    # codelab-xception's learning_rate is null (the codelab's rule): with another schedule the
+    # error said "may only be null" about a value the user never set, and named no fix.
+    pattern = (r"^learning_rate is null \(preset 'codelab-xception' leaves it so\): the peak "
+               r"follows the codelab's rule .* \(--set learning_rate=2e-4, .*\. Received: "
+               r"learning_rate=None, schedule='constant'$")
+    with pytest.raises(PetalError, match=pattern):
+        load_config("codelab-xception", None, ["schedule=constant"])
+    assert load_config("codelab-xception", None, ["schedule=constant", "learning_rate=2e-4"])
+
+
+def test_keys_that_a_run_would_ignore_are_refused():
+    # lr_reference_batch scales learning_rate only, and fine_tune_lr_factor is read by
+    # head_then_all only: both were accepted and silently ignored.
+    with pytest.raises(PetalError, match=r"^lr_reference_batch scales learning_rate, which is "
+                                         r"null .*Received: learning_rate=None, "
+                                         r"lr_reference_batch=160$"):
+        load_config("codelab-xception", None, ["lr_reference_batch=160"])
+    assert load_config("codelab-xception", None,
+                       ["lr_reference_batch=160", "learning_rate=2e-4"]).lr_reference_batch == 160
+    with pytest.raises(PetalError, match=r"^fine_tune_lr_factor is only used with fine_tune="
+                                         r"'head_then_all' .*Received: fine_tune_lr_factor=0\.5, "
+                                         r"fine_tune='all'$"):
+        load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])
+    assert load_config("codelab-xception", None, ["fine_tune=head_then_all", "head_epochs=2",
+                                                  "fine_tune_lr_factor=0.5"])

@@ -329,3 +329,32 @@ def test_a_growing_decay_is_one_line_on_the_command_line(tmp_path, capsys):
         "peak) to 1 (held at the peak), a factor per epoch. Received: decay=5\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_codelab_xception_follows_the_codelabs_pod_recipe_on_more_than_8_replicas():
+    # On 32 replicas (a TPU pod) it trained with batch 16 x 32 = 512 and peaked at 1.6e-3 at
+    # epoch 5; the codelab's pod recipe is batch 8 x replicas, 2e-5 x replicas over 7 epochs.
+    from petal.training.config import get_preset, load_config
+    from petal.training.loop import _global_batch, _schedule
+    from petal.training.schedules import per_epoch_values
+
+    cfg = get_preset("codelab-xception")
+    assert _global_batch(cfg, 32) == 256
+    assert codelab_max_lr(32) == pytest.approx(6.4e-4)
+    assert codelab_max_lr(9) == pytest.approx(1.8e-4)
+    lrs = per_epoch_values(_schedule(cfg, None, 12, 10, 32), 12, 10)
+    assert max(lrs) == pytest.approx(6.4e-4, rel=1e-6) and lrs.index(max(lrs)) == 7
+    assert lrs[1] == pytest.approx(1e-5 + (6.4e-4 - 1e-5) / 7, rel=1e-6)
+    # 8 replicas and one keep the codelab's values.
+    assert _global_batch(cfg, 8) == 128 and _global_batch(cfg, 1) == 16
+    lrs = per_epoch_values(_schedule(cfg, None, 12, 10, 8), 12, 10)
+    assert lrs[5] == pytest.approx(4e-4, rel=1e-6) and lrs[11] == pytest.approx(1.122e-4, rel=1e-3)
+    # What the user sets explicitly wins.
+    mine = load_config("codelab-xception", overrides=[
+        "batch_size=16", "schedule_options.rampup_epochs=5", "schedule_options.max_lr=1e-3"])
+    assert _global_batch(mine, 32) == 512
+    lrs = per_epoch_values(_schedule(mine, None, 12, 10, 32), 12, 10)
+    assert max(lrs) == pytest.approx(1e-3, rel=1e-6) and lrs.index(max(lrs)) == 5
+    from petal.training.schedules import codelab_rampup_epochs
+
+    assert codelab_rampup_epochs(32) == 7 and codelab_rampup_epochs(8) == 5

@@ -72,13 +72,17 @@ class TrainConfig:
         batch_size: batch per replica; the global batch is this times the replicas.
         single_device_batch_size: global batch used instead when there is only one
             replica (the codelab trains with 32 on one GPU but 16 x 8 on a TPU).
+        pod_batch_size: batch per replica used instead on more than 8 replicas (a TPU
+            pod: the codelab's Xception trains with 8 x replicas there); ``None``:
+            ``batch_size``. Setting ``batch_size`` drops a preset's.
         eval_batch_size: global validation batch; ``None`` uses the training batch.
         optimizer: one of ``adam``, ``adamw``, ``sgd``, ``rmsprop``.
         learning_rate: peak learning rate (at ``lr_reference_batch`` when that is set);
             ``None`` only with ``codelab_ramp``: the codelab's rule, 5e-5 x replicas
-            (2e-4 on one replica).
-        lr_reference_batch: when set, the peak rate is scaled linearly by
-            global batch / this (``None``: no scaling).
+            (2e-4 on one replica, 2e-5 x replicas on more than 8).
+        lr_reference_batch: when set, ``learning_rate`` is scaled linearly by
+            global batch / this (``None``: no scaling); refused with a null
+            ``learning_rate`` (the codelab's rule follows the replicas by itself).
         weight_decay: decoupled weight decay (adamw, sgd).
         momentum: sgd and rmsprop momentum (a resumed run keeps it zero or non-zero).
         clipnorm: per-variable gradient-norm clipping (``None``: off).
@@ -97,7 +101,8 @@ class TrainConfig:
             ``fine_tune_lr_factor``; BatchNorm stays in inference mode unless
             ``model_options.bn_frozen`` is false). Needs a model with a pretrained backbone.
         head_epochs: head-only warm-up epochs for ``head_then_all``.
-        fine_tune_lr_factor: multiplier of the peak rate once the backbone is unfrozen
+        fine_tune_lr_factor: ``head_then_all`` only (refused with ``all``): multiplier of
+            the peak rate once the backbone is unfrozen
             (``learning_rate``'s, or with ``codelab_ramp`` and no ``learning_rate`` the
             codelab's rule's).
         strategy: ``auto``, ``tpu``, ``mirrored``, ``multi-worker``, ``one-device`` or ``cpu``.
@@ -130,6 +135,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None
     batch_size: int = 16
     single_device_batch_size: int | None = None
+    pod_batch_size: int | None = None
     eval_batch_size: int | None = None
     optimizer: str = "adam"
     learning_rate: float | None = 1e-3
@@ -181,6 +187,7 @@ class TrainConfig:
             self,
             "steps_per_epoch",
             "single_device_batch_size",
+            "pod_batch_size",
             "eval_batch_size",
             "image_size",
             "train_image_size",
@@ -188,10 +195,25 @@ class TrainConfig:
             allow_none=True,
         )
         if self.learning_rate is None:
+            preset = _PRESETS.get(self.preset)
+            by = f" (preset {self.preset!r} leaves it so)" if preset else ""
+            if preset and preset().learning_rate is not None:
+                by = ""
             if self.schedule != "codelab_ramp":
                 raise PetalError(
-                    "learning_rate may only be null with schedule='codelab_ramp'. "
+                    f"learning_rate is null{by}: the peak follows the codelab's rule for the "
+                    "replicas, which only schedule='codelab_ramp' has; set a rate for "
+                    f"schedule={self.schedule!r} (--set learning_rate=2e-4, the rule's on one "
+                    "device) or keep schedule='codelab_ramp'. "
                     f"Received: learning_rate=None, schedule={self.schedule!r}"
+                )
+            if self.lr_reference_batch is not None:
+                # _peak_lr scales learning_rate only; the codelab's rule follows the replicas.
+                raise PetalError(
+                    f"lr_reference_batch scales learning_rate, which is null{by}: the codelab's "
+                    "rule follows the replicas by itself. Set a rate at that batch too (--set "
+                    "learning_rate=2e-4), or lr_reference_batch=null. Received: "
+                    f"learning_rate=None, lr_reference_batch={self.lr_reference_batch}"
                 )
         elif not 0 < self.learning_rate < math.inf:
             raise PetalError(
@@ -264,6 +286,14 @@ class TrainConfig:
             raise PetalError(
                 "head_epochs is only used with fine_tune='head_then_all'. "
                 f"Received: head_epochs={self.head_epochs}, fine_tune={self.fine_tune!r}"
+            )
+        elif self.fine_tune_lr_factor != TrainConfig.fine_tune_lr_factor:
+            # Only the full phase of head_then_all recompiles at a factor of the peak.
+            raise PetalError(
+                "fine_tune_lr_factor is only used with fine_tune='head_then_all' (the rate once "
+                "the backbone is unfrozen): drop it, or set fine_tune=head_then_all and "
+                "head_epochs. Received: "
+                f"fine_tune_lr_factor={self.fine_tune_lr_factor}, fine_tune={self.fine_tune!r}"
             )
         if self.classes is not None:
             parse_classes(self.classes)  # names, none twice
@@ -379,8 +409,10 @@ def codelab_xception() -> TrainConfig:
     accuracy 0.96-0.97). All layers trainable from epoch 1 (BatchNorm too, as the codelab);
     Adam with the codelab's ramp 1e-5 -> 5e-5 x replicas over 5 epochs (2e-4 on one
     replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch
-    16 x replicas; flip+saturation; no cache; pixels in [0, 1] as the codelab feeds them,
-    although Keras' Xception weights were trained on [-1, 1] (``--set
+    16 x replicas. On a TPU pod (more than 8 replicas) the codelab's pod recipe: batch 8 x
+    replicas, peak 2e-5 x replicas, a 7-epoch ramp (unless batch_size, learning_rate or
+    schedule_options.rampup_epochs / max_lr are set); flip+saturation; no cache; pixels in
+    [0, 1] as the codelab feeds them, although Keras' Xception weights were trained on [-1, 1] (``--set
     normalization=symmetric`` matches them; another ``--model`` gets its own normalization
     unless ``--set normalization=...`` is given). Needs the ImageNet
     weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
@@ -394,13 +426,13 @@ def codelab_xception() -> TrainConfig:
         normalization="unit",  # the codelab's /255, not the weights' [-1, 1]
         epochs=12,
         batch_size=16,
+        pod_batch_size=8,
         optimizer="adam",
         learning_rate=None,
         schedule="codelab_ramp",
-        schedule_options={
+        schedule_options={  # rampup_epochs: the codelab's for the replicas (5, 7 on a pod)
             "start_lr": 1e-5,
             "min_lr": 1e-5,
-            "rampup_epochs": 5,
             "sustain_epochs": 0,
             "decay": 0.8,
         },
@@ -637,7 +669,8 @@ def _python_number(raw: str) -> int | float | str:
 def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "") -> TrainConfig:
     """A copy of ``cfg`` with ``values`` applied; dotted keys set one key of a dict field.
 
-    Setting ``batch_size`` drops a preset's ``single_device_batch_size``, and another
+    Setting ``batch_size`` drops a preset's ``single_device_batch_size`` and
+    ``pod_batch_size``, and another
     ``schedule`` starts from empty ``schedule_options``, unless ``values`` sets those too.
     ``source`` names where ``values`` come from in errors: ``"--set"``, ``"flag"`` or a
     config file's path.
@@ -648,8 +681,9 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
     given = {key.partition(".")[0] for key in values}
     # A batch size chosen replaces a preset's one-device batch; another schedule does not
     # inherit the old one's options (the preset's warm-up is no option of "constant").
-    if "batch_size" in given and "single_device_batch_size" not in given:
-        data["single_device_batch_size"] = None
+    for other in ("single_device_batch_size", "pod_batch_size"):
+        if "batch_size" in given and other not in given:
+            data[other] = None
     if values.get("schedule", cfg.schedule) != cfg.schedule and "schedule_options" not in values:
         data["schedule_options"] = {}  # (its keys given one by one apply to the new one)
     for key, value in values.items():

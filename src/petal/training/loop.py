@@ -989,8 +989,12 @@ def class_weights(source, classes) -> dict[int, float]:
 
 
 def _global_batch(cfg: TrainConfig, replicas: int) -> int:
+    from petal.training.schedules import POD_REPLICAS
+
     if replicas == 1 and cfg.single_device_batch_size:
         return cfg.single_device_batch_size
+    if replicas > POD_REPLICAS and cfg.pod_batch_size:
+        return cfg.pod_batch_size * replicas
     return cfg.batch_size * replicas
 
 
@@ -1014,7 +1018,7 @@ def _schedule(
 ):
     """A per-step LearningRateSchedule for a phase of ``epochs`` epochs (``phase`` names it
     in errors)."""
-    from petal.training.schedules import RAMPUP_EPOCHS, build_schedule
+    from petal.training.schedules import build_schedule, codelab_rampup_epochs
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
@@ -1037,7 +1041,9 @@ def _schedule(
     # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp longer than one never
     # reaches the peak the log states. (A whole run shorter than its ramp is the codelab's
     # schedule cut short, as a quick run of codelab-xception's 5-epoch ramp is.)
-    ramp = opts.get("rampup_epochs", RAMPUP_EPOCHS)
+    ramp = opts.get("rampup_epochs")
+    if ramp is None:
+        ramp = codelab_rampup_epochs(replicas)  # the codelab's: 7 on a pod, else 5
     if phase != "all" and isinstance(ramp, (int, float)) and ramp > epochs:
         raise _long_warmup(cfg, ramp, epochs, phase, "rampup_epochs")
     # max_lr from learning_rate, else the codelab's rule for this many replicas

@@ -29,6 +29,10 @@ StepFn = Callable[[object], object]
 
 # codelab_ramp's ramp-up in epochs (the codelab's) when none is given.
 RAMPUP_EPOCHS = 5
+# More replicas than this is a TPU pod, for which the codelab has its own recipe: batch 8 x
+# replicas, peak 2e-5 x replicas, a 7-epoch ramp-up.
+POD_REPLICAS = 8
+POD_RAMPUP_EPOCHS = 7
 
 
 def _is_number(value) -> bool:
@@ -106,12 +110,27 @@ def codelab_max_lr(replicas: int) -> float:
     """The codelab Xception notebook's peak rate for a number of replicas.
 
     5e-5 x replicas (4e-4 on 8 TPU cores) and 2e-4 on one device; in between we keep at least
-    2e-4 so that more replicas never lower the rate (our interpolation, not the codelab's).
+    2e-4 so that more replicas never lower the rate (our interpolation, not the codelab's). On
+    more than :data:`POD_REPLICAS` (a TPU pod) the codelab's pod rule, 2e-5 x replicas, for
+    its pod batch of 8 x replicas.
     """
+    _check_replicas(replicas)
+    if replicas > POD_REPLICAS:
+        return 2e-5 * replicas
+    return max(2e-4, 5e-5 * replicas)
+
+
+def codelab_rampup_epochs(replicas: int) -> int:
+    """The codelab Xception notebook's ramp-up in epochs: 5, or 7 on a TPU pod (more than
+    :data:`POD_REPLICAS` replicas)."""
+    _check_replicas(replicas)
+    return POD_RAMPUP_EPOCHS if replicas > POD_REPLICAS else RAMPUP_EPOCHS
+
+
+def _check_replicas(replicas: int) -> None:
     _check_number("replicas", replicas)
     if replicas < 1:
         raise PetalError(f"replicas must be at least 1. Received: replicas={replicas}")
-    return max(2e-4, 5e-5 * replicas)
 
 
 def _as_float_step(step):
@@ -124,7 +143,7 @@ def codelab_ramp(
     start_lr: float = 1e-5,
     max_lr: float | None = None,
     min_lr: float = 1e-5,
-    rampup_epochs: float = RAMPUP_EPOCHS,
+    rampup_epochs: float | None = None,
     sustain_epochs: float = 0,
     decay: float = 0.8,
     replicas: int = 1,
@@ -142,11 +161,12 @@ def codelab_ramp(
         start_lr: Rate at step 0.
         max_lr: Peak rate; ``None`` uses :func:`codelab_max_lr` of ``replicas``.
         min_lr: Rate the decay tends to.
-        rampup_epochs: Epochs of linear ramp-up.
+        rampup_epochs: Epochs of linear ramp-up; ``None`` uses :func:`codelab_rampup_epochs`
+            of ``replicas``.
         sustain_epochs: Epochs held at the peak.
         decay: Per-epoch decay factor of ``max - min``, from 0 (down to ``min_lr`` the epoch
             after the peak) to 1 (held at the peak).
-        replicas: Replicas in sync (only used when ``max_lr`` is None).
+        replicas: Replicas in sync (only used when ``max_lr`` or ``rampup_epochs`` is None).
         interpolate: ``False`` keeps each epoch's codelab value for all its steps (identical to
             the codelab's per-epoch callback); ``True`` evaluates the same curve at fractional
             epochs, so the rate changes smoothly and still equals the codelab values at epoch
@@ -163,6 +183,8 @@ def codelab_ramp(
             f"at the peak), a factor per epoch. Received: decay={decay!r}"
         )
     peak = codelab_max_lr(replicas) if max_lr is None else max_lr
+    if rampup_epochs is None:
+        rampup_epochs = codelab_rampup_epochs(replicas)
     spe = float(steps_per_epoch)
 
     def fn(step):
