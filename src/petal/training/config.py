@@ -412,10 +412,10 @@ def codelab_xception() -> TrainConfig:
     16 x replicas. On a TPU pod (more than 8 replicas) the codelab's pod recipe: batch 8 x
     replicas, peak 2e-5 x replicas, a 7-epoch ramp (unless batch_size, learning_rate or
     schedule_options.rampup_epochs / max_lr are set); flip+saturation; no cache; pixels in
-    [0, 1] as the codelab feeds them, although Keras' Xception weights were trained on [-1, 1] (``--set
-    normalization=symmetric`` matches them; another ``--model`` gets its own normalization
-    unless ``--set normalization=...`` is given). Needs the ImageNet
-    weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
+    [0, 1] as the codelab feeds them, although Keras' Xception weights were trained on
+    [-1, 1] (``--set normalization=symmetric`` matches them; another ``--model`` gets its own
+    normalization unless ``--set normalization=...`` is given). Needs the ImageNet weights
+    (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
     in the codelab); hours on a 2-core CPU.
     """
     return dataclasses.replace(
