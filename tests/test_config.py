@@ -573,3 +573,14 @@ def test_keys_that_a_run_would_ignore_are_refused():
         load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])
     assert load_config("codelab-xception", None, ["fine_tune=head_then_all", "head_epochs=2",
                                                   "fine_tune_lr_factor=0.5"])
+
+
+def test_records_given_as_a_path_made_of_a_url_are_refused():
+    # TrainConfig(data=Path("gs://b/rec")) became the local folder gs:/b/rec.
+    from pathlib import Path
+
+    with pytest.raises(PetalError) as info:
+        get_preset("quick").replace(data=Path("gs://b/rec"))
+    assert str(info.value) == ("data gs:/b/rec is a URL that lost a slash (gs://b/rec, as "
+                               "pathlib.Path makes it); pass the URL as a string, not a Path.")
+    assert get_preset("quick").replace(data=Path("b/rec")).data == "b/rec"

@@ -729,6 +729,7 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
         if option is str and isinstance(value, str):
             return value
         if option is str and name in ("data", "weights") and isinstance(value, os.PathLike):
+            refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
             return os.fspath(value)  # a path given as a Path
         if option is dict and isinstance(value, dict):
             return dict(value)
