@@ -1066,3 +1066,17 @@ def test_resume_and_overwrite_must_be_bools(small_records, tmp_path):
             f"{name} must be True or False. Received: {name}={value!r}"
         )
     assert (run / "metrics.json").read_text() == before
+
+
+def test_too_few_images_for_a_pods_batch_names_pod_batch_size(make_records, tmp_path,
+                                                              monkeypatch):
+    # On a pod the global batch is pod_batch_size x replicas: the error named batch_size.
+    from petal.training import schedules
+
+    monkeypatch.setattr(schedules, "POD_REPLICAS", 0)  # this one replica stands for a pod
+    records = make_records(counts={"train": [30], "validation": [10]})
+    cfg = tiny_config(records, pod_batch_size=48, steps_per_epoch=None)
+    with pytest.raises(PetalError) as err:
+        train(cfg, tmp_path / "run", log=lambda line: None)
+    assert "fewer than one global batch of 48" in str(err.value)
+    assert str(err.value).endswith("Received: pod_batch_size=48 per replica x 1 replica(s)")

@@ -1457,6 +1457,8 @@ def _train(
         # Name the setting that made the global batch (a preset's one-device batch on one).
         if replicas == 1 and cfg.single_device_batch_size:
             given = f"single_device_batch_size={cfg.single_device_batch_size}"
+        elif global_batch != cfg.batch_size * replicas:  # a pod's (see _global_batch)
+            given = f"pod_batch_size={cfg.pod_batch_size} per replica x {replicas} replica(s)"
         else:
             given = f"batch_size={cfg.batch_size} per replica x {replicas} replica(s)"
         raise PetalError(
