@@ -6,6 +6,7 @@ file); keep each fixture small and session-scoped where it builds something expe
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -194,6 +195,13 @@ def break_image(path: Path, record: int) -> None:
 
 
 # --- input pipeline (B): synthetic records with known contents ------------------------------
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal: stderr as a user watching sees it."""
+
+    def isatty(self) -> bool:
+        return True
 
 
 def keep_only(folder: Path, keys=("image", "class")) -> Path:

@@ -724,9 +724,7 @@ def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_record
     import io
     import sys
 
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    from conftest import Terminal
 
     for stderr, drawn in ((io.StringIO(), False), (Terminal(), True)):
         monkeypatch.setattr(sys, "stderr", stderr)

@@ -1030,11 +1030,7 @@ def test_a_file_where_the_tensorboard_logs_go_is_refused_before_training(tmp_pat
 def test_the_step_bar_is_cleared_before_the_epoch_line(small_records, tmp_path, monkeypatch):
     """On a terminal the epoch line was printed into the last column of the step bar, which
     was left on screen: the bar closed after the checkpoint printed the line."""
-    import io
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    from conftest import Terminal
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)

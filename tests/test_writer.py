@@ -1613,10 +1613,7 @@ def test_convert_draws_progress_bars_only_on_a_terminal_by_default(
 ):
     """The library drew its bars into a log file or a pipe by default (evaluate's default,
     and the CLI's, is a terminal only)."""
-
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    from conftest import Terminal
 
     for stderr, drawn in ((io.StringIO(), False), (Terminal(), True)):
         monkeypatch.setattr(sys, "stderr", stderr)
