@@ -679,3 +679,23 @@ def test_codelab_shards_that_name_no_classes_get_neutral_names_and_a_warning(mak
     )
     given = open_source(str(folder), classes=",".join(names))
     assert given.classes == names and given.notes == ()
+
+
+def test_codelab_shards_whose_records_have_no_class_are_refused_naming_the_shard(make_records):
+    """Records of image and label alone opened as 0 classes "called , by index" (they have
+    labels), then failed on num_classes, or with --classes blamed undecodable images."""
+    from conftest import keep_only
+
+    folder = keep_only(make_records("nocls", counts={"all": [6] * 4}, codelab=True),
+                       keys=("image", "label"))  # fmt: skip
+    message = (
+        rf"^Codelab shard {folder}/flowers00-6\.tfrec holds records without a 'class' feature "
+        r"\(the int64 class index the codelab's schema needs; they carry image, label\): write "
+        r"the records again with their class index in 'class', or convert the original "
+        r"images with petal convert\.$"
+    )
+    for classes in (None, ",".join(CODELAB_CLASSES)):
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder), classes=classes)
+    with pytest.raises(PetalError, match=message):
+        train_dataset(str(folder), batch_size=4)

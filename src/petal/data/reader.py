@@ -406,7 +406,15 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
     # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
     n_val = int(len(shards) * fraction)
-    names, sizes, seen = _peek_codelab(shards)
+    names, sizes, seen, classless = _peek_codelab(shards)
+    if classless is not None:
+        shard, keys = classless
+        raise PetalError(
+            f"Codelab shard {shard} holds records without a '{schema.CLASS}' feature (the "
+            "int64 class index the codelab's schema needs; they carry "
+            f"{', '.join(keys) or 'no feature'}): write the records again with their class "
+            "index in 'class', or convert the original images with petal convert."
+        )
     read = f"the first {PEEK_RECORDS} records of each shard"
     if _scan_classes_at_open(shards):
         names, seen = _scan_codelab(shards, names, seen)
@@ -458,10 +466,13 @@ def _check_named_classes(root: str, names: dict[int, str], classes, read: str) -
     )
 
 
-def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int]], int]:
-    """Class names by index, the image sizes recorded and the number of classes seen (the
-    highest index + 1, or a one-hot's length), from the first records of each shard (one
-    small read each)."""
+def _peek_codelab(
+    shards: list[str],
+) -> tuple[dict[int, str], set[tuple[int, int]], int, tuple[str, list[str]] | None]:
+    """Class names by index, the image sizes recorded, the number of classes seen (the
+    highest index + 1, or a one-hot's length), and the first shard whose first record has
+    no ``class`` (with that record's features; else None), from the first records of each
+    shard (one small read each)."""
     import tensorflow as tf
 
     spec = {
@@ -472,6 +483,7 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
     }
     names: dict[int, str] = {}
     num_classes, sizes = 0, set()
+    classless = None
     # A few records from the start of each shard, until every class index has a name.
     for shard in shards:
         # A damaged shard (CRC, truncation, a record that does not parse) is passed over
@@ -480,6 +492,14 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
             peeked = list(_record_dataset([shard]).take(PEEK_RECORDS))
         except tf.errors.DataLossError:
             continue
+        if peeked and classless is None:
+            # Parsed with a default, a record without a class would read as "no class index".
+            from google.protobuf.message import DecodeError
+
+            with contextlib.suppress(DecodeError):  # (a record that does not parse: below)
+                feature = tf.train.Example.FromString(peeked[0].numpy()).features.feature
+                if schema.CLASS not in feature:
+                    classless = (shard, sorted(feature))
         for raw in peeked:
             try:
                 ex = tf.io.parse_single_example(raw, spec)
@@ -497,7 +517,7 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
                 sizes.add((h, w))
         if num_classes and len(names) >= num_classes and len(sizes) > 1:
             break
-    return names, sizes, num_classes
+    return names, sizes, num_classes, classless
 
 
 def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
