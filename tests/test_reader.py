@@ -699,3 +699,34 @@ def test_codelab_shards_whose_records_have_no_class_are_refused_naming_the_shard
             open_source(str(folder), classes=classes)
     with pytest.raises(PetalError, match=message):
         train_dataset(str(folder), batch_size=4)
+
+
+def test_a_manifest_that_lists_a_shard_twice_or_under_the_other_split_is_refused(make_records):
+    """Such a manifest passed inspect --verify, and training validated on records it trained
+    on (the codelab's "same dataset" bug)."""
+    folder = make_records()
+    good = json.loads((folder / "manifest.json").read_text())
+    train, val = good["splits"]["train"], good["splits"]["validation"]
+    first = train["shards"][0]
+    damaged = (
+        (  # the first training shard listed under validation too
+            {"train": train, "validation": {"count": first["count"], "shards": [first]}},
+            f"shard {first['file']} is listed twice \\(in splits 'train' and 'validation'\\)",
+        ),
+        (  # ... twice in one split
+            {"train": {"count": 2 * first["count"], "shards": [first, first]}},
+            f"shard {first['file']} is listed twice \\(in split 'train'\\)",
+        ),
+        (  # the splits swapped
+            {"train": val, "validation": train},
+            f"shard {val['shards'][0]['file']} is listed in split 'train', but its name says "
+            "'validation'",
+        ),
+    )
+    for splits, match in damaged:
+        (folder / "manifest.json").write_text(json.dumps({**good, "splits": splits}))
+        message = f"^Manifest {folder}/manifest.json is damaged: {match}; convert the images"
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder))
+        with pytest.raises(PetalError, match=message):
+            inspect_records(str(folder), verify=True, progress=False)
