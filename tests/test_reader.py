@@ -730,3 +730,36 @@ def test_a_manifest_that_lists_a_shard_twice_or_under_the_other_split_is_refused
             open_source(str(folder))
         with pytest.raises(PetalError, match=message):
             inspect_records(str(folder), verify=True, progress=False)
+
+
+def test_a_manifest_whose_classes_are_not_the_records_labels_is_refused(make_records, monkeypatch):
+    """Classes swapped or renamed in the manifest: petal train trained to the end, calling
+    every daisy "dandelion" (only inspect --verify read the labels)."""
+    from petal.data import remote
+
+    folder = make_records()
+    good = json.loads((folder / "manifest.json").read_text())
+    assert open_source(str(folder)).classes == tuple(good["classes"])
+    shard = good["splits"]["train"]["shards"][0]["file"]
+    for classes, found in (
+        (["dandelion", "daisy", *good["classes"][2:]], "dandelion"),  # swapped
+        (["marguerite", *good["classes"][1:]], "marguerite"),  # renamed
+    ):
+        (folder / "manifest.json").write_text(json.dumps({**good, "classes": classes}))
+        message = (
+            rf"^Shard {folder}/{shard} does not belong to {folder}/manifest\.json: its record "
+            rf"0 is labelled 'daisy', but class 0 is '{found}' in the manifest \(classes swapped "
+            r"or renamed, or another conversion's manifest\); convert the images again with "
+            r"petal convert\.$"
+        )
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder))
+        with monkeypatch.context() as patch:  # a first record larger than the bytes read
+            patch.setattr(reader, "LABEL_CHECK_BYTES", 16)
+            with pytest.raises(PetalError, match=message):
+                open_source(str(folder))
+    with (
+        remote.ObjectServer({"records": folder}) as server,
+        pytest.raises(PetalError, match=r"record 0 is labelled 'daisy', but class 0 is"),
+    ):
+        open_source(server.url("records"))
