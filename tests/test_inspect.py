@@ -634,7 +634,9 @@ def test_a_folder_of_codelab_shards_one_without_a_count_gives_the_reason(make_re
     (folder / "flowers03-4.tfrec").rename(folder / "flowers03.tfrec")
     reason = (
         f"Codelab shard {folder}/flowers03.tfrec carries no record count in its name "
-        "(expected '...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+        "(expected '...-<count>.tfrec') and there is no manifest.json: rename each shard to "
+        "NAME-<count>.tfrec, <count> its number of records (this one flowers03-<count>.tfrec), "
+        "or convert the original images with petal convert."
     )
     for path in (folder, f"{folder}/", f"{folder}/*.tfrec"):
         with pytest.raises(PetalError) as info:

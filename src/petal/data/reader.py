@@ -467,9 +467,14 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
         try:
             counts.append(schema.count_from_name(shard))
         except ValueError as err:
+            # petal convert reads images, not shards: renaming is the fix for shards alone.
+            stem = posixpath.basename(shard)[: -len(schema.SHARD_SUFFIX)]
             raise PetalError(
                 f"Codelab shard {shard} carries no record count in its name (expected "
-                "'...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+                "'...-<count>.tfrec') and there is no manifest.json: rename each shard to "
+                f"NAME-<count>{schema.SHARD_SUFFIX}, <count> its number of records (this one "
+                f"{stem}-<count>{schema.SHARD_SUFFIX}), or convert the original images with "
+                "petal convert."
             ) from err
     fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
     # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
