@@ -353,7 +353,7 @@ def _check_labels(source: Source, fs) -> None:
     """The records' ``label`` must be the manifest's name for their ``class``: with the
     manifest of other shards (or classes swapped or renamed in it) a run would train and
     score every record under another class's name. Checked: the records within the first
-    :data:`LABEL_CHECK_BYTES` (at least one record) of up to :data:`LABEL_CHECK_SHARDS`
+    :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to :data:`LABEL_CHECK_SHARDS`
     shards, taken from each split in turn; records without a label are not checked."""
     import itertools
 
@@ -547,6 +547,7 @@ def _peek_codelab(
     no ``class`` (with that record's features; else None), from the first records of each
     shard (one small read each)."""
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
 
     spec = {
         schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
@@ -567,8 +568,6 @@ def _peek_codelab(
             continue
         if peeked and classless is None:
             # Parsed with a default, a record without a class would read as "no class index".
-            from google.protobuf.message import DecodeError
-
             with contextlib.suppress(DecodeError):  # (a record that does not parse: below)
                 feature = tf.train.Example.FromString(peeked[0].numpy()).features.feature
                 if schema.CLASS not in feature:
