@@ -634,7 +634,9 @@ def test_a_folder_of_codelab_shards_one_without_a_count_gives_the_reason(make_re
     (folder / "flowers03-4.tfrec").rename(folder / "flowers03.tfrec")
     reason = (
         f"Codelab shard {folder}/flowers03.tfrec carries no record count in its name "
-        "(expected '...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+        "(expected '...-<count>.tfrec') and there is no manifest.json: rename each shard to "
+        "NAME-<count>.tfrec, <count> its number of records (this one flowers03-<count>.tfrec), "
+        "or convert the original images with petal convert."
     )
     for path in (folder, f"{folder}/", f"{folder}/*.tfrec"):
         with pytest.raises(PetalError) as info:
@@ -730,3 +732,14 @@ def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_record
         monkeypatch.setattr(sys, "stderr", stderr)
         assert inspect_records(small_records, verify=True).problems == []
         assert ("verify: 100%" in stderr.getvalue()) is drawn, stderr.getvalue()
+
+
+def test_inspect_refuses_codelab_shards_without_class_in_one_line(make_records):
+    """inspect crashed in its class table (TypeError: 'int' object is not iterable) on
+    shards whose records carry image and label but no class: an empty class list."""
+    from conftest import keep_only
+
+    folder = keep_only(make_records("nocls", counts={"all": [6] * 4}, codelab=True),
+                       keys=("image", "label"))  # fmt: skip
+    with pytest.raises(PetalError, match=r"flowers00-6\.tfrec holds records without a 'class'"):
+        inspect_records(str(folder), progress=False)

@@ -679,3 +679,87 @@ def test_codelab_shards_that_name_no_classes_get_neutral_names_and_a_warning(mak
     )
     given = open_source(str(folder), classes=",".join(names))
     assert given.classes == names and given.notes == ()
+
+
+def test_codelab_shards_whose_records_have_no_class_are_refused_naming_the_shard(make_records):
+    """Records of image and label alone opened as 0 classes "called , by index" (they have
+    labels), then failed on num_classes, or with --classes blamed undecodable images."""
+    from conftest import keep_only
+
+    folder = keep_only(make_records("nocls", counts={"all": [6] * 4}, codelab=True),
+                       keys=("image", "label"))  # fmt: skip
+    message = (
+        rf"^Codelab shard {folder}/flowers00-6\.tfrec holds records without a 'class' feature "
+        r"\(the int64 class index the codelab's schema needs; they carry image, label\): write "
+        r"the records again with their class index in 'class', or convert the original "
+        r"images with petal convert\.$"
+    )
+    for classes in (None, ",".join(CODELAB_CLASSES)):
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder), classes=classes)
+    with pytest.raises(PetalError, match=message):
+        train_dataset(str(folder), batch_size=4)
+
+
+def test_a_manifest_that_lists_a_shard_twice_or_under_the_other_split_is_refused(make_records):
+    """Such a manifest passed inspect --verify, and training validated on records it trained
+    on (the codelab's "same dataset" bug)."""
+    folder = make_records()
+    good = json.loads((folder / "manifest.json").read_text())
+    train, val = good["splits"]["train"], good["splits"]["validation"]
+    first = train["shards"][0]
+    damaged = (
+        (  # the first training shard listed under validation too
+            {"train": train, "validation": {"count": first["count"], "shards": [first]}},
+            f"shard {first['file']} is listed twice \\(in splits 'train' and 'validation'\\)",
+        ),
+        (  # ... twice in one split
+            {"train": {"count": 2 * first["count"], "shards": [first, first]}},
+            f"shard {first['file']} is listed twice \\(in split 'train'\\)",
+        ),
+        (  # the splits swapped
+            {"train": val, "validation": train},
+            f"shard {val['shards'][0]['file']} is listed in split 'train', but its name says "
+            "'validation'",
+        ),
+    )
+    for splits, match in damaged:
+        (folder / "manifest.json").write_text(json.dumps({**good, "splits": splits}))
+        message = f"^Manifest {folder}/manifest.json is damaged: {match}; convert the images"
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder))
+        with pytest.raises(PetalError, match=message):
+            inspect_records(str(folder), verify=True, progress=False)
+
+
+def test_a_manifest_whose_classes_are_not_the_records_labels_is_refused(make_records, monkeypatch):
+    """Classes swapped or renamed in the manifest: petal train trained to the end, calling
+    every daisy "dandelion" (only inspect --verify read the labels)."""
+    from petal.data import remote
+
+    folder = make_records()
+    good = json.loads((folder / "manifest.json").read_text())
+    assert open_source(str(folder)).classes == tuple(good["classes"])
+    shard = good["splits"]["train"]["shards"][0]["file"]
+    for classes, found in (
+        (["dandelion", "daisy", *good["classes"][2:]], "dandelion"),  # swapped
+        (["marguerite", *good["classes"][1:]], "marguerite"),  # renamed
+    ):
+        (folder / "manifest.json").write_text(json.dumps({**good, "classes": classes}))
+        message = (
+            rf"^Shard {folder}/{shard} does not belong to {folder}/manifest\.json: its record "
+            rf"0 is labelled 'daisy', but class 0 is '{found}' in the manifest \(classes swapped "
+            r"or renamed, or another conversion's manifest\); convert the images again with "
+            r"petal convert\.$"
+        )
+        with pytest.raises(PetalError, match=message):
+            open_source(str(folder))
+        with monkeypatch.context() as patch:  # a first record larger than the bytes read
+            patch.setattr(reader, "LABEL_CHECK_BYTES", 16)
+            with pytest.raises(PetalError, match=message):
+                open_source(str(folder))
+    with (
+        remote.ObjectServer({"records": folder}) as server,
+        pytest.raises(PetalError, match=r"record 0 is labelled 'daisy', but class 0 is"),
+    ):
+        open_source(server.url("records"))

@@ -1003,8 +1003,9 @@ def test_an_empty_validation_split_names_a_fix_that_fills_it(flowers_dir, tmp_pa
     shards = write_test_records(tmp_path / "shards", counts={"all": [4] * 5}, codelab=True)
     assert refusal(shards).endswith(
         "codelab shards validate the first int(n x 0.19) of their n files, one of 6 or more "
-        "(5 here); convert the images with `petal convert SRC DST --val-fraction 0.19` and "
-        "train on those records."
+        "(5 here): write their records into 6 or more shard files, each named with its record "
+        "count (NAME-<count>.tfrec), or convert the images with `petal convert SRC DST "
+        "--val-fraction 0.19` and train on those records."
     )
 
 

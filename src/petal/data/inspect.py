@@ -421,7 +421,7 @@ def _format(report: InspectReport) -> list[str]:
 def _class_table(classes: list[str], splits: dict, counter: str) -> list[str]:
     """Records per class and split, their shares, and the balance line; ``counter`` says
     what counts the records of a split (the file names, the manifest)."""
-    width = max(10, *(columns(c) for c in classes))
+    width = max([10, *(columns(c) for c in classes)])
     lines = [f"{'class':<{width}} {'train':>8} {'validation':>11} {'total':>8} {'share':>7}"]
     totals = {c: sum(splits[s]["per_class"].get(c, 0) for s in schema.SPLITS) for c in classes}
     grand = max(1, sum(totals.values()))

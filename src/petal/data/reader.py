@@ -3,7 +3,8 @@
 Three kinds of source, told apart by what the path holds:
 
 - ``records``: a petal records folder (``manifest.json`` plus shards). Everything comes
-  from the manifest, and the shards are checked against it (present, count, bytes).
+  from the manifest, and the shards are checked against it (present, count, bytes, and
+  the labels of their first records against its classes).
 - ``codelab``: the Keras-on-TPU codelab's own shards (``flowers00-230.tfrec`` ...), a
   folder or a glob, without a manifest. Counts come from the file names; classes from the
   records' ``class``/``label`` fields (every record of local shards of up to
@@ -171,7 +172,8 @@ def open_source(
             manifest's (others are refused).
         val_fraction: validation fraction for codelab shards (by file, default 0.19) and
             image folders (by image, default 0.19).
-        verify: check a records folder's shards against its manifest (exist, count, bytes).
+        verify: check a records folder's shards against its manifest (exist, count, bytes,
+            the labels of a few first records).
         min_classes: an image folder with fewer classes is refused (2 to train; 1 to score
             new photos of one of a model's classes).
 
@@ -337,7 +339,73 @@ def _open_records(root: str, *, verify: bool) -> Source:
         )
     if verify:
         _verify_shards(root, manifest, listed, fs)
+        _check_labels(source, fs)
     return _listed_sizes(source, fs)
+
+
+# Shards whose first records are checked against the manifest's classes when a records
+# folder is opened, and the bytes read from the start of each: a few small reads, remote too.
+LABEL_CHECK_SHARDS = 4
+LABEL_CHECK_BYTES = 1 << 18
+
+
+def _check_labels(source: Source, fs) -> None:
+    """The records' ``label`` must be the manifest's name for their ``class``: with the
+    manifest of other shards (or classes swapped or renamed in it) a run would train and
+    score every record under another class's name. Checked: the records within the first
+    :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to :data:`LABEL_CHECK_SHARDS`
+    shards, taken from each split in turn; records without a label are not checked."""
+    import itertools
+
+    import tensorflow as tf
+    from google.protobuf.message import DecodeError
+
+    pairs = itertools.zip_longest(
+        *(zip(source.files(s), source.counts(s), strict=True) for s in schema.SPLITS)
+    )
+    shards = [f for f, n in filter(None, itertools.chain(*pairs)) if n][:LABEL_CHECK_SHARDS]
+    for shard in shards:
+        try:
+            records = _head_records(fs.read_bytes(shard, LABEL_CHECK_BYTES))
+            if not records:  # a first record larger than that: read it whole
+                head = fs.read_bytes(shard, 12)
+                length = int.from_bytes(head[:8], "little") if len(head) == 12 else 0
+                if 0 < length <= 64 * LABEL_CHECK_BYTES:  # else damaged: reading it names it
+                    records = _head_records(fs.read_bytes(shard, 16 + length))
+        except (PetalError, OSError):
+            continue  # unreadable (gone, no permission, a failed request): reading names it
+        for index, record in enumerate(records):
+            try:
+                feature = tf.train.Example.FromString(record).features.feature
+            except DecodeError:
+                continue  # damaged: reading it names the record
+            cls = feature[schema.CLASS].int64_list.value if schema.CLASS in feature else []
+            label = feature[schema.LABEL].bytes_list.value if schema.LABEL in feature else []
+            if not (cls and label and 0 <= cls[0] < source.num_classes):
+                continue
+            name = label[0].decode("utf-8", "replace")
+            if name != source.classes[cls[0]]:
+                raise PetalError(
+                    f"Shard {shard} does not belong to {_join(source.path, schema.MANIFEST_NAME)}"
+                    f": its record {index} is labelled {name!r}, but class {cls[0]} is "
+                    f"{source.classes[cls[0]]!r} in the manifest (classes swapped or renamed, "
+                    "or another conversion's manifest); convert the images again with petal "
+                    "convert."
+                )
+
+
+def _head_records(data: bytes) -> list[bytes]:
+    """The records whose frames lie whole in ``data``, the first bytes of a shard (a TFRecord
+    frame: length as 8 bytes little-endian, its CRC in 4, the record, its CRC in 4; the
+    CRCs are not checked here)."""
+    records, at = [], 0
+    while at + 12 <= len(data):
+        length = int.from_bytes(data[at : at + 8], "little")
+        if at + 16 + length > len(data):
+            break
+        records.append(data[at + 12 : at + 12 + length])
+        at += 16 + length
+    return records
 
 
 def _listed_sizes(source: Source, fs) -> Source:
@@ -399,14 +467,27 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
         try:
             counts.append(schema.count_from_name(shard))
         except ValueError as err:
+            # petal convert reads images, not shards: renaming is the fix for shards alone.
+            stem = posixpath.basename(shard)[: -len(schema.SHARD_SUFFIX)]
             raise PetalError(
                 f"Codelab shard {shard} carries no record count in its name (expected "
-                "'...-<count>.tfrec') and there is no manifest.json; convert with petal convert."
+                "'...-<count>.tfrec') and there is no manifest.json: rename each shard to "
+                f"NAME-<count>{schema.SHARD_SUFFIX}, <count> its number of records (this one "
+                f"{stem}-<count>{schema.SHARD_SUFFIX}), or convert the original images with "
+                "petal convert."
             ) from err
     fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
     # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
     n_val = int(len(shards) * fraction)
-    names, sizes, seen = _peek_codelab(shards)
+    names, sizes, seen, classless = _peek_codelab(shards)
+    if classless is not None:
+        shard, keys = classless
+        raise PetalError(
+            f"Codelab shard {shard} holds records without a '{schema.CLASS}' feature (the "
+            "int64 class index the codelab's schema needs; they carry "
+            f"{', '.join(keys) or 'no feature'}): write the records again with their class "
+            "index in 'class', or convert the original images with petal convert."
+        )
     read = f"the first {PEEK_RECORDS} records of each shard"
     if _scan_classes_at_open(shards):
         names, seen = _scan_codelab(shards, names, seen)
@@ -458,11 +539,15 @@ def _check_named_classes(root: str, names: dict[int, str], classes, read: str) -
     )
 
 
-def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int]], int]:
-    """Class names by index, the image sizes recorded and the number of classes seen (the
-    highest index + 1, or a one-hot's length), from the first records of each shard (one
-    small read each)."""
+def _peek_codelab(
+    shards: list[str],
+) -> tuple[dict[int, str], set[tuple[int, int]], int, tuple[str, list[str]] | None]:
+    """Class names by index, the image sizes recorded, the number of classes seen (the
+    highest index + 1, or a one-hot's length), and the first shard whose first record has
+    no ``class`` (with that record's features; else None), from the first records of each
+    shard (one small read each)."""
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
 
     spec = {
         schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
@@ -472,6 +557,7 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
     }
     names: dict[int, str] = {}
     num_classes, sizes = 0, set()
+    classless = None
     # A few records from the start of each shard, until every class index has a name.
     for shard in shards:
         # A damaged shard (CRC, truncation, a record that does not parse) is passed over
@@ -480,6 +566,12 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
             peeked = list(_record_dataset([shard]).take(PEEK_RECORDS))
         except tf.errors.DataLossError:
             continue
+        if peeked and classless is None:
+            # Parsed with a default, a record without a class would read as "no class index".
+            with contextlib.suppress(DecodeError):  # (a record that does not parse: below)
+                feature = tf.train.Example.FromString(peeked[0].numpy()).features.feature
+                if schema.CLASS not in feature:
+                    classless = (shard, sorted(feature))
         for raw in peeked:
             try:
                 ex = tf.io.parse_single_example(raw, spec)
@@ -497,7 +589,7 @@ def _peek_codelab(shards: list[str]) -> tuple[dict[int, str], set[tuple[int, int
                 sizes.add((h, w))
         if num_classes and len(names) >= num_classes and len(sizes) > 1:
             break
-    return names, sizes, num_classes
+    return names, sizes, num_classes, classless
 
 
 def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
@@ -1230,10 +1322,12 @@ class _GFileFS:
     def glob(self, pattern):
         return self._call(pattern, lambda g: g.glob(pattern))
 
-    def read_bytes(self, path):
+    def read_bytes(self, path, size: int = -1):
+        """The bytes of ``path``; with ``size``, its first ``size`` bytes at most."""
+
         def read(gfile):
             with gfile.GFile(path, "rb") as f:
-                return f.read()
+                return f.read(size)
 
         return self._call(path, read)
 

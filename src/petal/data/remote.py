@@ -538,8 +538,12 @@ class HttpFS:
             if fnmatch.fnmatchcase(posixpath.join(base, key), pattern)
         )
 
-    def read_bytes(self, path):
-        return get_bytes(path)
+    def read_bytes(self, path, size: int = -1):
+        """The bytes of ``path``; with ``size``, its first ``size`` bytes at most (one
+        request for a range, where the server takes one)."""
+        if size < 0:
+            return get_bytes(path)
+        return _request(path, byte_range=(0, size - 1))[:size]
 
     def sizes(self, folder):
         return {k: v for k, v in self._listing(folder).items() if "/" not in k}

@@ -58,7 +58,8 @@ def check_manifest(manifest, path: str) -> dict:
     ``validation`` (either may be absent) list shards with a ``file`` name, a ``count`` and
     optionally their size in ``bytes``;
     a split's ``count`` and its ``per_class`` counts (where given) add up to its shards';
-    a shard's count is the one in its file name (``-<count>.tfrec``), where it has one.
+    a shard's count is the one in its file name (``-<count>.tfrec``), where it has one;
+    no shard is listed twice, nor in the split other than the one its petal name gives.
 
     Raises:
         PetalError: naming ``path``, the first field that is wrong, and the fix.
@@ -97,6 +98,7 @@ def check_manifest(manifest, path: str) -> dict:
     splits = manifest["splits"]
     if not isinstance(splits, dict):
         raise wrong(f"'splits' must be an object with {' and '.join(SPLITS)}")
+    listed: dict[str, str] = {}  # file -> the split that lists it
     for split in SPLITS:
         info = splits.get(split, {})
         if not isinstance(info, dict) or not isinstance(info.get("shards", []), list):
@@ -112,6 +114,21 @@ def check_manifest(manifest, path: str) -> dict:
                     f"shard {i} of split {split!r} needs a 'file' name, a record 'count' and, "
                     f"if it gives one, a size in 'bytes'; it has file={file!r}, count={count!r}, "
                     f"bytes={shard.get('bytes')!r}"
+                )
+            # A shard listed twice, or under the split its name contradicts, would be both
+            # trained on and validated on.
+            if file in listed:
+                where = (
+                    f"in split {split!r}" if listed[file] == split
+                    else f"in splits {listed[file]!r} and {split!r}"
+                )  # fmt: skip
+                raise wrong(f"shard {file} is listed twice ({where})")
+            listed[file] = split
+            named = _SPLIT_SHARD_RE.match(file)
+            if named and named.group(1) != split:
+                raise wrong(
+                    f"shard {file} is listed in split {split!r}, but its name says "
+                    f"{named.group(1)!r}"
                 )
             named = _COUNT_RE.search(file)
             if named and int(named.group(1)) != count:

@@ -911,10 +911,12 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
             need = math.ceil(1 / CODELAB_VAL_FRACTION)
             while int(need * CODELAB_VAL_FRACTION) < 1:
                 need += 1
+            # Shards may come without their images: rewriting the records is a fix too.
             fix_val = (
                 f"codelab shards validate the first int(n x {CODELAB_VAL_FRACTION}) of their "
-                f"n files, one of {need} or more ({len(source.files('all'))} here); "
-                f"{fix_val}"
+                f"n files, one of {need} or more ({len(source.files('all'))} here): write "
+                f"their records into {need} or more shard files, each named with its record "
+                f"count (NAME-<count>.tfrec), or {fix_val}"
             )
     if train_count == 0:
         raise PetalError(f"The training split of {data} holds no images{made}; {fix_train}.")
