@@ -353,8 +353,9 @@ def _check_labels(source: Source, fs) -> None:
     """The records' ``label`` must be the manifest's name for their ``class``: with the
     manifest of other shards (or classes swapped or renamed in it) a run would train and
     score every record under another class's name. Checked: the records within the first
-    :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to :data:`LABEL_CHECK_SHARDS`
-    shards, taken from each split in turn; records without a label are not checked."""
+    :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to
+    :data:`LABEL_CHECK_SHARDS` shards, taken from each split in turn; records without a label
+    are not checked."""
     import itertools
 
     import tensorflow as tf
