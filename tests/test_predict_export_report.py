@@ -1584,3 +1584,17 @@ def test_an_image_that_is_not_a_path_is_named(trained):
         predict(trained, ["a.jpg", None])
     assert str(info.value) == ("images must be image files or folders of them (str or Path). "
                                "Received: None among images=['a.jpg', None]")
+
+
+def test_a_folder_that_is_no_run_is_refused_without_an_option_they_refuse(tmp_path, capsys):
+    """evaluate, predict and export take WORKDIR as an argument and refuse --workdir: their
+    error told the user to pass "the work directory (--workdir)"."""
+    from petal.cli import main
+
+    nowhere = tmp_path / "nowhere"
+    said = (f"{nowhere} is not a petal work directory (no config.json); pass the folder a "
+            "`petal train --workdir` run wrote.")
+    for command in (["evaluate", str(nowhere)], ["predict", str(nowhere), "a.jpg"],
+                    ["export", str(nowhere)]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == f"petal {command[0]}: error: {said}\n"

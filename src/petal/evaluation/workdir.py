@@ -316,7 +316,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
     if not cfg_path.is_file():
         raise PetalError(
             f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "
-            "pass the work directory (--workdir) of a `petal train` run."
+            "pass the folder a `petal train --workdir` run wrote."
         )
     try:
         config = json.loads(cfg_path.read_text())
