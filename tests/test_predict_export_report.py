@@ -1598,3 +1598,44 @@ def test_a_folder_that_is_no_run_is_refused_without_an_option_they_refuse(tmp_pa
                     ["export", str(nowhere)]):
         assert main(command) == 2
         assert capsys.readouterr().err == f"petal {command[0]}: error: {said}\n"
+
+
+def test_predict_on_records_names_the_run_to_evaluate_them_with(trained, small_records):
+    """The command to evaluate the run on a folder of records said `petal evaluate WORKDIR`,
+    not the run being predicted with."""
+    import shlex
+
+    from petal.evaluation.predict import predict
+
+    with pytest.raises(PetalError) as caught:
+        predict(trained, [small_records])
+    assert str(caught.value) == (
+        f"Folder {small_records} holds records, not image files: evaluate the run on them "
+        f"with `petal evaluate {shlex.quote(str(trained))} --data {small_records}`, or pass "
+        "image files or a folder of them."
+    )
+
+
+def test_predict_on_an_export_is_not_told_to_pass_its_files_by_name(tmp_path):
+    """An export folder listed saved_model.pb, variables.data-00000-of-00001... then said
+    "pass them by name to predict them": no photo is among them."""
+    from petal.evaluation.predict import expand_images
+
+    export = tmp_path / "export"
+    (export / "saved_model" / "variables").mkdir(parents=True)
+    for name in ("export.json", "labels.txt", "model.tflite", "saved_model/saved_model.pb",
+                 "saved_model/fingerprint.pb", "saved_model/variables/variables.index",
+                 "saved_model/variables/variables.data-00000-of-00001"):
+        (export / name).write_text("x")
+    for folder in (export, export / "saved_model"):
+        with pytest.raises(PetalError) as caught:
+            expand_images([folder])
+        assert str(caught.value) == (
+            f"Folder {folder} holds a model export (SavedModel), not image files: pass image "
+            "files or a folder of them."
+        )
+    (export / "saved_model" / "saved_model.pb").unlink()
+    with pytest.raises(PetalError) as caught:  # variables alone: no photos either
+        expand_images([export / "saved_model" / "variables"])
+    assert "holds no image files" in str(caught.value)
+    assert "by name" not in str(caught.value)
