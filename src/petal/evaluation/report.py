@@ -518,10 +518,19 @@ def _scored_split(evaluation: dict, config: dict) -> str:
 
 def _skipped_rows(data: dict) -> list[tuple[str, object]]:
     """A row per ``skipped_*`` entry of metrics.json or eval.json: a count, or the number of
-    entries of a list (of the files or records dropped)."""
+    entries of a list (of the files or records dropped). An image folder's count of
+    ``skipped_corrupt_records`` and its list ``skipped_corrupt_files`` are the same files:
+    one row, of files."""
+    files = isinstance(data.get("skipped_corrupt_files"), list)
     rows: list[tuple[str, object]] = []
     for key, value in data.items():
         if key.startswith("skipped_") and (_is_number(value) or isinstance(value, list)):
+            if files and key == "skipped_corrupt_files" and _is_number(
+                data.get("skipped_corrupt_records")
+            ):
+                continue  # its count's row says it
+            if files and key == "skipped_corrupt_records":
+                key = "skipped_corrupt_files"
             label = "skipped: " + key.removeprefix("skipped_").replace("_", " ")
             rows.append((label, len(value) if isinstance(value, list) else value))
     return rows
