@@ -1639,3 +1639,24 @@ def test_predict_on_an_export_is_not_told_to_pass_its_files_by_name(tmp_path):
         expand_images([export / "saved_model" / "variables"])
     assert "holds no image files" in str(caught.value)
     assert "by name" not in str(caught.value)
+
+
+def test_report_on_a_run_with_no_model_says_to_resume_it_not_to_evaluate_it(
+    trained, tmp_path, capsys
+):
+    """An interrupted run (no model.keras, no metrics.json): report said to run `petal
+    evaluate RUN`, which refuses it and says to resume it."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "model.keras").unlink()
+    (run / "metrics.json").unlink()
+    capsys.readouterr()
+    build_report(run)
+    out = capsys.readouterr().out
+    assert out == (
+        f"petal report: no evaluation in {run / 'eval'}, and no model to evaluate: {run} has "
+        f"no model.keras: the run has not finished. Resume it with `petal train --workdir {run} "
+        "--resume`.\n"
+    )
+    assert "petal evaluate" not in (run / "report.html").read_text()

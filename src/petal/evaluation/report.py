@@ -27,6 +27,7 @@ from petal.evaluation.workdir import (
     check_not_in_the_way,
     file_sha256,
     need_folder,
+    no_model,
     retrain_command,
     run_folder,
     still_training,
@@ -377,6 +378,11 @@ def build_report(
             f"no evaluation in {eval_dir}: run `petal evaluate {workdir}` to add one, or pass "
             "--eval DIR for one written with `petal evaluate --out DIR`."
         )
+        if not (workdir / MODEL_FILE).is_file():  # evaluate would refuse it: say why
+            none = (
+                f"no evaluation in {eval_dir}, and no model to evaluate: "
+                f"{no_model(workdir, config)}"
+            )
         print(f"petal report: {none}")
         parts.append(f"<p>{html.escape('N' + none[1:])}</p>")
     if not epochs_done:
