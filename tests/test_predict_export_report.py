@@ -1660,3 +1660,23 @@ def test_report_on_a_run_with_no_model_says_to_resume_it_not_to_evaluate_it(
         "--resume`.\n"
     )
     assert "petal evaluate" not in (run / "report.html").read_text()
+
+
+def test_report_of_another_runs_evaluation_says_so_and_leaves_it_alone(trained, tmp_path,
+                                                                        capsys):
+    """`petal report RUN --eval OTHER/eval`: report said eval.json scored an earlier model of
+    RUN and told the user to `petal evaluate RUN --out OTHER/eval`, over the other run's."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    other = tmp_path / "other"
+    other.mkdir()
+    eval_json = _write_eval(other, workdir=str(other), model_sha256="0" * 64)
+    capsys.readouterr()
+    page = build_report(run, eval_dir=other / "eval").read_text()
+    said = (f"{eval_json} is an evaluation of another run ({other}), whose model is not "
+            f"{run / 'model.keras'}; evaluate this run with `petal evaluate {run}` (it writes "
+            f"{run / 'eval'}) and run `petal report {run}` again.")
+    assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+    assert "another run" in page and "scored an earlier model" not in page
+    assert "--out" not in said
