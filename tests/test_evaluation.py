@@ -1813,3 +1813,28 @@ def test_records_of_some_of_the_runs_classes_split_alike_are_held_out(
     assert (f"{tmp_path / 'some1'} was converted from {small_flowers} like the run's records "
             f"{small_records}, but split differently (seed 1 vs 0): its validation") \
         in warnings[0]
+
+
+def test_report_counts_the_corrupt_files_of_an_image_folder_once(trained, tmp_path):
+    """evaluate --skip-corrupt on an image folder writes a count (skipped_corrupt_records)
+    and the list of the same files (skipped_corrupt_files): the report showed both rows."""
+    from petal.evaluation.report import build_report
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    (run / "eval").mkdir()
+    evaluation = {
+        "count": 4, "accuracy": 0.5, "classes": ["a", "b"], "confusion_matrix": [[1, 1], [1, 1]],
+        "per_class": {c: {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
+                      for c in "ab"},
+        "macro": {"precision": 0.5, "recall": 0.5, "f1": 0.5},
+        "data": "/elsewhere/photos", "split": "all", "workdir": str(run),
+        "skipped_corrupt_records": 2,
+        "skipped_corrupt_files": ["a/zero.jpg: empty file", "b/huge.png: too many pixels"],
+    }
+    (run / "eval" / "eval.json").write_text(json.dumps(evaluation))
+    page = build_report(run).read_text()
+    assert ("<tr><th>images</th><td class='num'>4</td></tr>"
+            "<tr><th>skipped: corrupt files</th><td class='num'>2</td></tr>"
+            "<tr><th>accuracy</th>") in page
+    assert "corrupt records" not in page

@@ -1584,3 +1584,99 @@ def test_an_image_that_is_not_a_path_is_named(trained):
         predict(trained, ["a.jpg", None])
     assert str(info.value) == ("images must be image files or folders of them (str or Path). "
                                "Received: None among images=['a.jpg', None]")
+
+
+def test_a_folder_that_is_no_run_is_refused_without_an_option_they_refuse(tmp_path, capsys):
+    """evaluate, predict and export take WORKDIR as an argument and refuse --workdir: their
+    error told the user to pass "the work directory (--workdir)"."""
+    from petal.cli import main
+
+    nowhere = tmp_path / "nowhere"
+    said = (f"{nowhere} is not a petal work directory (no config.json); pass the folder a "
+            "`petal train --workdir` run wrote.")
+    for command in (["evaluate", str(nowhere)], ["predict", str(nowhere), "a.jpg"],
+                    ["export", str(nowhere)]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == f"petal {command[0]}: error: {said}\n"
+
+
+def test_predict_on_records_names_the_run_to_evaluate_them_with(trained, small_records):
+    """The command to evaluate the run on a folder of records said `petal evaluate WORKDIR`,
+    not the run being predicted with."""
+    import shlex
+
+    from petal.evaluation.predict import predict
+
+    with pytest.raises(PetalError) as caught:
+        predict(trained, [small_records])
+    assert str(caught.value) == (
+        f"Folder {small_records} holds records, not image files: evaluate the run on them "
+        f"with `petal evaluate {shlex.quote(str(trained))} --data {small_records}`, or pass "
+        "image files or a folder of them."
+    )
+
+
+def test_predict_on_an_export_is_not_told_to_pass_its_files_by_name(tmp_path):
+    """An export folder listed saved_model.pb, variables.data-00000-of-00001... then said
+    "pass them by name to predict them": no photo is among them."""
+    from petal.evaluation.predict import expand_images
+
+    export = tmp_path / "export"
+    (export / "saved_model" / "variables").mkdir(parents=True)
+    for name in ("export.json", "labels.txt", "model.tflite", "saved_model/saved_model.pb",
+                 "saved_model/fingerprint.pb", "saved_model/variables/variables.index",
+                 "saved_model/variables/variables.data-00000-of-00001"):
+        (export / name).write_text("x")
+    for folder in (export, export / "saved_model"):
+        with pytest.raises(PetalError) as caught:
+            expand_images([folder])
+        assert str(caught.value) == (
+            f"Folder {folder} holds a model export (SavedModel), not image files: pass image "
+            "files or a folder of them."
+        )
+    (export / "saved_model" / "saved_model.pb").unlink()
+    with pytest.raises(PetalError) as caught:  # variables alone: no photos either
+        expand_images([export / "saved_model" / "variables"])
+    assert "holds no image files" in str(caught.value)
+    assert "by name" not in str(caught.value)
+
+
+def test_report_on_a_run_with_no_model_says_to_resume_it_not_to_evaluate_it(
+    trained, tmp_path, capsys
+):
+    """An interrupted run (no model.keras, no metrics.json): report said to run `petal
+    evaluate RUN`, which refuses it and says to resume it."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    (run / "model.keras").unlink()
+    (run / "metrics.json").unlink()
+    capsys.readouterr()
+    build_report(run)
+    out = capsys.readouterr().out
+    assert out == (
+        f"petal report: no evaluation in {run / 'eval'}, and no model to evaluate: {run} has "
+        f"no model.keras: the run has not finished. Resume it with `petal train --workdir {run} "
+        "--resume`.\n"
+    )
+    assert "petal evaluate" not in (run / "report.html").read_text()
+
+
+def test_report_of_another_runs_evaluation_says_so_and_leaves_it_alone(trained, tmp_path,
+                                                                        capsys):
+    """`petal report RUN --eval OTHER/eval`: report said eval.json scored an earlier model of
+    RUN and told the user to `petal evaluate RUN --out OTHER/eval`, over the other run's."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    other = tmp_path / "other"
+    other.mkdir()
+    eval_json = _write_eval(other, workdir=str(other), model_sha256="0" * 64)
+    capsys.readouterr()
+    page = build_report(run, eval_dir=other / "eval").read_text()
+    said = (f"{eval_json} is an evaluation of another run ({other}), whose model is not "
+            f"{run / 'model.keras'}; evaluate this run with `petal evaluate {run}` (it writes "
+            f"{run / 'eval'}) and run `petal report {run}` again.")
+    assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+    assert "another run" in page and "scored an earlier model" not in page
+    assert "--out" not in said

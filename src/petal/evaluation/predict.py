@@ -9,6 +9,7 @@ resized to the model's input size as the input pipeline resizes records of anoth
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,11 +91,14 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     return [path for path, _ in _expand(paths, warn)]
 
 
-def _expand(paths: Sequence[str | Path], warn) -> list[tuple[Path, str]]:
+def _expand(
+    paths: Sequence[str | Path], warn, workdir: str | Path | None = None
+) -> list[tuple[Path, str]]:
     """:func:`expand_images`, each file with its name as given: a path given as written
     (``./a.jpg``), a file found in a folder as that folder's path as written joined to its
     path there; a Path would drop the ``./`` and a doubled ``/``, and a script would not
-    find its own paths among the results."""
+    find its own paths among the results. ``workdir``: the run predicting, for the command
+    that evaluates it on a folder of records (``WORKDIR`` when not known)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
     if bad := [p for p in paths if not isinstance(p, (str, os.PathLike))]:
@@ -151,10 +155,16 @@ def _expand(paths: Sequence[str | Path], warn) -> list[tuple[Path, str]]:
                    if found else "")
             )
         if not found and _records(path, other):
+            run = "WORKDIR" if workdir is None else shlex.quote(str(workdir))
             raise PetalError(
                 f"Folder {printable(utf8_name(str(path)))} holds records, not image files: "
-                f"evaluate the run on them with `petal evaluate WORKDIR --data "
+                f"evaluate the run on them with `petal evaluate {run} --data "
                 f"{printable(utf8_name(str(path)))}`, or pass image files or a folder of them."
+            )
+        if not found and _export(path, other):
+            raise PetalError(
+                f"Folder {printable(utf8_name(str(path)))} holds a model export (SavedModel), "
+                "not image files: pass image files or a folder of them."
             )
         if not found:
             # What is there but not read is the fix: said in the one line of the error.
@@ -169,17 +179,29 @@ def _expand(paths: Sequence[str | Path], warn) -> list[tuple[Path, str]]:
     return files
 
 
-# Extensions of the files petal writes (records, runs, evaluations, exports): never photos
-# under another extension, so never worth passing by name to predict.
+# Extensions of the files petal writes (records, runs, evaluations, exports, a SavedModel's
+# variables.index): never photos under another extension, so never worth passing by name to
+# predict. A SavedModel's variables.data-00000-of-00001 is told by its prefix.
 _NOT_PHOTOS = frozenset(
     (".tfrec", ".tfrecord", ".json", ".csv", ".txt", ".h5", ".keras", ".html", ".pb", ".tflite")
-    + (".npz", ".log")
+    + (".npz", ".log", ".index")
 )
 
 
 def _photos(files: list[str]) -> bool:
     """Whether some of ``files`` (not image files by extension) may be photos all the same."""
-    return any(os.path.splitext(f)[1].lower() not in _NOT_PHOTOS for f in files)
+    return any(
+        (ext := os.path.splitext(f)[1].lower()) not in _NOT_PHOTOS and not ext.startswith(".data-")
+        for f in files
+    )
+
+
+def _export(path: Path, files: list[str]) -> bool:
+    """Whether the folder ``path`` (its non-image ``files``) holds a model export: petal
+    export's folder (its ``export.json``) or a SavedModel (its ``saved_model.pb``)."""
+    return (path / "export.json").is_file() or any(
+        os.path.basename(f) == "saved_model.pb" for f in files
+    )
 
 
 def _records(path: Path, files: list[str]) -> bool:
@@ -245,7 +267,7 @@ def predict(
     warn = warn or _warn
     run = open_run(workdir, warn=warn)
     top_k = top_k_for(run, top_k, warn)
-    given = _expand(images, warn)
+    given = _expand(images, warn, run.workdir)
     images = [path for path, _ in given]
     names = [utf8_name(name) for _, name in given]  # as given: the results' "file"
     if not_utf8 := [path for path in images if not is_utf8(str(path))]:

@@ -27,6 +27,7 @@ from petal.evaluation.workdir import (
     check_not_in_the_way,
     file_sha256,
     need_folder,
+    no_model,
     retrain_command,
     run_folder,
     still_training,
@@ -362,12 +363,22 @@ def build_report(
         parts.append(f"<p><b>Not saved:</b> {html.escape(not_saved)}</p>")
     if evaluation is not None:
         model_file = workdir / MODEL_FILE
-        if _scored_another_model(evaluation, eval_json, model_file, workdir):
+        scored = _scored_another_model(evaluation, eval_json, model_file, workdir)
+        if scored == "another run":
+            # Never `evaluate --out` that folder: it is the other run's evaluation.
+            own = shlex.quote(str(workdir))
+            stale = (
+                f"{eval_json} is an evaluation of another run ({evaluation['workdir']}), whose "
+                f"model is not {model_file}; evaluate this run with `petal evaluate {own}` "
+                f"(it writes {workdir / EVAL_DIR}) and run `petal report {own}` again."
+            )
+        elif scored:
             # Resumed since: the scores are an earlier model's.
             stale = (
                 f"{eval_json} scored an earlier model: {model_file} was saved after it (the "
                 f"run was trained further); {evaluate_again}"
             )
+        if scored:
             print(f"petal report: warning: {stale}", file=sys.stderr)
             eval_parts.insert(1, f"<p><b>Warning:</b> {html.escape(stale)}</p>")
         parts += eval_parts
@@ -377,6 +388,11 @@ def build_report(
             f"no evaluation in {eval_dir}: run `petal evaluate {workdir}` to add one, or pass "
             "--eval DIR for one written with `petal evaluate --out DIR`."
         )
+        if not (workdir / MODEL_FILE).is_file():  # evaluate would refuse it: say why
+            none = (
+                f"no evaluation in {eval_dir}, and no model to evaluate: "
+                f"{no_model(workdir, config)}"
+            )
         print(f"petal report: {none}")
         parts.append(f"<p>{html.escape('N' + none[1:])}</p>")
     if not epochs_done:
@@ -477,20 +493,26 @@ def _draw(plot, source, out: Path, *args) -> Path | None:
 
 def _scored_another_model(
     evaluation: dict, eval_json: Path, model_file: Path, workdir: Path
-) -> bool:
-    """Whether ``eval.json`` scored another model than ``model.keras`` (the run was trained
-    further, or again, since): by the model's SHA-256 where eval.json records it, else by the
-    files' times, which only the folder evaluate wrote keeps (``cp -r`` gives a copy new
-    ones, the model's possibly later than eval.json's)."""
+) -> str | None:
+    """Whether ``eval.json`` scored another model than ``model.keras``: ``"another run"``'s,
+    when it names another run folder than ``workdir`` (``petal report RUN --eval`` of
+    another run's evaluation), or ``"earlier"`` (the run was trained further, or again,
+    since); None when not, or not known. By the model's SHA-256 where eval.json records it
+    (a copied or moved run keeps it), else by the files' times, which only the folder
+    evaluate wrote keeps (``cp -r`` gives a copy new ones, the model's possibly later than
+    eval.json's)."""
     if not model_file.is_file():
-        return False
+        return None
+    scored_in = evaluation.get("workdir")
+    here = not isinstance(scored_in, str) or same_place(scored_in, workdir)
     digest = evaluation.get("model_sha256")
     if isinstance(digest, str):
-        return digest != file_sha256(model_file)
-    scored_in = evaluation.get("workdir")
-    if not isinstance(scored_in, str) or not same_place(scored_in, workdir):
-        return False  # a copy of the run (or moved from where it was scored): times unknown
-    return model_file.stat().st_mtime > eval_json.stat().st_mtime
+        if digest == file_sha256(model_file):
+            return None
+        return "earlier" if here else "another run"
+    if not isinstance(scored_in, str) or not here:
+        return None  # a copy of the run (or moved from where it was scored): times unknown
+    return "earlier" if model_file.stat().st_mtime > eval_json.stat().st_mtime else None
 
 
 def _is_number(value) -> bool:
@@ -518,10 +540,19 @@ def _scored_split(evaluation: dict, config: dict) -> str:
 
 def _skipped_rows(data: dict) -> list[tuple[str, object]]:
     """A row per ``skipped_*`` entry of metrics.json or eval.json: a count, or the number of
-    entries of a list (of the files or records dropped)."""
+    entries of a list (of the files or records dropped). An image folder's count of
+    ``skipped_corrupt_records`` and its list ``skipped_corrupt_files`` are the same files:
+    one row, of files."""
+    files = isinstance(data.get("skipped_corrupt_files"), list)
     rows: list[tuple[str, object]] = []
     for key, value in data.items():
         if key.startswith("skipped_") and (_is_number(value) or isinstance(value, list)):
+            if files and key == "skipped_corrupt_files" and _is_number(
+                data.get("skipped_corrupt_records")
+            ):
+                continue  # its count's row says it
+            if files and key == "skipped_corrupt_records":
+                key = "skipped_corrupt_files"
             label = "skipped: " + key.removeprefix("skipped_").replace("_", " ")
             rows.append((label, len(value) if isinstance(value, list) else value))
     return rows

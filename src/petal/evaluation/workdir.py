@@ -288,6 +288,25 @@ def run_folder(workdir: str | Path) -> Path:
     return Path(workdir)
 
 
+def no_model(workdir: Path, config: dict) -> str:
+    """Why the run in ``workdir`` (its ``config``) has no ``model.keras``, and what to do:
+    it is still training (run this again when it finishes), a NaN/inf loss stopped it (what
+    to change, and how to go on), or it has not finished (resume it)."""
+    from petal.running import running_elsewhere
+
+    if who := running_elsewhere(workdir, "training in it"):  # --resume would be refused
+        return (
+            f"{workdir} has no {MODEL_FILE} yet: the run is still training ({who}); "
+            "run this again when it finishes."
+        )
+    if stopped := non_finite_stop(workdir, config):  # --resume alone stops again
+        return f"{workdir} has no {MODEL_FILE}: {stopped}"
+    return (
+        f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
+        f"`petal train --workdir {workdir} --resume`."
+    )
+
+
 def retrain_command(workdir: Path) -> str:
     """The command that trains the run in ``workdir`` again, from its own ``config.json``
     (its preset, data, classes and settings): ``--workdir`` alone asks for ``--data``, and
@@ -316,7 +335,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
     if not cfg_path.is_file():
         raise PetalError(
             f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "
-            "pass the work directory (--workdir) of a `petal train` run."
+            "pass the folder a `petal train --workdir` run wrote."
         )
     try:
         config = json.loads(cfg_path.read_text())
@@ -338,19 +357,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
             "it away and resume or retrain the run."
         )
     if need_model and not (workdir / MODEL_FILE).is_file():
-        from petal.running import running_elsewhere
-
-        if who := running_elsewhere(workdir, "training in it"):  # --resume would be refused
-            raise PetalError(
-                f"{workdir} has no {MODEL_FILE} yet: the run is still training ({who}); "
-                "run this again when it finishes."
-            )
-        if stopped := non_finite_stop(workdir, config):  # --resume alone stops again
-            raise PetalError(f"{workdir} has no {MODEL_FILE}: {stopped}")
-        raise PetalError(
-            f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
-            f"`petal train --workdir {workdir} --resume`."
-        )
+        raise PetalError(no_model(workdir, config))
     try:
         records = resolved.get("records_size")
         run = RunInfo(
