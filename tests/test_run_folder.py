@@ -487,3 +487,31 @@ def test_an_empty_training_split_asks_for_a_fraction_below_the_one_converted_wit
     with pytest.raises(PetalError, match=r"reconvert the images with a smaller --val-fraction "
                        r"than 0\.9 or add images"):
         train(tiny_config(no_train, steps_per_epoch=None), tmp_path / "run", **QUIET)
+
+
+def test_overwrite_keeps_the_users_files_in_eval_and_export(tmp_path):
+    """--overwrite removed eval/ and export/ whole, the user's notes there with them (README:
+    it deletes only the files a run writes; export keeps other files in its folder)."""
+    run = tmp_path / "run"
+    (run / "export" / "saved_model" / "variables").mkdir(parents=True)
+    (run / "eval").mkdir()
+    (run / "config.json").write_text(PETAL_CONFIG)
+    (run / "metrics.json").write_text("{}")
+    petals = ["eval/eval.json", "eval/confusion_matrix.png", "eval/.pending-eval.json",
+              "export/labels.txt", "export/saved_model/saved_model.pb",
+              "export/saved_model/variables/variables.index", "export/.export-1234/x"]
+    mine = ["eval/mynotes.txt", "export/NOTES.md", "export/model.tflite"]  # tflite: not listed
+    for name in petals + mine:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("x")
+    (run / "export" / "export.json").write_text(json.dumps(
+        {"written_by": "petal export", "run": str(run), "files": ["labels.txt", "saved_model"]}))
+    prepare_workdir(run, resume=False, overwrite=True)
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()) == sorted(
+        mine)
+    for name in mine:
+        (run / name).unlink()
+    (run / "config.json").write_text(PETAL_CONFIG)
+    (run / "eval" / "eval.json").write_text("{}")
+    prepare_workdir(run, resume=False, overwrite=True)  # folders holding nothing else go
+    assert list(run.iterdir()) == []

@@ -149,7 +149,7 @@ def evaluate(
     out = check_output_folder(
         out_dir if out_dir is not None else run.workdir / EVAL_DIR, "evaluation", "out_dir"
     )
-    for name in _WRITTEN:
+    for name in WRITTEN:
         check_not_in_the_way(out / name, False, f"the evaluation writes its {name}",
                              "move it away or pass --out another folder.")
     if is_within(out, data):
@@ -683,7 +683,7 @@ EVAL_JSON = "eval.json"
 PENDING_JSON = ".pending-eval.json"
 # Every file an evaluation writes in its folder (a folder in the way of one is refused
 # before the evaluation), eval.json first: it is removed first.
-_WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
+WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:
@@ -698,7 +698,7 @@ def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, tit
     """
     def remove() -> None:
         # eval.json first: an interruption part-way leaves no eval.json that looks complete.
-        for name in _WRITTEN:
+        for name in WRITTEN:
             (out / name).unlink(missing_ok=True)
 
     # Ctrl-C waits until the files are written: the folder holds the earlier evaluation or

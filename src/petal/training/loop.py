@@ -43,6 +43,7 @@ from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRA
 from petal.errors import PetalError, cannot_write, dangling_link, first_line, is_int_at_least
 from petal.jsonfile import save_atomically
 from petal.running import (
+    RUNNING_FILE,
     in_use_error,
     mark_reading,
     mark_running,
@@ -75,7 +76,7 @@ RUN_FILES = (
 )
 RUN_DIRS = ("tensorboard", "eval", "plots", "export")
 # What a run and its report write inside tensorboard/ and plots/: other files there are the
-# user's, and are kept (eval/ and export/ are written whole by petal evaluate and export).
+# user's, and are kept (as in eval/ and export/: see _written_in).
 RUN_DIR_FILES = {
     "tensorboard": ("train", "validation"),
     "plots": ("curves.png", "lr.png", "confusion_matrix.png", "samples.png", "misclassified.png"),
@@ -214,16 +215,30 @@ def _remove_run(workdir: Path) -> None:
         (workdir / f".tmp-{name}").unlink(missing_ok=True)
     for name in RUN_DIRS:
         folder = workdir / name
-        if name not in RUN_DIR_FILES:
-            shutil.rmtree(folder, ignore_errors=True)
-            continue
-        for entry in RUN_DIR_FILES[name]:
-            if (folder / entry).is_dir():
+        for entry in _written_in(folder):
+            if (folder / entry).is_dir() and not (folder / entry).is_symlink():
                 shutil.rmtree(folder / entry, ignore_errors=True)
             else:
                 (folder / entry).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # left in place while it holds the user's files
             folder.rmdir()
+
+
+def _written_in(folder: Path) -> list[str]:
+    """The names petal wrote in the run's sub-folder ``folder`` (:data:`RUN_DIRS`): a run's
+    and its report's (:data:`RUN_DIR_FILES`), an evaluation's, or what the export's
+    ``export.json`` lists (and a staging folder an interrupted export left); not the user's
+    notes beside them."""
+    if folder.name == "eval":
+        from petal.evaluation.evaluate import WRITTEN
+
+        return [*WRITTEN, RUNNING_FILE]
+    if folder.name == "export":
+        from petal.evaluation.export import exported_names
+
+        staging = [p.name for p in folder.glob(".export-*")] if folder.is_dir() else []
+        return [*sorted(exported_names(folder)), *staging]
+    return list(RUN_DIR_FILES[folder.name])
 
 
 def _written_inside(workdir: Path) -> tuple[Path, str] | None:
