@@ -515,3 +515,25 @@ def test_ctrl_c_in_the_threaded_ceiling_stops_its_threads(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         bench._ceiling_threads([b"x"], decode, 5.0, 2)
     assert len(after) < 50  # the threads stopped, not the RuntimeError
+
+
+def test_bench_says_how_many_times_the_bytes_raw_records_are(make_records):
+    # "about 5x the bytes to read" was printed whatever the records (2.4x at 64 px).
+    import json
+
+    from petal.data import bench
+
+    records = make_records("jpeg", counts={"train": [8, 8], "validation": [4]}, fmt="jpeg")
+    result = bench.run(str(records), batch_size=4, seconds=0.2, repeats=1,
+                       cases=("jpeg", "raw"), progress=lambda line: None)  # fmt: skip
+    shards = [s for info in json.loads((records / "manifest.json").read_text())["splits"].values()
+              for s in info["shards"]]  # fmt: skip
+    jpeg = sum(s["bytes"] for s in shards) / sum(s["count"] for s in shards)
+    assert result.record_bytes["jpeg"] == jpeg and result.record_bytes["raw"] > 0
+    [said] = [f for f in result.findings if f.startswith("Raw-pixel records are")]
+    assert said.endswith(
+        f"(no decoding, but {result.record_bytes['raw'] / jpeg:.1f}x the bytes to read).")
+    result.record_bytes = {}
+    result.findings = []
+    bench._summarise(result)
+    assert any(f.endswith("(no decoding, but more bytes to read).") for f in result.findings)

@@ -68,6 +68,9 @@ class BenchResult:
     ratios: dict[str, float] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
     remote: dict = field(default_factory=dict)
+    # Bytes per record of the shards read: "jpeg" (RECORDS) and "raw" (the raw-pixel copy,
+    # which may hold the training images only), where their manifests give them.
+    record_bytes: dict = field(default_factory=dict)
 
     def case(self, name: str) -> Case | None:
         return next((c for c in self.cases if c.name == name), None)
@@ -440,6 +443,19 @@ def _describe(source) -> str:
     return f"{source.count('all')} images at {size} from {origin}"
 
 
+def _bytes_per_record(path: str) -> float | None:
+    """The shards' bytes per record of the records folder ``path``, as its manifest lists
+    them (None when it does not give every shard's)."""
+    from petal.data.reader import open_source
+
+    splits = (open_source(str(path)).manifest or {}).get("splits") or {}
+    shards = [shard for info in splits.values() for shard in info.get("shards", [])]
+    sizes = [shard.get("bytes") for shard in shards]
+    if not sizes or not all(isinstance(n, int) for n in sizes):
+        return None
+    return sum(sizes) / max(1, sum(shard["count"] for shard in shards))
+
+
 def _opened(option: str, path: str):
     """``open_source(path)``, its error prefixed with the option that named the path."""
     from petal.data.reader import open_source
@@ -757,6 +773,10 @@ def run(
             tmp = tempfile.mkdtemp(prefix="petal-bench-raw-")
             progress("writing raw-pixel records for case 'raw' ...")
             raw_records = make_raw_copy(str(records), tmp)
+        shard_bytes = {"jpeg": _bytes_per_record(records)}
+        if raw_records is not None:
+            shard_bytes["raw"] = _bytes_per_record(raw_records)
+        result.record_bytes = {k: n for k, n in shard_bytes.items() if n is not None}
         # (name, measure, path, augment, note)
         plan = []
         if "ceiling" in wanted:
@@ -1116,9 +1136,15 @@ def _summarise(result: BenchResult) -> None:
             "pipeline: after the first epoch nothing is decoded."
         )
     if "raw/jpeg" in r:
+        sizes = result.record_bytes
+        more = (
+            f"{sizes['raw'] / sizes['jpeg']:.1f}x the bytes to read"
+            if sizes.get("jpeg") and sizes.get("raw")
+            else "more bytes to read"
+        )
         f.append(
             f"Raw-pixel records are {r['raw/jpeg']:.1f}x the JPEG records (no decoding, "
-            "but about 5x the bytes to read)."
+            f"but {more})."
         )
     if "jpeg/folder" in r:
         f.append(
