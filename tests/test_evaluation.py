@@ -126,6 +126,11 @@ def test_labels_outside_the_model_classes_say_which_and_what_to_do():
 # --- evaluate / predict / export / report on conftest's tiny trained run ------------------
 
 
+#: For evaluate calls checked for their warnings and counts alone: no misclassified grid
+#: (its plot takes about a second a call, the test's other evaluations a second or two).
+NO_GRID = {"max_misclassified": 0}
+
+
 def _image_files(folder: Path, n: int) -> list[Path]:
     return sorted(p for p in folder.rglob("*.jpg"))[:n]
 
@@ -208,7 +213,7 @@ def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
         convert(small_flowers, again, image_size=size, seed=seed, workers=1, progress=False)
         warnings: list[str] = []
         report = evaluate(trained, again, out_dir=again.with_suffix(".eval"), log=quiet,
-                          warn=warnings.append)
+                          warn=warnings.append, **NO_GRID)
         assert report["split"] == "validation" and report["count"] == 10
         if split_differs:
             assert len(warnings) == 1 and report["warnings"] == warnings
@@ -223,7 +228,7 @@ def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
         # All of it holds the 50 photos the run trained on, however it was split.
         warnings.clear()
         report = evaluate(trained, again, split="all", out_dir=again.with_suffix(".all"),
-                          log=quiet, warn=warnings.append)
+                          log=quiet, warn=warnings.append, **NO_GRID)
         assert report["count"] == 60 and len(warnings) == 1, warnings
         assert (f"{again} was converted from {small_flowers} like the run's records "
                 f"{small_records}: the all split scored holds 50 of its 60 images the model "
@@ -351,7 +356,7 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
     convert(copy, records, image_size=32, workers=1, progress=False)
     warned = []
     evaluate(trained, records, split="all", out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
+             warn=warned.append, **NO_GRID)
     assert warned[0].startswith(
         f"6 of the 10 images of {records} (converted from {copy}) have the names "
         f"and sizes of training photos in {small_flowers}, the folder the run's records were "
@@ -362,7 +367,7 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
     n = len([name for name in scored if "new-" not in name and name not in held_out])
     warned.clear()
     evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
+             warn=warned.append, **NO_GRID)
     copies = [w for w in warned if "most likely copies" in w]
     assert copies == ([] if n == 0 else [copies[0]])
     if n:
@@ -370,7 +375,7 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
                                     f"split, converted from {copy}) have the names and sizes")
     warned.clear()
     evaluate(trained, copy, out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
+             warn=warned.append, **NO_GRID)
     assert [w for w in warned if w.startswith(f"6 of the 10 images of {copy} have")]
     # Renamed, they are new photos; a folder of the run's validation photos only is held
     # out still: no warning.
@@ -384,7 +389,7 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
     for folder in (copy, tmp_path / "held_out"):
         warned.clear()
         evaluate(trained, folder, out_dir=tmp_path / "eval", log=lambda line: None,
-                 warn=warned.append)
+                 warn=warned.append, **NO_GRID)
         assert not [w for w in warned if "most likely copies" in w], folder
 
 
@@ -406,7 +411,8 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
     trained_on = open_source(photos).files("train")
     assert 0 < len(trained_on) < 10
     warned = []
-    evaluate(run, copy, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    evaluate(run, copy, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append, **NO_GRID)
     assert warned == [
         f"{len(trained_on)} of the 10 images of {copy} have the names and sizes of training "
         f"photos in {photos}, the image folder the run trained on: most likely copies of the "
@@ -419,7 +425,7 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
     convert(photos, tmp_path / "records", image_size=32, workers=1, progress=False)
     warned.clear()
     evaluate(run, tmp_path / "records", split="all", out_dir=tmp_path / "eval",
-             log=lambda line: None, warn=warned.append)
+             log=lambda line: None, warn=warned.append, **NO_GRID)
     assert warned == [
         f"{len(trained_on)} of the 10 images of {tmp_path / 'records'} (converted from "
         f"{photos}) are photos the model trained on: petal convert split {photos}, the image "
@@ -435,17 +441,19 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
         (held_out / rel).symlink_to(Path(path).resolve())
     warned.clear()
     evaluate(run, held_out, out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
+             warn=warned.append, **NO_GRID)
     assert warned == []
     # On its own folder: its validation split, as it was split for training; a run split
     # the way earlier builds split folders is told that this may differ.
     warned.clear()
-    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append, **NO_GRID)
     assert warned == []
     config = json.loads((run / "config.json").read_text())
     del config["resolved"]["folder_split"]
     (run / "config.json").write_text(json.dumps(config))
-    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None, warn=warned.append)
+    evaluate(run, photos, out_dir=tmp_path / "eval", log=lambda line: None,
+             warn=warned.append, **NO_GRID)
     assert warned == [
         f"{run} was trained when petal split image folders another way: the validation split "
         "read now may hold images it trained on. Train it again for a held-out score."
@@ -453,7 +461,7 @@ def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flower
     # Which photos it trained on is not known then: any copy of its photos is named.
     warned.clear()
     evaluate(run, held_out, out_dir=tmp_path / "eval", log=lambda line: None,
-             warn=warned.append)
+             warn=warned.append, **NO_GRID)
     n = 10 - len(trained_on)
     assert len(warned) == 1 and warned[0].startswith(
         f"{n} of the {n} images of {held_out} have the names and sizes of photos in {photos},"
@@ -1356,7 +1364,7 @@ def test_evaluating_the_runs_own_data_on_its_training_images_is_warned_about(
     def warned(run: Path, data: Path, split: str | None) -> list[str]:
         said: list[str] = []
         report = evaluate(run, data, split=split, out_dir=tmp_path / f"eval-{split}",
-                          log=lambda line: None, warn=said.append)
+                          log=lambda line: None, warn=said.append, **NO_GRID)
         assert report.get("warnings", []) == said
         return said
 
@@ -1408,7 +1416,7 @@ def test_the_copy_warning_counts_the_split_scored_over_http_as_on_disk(
         for data in (records, server.url("records")):
             warned = []
             evaluate(trained, data, out_dir=tmp_path / "eval", log=lambda line: None,
-                     warn=warned.append)  # fmt: skip
+                     warn=warned.append, **NO_GRID)  # fmt: skip
             assert [w for w in warned if "most likely copies" in w][0].startswith(
                 f"{scored} of the {scored} images of {data} (validation split, converted from "
                 f"{copy}) have the names and sizes of training photos in {small_flowers}"
@@ -1433,7 +1441,7 @@ def test_evaluate_warns_when_the_runs_own_records_were_converted_again_with_anot
     def warned(run, data):
         warnings = []
         evaluate(run, data, out_dir=tmp_path / "eval", log=lambda line: None,
-                 warn=warnings.append)
+                 warn=warnings.append, **NO_GRID)
         return warnings
 
     records = converted(tmp_path / "records", 0)

@@ -21,6 +21,15 @@ def _copy_run(trained: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> dict:
+    """`export(trained)`'s result, exported once for the tests that only serve an export or
+    need an earlier one (each export takes seconds). Read only: copy it to change it."""
+    from petal.evaluation.export import export
+
+    return export(trained, out=tmp_path_factory.mktemp("exported") / "export")
+
+
 # --- predict ---------------------------------------------------------------------------------
 
 
@@ -401,7 +410,7 @@ print(json.dumps(results))
 """
 
 
-def test_the_savedmodel_refuses_animated_webp_and_empty_input(trained, tmp_path):
+def test_the_savedmodel_refuses_animated_webp_and_empty_input(exported, tmp_path):
     """TensorFlow 2.21's WebP decoder corrupts the heap on an animated WebP: the serving
     process died (exit 134 or 139) where predict takes the first frame. The SavedModel now
     refuses one, saying so, before decoding it; an input too short to be an image was
@@ -411,9 +420,8 @@ def test_the_savedmodel_refuses_animated_webp_and_empty_input(trained, tmp_path)
     from PIL import Image
 
     from conftest import run_script
-    from petal.evaluation.export import export
 
-    out = export(trained, out=tmp_path / "export")
+    out = exported
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     rng = np.random.default_rng(0)
@@ -962,16 +970,17 @@ def test_predict_writes_a_name_that_is_not_utf8_as_convert_does(
     assert "not valid UTF-8" in captured.err
 
 
-def test_the_readme_serves_the_export_with_tensorflow_alone(trained, small_flowers, tmp_path):
+def test_the_readme_serves_the_export_with_tensorflow_alone(
+    trained, exported, small_flowers, tmp_path
+):
     """README's snippet, run as written (in a process without petal) on an export: the
     signature names, input key and outputs it gives are the SavedModel's."""
     from conftest import run_script
-    from petal.evaluation.export import export
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
                  if "tf.saved_model.load(" in block]
-    export(trained, out=tmp_path / "runs" / "quick" / "export")
+    shutil.copytree(Path(exported["saved_model"]).parent, tmp_path / "runs" / "quick" / "export")  # export(trained)
     shutil.copy(sorted((small_flowers / "roses").iterdir())[0], tmp_path / "photo.jpg")
     h, w = json.loads((trained / "config.json").read_text())["resolved"]["image_size"]
     checks = f"""
@@ -1525,7 +1534,7 @@ def test_report_of_an_unfinished_or_stopped_run_says_what_to_do(trained, tmp_pat
 
 
 def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
-    trained, tmp_path, monkeypatch
+    trained, exported, tmp_path, monkeypatch
 ):
     # Ctrl-C during the replacement left some of the earlier export's files and some of
     # this one's.
@@ -1535,7 +1544,7 @@ def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
     from petal.evaluation import export as export_module
 
     out = tmp_path / "export"
-    export_module.export(trained, out=out)
+    shutil.copytree(Path(exported["saved_model"]).parent, out)  # an earlier export of the run
     first = (out / "saved_model" / "saved_model.pb").stat().st_mtime_ns
     replaced = os.replace
 
