@@ -980,7 +980,8 @@ def test_the_readme_serves_the_export_with_tensorflow_alone(
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     [snippet] = [block for block in re.findall(r"```python\n(.*?)```", readme, re.S)
                  if "tf.saved_model.load(" in block]
-    shutil.copytree(Path(exported["saved_model"]).parent, tmp_path / "runs" / "quick" / "export")  # export(trained)
+    # export(trained):
+    shutil.copytree(Path(exported["saved_model"]).parent, tmp_path / "runs" / "quick" / "export")
     shutil.copy(sorted((small_flowers / "roses").iterdir())[0], tmp_path / "photo.jpg")
     h, w = json.loads((trained / "config.json").read_text())["resolved"]["image_size"]
     checks = f"""
