@@ -322,7 +322,11 @@ def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
     weights = tmp_path / "start.weights.h5"
     shutil.copy(trained / "best.weights.h5", weights)
     lines: list[str] = []
-    cfg = tiny_config(records, weights=str(weights), epochs=1, steps_per_epoch=1, batch_size=4)
+    import json
+
+    options = json.loads((trained / "config.json").read_text())["model_options"]  # its model's
+    cfg = tiny_config(records, weights=str(weights), epochs=1, steps_per_epoch=1, batch_size=4,
+                      model_options=options)
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
     assert f"petal train: weights from {weights}: all but the 5-class head" in lines
