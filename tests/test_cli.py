@@ -506,3 +506,9 @@ def test_predict_takes_files_on_both_sides_of_an_option(monkeypatch, capsys):
         cli._parse(parser, ["predict", "RUN", "a.jpg", "--bogus", "b.jpg"])
     assert capsys.readouterr().err.splitlines()[-1] == (
         "petal predict: error: unrecognized arguments: --bogus b.jpg")
+
+
+def test_predict_takes_a_dash_file_after_double_dash_among_options():
+    parser = cli.build_parser()
+    args = cli._parse(parser, ["predict", "RUN", "a.jpg", "--top-k", "1", "--", "-x.jpg"])
+    assert (args.images, args.top_k) == (["a.jpg", "-x.jpg"], 1)

@@ -584,3 +584,14 @@ def test_records_given_as_a_path_made_of_a_url_are_refused():
     assert str(info.value) == ("data gs:/b/rec is a URL that lost a slash (gs://b/rec, as "
                                "pathlib.Path makes it); pass the URL as a string, not a Path.")
     assert get_preset("quick").replace(data=Path("b/rec")).data == "b/rec"
+
+
+def test_refusals_of_saved_settings_name_the_setting_that_keeps_the_run():
+    # A run saved before these were refused resumes with the value named: the message said
+    # "drop it" (how?) or gave a rate that lr_reference_batch then scaled 4x.
+    with pytest.raises(PetalError, match=r"drop it \(--set lr_reference_batch=null; the rule's "
+                       r"rate stays\)"):  # fmt: skip
+        load_config("codelab-xception", None, ["lr_reference_batch=32"])
+    with pytest.raises(PetalError, match=r"drop it \(--set fine_tune_lr_factor=0\.1, the "
+                       r"default\)"):  # fmt: skip
+        load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])

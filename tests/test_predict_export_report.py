@@ -1690,3 +1690,29 @@ def test_report_of_another_runs_evaluation_says_so_and_leaves_it_alone(trained, 
     assert capsys.readouterr().err == f"petal report: warning: {said}\n"
     assert "another run" in page and "scored an earlier model" not in page
     assert "--out" not in said
+
+
+def test_report_of_a_moved_runs_own_evaluation_says_it_scored_an_earlier_model(trained,
+                                                                               tmp_path, capsys):
+    # A run moved (its eval.json naming the old folder) and trained further: its own eval/
+    # was called "an evaluation of another run".
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "moved")
+    eval_json = _write_eval(run, workdir=str(tmp_path / "before"), model_sha256="0" * 64)
+    capsys.readouterr()
+    build_report(run)
+    err = capsys.readouterr().err
+    assert f"{eval_json} scored an earlier model" in err and "another run" not in err
+
+
+def test_predicts_records_hint_quotes_a_path_with_a_space(trained, tmp_path):
+    from petal.evaluation.predict import predict
+
+    records = tmp_path / "my recs"
+    records.mkdir()
+    (records / "manifest.json").write_text("{}")
+    (records / "train-00000-of-00001-1.tfrec").write_bytes(b"x")
+    with pytest.raises(PetalError) as info:
+        predict(trained, [records])
+    assert f"--data '{records}'`" in str(info.value)

@@ -515,3 +515,16 @@ def test_overwrite_keeps_the_users_files_in_eval_and_export(tmp_path):
     (run / "eval" / "eval.json").write_text("{}")
     prepare_workdir(run, resume=False, overwrite=True)  # folders holding nothing else go
     assert list(run.iterdir()) == []
+
+
+def test_overwrite_removes_an_export_written_before_export_json(tmp_path):
+    # An export without export.json (older petal) was left, the replaced model's; export
+    # then refused its files as not its own.
+    run = tmp_path / "run"
+    (run / "export" / "saved_model").mkdir(parents=True)
+    (run / "config.json").write_text(PETAL_CONFIG)
+    (run / "metrics.json").write_text("{}")
+    for name in ("labels.txt", "saved_model/saved_model.pb", "NOTES.md"):
+        (run / "export" / name).write_text("x")
+    prepare_workdir(run, resume=False, overwrite=True)
+    assert [p.name for p in (run / "export").iterdir()] == ["NOTES.md"]

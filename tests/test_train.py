@@ -1063,6 +1063,11 @@ def test_resume_and_overwrite_must_be_bools(small_records, tmp_path):
             f"{name} must be True or False. Received: {name}={value!r}"
         )
     assert (run / "metrics.json").read_text() == before
+    import numpy as np
+
+    lines: list[str] = []  # numpy's True resumes it: a finished run, so nothing to do
+    assert train(cfg, run, resume=np.bool_(True), log=lines.append)["epochs_completed"] == 1
+    assert (run / "metrics.json").read_text() == before and lines
 
 
 def test_too_few_images_for_a_pods_batch_names_pod_batch_size(make_records, tmp_path,

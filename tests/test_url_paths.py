@@ -190,3 +190,17 @@ def test_a_url_made_a_path_is_refused_as_the_url_it_was(
     assert os.listdir(tmp_path) == []
     refuse_url("gs:b/x", "--out", "exports")  # no URL: a local folder named so
     refuse_url("gsx:/b/x", "--out", "exports")
+
+
+def test_convert_takes_file_colon_strings_as_local_paths_and_a_file_path_url_keeps_its_slash():
+    # `petal convert file:/photos DST` (a folder named "file:") was refused, and the fix
+    # for Path("file:///tmp/x") said file://tmp/x, a host "tmp".
+    from pathlib import Path
+
+    from petal.data.folders import refuse_url
+
+    refuse_url("file:/photos", "source", "records", urls=True)  # a string: as given
+    with pytest.raises(PetalError) as err:
+        refuse_url(Path("file:///tmp/x"), "source", "records", urls=True)
+    assert str(err.value) == ("source file:/tmp/x is a URL that lost a slash (file:///tmp/x, as "
+                              "pathlib.Path makes it); pass the URL as a string, not a Path.")

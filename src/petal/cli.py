@@ -868,7 +868,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     (argparse gave petal's own, which names neither the command nor its options)."""
     args, unknown = parser.parse_known_args(argv)
     command = getattr(args, "_parser", None)
-    if unknown and command is not None and not any(u.startswith("-") for u in unknown) and any(
+    options = unknown[: unknown.index("--")] if "--" in unknown else unknown  # then files
+    if unknown and command is not None and not any(u.startswith("-") for u in options) and any(
         a.nargs in ("+", "*") for a in command._actions if not a.option_strings
     ):
         # `predict RUN a.jpg --top-k 2 b.jpg`: argparse ends a list of files at an option

@@ -230,12 +230,16 @@ def refuse_url(
     if path is None:
         return
     given, path = path, str(path)
-    if collapsed := _COLLAPSED_RE.match(path):
-        url = f"{collapsed[1]}://{path[collapsed.end():]}"
+    # Where URLs are taken, a string is taken as given: ``file:/photos`` may be a local
+    # folder named ``file:``; only a Path is known to have lost a slash.
+    if (collapsed := _COLLAPSED_RE.match(path)) and not (urls and isinstance(given, str)):
+        # file:///tmp/x is file:/tmp/x as a Path: its third slash is the path's own.
+        rest = path[len(collapsed[1]) + 1 :] if collapsed[1].lower() == "file" else path[
+            collapsed.end() :]  # fmt: skip
+        url = f"{collapsed[1]}://{rest}"
         seen = f"{path} is a URL that lost a slash ({url}, as pathlib.Path makes it)"
         if urls:
-            fix = "the URL as a string, not a Path" if isinstance(given, os.PathLike) else url
-            raise PetalError(f"{option} {seen}; pass {fix}.")
+            raise PetalError(f"{option} {seen}; pass the URL as a string, not a Path.")
     elif urls or not _URL_RE.match(path):
         return
     else:

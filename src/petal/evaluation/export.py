@@ -355,6 +355,7 @@ def make_preprocess(run: RunInfo):
 EXPORT_MARKER = "export.json"
 _OUTPUTS = {"saved_model": True, "labels.txt": False, "model.tflite": False, EXPORT_MARKER: False}
 _WRITTEN_BY = "petal export"
+EXPORT_OUTPUTS = tuple(_OUTPUTS)
 
 
 def exported_names(out: Path) -> set[str]:

@@ -159,7 +159,8 @@ def _expand(
             raise PetalError(
                 f"Folder {printable(utf8_name(str(path)))} holds records, not image files: "
                 f"evaluate the run on them with `petal evaluate {run} --data "
-                f"{printable(utf8_name(str(path)))}`, or pass image files or a folder of them."
+                f"{shlex.quote(printable(utf8_name(str(path))))}`, or pass image files or a "
+                "folder of them."
             )
         if not found and _export(path, other):
             raise PetalError(

@@ -211,8 +211,9 @@ class TrainConfig:
                 # _peak_lr scales learning_rate only; the codelab's rule follows the replicas.
                 raise PetalError(
                     f"lr_reference_batch scales learning_rate, which is null{by}: the codelab's "
-                    "rule follows the replicas by itself. Set a rate at that batch too (--set "
-                    "learning_rate=2e-4), or lr_reference_batch=null. Received: "
+                    "rule follows the replicas by itself: drop it (--set lr_reference_batch=null; "
+                    "the rule's rate stays), or set the rate at that batch (--set "
+                    "learning_rate=R, then scaled by global batch / lr_reference_batch). Received: "
                     f"learning_rate=None, lr_reference_batch={self.lr_reference_batch}"
                 )
         elif not 0 < self.learning_rate < math.inf:
@@ -291,7 +292,9 @@ class TrainConfig:
             # Only the full phase of head_then_all recompiles at a factor of the peak.
             raise PetalError(
                 "fine_tune_lr_factor is only used with fine_tune='head_then_all' (the rate once "
-                "the backbone is unfrozen): drop it, or set fine_tune=head_then_all and "
+                "the backbone is unfrozen): drop it (--set fine_tune_lr_factor="
+                f"{TrainConfig.fine_tune_lr_factor}, the default), or set "
+                "fine_tune=head_then_all and "
                 "head_epochs. Received: "
                 f"fine_tune_lr_factor={self.fine_tune_lr_factor}, fine_tune={self.fine_tune!r}"
             )

@@ -234,10 +234,11 @@ def _written_in(folder: Path) -> list[str]:
 
         return [*WRITTEN, RUNNING_FILE]
     if folder.name == "export":
-        from petal.evaluation.export import exported_names
+        from petal.evaluation.export import EXPORT_OUTPUTS, exported_names
 
         staging = [p.name for p in folder.glob(".export-*")] if folder.is_dir() else []
-        return [*sorted(exported_names(folder)), *staging]
+        # Without export.json: an export by a petal before the marker, whose names are these.
+        return [*sorted(exported_names(folder) or EXPORT_OUTPUTS), *staging]
     return list(RUN_DIR_FILES[folder.name])
 
 
@@ -1322,9 +1323,12 @@ def _train(
     if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
         raise PetalError(f"train needs workdir as a folder path. Received: workdir={workdir!r}")
     refuse_url(workdir, "workdir", "run folders")
+    import numpy as np
+
     for name, value in (("resume", resume), ("overwrite", overwrite)):
-        if not isinstance(value, bool):  # "no" and "false" are truthy: they would act
+        if not isinstance(value, (bool, np.bool_)):  # "no" and "false" are truthy
             raise PetalError(f"{name} must be True or False. Received: {name}={value!r}")
+    resume, overwrite = bool(resume), bool(overwrite)
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
