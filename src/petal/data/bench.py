@@ -443,12 +443,10 @@ def _describe(source) -> str:
     return f"{source.count('all')} images at {size} from {origin}"
 
 
-def _bytes_per_record(path: str) -> float | None:
-    """The shards' bytes per record of the records folder ``path``, as its manifest lists
-    them (None when it does not give every shard's)."""
-    from petal.data.reader import open_source
-
-    splits = (open_source(str(path)).manifest or {}).get("splits") or {}
+def _bytes_per_record(source) -> float | None:
+    """The shards' bytes per record of the records ``source`` (opened), as its manifest
+    lists them (None when it does not give every shard's)."""
+    splits = (source.manifest or {}).get("splits") or {}
     shards = [shard for info in splits.values() for shard in info.get("shards", [])]
     sizes = [shard.get("bytes") for shard in shards]
     if not sizes or not all(isinstance(n, int) for n in sizes):
@@ -773,9 +771,9 @@ def run(
             tmp = tempfile.mkdtemp(prefix="petal-bench-raw-")
             progress("writing raw-pixel records for case 'raw' ...")
             raw_records = make_raw_copy(str(records), tmp)
-        shard_bytes = {"jpeg": _bytes_per_record(records)}
-        if raw_records is not None:
-            shard_bytes["raw"] = _bytes_per_record(raw_records)
+        shard_bytes = {"jpeg": _bytes_per_record(src)}
+        if raw_records is not None and "raw" in wanted:  # (--raw-records unused otherwise)
+            shard_bytes["raw"] = _bytes_per_record(_opened("--raw-records", raw_records))
         result.record_bytes = {k: n for k, n in shard_bytes.items() if n is not None}
         # (name, measure, path, augment, note)
         plan = []
