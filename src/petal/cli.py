@@ -868,17 +868,17 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     (argparse gave petal's own, which names neither the command nor its options)."""
     args, unknown = parser.parse_known_args(argv)
     command = getattr(args, "_parser", None)
-    options = unknown[: unknown.index("--")] if "--" in unknown else unknown  # then files
-    if unknown and command is not None and not any(u.startswith("-") for u in options) and any(
+    takes_files = command is not None and any(
         a.nargs in ("+", "*") for a in command._actions if not a.option_strings
-    ):
+    )
+    options = unknown[: unknown.index("--")] if "--" in unknown else unknown  # then files
+    if unknown and takes_files and not any(u.startswith("-") for u in options):
         # `predict RUN a.jpg --top-k 2 b.jpg`: argparse ends a list of files at an option
         argv = sys.argv[1:] if argv is None else argv
         rest = argv[argv.index(args.command) + 1 :]
-        args = command.parse_intermixed_args(rest, argparse.Namespace(command=args.command))
-        unknown = []
+        return command.parse_intermixed_args(rest, argparse.Namespace(command=args.command))
     if unknown:
-        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        (command or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
 
 

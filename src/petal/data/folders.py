@@ -233,10 +233,10 @@ def refuse_url(
     # Where URLs are taken, a string is taken as given: ``file:/photos`` may be a local
     # folder named ``file:``; only a Path is known to have lost a slash.
     if (collapsed := _COLLAPSED_RE.match(path)) and not (urls and isinstance(given, str)):
+        scheme = collapsed[1]
         # file:///tmp/x is file:/tmp/x as a Path: its third slash is the path's own.
-        rest = path[len(collapsed[1]) + 1 :] if collapsed[1].lower() == "file" else path[
-            collapsed.end() :]  # fmt: skip
-        url = f"{collapsed[1]}://{rest}"
+        rest = path[len(scheme) + 1 :] if scheme.lower() == "file" else path[collapsed.end() :]
+        url = f"{scheme}://{rest}"
         seen = f"{path} is a URL that lost a slash ({url}, as pathlib.Path makes it)"
         if urls:
             raise PetalError(f"{option} {seen}; pass the URL as a string, not a Path.")

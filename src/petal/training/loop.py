@@ -215,7 +215,7 @@ def _remove_run(workdir: Path) -> None:
         (workdir / f".tmp-{name}").unlink(missing_ok=True)
     for name in RUN_DIRS:
         folder = workdir / name
-        for entry in _written_in(folder):
+        for entry in _petals_files_in(folder):
             if (folder / entry).is_dir() and not (folder / entry).is_symlink():
                 shutil.rmtree(folder / entry, ignore_errors=True)
             else:
@@ -224,7 +224,7 @@ def _remove_run(workdir: Path) -> None:
             folder.rmdir()
 
 
-def _written_in(folder: Path) -> list[str]:
+def _petals_files_in(folder: Path) -> list[str]:
     """The names petal wrote in the run's sub-folder ``folder`` (:data:`RUN_DIRS`): a run's
     and its report's (:data:`RUN_DIR_FILES`), an evaluation's, or what the export's
     ``export.json`` lists (and a staging folder an interrupted export left); not the user's
