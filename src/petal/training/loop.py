@@ -76,7 +76,7 @@ RUN_FILES = (
 )
 RUN_DIRS = ("tensorboard", "eval", "plots", "export")
 # What a run and its report write inside tensorboard/ and plots/: other files there are the
-# user's, and are kept (as in eval/ and export/: see _written_in).
+# user's, and are kept (as in eval/ and export/: see _petals_files_in).
 RUN_DIR_FILES = {
     "tensorboard": ("train", "validation"),
     "plots": ("curves.png", "lr.png", "confusion_matrix.png", "samples.png", "misclassified.png"),
