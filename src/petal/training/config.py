@@ -196,9 +196,8 @@ class TrainConfig:
         )
         if self.learning_rate is None:
             preset = _PRESETS.get(self.preset)
-            by = f" (preset {self.preset!r} leaves it so)" if preset else ""
-            if preset and preset().learning_rate is not None:
-                by = ""
+            leaves = preset is not None and preset().learning_rate is None
+            by = f" (preset {self.preset!r} leaves it so)" if leaves else ""
             if self.schedule != "codelab_ramp":
                 raise PetalError(
                     f"learning_rate is null{by}: the peak follows the codelab's rule for the "
