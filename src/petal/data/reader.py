@@ -367,10 +367,10 @@ def _check_labels(source: Source, fs) -> None:
     shards = [f for f, n in filter(None, itertools.chain(*pairs)) if n][:LABEL_CHECK_SHARDS]
     for shard in shards:
         try:
-            records = _head_records(fs.read_bytes(shard, LABEL_CHECK_BYTES))
+            head = fs.read_bytes(shard, LABEL_CHECK_BYTES)
+            records = _head_records(head)
             if not records:  # a first record larger than that: read it whole
-                head = fs.read_bytes(shard, 12)
-                length = int.from_bytes(head[:8], "little") if len(head) == 12 else 0
+                length = int.from_bytes(head[:8], "little") if len(head) >= 12 else 0
                 if 0 < length <= 64 * LABEL_CHECK_BYTES:  # else damaged: reading it names it
                     records = _head_records(fs.read_bytes(shard, 16 + length))
         except (PetalError, OSError):

@@ -154,30 +154,38 @@ def _expand(
                 + (f" (images in {path} are predicted once, where they lie; none above it)"
                    if found else "")
             )
-        if not found and _records(path, other):
-            run = "WORKDIR" if workdir is None else shlex.quote(str(workdir))
-            raise PetalError(
-                f"Folder {printable(utf8_name(str(path)))} holds records, not image files: "
-                f"evaluate the run on them with `petal evaluate {run} --data "
-                f"{shlex.quote(printable(utf8_name(str(path))))}`, or pass image files or a "
-                "folder of them."
-            )
-        if not found and _export(path, other):
-            raise PetalError(
-                f"Folder {printable(utf8_name(str(path)))} holds a model export (SavedModel), "
-                "not image files: pass image files or a folder of them."
-            )
         if not found:
-            # What is there but not read is the fix: said in the one line of the error.
-            said = "".join(f"; {note}" for note in notes)
-            raise PetalError(
-                f"Folder {printable(utf8_name(str(path)))} holds no image files "
-                f"({', '.join(IMAGE_EXTENSIONS)}){said}; pass image files or a folder of them."
-            )
+            raise _no_images(path, other, notes, workdir)
         for note in notes:
             warn(note)
         files += found
     return files
+
+
+def _no_images(path: Path, other: list[str], notes: list[str], workdir) -> PetalError:
+    """Why the folder ``path`` (its non-image files ``other``) gives predict nothing: it holds
+    records (evaluate the run on them), an export, or no image files (what is there but
+    not read is the fix: said in the one line of the error)."""
+    from petal.data.folders import IMAGE_EXTENSIONS
+
+    folder = printable(utf8_name(str(path)))
+    if _records(path, other):
+        run = "WORKDIR" if workdir is None else shlex.quote(str(workdir))
+        return PetalError(
+            f"Folder {folder} holds records, not image files: evaluate the run on them "
+            f"with `petal evaluate {run} --data {shlex.quote(folder)}`, or pass image files "
+            "or a folder of them."
+        )
+    if _export(path, other):
+        return PetalError(
+            f"Folder {folder} holds a model export (SavedModel), not image files: pass "
+            "image files or a folder of them."
+        )
+    said = "".join(f"; {note}" for note in notes)
+    return PetalError(
+        f"Folder {folder} holds no image files "
+        f"({', '.join(IMAGE_EXTENSIONS)}){said}; pass image files or a folder of them."
+    )
 
 
 # Extensions of the files petal writes (records, runs, evaluations, exports, a SavedModel's

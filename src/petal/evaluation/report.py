@@ -504,18 +504,19 @@ def _scored_another_model(
     if not model_file.is_file():
         return None
     scored_in = evaluation.get("workdir")
-    # The run's own eval/ is its own evaluation, though the run was moved since.
-    here = (
-        not isinstance(scored_in, str)
-        or same_place(scored_in, workdir)
-        or same_place(str(eval_json.parent), str(workdir / EVAL_DIR))
-    )
+    scored_here = isinstance(scored_in, str) and same_place(scored_in, workdir)
     digest = evaluation.get("model_sha256")
     if isinstance(digest, str):
         if digest == file_sha256(model_file):
             return None
-        return "earlier" if here else "another run"
-    if not isinstance(scored_in, str) or not same_place(scored_in, workdir):
+        # The run's own eval/ is its own evaluation, though the run was moved since.
+        own = (
+            not isinstance(scored_in, str)
+            or scored_here
+            or same_place(str(eval_json.parent), str(workdir / EVAL_DIR))
+        )
+        return "earlier" if own else "another run"
+    if not scored_here:
         return None  # a copy of the run (or moved from where it was scored): times unknown
     return "earlier" if model_file.stat().st_mtime > eval_json.stat().st_mtime else None
 

@@ -293,8 +293,7 @@ class TrainConfig:
                 "fine_tune_lr_factor is only used with fine_tune='head_then_all' (the rate once "
                 "the backbone is unfrozen): drop it (--set fine_tune_lr_factor="
                 f"{TrainConfig.fine_tune_lr_factor}, the default), or set "
-                "fine_tune=head_then_all and "
-                "head_epochs. Received: "
+                "fine_tune=head_then_all and head_epochs. Received: "
                 f"fine_tune_lr_factor={self.fine_tune_lr_factor}, fine_tune={self.fine_tune!r}"
             )
         if self.classes is not None:

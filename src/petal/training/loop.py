@@ -1007,13 +1007,21 @@ def class_weights(source, classes) -> dict[int, float]:
 
 
 def _global_batch(cfg: TrainConfig, replicas: int) -> int:
+    return _batch_setting(cfg, replicas)[0]
+
+
+def _batch_setting(cfg: TrainConfig, replicas: int) -> tuple[int, str]:
+    """The global batch on ``replicas`` and the setting that made it, for messages: a
+    preset's one-device batch on one, its pod batch on a pod, else ``batch_size``."""
     from petal.training.schedules import POD_REPLICAS
 
     if replicas == 1 and cfg.single_device_batch_size:
-        return cfg.single_device_batch_size
+        made = cfg.single_device_batch_size
+        return made, f"single_device_batch_size={made}"
+    per_replica, name = cfg.batch_size, "batch_size"
     if replicas > POD_REPLICAS and cfg.pod_batch_size:
-        return cfg.pod_batch_size * replicas
-    return cfg.batch_size * replicas
+        per_replica, name = cfg.pod_batch_size, "pod_batch_size"
+    return per_replica * replicas, f"{name}={per_replica} per replica x {replicas} replica(s)"
 
 
 def _peak_lr(cfg: TrainConfig, global_batch: int) -> float | None:
@@ -1475,13 +1483,7 @@ def _train(
     eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
-        # Name the setting that made the global batch (a preset's one-device batch on one).
-        if replicas == 1 and cfg.single_device_batch_size:
-            given = f"single_device_batch_size={cfg.single_device_batch_size}"
-        elif global_batch != cfg.batch_size * replicas:  # a pod's (see _global_batch)
-            given = f"pod_batch_size={cfg.pod_batch_size} per replica x {replicas} replica(s)"
-        else:
-            given = f"batch_size={cfg.batch_size} per replica x {replicas} replica(s)"
+        given = _batch_setting(cfg, replicas)[1]  # (a preset's one-device batch on one)
         raise PetalError(
             f"The training split of {cfg.data} has {train_count} images, fewer than one global "
             f"batch of {global_batch}; lower batch_size (--set batch_size=N). Received: {given}"
