@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,18 @@ def break_image(path: Path, record: int) -> None:
 
 
 # --- input pipeline (B): synthetic records with known contents ------------------------------
+
+
+def interrupt_when_called(monkeypatch, owner, name: str) -> None:
+    """Ctrl-C (SIGINT) as ``owner.name`` is called, which then runs: the signal arrives in
+    the middle of the work that calls it."""
+    original = getattr(owner, name)
+
+    def interrupted(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
 
 
 class Terminal(io.StringIO):

@@ -1781,20 +1781,13 @@ def test_ctrl_c_as_an_evaluation_replaces_another_leaves_one_of_them_whole(
 ):
     # Ctrl-C while the files were written left the folder empty: the earlier evaluation
     # removed, this one not written.
-    import signal
-
+    from conftest import interrupt_when_called
     from petal.evaluation import plots
     from petal.evaluation.evaluate import evaluate
 
     out = tmp_path / "ev"
     evaluate(trained, small_records, out_dir=out, log=lambda line: None)
-    drawn = plots.plot_confusion_from_json
-
-    def interrupted(*args, **kwargs):
-        signal.raise_signal(signal.SIGINT)
-        return drawn(*args, **kwargs)
-
-    monkeypatch.setattr(plots, "plot_confusion_from_json", interrupted)
+    interrupt_when_called(monkeypatch, plots, "plot_confusion_from_json")
     with pytest.raises(KeyboardInterrupt):
         evaluate(trained, small_records, out_dir=out, log=lambda line: None)
     assert (out / "eval.json").is_file() and (out / "confusion_matrix.png").is_file()

@@ -1540,20 +1540,14 @@ def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
     # Ctrl-C during the replacement left some of the earlier export's files and some of
     # this one's.
     import os
-    import signal
 
+    from conftest import interrupt_when_called
     from petal.evaluation import export as export_module
 
     out = tmp_path / "export"
     shutil.copytree(Path(exported["saved_model"]).parent, out)  # an earlier export of the run
     first = (out / "saved_model" / "saved_model.pb").stat().st_mtime_ns
-    replaced = os.replace
-
-    def interrupted(src, dst):
-        signal.raise_signal(signal.SIGINT)
-        replaced(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    interrupt_when_called(monkeypatch, os, "replace")
     with pytest.raises(KeyboardInterrupt):
         export_module.export(trained, out=out)
     listed = json.loads((out / "export.json").read_text())

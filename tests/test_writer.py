@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, JpegImagePlugin
 
-from conftest import run_script
+from conftest import interrupt_when_called, run_script
 from petal.data import convert, images, read_manifest, schema, writer
 from petal.errors import PetalError
 from petal.running import READING_PREFIX, RUNNING_FILE
@@ -1593,13 +1593,7 @@ def test_ctrl_c_as_a_conversion_replaces_another_leaves_one_of_them_whole(
     # old shards or new ones: neither conversion.
     out = tmp_path / "out"
     convert(small_flowers, out, image_size=16, workers=1, progress=False)
-    renamed = writer._rename
-
-    def interrupted(src, dst):
-        signal.raise_signal(signal.SIGINT)
-        renamed(src, dst)
-
-    monkeypatch.setattr(writer, "_rename", interrupted)
+    interrupt_when_called(monkeypatch, writer, "_rename")
     with pytest.raises(KeyboardInterrupt):
         convert(small_flowers, out, image_size=24, workers=1, progress=False, overwrite=True)
     manifest = read_manifest(out)  # the new conversion, whole
