@@ -279,9 +279,11 @@ def test_train_names_a_config_or_workdir_of_the_wrong_kind(small_records, tmp_pa
     with pytest.raises(PetalError, match=r"^train needs a TrainConfig .* Received: config of "
                        r"type dict$"):
         train(cfg.to_dict(), tmp_path / "run", **QUIET)
-    with pytest.raises(PetalError, match=r"^train needs workdir as a folder path\. Received: "
-                       r"workdir=None$"):
+    with pytest.raises(PetalError, match=r"^workdir must be a folder path \(the run folder to "
+                       r"write or resume\)\. Received: workdir=None$"):
         train(cfg, None, **QUIET)
+    with pytest.raises(PetalError, match=r"^workdir is empty; pass the run folder to write or "):
+        train(cfg, "", **QUIET)
 
 
 def test_bad_model_fails_before_writing(small_records, tmp_path):

@@ -881,10 +881,15 @@ def test_nothing_readable(tmp_path):
 def test_an_output_that_is_no_path_is_refused(small_flowers, tmp_path, monkeypatch):
     """None once became a folder called 'None' in the working directory."""
     monkeypatch.chdir(tmp_path)
-    for output in (None, "", 3):
-        with pytest.raises(PetalError, match=r"^convert needs output as a folder path \(str or "
-                           rf"Path\)\. Received: output={output!r}$"):
+    for output in (None, 3):
+        with pytest.raises(PetalError, match=r"^output must be a folder path \(the records "
+                           rf"folder to write\)\. Received: output={output!r}$"):
             convert(small_flowers, output, progress=False)
+    with pytest.raises(PetalError, match=r"^output is empty; pass the records folder to write\.$"):
+        convert(small_flowers, "", progress=False)
+    with pytest.raises(PetalError, match=r"^source must be a folder path \(a folder of class "
+                       r"sub-folders\)\. Received: source=None$"):
+        convert(None, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -969,6 +974,12 @@ def test_refused_options_leave_a_complete_output_alone(small_flowers, tmp_path):
     with pytest.raises(PetalError, match="65500"):
         convert(small_flowers, out, image_size="70000x1", overwrite=True, progress=False)
     assert _shard_bytes(out) == before and read_manifest(out)["written"] == 60
+    # numpy's bools are bools, as train and the datasets take them (np.bool_ is no bool)
+    with pytest.raises(PetalError, match=r"already holds a complete conversion"):
+        convert(small_flowers, out, image_size=16, overwrite=np.False_, progress=False)
+    convert(small_flowers, out, image_size=16, shards=1, workers=1, overwrite=np.True_,
+            progress=False)
+    assert _shard_bytes(out) == before
 
 
 def test_too_wide_for_jpeg_is_skipped_not_a_crash(tmp_path):

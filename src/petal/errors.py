@@ -25,6 +25,24 @@ def is_int_at_least(value, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+def need_bool(value, name: str) -> bool:
+    """``value`` as a bool: True, False or numpy's bools, anything else refused ("no" and
+    "false" are truthy, and once replaced a finished run)."""
+    import numpy as np
+
+    if not isinstance(value, bool | np.bool_):
+        raise PetalError(f"{name} must be True or False. Received: {name}={value!r}")
+    return bool(value)
+
+
+def need_folder(value, name: str, what: str) -> None:
+    """Refuse a ``value`` that is not a path (str or os.PathLike): ``Path()`` met None or a
+    number with a bare TypeError. ``what`` says which folder is meant. An empty path is the
+    caller's to refuse, in its own words (``Path("")`` is the current folder)."""
+    if not isinstance(value, str | os.PathLike):
+        raise PetalError(f"{name} must be a folder path ({what}). Received: {name}={value!r}")
+
+
 def cannot_write(path, folder: bool) -> str | None:
     """Why ``path`` (a folder when ``folder``, else a file) cannot be created or written,
     or None when it can.

@@ -65,6 +65,7 @@ from petal.errors import (
     cannot_write,
     first_line,
     is_int_at_least,
+    need_bool,
     some_files,
     tf_message,
 )
@@ -1294,10 +1295,7 @@ def _check_context(input_context, skip_corrupt) -> None:
             "input_context must be a tf.distribute.InputContext or None. "
             f"Received: input_context={input_context!r}"
         )
-    if not isinstance(skip_corrupt, bool | np.bool_):
-        raise PetalError(
-            f"skip_corrupt must be True or False. Received: skip_corrupt={skip_corrupt!r}"
-        )
+    skip_corrupt = need_bool(skip_corrupt, "skip_corrupt")
 
 
 def _per_replica_batch(batch_size, input_context) -> int:

@@ -61,7 +61,15 @@ from pathlib import Path
 
 from petal.data import folders, images, schema
 from petal.data.folders import some_names
-from petal.errors import PetalError, cannot_write, dangling_link, is_int_at_least, printable
+from petal.errors import (
+    PetalError,
+    cannot_write,
+    dangling_link,
+    is_int_at_least,
+    need_bool,
+    need_folder,
+    printable,
+)
 from petal.running import (
     READING_PREFIX,
     RUNNING_FILE,
@@ -1106,11 +1114,11 @@ def convert(
             that could be converted, or an empty train split. Nothing is left half-written.
     """
     started = time.perf_counter()
-    for name, value in (("source", source), ("output", output)):
-        if not isinstance(value, (str, os.PathLike)) or not str(value):
-            raise PetalError(
-                f"convert needs {name} as a folder path (str or Path). Received: {name}={value!r}"
-            )
+    for name, value, what in (("source", source, "a folder of class sub-folders"),
+                              ("output", output, "the records folder to write")):
+        need_folder(value, name, what)
+        if str(value) == "":  # Path("") is the current folder
+            raise PetalError(f"{name} is empty; pass {what}.")
         folders.refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
     source, output = str(source), str(output)
     if not folders.is_utf8(output):
@@ -1121,8 +1129,7 @@ def convert(
             "only under UTF-8 paths); rename it, or pass another DST. "
             f"Received: output={printable(folders.utf8_name(output))}"
         )
-    if not isinstance(overwrite, bool):
-        raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
+    overwrite = need_bool(overwrite, "overwrite")
     # A file:// DST is the local folder it names, written as one: the workers write pieces
     # of its shards (TensorFlow's file system layer wrote every record in this process).
     output = folders.local_path(output) or output

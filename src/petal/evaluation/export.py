@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from petal.data.folders import first_missing, refuse_url, remove_created
-from petal.errors import PetalError, first_line, write_failed
+from petal.errors import PetalError, first_line, need_bool, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
     check_not_in_the_way,
@@ -485,8 +485,7 @@ def export(
 
     from petal.data.pipeline import normalize
 
-    if not isinstance(overwrite, bool):
-        raise PetalError(f"overwrite must be True or False. Received: overwrite={overwrite!r}")
+    overwrite = need_bool(overwrite, "overwrite")
     warn = warn or _warn
     # Before the model is read (open_run refuses a URL workdir): a Path made the local
     # folder gs:/b/exp of gs://b/exp.

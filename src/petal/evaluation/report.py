@@ -20,13 +20,12 @@ import zipfile
 from pathlib import Path
 
 from petal.data.folders import same_place
-from petal.errors import PetalError, damage_reason, disk_full, first_line
+from petal.errors import PetalError, damage_reason, disk_full, first_line, need_folder
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
     MODEL_FILE,
     check_not_in_the_way,
     file_sha256,
-    need_folder,
     no_model,
     retrain_command,
     run_folder,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 import sys
 import zipfile
@@ -26,6 +25,7 @@ from petal.errors import (
     dangling_link,
     first_line,
     is_int_at_least,
+    need_folder,
 )
 
 MODEL_FILE = "model.keras"
@@ -97,13 +97,6 @@ def top_k_for(run: RunInfo, k: int | None, warn) -> int:
         warn(f"--top-k {k} is more than the model's {count} classes; using {count}")
         return count
     return k
-
-
-def need_folder(value, name: str, what: str) -> None:
-    """Refuse a ``value`` that is not a path (str or os.PathLike): ``Path()`` met None or a
-    number with a bare TypeError. ``what`` says which folder is meant."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise PetalError(f"{name} must be a folder path ({what}). Received: {name}={value!r}")
 
 
 def check_output_folder(out: str | Path, what: str, name: str = "out") -> Path:

@@ -40,7 +40,15 @@ from pathlib import Path
 
 from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
 from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
-from petal.errors import PetalError, cannot_write, dangling_link, first_line, is_int_at_least
+from petal.errors import (
+    PetalError,
+    cannot_write,
+    dangling_link,
+    first_line,
+    is_int_at_least,
+    need_bool,
+    need_folder,
+)
 from petal.jsonfile import save_atomically
 from petal.running import (
     RUNNING_FILE,
@@ -1328,15 +1336,11 @@ def _train(
             "train needs a TrainConfig (from get_preset(...), load_config(...) or "
             f"TrainConfig(...)). Received: config of type {type(config).__name__}"
         )
-    if not isinstance(workdir, (str, os.PathLike)) or not str(workdir):
-        raise PetalError(f"train needs workdir as a folder path. Received: workdir={workdir!r}")
+    need_folder(workdir, "workdir", "the run folder to write or resume")
+    if str(workdir) == "":  # Path("") is the current folder
+        raise PetalError("workdir is empty; pass the run folder to write or resume.")
     refuse_url(workdir, "workdir", "run folders")
-    import numpy as np
-
-    for name, value in (("resume", resume), ("overwrite", overwrite)):
-        if not isinstance(value, (bool, np.bool_)):  # "no" and "false" are truthy
-            raise PetalError(f"{name} must be True or False. Received: {name}={value!r}")
-    resume, overwrite = bool(resume), bool(overwrite)
+    resume, overwrite = need_bool(resume, "resume"), need_bool(overwrite, "overwrite")
     cfg = config.validate()
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
