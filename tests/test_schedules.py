@@ -182,6 +182,33 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
 
 
+def test_history_keeps_a_warm_up_peak_inside_an_epoch_for_the_lr_plot(tmp_path):
+    """Half an epoch of warm-up (the quick preset's) peaks between the epoch's first and
+    last steps: the lr plot drew a line from 0 to the last step's rate, below the peak."""
+    from petal.evaluation import plots
+    from petal.training.callbacks import MetricsWriter, read_history
+
+    schedule = build_schedule(
+        "warmup_cosine", steps_per_epoch=4, peak_lr=1e-2, total_epochs=2, warmup_epochs=0.5
+    )
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.SGD(learning_rate=schedule), "categorical_crossentropy")
+    x, y = np.ones((8, 3), np.float32), np.eye(2, dtype=np.float32)[[0, 1] * 4]
+    writer = MetricsWriter(tmp_path / "history.csv", 2, 4, 2, log=lambda line: None)
+    model.fit(x, y, batch_size=2, epochs=2, callbacks=[writer], verbose=0)
+    rows = read_history(tmp_path / "history.csv")
+    # Epoch 1's steps ran at 0, 5e-3, 1e-2 (the peak, step 3 of 4) and 9.33e-3.
+    last = 0.5e-2 * (1 + np.cos(np.pi / 6))
+    assert [rows[0][k] for k in ("lr", "lr_max", "lr_max_at")] == pytest.approx([0, 1e-2, 0.5])
+    assert rows[0]["lr_end"] == pytest.approx(last)
+    # Epoch 2 only decays: no peak between its first and last steps.
+    assert np.isnan(rows[1]["lr_max"]) and np.isnan(rows[1]["lr_max_at"])
+    xs, ys = plots.lr_points(rows, [{"from_epoch": 1, "steps_per_epoch": 4}])
+    assert xs.tolist() == [0, 0.5, 0.75, 1, 1.75]
+    assert ys == pytest.approx([0, 1e-2, last, schedule(4), schedule(7)])
+    assert max(ys) == pytest.approx(1e-2)
+
+
 def test_history_keeps_accuracies_as_the_epoch_line_shows_them(tmp_path):
     """216 of 593 right: float32 0.36424958 reads "val_acc 0.3642" in the epoch line; kept
     to 6 digits (0.36425) it read "0.3643" in train's closing line and metrics.json."""

@@ -84,6 +84,8 @@ def test_run_writes_every_artefact_and_resumes_after_an_interruption(small_recor
         "val_accuracy",
         "lr",
         "lr_end",
+        "lr_max",
+        "lr_max_at",
         "images_per_sec",
         "epoch_seconds",
     }

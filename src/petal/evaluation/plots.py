@@ -94,13 +94,19 @@ def lr_points(
     Epoch ``e``'s first step is at ``e - 1`` and its last at ``e - 1/steps`` (the next
     epoch's first is one step later), ``steps`` its steps per epoch from ``batches``: the
     run's ``{from_epoch, steps_per_epoch}`` entries (metrics.json, state.json). Without
-    them the last step is placed at ``e`` (where its accuracies are drawn). Histories written
-    before ``lr_end`` was recorded give the first steps only.
+    them the last step is placed at ``e`` (where its accuracies are drawn). A higher rate
+    between them (``lr_max``: a warm-up that ends inside the epoch) is placed where it was
+    used, ``lr_max_at`` of the epoch after its first step. Histories written before
+    ``lr_end`` was recorded give the first steps only.
     """
     x, y = [], []
     for row in rows:
         x.append(row["epoch"] - 1)
         y.append(row.get("lr", math.nan))
+        peak, at = row.get("lr_max", math.nan), row.get("lr_max_at", math.nan)
+        if math.isfinite(peak) and math.isfinite(at) and 0 < at < 1:
+            x.append(row["epoch"] - 1 + at)
+            y.append(peak)
         steps = _steps_in(row["epoch"], batches or [])
         if math.isfinite(row.get("lr_end", math.nan)) and steps != 1:
             x.append(row["epoch"] - (1 / steps if steps else 0))
@@ -125,9 +131,9 @@ def _steps_in(epoch: int, batches: list[dict]) -> int | None:
 def plot_lr(
     history_csv: str | Path | list[dict], out: str | Path, batches: list[dict] | None = None
 ) -> Path:
-    """Learning rate at the first and last step of each epoch (see :func:`lr_points`, which
-    places them by ``batches``); the schedule runs per step, so a warm-up epoch is a line
-    from 0 to its last rate.
+    """Learning rate at the first and last step of each epoch, and at a peak between them
+    (see :func:`lr_points`, which places them by ``batches``); the schedule runs per step, so
+    a warm-up epoch is a line from 0 to its peak.
 
     ``history_csv``: the file, or its rows (as :func:`plot_history`).
     """

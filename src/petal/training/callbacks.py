@@ -34,6 +34,8 @@ HISTORY_FIELDS = (
     "val_accuracy",
     "lr",
     "lr_end",
+    "lr_max",
+    "lr_max_at",
     "images_per_sec",
     "epoch_seconds",
 )
@@ -61,6 +63,33 @@ def last_step_lr(optimizer) -> float:
         if step >= 0:
             return float(keras.ops.convert_to_numpy(schedule(step)))
     return current_lr(optimizer)
+
+
+def highest_lr(optimizer, first_step: int) -> tuple[float, float]:
+    """The highest rate the schedule gave the steps from ``first_step`` to the optimizer's
+    last, and where: its step's offset from ``first_step`` over their number (0 the first
+    step, 0.5 halfway). NaNs without a schedule, or for one that takes no array of steps.
+
+    A warm-up that ends inside an epoch peaks between its first and last steps' rates.
+    """
+    import numpy as np
+
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's
+    schedule = getattr(inner, "_learning_rate", None)
+    last = int(keras.ops.convert_to_numpy(inner.iterations)) - 1
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return math.nan, math.nan
+    if last < first_step:
+        return math.nan, math.nan
+    steps = np.arange(first_step, last + 1, dtype=np.int64)
+    try:
+        rates = np.asarray(keras.ops.convert_to_numpy(schedule(steps)), dtype=np.float64)
+    except Exception:  # a user's schedule written for one step at a time
+        return math.nan, math.nan
+    if rates.shape != steps.shape:
+        return math.nan, math.nan
+    top = int(np.argmax(rates))
+    return float(rates[top]), top / len(steps)
 
 
 def read_history(path: str | Path, cut_short_last_row: str = "raise") -> list[dict]:
@@ -121,8 +150,9 @@ def _fmt(value) -> str:
 class MetricsWriter(keras.callbacks.Callback):
     """One row per epoch in ``history.csv`` and one line per epoch on the console.
 
-    ``lr`` is the rate at the epoch's first step and ``lr_end`` at its last; the console
-    line shows both when a per-step schedule changed the rate within the epoch (``lr
+    ``lr`` is the rate at the epoch's first step and ``lr_end`` at its last, ``lr_max`` a
+    higher rate between them and ``lr_max_at`` where (0.5: halfway; empty when there is none,
+    as after a warm-up that ends on an epoch's boundary); the console line shows the first two when a per-step schedule changed the rate within the epoch (``lr
     0.00e+00 -> 2.87e-03`` in a warm-up epoch). Images/s counts training images only: the
     clock runs from the start of the epoch to the start of validation, so the first epoch
     includes tracing and compilation.
@@ -164,6 +194,8 @@ class MetricsWriter(keras.callbacks.Callback):
         self._train_end = None
         # The rate at the epoch's first step (the codelab's per-epoch value).
         self._lr = current_lr(self.model.optimizer)
+        inner = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        self._first_step = int(keras.ops.convert_to_numpy(inner.iterations))
 
     def on_test_begin(self, logs=None):
         # Validation inside fit(): stop the training clock here.
@@ -182,6 +214,10 @@ class MetricsWriter(keras.callbacks.Callback):
         row["epoch"] = epoch + 1
         # Not in the epoch logs (TensorBoard's lr stays the epoch's first rate).
         row["lr_end"] = last_step_lr(self.model.optimizer)
+        # A peak between them (a warm-up ending inside the epoch), for the lr plot.
+        peak, at = highest_lr(self.model.optimizer, self._first_step)
+        if peak > 1.01 * max(row["lr"], row["lr_end"]):  # False for NaN
+            row["lr_max"], row["lr_max_at"] = peak, at
         try:
             with self.path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore").writerow(

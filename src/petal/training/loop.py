@@ -6,7 +6,7 @@
 | file                 | what                                                              |
 |----------------------|-------------------------------------------------------------------|
 | ``config.json``      | the resolved config, plus facts under ``resolved`` (classes, size) |
-| ``history.csv``      | one row per epoch: loss, accuracy, val_*, lr, lr_end, images/s... |
+| ``history.csv``      | one row per epoch: loss, accuracy, val_*, lr*, images/s...        |
 | ``tensorboard/``     | TensorBoard logs                                                  |
 | ``best.weights.h5``  | weights of the epoch with the best validation accuracy            |
 | ``last.keras``       | model + optimizer after the last completed epoch (for ``--resume``)|
