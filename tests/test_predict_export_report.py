@@ -1710,3 +1710,40 @@ def test_predicts_records_hint_quotes_a_path_with_a_space(trained, tmp_path):
     with pytest.raises(PetalError) as info:
         predict(trained, [records])
     assert f"--data '{records}'`" in str(info.value)
+
+
+def test_the_exported_fill_resize_computes_only_the_kept_window():
+    """A 1x4000 strip fitted to 24x32: the SavedModel resized it whole to 24x96000 (a
+    1x40000 PNG of 914 bytes took 2.8 GB at 64 px) before cropping; now only the window
+    kept is computed, as images.resize_bilinear does, with the converter's pixels."""
+    import numpy as np
+    import tensorflow as tf
+
+    from petal.data import images
+    from petal.evaluation.export import _fit_tf
+
+    rng = np.random.default_rng(0)
+    fit = tf.function(lambda x: _fit_tf(x, (24, 32), "fill"),
+                      input_signature=[tf.TensorSpec([None, None, 3], tf.float32)])
+    for h, w in ((1, 4000), (4000, 1), (50, 41), (7, 9), (1, 1)):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        got = np.clip(fit(tf.constant(pixels, tf.float32)).numpy(), 0, 255).astype(np.uint8)
+        np.testing.assert_array_equal(got, images.resize(pixels, (24, 32), "fill"),
+                                      err_msg=str((h, w)))
+    # The largest tensor it makes is the input's size, not the cover size's (1.1 MB).
+    graph = tf.Graph()
+    with graph.as_default():
+        image = tf.compat.v1.placeholder(tf.float32, [None, None, 3])
+        fitted = _fit_tf(image, (24, 32), "fill")
+    stats = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(fitted, {image: np.zeros((1, 4000, 3), np.float32)},
+                    options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=stats)
+    largest = max(
+        out.tensor_description.allocation_description.requested_bytes
+        for device in stats.step_stats.dev_stats
+        for node in device.node_stats
+        for out in node.output
+    )
+    assert 0 < largest <= 4 * 4000 * 3
+

@@ -66,8 +66,36 @@ def _fit_tf(image, size: tuple[int, int], mode: str):
     wider = h * tw64 < w * th64
     new_h = tf.where(wider, th64, tf.maximum(th64, h * tw64 // w))
     new_w = tf.where(wider, tf.maximum(tw64, w * th64 // h), tw64)
-    image = tf.image.resize(image, tf.cast(tf.stack([new_h, new_w]), tf.int32))
-    return tf.image.resize_with_crop_or_pad(image, th, tw)
+    # Only the centre window is computed, as images.resize_bilinear's crop= does: resizing
+    # the whole cover size first made a 1x40000 strip a 64x2560000 image (GBs).
+    rows = _lerp_weights(h, new_h, (new_h - th64) // 2, th)
+    cols = _lerp_weights(w, new_w, (new_w - tw64) // 2, tw)
+
+    def corners(y, x):
+        where = tf.stack(tf.meshgrid(y, x, indexing="ij"), axis=-1)
+        return tf.cast(tf.gather_nd(image, where), tf.float32)
+
+    # tf.image.resize's bilinear kernel, its operations in its order.
+    wx, wy = cols[2][None, :, None], rows[2][:, None, None]
+    top, top_right = corners(rows[0], cols[0]), corners(rows[0], cols[1])
+    bottom, bottom_right = corners(rows[1], cols[0]), corners(rows[1], cols[1])
+    top = top + (top_right - top) * wx
+    bottom = bottom + (bottom_right - bottom) * wx
+    return top + (bottom - top) * wy
+
+
+def _lerp_weights(in_size, out_size, start, count: int):
+    """Source indices (lower, upper) and weights of output rows or columns
+    ``start..start+count`` of resizing ``in_size`` to ``out_size`` (int64 scalars), with
+    TensorFlow's ResizeBilinear half-pixel arithmetic, as images._lerp_weights in numpy."""
+    import tensorflow as tf
+
+    scale = tf.cast(in_size, tf.float32) / tf.cast(out_size, tf.float32)
+    x = (tf.cast(start + tf.range(count, dtype=tf.int64), tf.float32) + 0.5) * scale - 0.5
+    floor = tf.floor(x)
+    lower = tf.cast(tf.maximum(floor, 0.0), tf.int64)
+    upper = tf.minimum(tf.cast(tf.math.ceil(x), tf.int64), in_size - 1)
+    return lower, upper, x - floor
 
 
 # JPEG marker segments walked to find the EXIF one (it comes first in practice, but ICC
