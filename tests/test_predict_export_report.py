@@ -1747,3 +1747,28 @@ def test_the_exported_fill_resize_computes_only_the_kept_window():
     )
     assert 0 < largest <= 4 * 4000 * 3
 
+
+def test_the_exported_decoder_reads_a_long_exif_orientation():
+    """Orientation 6 stored as a LONG in big-endian ("MM") EXIF: the SavedModel read its
+    high half (0) and served the photo sideways; PIL and predict turn it upright."""
+    import io
+    import struct
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data import images
+    from petal.evaluation.export import exif_orientation
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 16, 3), np.uint8)).save(buffer, "JPEG")
+    plain = buffer.getvalue()
+    for order, kind in ((">", 4), ("<", 4), (">", 3), ("<", 3)):
+        value = struct.pack(order + ("I" if kind == 4 else "HH"), *((6,) if kind == 4 else (6, 0)))
+        tiff = (b"MM\0\x2a" if order == ">" else b"II\x2a\0") + struct.pack(order + "IH", 8, 1)
+        tiff += struct.pack(order + "HHI", 0x0112, kind, 1) + value + bytes(4)
+        app1 = b"\xff\xe1" + struct.pack(">H", 8 + len(tiff)) + b"Exif\0\0" + tiff
+        data = plain[:2] + app1 + plain[2:]
+        assert images.decode_rgb(data)[0].shape == (16, 8, 3)  # PIL turns it upright
+        assert int(exif_orientation(tf.constant(data))) == 6, (order, kind)

@@ -175,7 +175,10 @@ def exif_orientation(data):
     count = u16(ifd)
     entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
     found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
-    value = tf.reduce_max(tf.where(found, u16(entry + 8), 0))
+    # The value as its type stores it: a LONG (4) in 4 bytes (its high half first in "MM"
+    # data), a SHORT (3) in the first 2.
+    value = tf.where(u16(entry + 2) == 4, u32(entry + 8), u16(entry + 8))
+    value = tf.reduce_max(tf.where(found, value, 0))
     valid = (tiff >= 0) & (ifd >= 8) & (value >= 1) & (value <= 8)
     return tf.where(valid, value, 1)
 
