@@ -416,3 +416,55 @@ def test_a_codelab_ramp_as_long_as_a_phase_of_head_then_all_is_refused(tmp_path)
     # A whole run as long as its ramp is still the codelab's schedule cut short.
     with pytest.raises(PetalError, match="no-records-here"):
         train(base.replace(fine_tune="all", head_epochs=0, epochs=5), tmp_path / "run")
+
+
+def test_the_full_phase_of_head_then_all_scales_every_rate_of_its_schedule():
+    """The full phase passed codelab_ramp only its scaled peak: with a peak below the fixed
+    1e-5 start_lr and min_lr (fine_tune_lr_factor=0.01: 2e-6) its first epoch ran at 5x the
+    stated peak and the "decay" rose (1e-5, 2e-6, 3.6e-6)."""
+    from petal.training.config import get_preset
+    from petal.training.loop import _phases, _schedule
+
+    def rates(cfg, replicas=1, steps=3):
+        out = {}
+        for phase in _phases(cfg, cfg.learning_rate, replicas):
+            fn = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
+            out[phase.name] = per_epoch_values(fn, phase.end - phase.start, steps)
+        return out
+
+    xc = get_preset("codelab-xception")
+    # The preset's own rates are the codelab's, on one and on eight replicas.
+    assert rates(xc, 8)["all"] == pytest.approx(CODELAB_8_REPLICAS, rel=5e-4)
+    assert rates(xc)["all"][:6] == pytest.approx(
+        [1e-5 + (2e-4 - 1e-5) * e / 5 for e in range(6)], rel=1e-5)  # fmt: skip
+    options = {**xc.schedule_options, "rampup_epochs": 1}
+    cfg = xc.replace(fine_tune="head_then_all", head_epochs=2, epochs=5,
+                     fine_tune_lr_factor=0.01, schedule_options=options)  # fmt: skip
+    got = rates(cfg)
+    assert got["head"] == pytest.approx([1e-5, 2e-4], rel=1e-5)
+    # The head phase's schedule times 0.01: up to the stated 2e-6 peak, then down.
+    assert got["full"] == pytest.approx([1e-7, 2e-6, 1.9e-6 * 0.8 + 1e-7], rel=1e-5)
+    # Likewise below 1e-4 with the default factor (learning_rate=5e-5: a 5e-6 peak).
+    got = rates(cfg.replace(learning_rate=5e-5, fine_tune_lr_factor=0.1))
+    assert got["full"] == pytest.approx([1e-6, 5e-6, 4e-6 * 0.8 + 1e-6], rel=1e-5)
+    # warmup_cosine's start and end rates too.
+    cosine = cfg.replace(learning_rate=1e-3, schedule="warmup_cosine",
+                         schedule_options={"warmup_epochs": 1, "end_lr": 1e-4})  # fmt: skip
+    # (0.01 x 1e-4 at the end of the cosine: halfway there at its middle.)
+    assert rates(cosine, steps=1)["full"] == pytest.approx([0.0, 1e-5, 5.5e-6], rel=1e-5)
+    # A start or end rate above the peak itself is refused, named.
+    cases = [
+        (xc.replace(learning_rate=5e-6), r"^Schedule option start_lr must not exceed the peak "
+         r"rate max_lr \(petal train sets it from learning_rate when that is set\): lower "
+         r"start_lr \(--set schedule_options\.start_lr=\.\.\.\) or raise the peak\. Received: "
+         r"start_lr=1e-05, max_lr=5e-06$"),
+        (xc.replace(schedule_options={**xc.schedule_options, "min_lr": 1e-3}),
+         r"min_lr must not exceed .* Received: min_lr=0\.001, max_lr=0\.0002$"),
+        (cosine.replace(fine_tune="all", head_epochs=0, fine_tune_lr_factor=0.1,
+                        learning_rate=1e-5),  # fmt: skip
+         r"end_lr must not exceed the peak rate peak_lr \(petal train sets it from "
+         r"learning_rate\): .* Received: end_lr=0\.0001, peak_lr=1e-05$"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(PetalError, match=match):
+            rates(bad)

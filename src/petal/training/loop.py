@@ -1052,7 +1052,7 @@ def _schedule(
 ):
     """A per-step LearningRateSchedule for a phase of ``epochs`` epochs (``phase`` names it
     in errors)."""
-    from petal.training.schedules import build_schedule, codelab_rampup_epochs
+    from petal.training.schedules import build_schedule, codelab_rampup_epochs, scaled_rates
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
@@ -1066,6 +1066,10 @@ def _schedule(
             )
     if cfg.schedule == "constant":
         return build_schedule("constant", steps_per_epoch=steps, lr=peak, **opts)
+    if phase == "full":
+        # The full phase runs the head phase's schedule times fine_tune_lr_factor, its start
+        # and end rates too: a peak scaled below codelab_ramp's 1e-5 ran its ramp backwards.
+        opts = scaled_rates(cfg.schedule, opts, cfg.fine_tune_lr_factor)
     if cfg.schedule == "warmup_cosine":
         warmup = opts.get("warmup_epochs")
         if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup > epochs:
@@ -1162,7 +1166,7 @@ def _rebuilt_schedule(
         return None
 
     def rate(epochs: int, step: int) -> float:
-        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas)
+        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas, phase.name)
         return float(keras.ops.convert_to_numpy(schedule(step)))
 
     step = (start_epoch - phase.start) * steps
@@ -1758,7 +1762,7 @@ def _train(
 
         def compile_for(phase: _Phase) -> None:
             """Compile the model for ``phase``, whose schedule runs from its first epoch."""
-            lr = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas)
+            lr = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
             model.compile(
                 optimizer=_optimizer(cfg, lr),
                 loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),
