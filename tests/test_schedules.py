@@ -278,17 +278,17 @@ def test_a_codelab_ramp_longer_than_a_phase_of_head_then_all_is_refused(tmp_path
         weights=str(tmp_path / "xc_5.weights.h5"), fine_tune="head_then_all", head_epochs=1,
     )  # fmt: skip
     cases = [
-        (base, r"^The learning-rate warm-up \(schedule_options\.rampup_epochs=5\) is longer "
-               r"than the head-only phase's 1 epoch \(head_epochs=1; each phase of "
-               r"fine_tune='head_then_all' warms up anew\): pass --set head_epochs=5 and "
-               r"--epochs 10 or more, or a shorter warm-up \(--set "
-               r"schedule_options\.rampup_epochs=N\)\.$"),
-        (base.replace(epochs=12, head_epochs=2), r"pass --set head_epochs=5 or more"),
-        (base.replace(epochs=8, head_epochs=5),
-         r"rampup_epochs=5\) is longer than the 3 epochs after the head-only phase "
-         r"\(epochs 8 - head_epochs 5; .*\): pass --epochs 10 or more"),
+        (base, r"^The learning-rate warm-up \(schedule_options\.rampup_epochs=5; codelab_ramp "
+               r"reaches its peak the epoch after it\) does not fit in the head-only phase's 1 "
+               r"epoch \(head_epochs=1; each phase of fine_tune='head_then_all' warms up "
+               r"anew\): pass --set head_epochs=6 and --epochs 12 or more, or a shorter "
+               r"warm-up \(--set schedule_options\.rampup_epochs=N\)\.$"),
+        (base.replace(epochs=12, head_epochs=2), r"pass --set head_epochs=6 or more"),
+        (base.replace(epochs=9, head_epochs=6),
+         r"the epoch after it\) does not fit in the 3 epochs after the head-only phase "
+         r"\(epochs 9 - head_epochs 6; .*\): pass --epochs 12 or more"),
         # codelab_ramp's own 5 epochs when schedule_options sets none.
-        (base.replace(schedule_options={}), r"\(schedule_options\.rampup_epochs=5\)"),
+        (base.replace(schedule_options={}), r"\(schedule_options\.rampup_epochs=5;"),
     ]
     for cfg, match in cases:
         with pytest.raises(PetalError, match=match):
@@ -296,7 +296,7 @@ def test_a_codelab_ramp_longer_than_a_phase_of_head_then_all_is_refused(tmp_path
     assert not (tmp_path / "run").exists()
     # A ramp that fits each phase passes these checks (and fails on the missing data), as
     # does a whole run shorter than its ramp (the codelab's schedule cut short).
-    fits = base.replace(epochs=4, head_epochs=2, schedule_options={"rampup_epochs": 2})
+    fits = base.replace(epochs=4, head_epochs=2, schedule_options={"rampup_epochs": 1})
     for cfg in (fits, base.replace(fine_tune="all", head_epochs=0)):
         with pytest.raises(PetalError, match="no-records-here"):
             train(cfg, tmp_path / "run")
@@ -385,3 +385,86 @@ def test_codelab_xception_follows_the_codelabs_pod_recipe_on_more_than_8_replica
     from petal.training.schedules import codelab_rampup_epochs
 
     assert codelab_rampup_epochs(32) == 7 and codelab_rampup_epochs(8) == 5
+
+
+def test_a_codelab_ramp_as_long_as_a_phase_of_head_then_all_is_refused(tmp_path):
+    """codelab_ramp per epoch reaches its peak the epoch after its ramp, but a ramp as long as
+    a phase was accepted: --set head_epochs=5 --epochs 10 with the 5-epoch ramp ran the head
+    phase at 1e-5 .. 1.62e-4 (never its stated 2e-4) and the full phase never at 2e-5."""
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    base = get_preset("codelab-xception").replace(
+        data=str(tmp_path / "no-records-here"), image_size=71, epochs=10, steps_per_epoch=1,
+        weights=str(tmp_path / "xc_5.weights.h5"), fine_tune="head_then_all", head_epochs=5,
+    )  # fmt: skip
+    with pytest.raises(PetalError, match=r"^The learning-rate warm-up \(schedule_options\."
+                       r"rampup_epochs=5; codelab_ramp reaches its peak the epoch after it\) "
+                       r"does not fit in the head-only phase's 5 epochs \(head_epochs=5; .*\): "
+                       r"pass --set head_epochs=6 and --epochs 12 or more, or a shorter"):
+        train(base, tmp_path / "run")
+    with pytest.raises(PetalError, match=r"does not fit in the 5 epochs after the head-only "
+                       r"phase \(epochs 11 - head_epochs 6; .*\): pass --epochs 12 or more"):
+        train(base.replace(head_epochs=6, epochs=11), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    # The peak's epoch fits in each phase; interpolated, the ramp's end is the peak.
+    interpolated = {"decay": 0.8, "interpolate": True}
+    for cfg in (base.replace(head_epochs=6, epochs=12),
+                base.replace(schedule_options=interpolated)):  # fmt: skip
+        with pytest.raises(PetalError, match="no-records-here"):
+            train(cfg, tmp_path / "run")
+    # A whole run as long as its ramp is still the codelab's schedule cut short.
+    with pytest.raises(PetalError, match="no-records-here"):
+        train(base.replace(fine_tune="all", head_epochs=0, epochs=5), tmp_path / "run")
+
+
+def test_the_full_phase_of_head_then_all_scales_every_rate_of_its_schedule():
+    """The full phase passed codelab_ramp only its scaled peak: with a peak below the fixed
+    1e-5 start_lr and min_lr (fine_tune_lr_factor=0.01: 2e-6) its first epoch ran at 5x the
+    stated peak and the "decay" rose (1e-5, 2e-6, 3.6e-6)."""
+    from petal.training.config import get_preset
+    from petal.training.loop import _phases, _schedule
+
+    def rates(cfg, replicas=1, steps=3):
+        out = {}
+        for phase in _phases(cfg, cfg.learning_rate, replicas):
+            fn = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
+            out[phase.name] = per_epoch_values(fn, phase.end - phase.start, steps)
+        return out
+
+    xc = get_preset("codelab-xception")
+    # The preset's own rates are the codelab's, on one and on eight replicas.
+    assert rates(xc, 8)["all"] == pytest.approx(CODELAB_8_REPLICAS, rel=5e-4)
+    assert rates(xc)["all"][:6] == pytest.approx(
+        [1e-5 + (2e-4 - 1e-5) * e / 5 for e in range(6)], rel=1e-5)  # fmt: skip
+    options = {**xc.schedule_options, "rampup_epochs": 1}
+    cfg = xc.replace(fine_tune="head_then_all", head_epochs=2, epochs=5,
+                     fine_tune_lr_factor=0.01, schedule_options=options)  # fmt: skip
+    got = rates(cfg)
+    assert got["head"] == pytest.approx([1e-5, 2e-4], rel=1e-5)
+    # The head phase's schedule times 0.01: up to the stated 2e-6 peak, then down.
+    assert got["full"] == pytest.approx([1e-7, 2e-6, 1.9e-6 * 0.8 + 1e-7], rel=1e-5)
+    # Likewise below 1e-4 with the default factor (learning_rate=5e-5: a 5e-6 peak).
+    got = rates(cfg.replace(learning_rate=5e-5, fine_tune_lr_factor=0.1))
+    assert got["full"] == pytest.approx([1e-6, 5e-6, 4e-6 * 0.8 + 1e-6], rel=1e-5)
+    # warmup_cosine's start and end rates too.
+    cosine = cfg.replace(learning_rate=1e-3, schedule="warmup_cosine",
+                         schedule_options={"warmup_epochs": 1, "end_lr": 1e-4})  # fmt: skip
+    # (0.01 x 1e-4 at the end of the cosine: halfway there at its middle.)
+    assert rates(cosine, steps=1)["full"] == pytest.approx([0.0, 1e-5, 5.5e-6], rel=1e-5)
+    # A start or end rate above the peak itself is refused, named.
+    cases = [
+        (xc.replace(learning_rate=5e-6), r"^Schedule option start_lr must not exceed the peak "
+         r"rate max_lr \(petal train sets it from learning_rate when that is set\): lower "
+         r"start_lr \(--set schedule_options\.start_lr=\.\.\.\) or raise the peak\. Received: "
+         r"start_lr=1e-05, max_lr=5e-06$"),
+        (xc.replace(schedule_options={**xc.schedule_options, "min_lr": 1e-3}),
+         r"min_lr must not exceed .* Received: min_lr=0\.001, max_lr=0\.0002$"),
+        (cosine.replace(fine_tune="all", head_epochs=0, fine_tune_lr_factor=0.1,
+                        learning_rate=1e-5),  # fmt: skip
+         r"end_lr must not exceed the peak rate peak_lr \(petal train sets it from "
+         r"learning_rate\): .* Received: end_lr=0\.0001, peak_lr=1e-05$"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(PetalError, match=match):
+            rates(bad)

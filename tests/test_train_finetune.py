@@ -164,14 +164,15 @@ def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
 
     weights, _ = _tiny_backbone_weights(tiny_backbone_model, tmp_path)
     cfg = tiny_config(small_records, model=tiny_backbone_model, weights=weights,
-                      fine_tune="head_then_all", head_epochs=1, epochs=3, steps_per_epoch=1,
+                      fine_tune="head_then_all", head_epochs=2, epochs=4, steps_per_epoch=1,
                       learning_rate=None, schedule="codelab_ramp",
                       schedule_options={"rampup_epochs": 1})  # fmt: skip
     lines = []
     train(cfg, tmp_path / "rule", log=lines.append)
     lrs = [r["lr"] for r in read_history(tmp_path / "rule" / "history.csv")]
-    # Each phase ramps from start_lr (1e-5) to its peak in one epoch.
-    assert lrs == pytest.approx([1e-5, 1e-5, 2e-5])
+    # Each phase ramps from start_lr to its peak in one epoch: the full phase's rates are the
+    # head phase's times the factor, start_lr (1e-5) too.
+    assert lrs == pytest.approx([1e-5, 2e-4, 1e-6, 2e-5])
     assert ("petal train: unfreezing the backbone (BatchNorm kept in inference mode), peak lr "
             "2e-05 (x0.1 of the head phase's 0.0002)") in lines
     # Its only BatchNormalization layer is in the backbone, frozen in both phases.
@@ -182,7 +183,7 @@ def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
                       fine_tune_lr_factor=0.5)  # fmt: skip
     train(cfg, tmp_path / "max_lr", **QUIET)
     lrs = [r["lr"] for r in read_history(tmp_path / "max_lr" / "history.csv")]
-    assert lrs == pytest.approx([1e-5, 1e-5, 5e-4])
+    assert lrs == pytest.approx([1e-5, 1e-3, 5e-6, 5e-4])
 
 
 def test_bn_frozen_false_trains_batchnorm_once_the_backbone_is_unfrozen(

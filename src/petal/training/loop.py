@@ -1052,7 +1052,7 @@ def _schedule(
 ):
     """A per-step LearningRateSchedule for a phase of ``epochs`` epochs (``phase`` names it
     in errors)."""
-    from petal.training.schedules import build_schedule, codelab_rampup_epochs
+    from petal.training.schedules import build_schedule, codelab_rampup_epochs, scaled_rates
 
     opts = dict(cfg.schedule_options)
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
@@ -1066,20 +1066,28 @@ def _schedule(
             )
     if cfg.schedule == "constant":
         return build_schedule("constant", steps_per_epoch=steps, lr=peak, **opts)
+    if phase == "full":
+        # The full phase runs the head phase's schedule times fine_tune_lr_factor, its start
+        # and end rates too: a peak scaled below codelab_ramp's 1e-5 ran its ramp backwards.
+        opts = scaled_rates(cfg.schedule, opts, cfg.fine_tune_lr_factor)
     if cfg.schedule == "warmup_cosine":
         warmup = opts.get("warmup_epochs")
         if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup > epochs:
             raise _long_warmup(cfg, warmup, epochs, phase)
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
-    # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp longer than one never
-    # reaches the peak the log states. (A whole run shorter than its ramp is the codelab's
-    # schedule cut short, as a quick run of codelab-xception's 5-epoch ramp is.)
+    # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp that does not fit in one
+    # never reaches the peak the log states. (A whole run shorter than its ramp is the
+    # codelab's schedule cut short, as a quick run of codelab-xception's 5-epoch ramp is.)
     ramp = opts.get("rampup_epochs")
     if ramp is None:
         ramp = codelab_rampup_epochs(replicas)  # the codelab's: 7 on a pod, else 5
-    if phase != "all" and isinstance(ramp, (int, float)) and ramp > epochs:
-        raise _long_warmup(cfg, ramp, epochs, phase, "rampup_epochs")
+    if phase != "all" and isinstance(ramp, (int, float)) and math.isfinite(ramp):
+        # Per epoch (the codelab's callback) the peak is the rate of the epoch after the ramp,
+        # so a phase needs one epoch more than it; interpolated, it comes at the ramp's end.
+        need = math.ceil(ramp) + (opts.get("interpolate") is not True)
+        if epochs < need:
+            raise _long_warmup(cfg, ramp, epochs, phase, "rampup_epochs", need)
     # max_lr from learning_rate, else the codelab's rule for this many replicas
     # (schedule_options.max_lr, else codelab_max_lr) -- times fine_tune_lr_factor in the full
     # phase of head_then_all, which passes that rate as its peak.
@@ -1090,14 +1098,25 @@ def _schedule(
 
 
 def _long_warmup(
-    cfg: TrainConfig, warmup: float, epochs: int, phase: str, key: str = "warmup_epochs"
+    cfg: TrainConfig,
+    warmup: float,
+    epochs: int,
+    phase: str,
+    key: str = "warmup_epochs",
+    need: int | None = None,
 ) -> PetalError:
     """A warm-up (schedule option ``key``) longer than the phase it warms up: the settings
     that make the phase long enough (each phase of head_then_all runs the schedule from its
-    start)."""
+    start). ``need``: the epochs a phase needs to reach the peak, when more than the
+    warm-up's (codelab_ramp per epoch peaks the epoch after its ramp)."""
     what = f"The learning-rate warm-up (schedule_options.{key}={warmup}) is longer than"
+    if need is not None and need > math.ceil(warmup):
+        what = (
+            f"The learning-rate warm-up (schedule_options.{key}={warmup}; codelab_ramp reaches "
+            "its peak the epoch after it) does not fit in"
+        )
     shorter = f"or a shorter warm-up (--set schedule_options.{key}=N)."
-    need = math.ceil(warmup)
+    need = math.ceil(warmup) if need is None else need
     if phase == "head":
         more = f"--set head_epochs={need}"
         if cfg.epochs < 2 * need:  # the full phase warms up too
@@ -1147,7 +1166,7 @@ def _rebuilt_schedule(
         return None
 
     def rate(epochs: int, step: int) -> float:
-        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas)
+        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas, phase.name)
         return float(keras.ops.convert_to_numpy(schedule(step)))
 
     step = (start_epoch - phase.start) * steps
@@ -1743,7 +1762,7 @@ def _train(
 
         def compile_for(phase: _Phase) -> None:
             """Compile the model for ``phase``, whose schedule runs from its first epoch."""
-            lr = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas)
+            lr = _schedule(cfg, phase.lr, phase.end - phase.start, steps, replicas, phase.name)
             model.compile(
                 optimizer=_optimizer(cfg, lr),
                 loss=keras.losses.CategoricalCrossentropy(label_smoothing=cfg.label_smoothing),

@@ -183,6 +183,7 @@ def codelab_ramp(
             f"at the peak), a factor per epoch. Received: decay={decay!r}"
         )
     peak = codelab_max_lr(replicas) if max_lr is None else max_lr
+    _check_below_peak("max_lr", peak, start_lr=start_lr, min_lr=min_lr)
     if rampup_epochs is None:
         rampup_epochs = codelab_rampup_epochs(replicas)
     spe = float(steps_per_epoch)
@@ -231,6 +232,7 @@ def warmup_cosine(
             f"warmup_epochs must not exceed total_epochs, which must be positive. "
             f"Received: warmup_epochs={warmup_epochs}, total_epochs={total_epochs}"
         )
+    _check_below_peak("peak_lr", peak_lr, start_lr=start_lr, end_lr=end_lr)
 
     def fn(step):
         s = _as_float_step(step)
@@ -240,6 +242,34 @@ def warmup_cosine(
         return ops.where(s < warmup, warm, cosine)
 
     return fn
+
+
+def _check_below_peak(peak_name: str, peak: float, **rates: float) -> None:
+    """One line for a start or end rate above the peak: a warm-up that lowered the rate, or a
+    decay that raised it (a 1e-5 start_lr and min_lr with a 2e-6 peak)."""
+    for key, value in rates.items():
+        if _is_number(value) and _is_number(peak) and value > peak:
+            where = " when that is set" if peak_name == "max_lr" else ""
+            raise PetalError(
+                f"Schedule option {key} must not exceed the peak rate {peak_name} (petal train "
+                f"sets it from learning_rate{where}): lower {key} (--set schedule_options."
+                f"{key}=...) or raise the peak. Received: {key}={value!r}, {peak_name}={peak!r}"
+            )
+
+
+def scaled_rates(name: str, options: dict, factor: float) -> dict:
+    """``options`` of schedule ``name`` with its rates besides the peak (``start_lr``,
+    ``min_lr``, ``end_lr``: given, else their defaults) times ``factor``, for a schedule whose
+    peak is scaled by it. A rate that is no number is left for the schedule to refuse."""
+    params = inspect.signature(SCHEDULES[name]).parameters
+    scaled = dict(options)
+    for key in ("start_lr", "min_lr", "end_lr"):
+        if key not in params:
+            continue
+        value = scaled.get(key, params[key].default)
+        if _is_number(value):
+            scaled[key] = _plain_number(value) * factor
+    return scaled
 
 
 def constant(steps_per_epoch: int = 1, *, lr: float = 1e-3) -> StepFn:
