@@ -595,3 +595,26 @@ def test_refusals_of_saved_settings_name_the_setting_that_keeps_the_run():
     with pytest.raises(PetalError, match=r"drop it \(--set fine_tune_lr_factor=0\.1, the "
                        r"default\)"):  # fmt: skip
         load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])
+
+
+def test_a_schedule_or_model_option_given_as_a_field_is_answered_with_its_dict_key(tmp_path):
+    """--set warmup_epochs=1 said "did you mean 'head_epochs'?" (any_size: 'image_size'),
+    which was refused in turn; dropout, bn_frozen and min_lr got no hint."""
+    for key, meant in (("warmup_epochs", "schedule_options.warmup_epochs"),
+                       ("rampup_epochs", "schedule_options.rampup_epochs"),
+                       ("total_epochs", "schedule_options.total_epochs"),
+                       ("min_lr", "schedule_options.min_lr"),
+                       ("any_size", "model_options.any_size"),
+                       ("bn_frozen", "model_options.bn_frozen"),
+                       ("dropout", "model_options.dropout"),
+                       ("peak_lr", "learning_rate")):  # fmt: skip
+        with pytest.raises(PetalError, match=rf"^Unknown config key '{key}' \(from --set\); "
+                           rf"did you mean '{meant}'\? Valid keys: "):
+            load_config("quick", None, [f"{key}=1"])
+        assert load_config("quick", None, [f"{meant}=1"])  # followed, it is taken
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"warmup_epochs": 1}))
+    with pytest.raises(PetalError, match=rf"^Unknown config key 'warmup_epochs' \(from "
+                       rf"{re.escape(str(path))}\); did you mean 'schedule_options.warmup_epochs'"
+                       r"\? Rename it in that file"):
+        load_config(None, path)

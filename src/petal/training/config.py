@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
@@ -690,7 +691,10 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
     for key, value in values.items():
         name, _, sub = key.partition(".")
         if name not in hints:
-            close = difflib.get_close_matches(name.lower(), hints, n=1, cutoff=0.6)
+            meant = _field_of_option(name.lower())
+            close = [meant] if meant else difflib.get_close_matches(
+                name.lower(), hints, n=1, cutoff=0.6
+            )
             guess = f"; did you mean {close[0]!r}?" if close else "."
             if source not in ("", "flag", "--set"):  # a config file: fixed in it
                 guess += (" Rename it in that file, or remove it." if close
@@ -708,6 +712,25 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
         else:
             data[name] = _coerce(name, value, hints[name], where)
     return TrainConfig(**data)
+
+
+def _field_of_option(key: str) -> str | None:
+    """The key meant by ``key``, a schedule's or a model's option given as a field:
+    ``schedule_options.KEY`` or ``model_options.KEY`` (``warmup_epochs`` pointed to
+    ``head_epochs``), or ``learning_rate`` for a schedule's rate, which training sets from it."""
+    # Imported on this error only: they import Keras, which the rest of this module does not.
+    from petal.models import list_models
+    from petal.models.registry import model_options
+    from petal.training.schedules import RATE_OPTIONS, SCHEDULES
+
+    if key in RATE_OPTIONS.values():
+        return "learning_rate"
+    for schedule in SCHEDULES.values():
+        if key != "steps_per_epoch" and key in inspect.signature(schedule).parameters:
+            return f"schedule_options.{key}"
+    if any(key in model_options(model) for model in list_models()):
+        return f"model_options.{key}"
+    return None
 
 
 def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
