@@ -141,8 +141,8 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert cfg.batch_size == 4  # --set beats the flag, which beat the file
     assert cfg.seed == 1
     assert cfg.schedule_options == {"warmup_epochs": 0}
-    # An explicit preset beats the file's.
-    assert load_config("codelab-dense", path).model == "dense"
+    # The same preset named twice is one; another is refused (test at the end of this file).
+    assert load_config("quick", path).epochs == 4
 
 
 def test_set_preset_is_refused():
@@ -363,7 +363,8 @@ def test_the_train_workdir_defaults_to_the_config_files_preset(monkeypatch, tmp_
     assert seen["workdir"] == "runs/quick"
     assert cli.main(["train", "--data", str(tmp_path)]) == 0
     assert seen["workdir"] == "runs/default"
-    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "quick.json"]) == 0
+    (tmp_path / "fields.json").write_text(json.dumps({"epochs": 2}))  # names no preset
+    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "fields.json"]) == 0
     assert seen["workdir"] == "runs/codelab-convnet"
 
 
@@ -618,3 +619,23 @@ def test_a_schedule_or_model_option_given_as_a_field_is_answered_with_its_dict_k
                        rf"{re.escape(str(path))}\); did you mean 'schedule_options.warmup_epochs'"
                        r"\? Rename it in that file"):
         load_config(None, path)
+
+
+def test_a_preset_other_than_the_config_files_is_refused(tmp_path, capsys):
+    """--preset codelab-squeezenet --config RUN/config.json (preset quick) trained quick's
+    values and named the run codelab-squeezenet (config.json, metrics.json, runs/...)."""
+    from petal import cli
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**get_preset("quick").to_dict(), "data": str(tmp_path)}))
+    refused = (
+        f"Config file {path} names preset 'quick', but --preset is 'codelab-squeezenet': drop "
+        "--preset to run the file's, or edit the file's preset key (drop it to change fields "
+        "of --preset's only)."
+    )
+    with pytest.raises(PetalError) as caught:
+        load_config("codelab-squeezenet", path)
+    assert str(caught.value) == refused
+    assert cli.main(["train", "--preset", "codelab-squeezenet", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert load_config(None, path).preset == "quick"

@@ -551,7 +551,7 @@ def load_config(
 
     Args:
         preset: preset name; ``None`` uses ``base``, else the file's ``preset`` key, else
-            ``default``.
+            ``default``. Refused when the file names another.
         config_file: JSON object of TrainConfig fields (unknown keys are refused).
         overrides: ``key=value`` strings, applied last.
         base: the starting config when no preset is named (``--resume`` passes the saved one).
@@ -571,6 +571,14 @@ def load_config(
             f"Config file {config_file} names preset {file_preset!r}, but the run being "
             f"resumed is {base.preset!r}: a preset starts a new run (pass --overwrite or "
             "another --workdir), or drop the file's preset key to change fields only."
+        )
+    if preset and file_preset not in (None, preset):
+        # The file's fields are its preset's changes: on another preset, the run trained
+        # the file's values under the other's name.
+        raise PetalError(
+            f"Config file {config_file} names preset {file_preset!r}, but --preset is "
+            f"{preset!r}: drop --preset to run the file's, or edit the file's preset key "
+            "(drop it to change fields of --preset's only)."
         )
     name = preset or file_preset
     from_preset = base is None or bool(preset)
