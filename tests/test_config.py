@@ -235,9 +235,9 @@ def test_base_config_is_used_without_a_preset():
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be >= 0"),
         # Keras' Adam and RMSprop have no decoupled decay: it was ignored without a word.
         ({"optimizer": "adam", "weight_decay": 0.05}, r"optimizer 'adam' takes no weight decay"),
-        ({"weight_decay": float("nan")}, "weight_decay must be >= 0"),
+        ({"weight_decay": float("nan")}, r"weight_decay must be a finite number >= 0 \(e"),
         ({"clipnorm": -1.0}, "clipnorm must be > 0, or null"),
-        ({"learning_rate": float("inf")}, "learning_rate must be > 0"),
+        ({"learning_rate": float("inf")}, r"learning_rate must be a finite number > 0 \(e"),
         ({"classes": "daisy,,roses"}, "comma-separated non-empty names"),
         ({"classes": "daisy,daisy"}, "names 'daisy' twice"),
         ({"classes": [1, 2]}, r"^classes must be a string or null"),
@@ -639,3 +639,19 @@ def test_a_preset_other_than_the_config_files_is_refused(tmp_path, capsys):
     assert cli.main(["train", "--preset", "codelab-squeezenet", "--config", str(path)]) == 2
     assert capsys.readouterr().err == f"petal train: error: {refused}\n"
     assert load_config(None, path).preset == "quick"
+
+
+def test_an_infinite_or_nan_float_setting_is_named_as_no_finite_number():
+    """--set learning_rate=1e400 (inf) said "learning_rate must be > 0. Received:
+    learning_rate=inf", which reads as met; clipnorm, weight_decay and fine_tune_lr_factor
+    too."""
+    for key, wanted in (("learning_rate", r"> 0 \(e\.g\. 1e-3\)"),
+                        ("clipnorm", r"> 0 \(e\.g\. 1\.0\), or null for no clipping"),
+                        ("weight_decay", r">= 0 \(e\.g\. 0\.05; 0: none\)"),
+                        ("momentum", r"in \[0, 1\] \(e\.g\. 0\.9\)"),
+                        ("label_smoothing", r"in \[0, 1\) \(e\.g\. 0\.1\)"),
+                        ("fine_tune_lr_factor", r"> 0 \(e\.g\. 0\.1\)")):  # fmt: skip
+        for value, said in (("1e400", "inf"), ("-1e400", "-inf"), ("NaN", "nan")):
+            with pytest.raises(PetalError, match=rf"^{key} must be a finite number {wanted}\. "
+                               rf"Received: {key}={said}$"):
+                load_config("quick", None, [f"{key}={value}"])

@@ -195,6 +195,11 @@ class TrainConfig:
             "lr_reference_batch",
             allow_none=True,
         )
+        for key, wanted in _FINITE.items():
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                # 1e400 parses as inf, which read as meeting "must be > 0".
+                raise PetalError(f"{key} must be a finite number {wanted}. Received: {key}={value}")
         if self.learning_rate is None:
             preset = _PRESETS.get(self.preset)
             leaves = preset is not None and preset().learning_rate is None
@@ -801,6 +806,15 @@ _WORDS = {
     float: "a number",
     str: "a string",
     dict: "a JSON object",
+}
+# The float fields, with the values they take: inf or nan is named as no finite number.
+_FINITE = {
+    "learning_rate": "> 0 (e.g. 1e-3)",
+    "weight_decay": ">= 0 (e.g. 0.05; 0: none)",
+    "momentum": "in [0, 1] (e.g. 0.9)",
+    "clipnorm": "> 0 (e.g. 1.0), or null for no clipping",
+    "label_smoothing": "in [0, 1) (e.g. 0.1)",
+    "fine_tune_lr_factor": "> 0 (e.g. 0.1)",
 }
 # Fields whose string takes a few values only: those values (checked by validate()).
 _EXPECTED = {
