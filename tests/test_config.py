@@ -655,3 +655,11 @@ def test_an_infinite_or_nan_float_setting_is_named_as_no_finite_number():
             with pytest.raises(PetalError, match=rf"^{key} must be a finite number {wanted}\. "
                                rf"Received: {key}={said}$"):
                 load_config("quick", None, [f"{key}={value}"])
+
+
+def test_an_unknown_preset_in_a_config_file_names_the_file(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "quik"}))
+    with pytest.raises(PetalError, match=rf"^Unknown preset 'quik' \(from {re.escape(str(path))}"
+                       r"\); valid presets: default, .* Received: preset='quik'$"):
+        load_config(None, path)

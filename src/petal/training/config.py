@@ -365,10 +365,11 @@ def get_preset(name: str) -> TrainConfig:
     return cfg
 
 
-def _get_preset_fn(name: str) -> PresetFn:
+def _get_preset_fn(name: str, where: str = "") -> PresetFn:
     if not isinstance(name, str) or name not in _PRESETS:  # (a JSON list: no dict key)
         raise PetalError(
-            f"Unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}. Received: preset={name!r}"
+            f"Unknown preset {name!r}{where}; valid presets: {', '.join(_PRESETS)}. "
+            f"Received: preset={name!r}"
         )
     return _PRESETS[name]
 
@@ -585,6 +586,8 @@ def load_config(
             f"{preset!r}: drop --preset to run the file's, or edit the file's preset key "
             "(drop it to change fields of --preset's only)."
         )
+    if not preset and file_preset is not None:
+        _get_preset_fn(file_preset, f" (from {config_file})")  # the file to fix
     name = preset or file_preset
     from_preset = base is None or bool(preset)
     cfg = get_preset(name or "default") if from_preset else base
