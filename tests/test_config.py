@@ -663,3 +663,11 @@ def test_an_unknown_preset_in_a_config_file_names_the_file(tmp_path):
     with pytest.raises(PetalError, match=rf"^Unknown preset 'quik' \(from {re.escape(str(path))}"
                        r"\); valid presets: default, .* Received: preset='quik'$"):
         load_config(None, path)
+
+
+def test_a_null_augment_is_answered_with_recipes_to_give():
+    """--set augment=null said "augment must be a string", without the 'none' meant."""
+    with pytest.raises(PetalError, match=r"^augment must be a recipe \(e\.g\. 'none', 'codelab' "
+                       r"or 'flip\+saturation'\) \(from --set\)\. Received: augment=None$"):
+        load_config("quick", None, ["augment=null"])
+    assert load_config("quick", None, ["augment=none"]).augment == "none"

@@ -783,7 +783,7 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             "(as in --classes): rename the class folder, or leave classes out to read "
             f"every class. Received: classes={value!r}"
         )
-    expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
+    expected = {**_EXPECTED, **_KINDS}.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
 
 
@@ -824,6 +824,8 @@ _EXPECTED = {
     "cache": "'auto', true or false",
     "jit_compile": "'auto', true or false",
 }
+# Fields whose type's word alone says too little: what to give (null is no augment's "none").
+_KINDS = {"augment": "a recipe (e.g. 'none', 'codelab' or 'flip+saturation')"}
 
 
 def _names(value: Any) -> bool:
