@@ -141,8 +141,8 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert cfg.batch_size == 4  # --set beats the flag, which beat the file
     assert cfg.seed == 1
     assert cfg.schedule_options == {"warmup_epochs": 0}
-    # An explicit preset beats the file's.
-    assert load_config("codelab-dense", path).model == "dense"
+    # The same preset named twice is one; another is refused (test at the end of this file).
+    assert load_config("quick", path).epochs == 4
 
 
 def test_set_preset_is_refused():
@@ -235,9 +235,9 @@ def test_base_config_is_used_without_a_preset():
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be >= 0"),
         # Keras' Adam and RMSprop have no decoupled decay: it was ignored without a word.
         ({"optimizer": "adam", "weight_decay": 0.05}, r"optimizer 'adam' takes no weight decay"),
-        ({"weight_decay": float("nan")}, "weight_decay must be >= 0"),
+        ({"weight_decay": float("nan")}, r"weight_decay must be a finite number >= 0 \(e"),
         ({"clipnorm": -1.0}, "clipnorm must be > 0, or null"),
-        ({"learning_rate": float("inf")}, "learning_rate must be > 0"),
+        ({"learning_rate": float("inf")}, r"learning_rate must be a finite number > 0 \(e"),
         ({"classes": "daisy,,roses"}, "comma-separated non-empty names"),
         ({"classes": "daisy,daisy"}, "names 'daisy' twice"),
         ({"classes": [1, 2]}, r"^classes must be a string or null"),
@@ -363,7 +363,8 @@ def test_the_train_workdir_defaults_to_the_config_files_preset(monkeypatch, tmp_
     assert seen["workdir"] == "runs/quick"
     assert cli.main(["train", "--data", str(tmp_path)]) == 0
     assert seen["workdir"] == "runs/default"
-    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "quick.json"]) == 0
+    (tmp_path / "fields.json").write_text(json.dumps({"epochs": 2}))  # names no preset
+    assert cli.main(["train", "--preset", "codelab-convnet", "--config", "fields.json"]) == 0
     assert seen["workdir"] == "runs/codelab-convnet"
 
 
@@ -595,3 +596,78 @@ def test_refusals_of_saved_settings_name_the_setting_that_keeps_the_run():
     with pytest.raises(PetalError, match=r"drop it \(--set fine_tune_lr_factor=0\.1, the "
                        r"default\)"):  # fmt: skip
         load_config("codelab-xception", None, ["fine_tune_lr_factor=0.5"])
+
+
+def test_a_schedule_or_model_option_given_as_a_field_is_answered_with_its_dict_key(tmp_path):
+    """--set warmup_epochs=1 said "did you mean 'head_epochs'?" (any_size: 'image_size'),
+    which was refused in turn; dropout, bn_frozen and min_lr got no hint."""
+    for key, meant in (("warmup_epochs", "schedule_options.warmup_epochs"),
+                       ("rampup_epochs", "schedule_options.rampup_epochs"),
+                       ("total_epochs", "schedule_options.total_epochs"),
+                       ("min_lr", "schedule_options.min_lr"),
+                       ("any_size", "model_options.any_size"),
+                       ("bn_frozen", "model_options.bn_frozen"),
+                       ("dropout", "model_options.dropout"),
+                       ("peak_lr", "learning_rate")):  # fmt: skip
+        with pytest.raises(PetalError, match=rf"^Unknown config key '{key}' \(from --set\); "
+                           rf"did you mean '{meant}'\? Valid keys: "):
+            load_config("quick", None, [f"{key}=1"])
+        assert load_config("quick", None, [f"{meant}=1"])  # followed, it is taken
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"warmup_epochs": 1}))
+    with pytest.raises(PetalError, match=rf"^Unknown config key 'warmup_epochs' \(from "
+                       rf"{re.escape(str(path))}\); did you mean 'schedule_options.warmup_epochs'"
+                       r"\? Rename it in that file"):
+        load_config(None, path)
+
+
+def test_a_preset_other_than_the_config_files_is_refused(tmp_path, capsys):
+    """--preset codelab-squeezenet --config RUN/config.json (preset quick) trained quick's
+    values and named the run codelab-squeezenet (config.json, metrics.json, runs/...)."""
+    from petal import cli
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**get_preset("quick").to_dict(), "data": str(tmp_path)}))
+    refused = (
+        f"Config file {path} names preset 'quick', but --preset is 'codelab-squeezenet': drop "
+        "--preset to run the file's, or edit the file's preset key (drop it to change fields "
+        "of --preset's only)."
+    )
+    with pytest.raises(PetalError) as caught:
+        load_config("codelab-squeezenet", path)
+    assert str(caught.value) == refused
+    assert cli.main(["train", "--preset", "codelab-squeezenet", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"petal train: error: {refused}\n"
+    assert load_config(None, path).preset == "quick"
+
+
+def test_an_infinite_or_nan_float_setting_is_named_as_no_finite_number():
+    """--set learning_rate=1e400 (inf) said "learning_rate must be > 0. Received:
+    learning_rate=inf", which reads as met; clipnorm, weight_decay and fine_tune_lr_factor
+    too."""
+    for key, wanted in (("learning_rate", r"> 0 \(e\.g\. 1e-3\)"),
+                        ("clipnorm", r"> 0 \(e\.g\. 1\.0\), or null for no clipping"),
+                        ("weight_decay", r">= 0 \(e\.g\. 0\.05; 0: none\)"),
+                        ("momentum", r"in \[0, 1\] \(e\.g\. 0\.9\)"),
+                        ("label_smoothing", r"in \[0, 1\) \(e\.g\. 0\.1\)"),
+                        ("fine_tune_lr_factor", r"> 0 \(e\.g\. 0\.1\)")):  # fmt: skip
+        for value, said in (("1e400", "inf"), ("-1e400", "-inf"), ("NaN", "nan")):
+            with pytest.raises(PetalError, match=rf"^{key} must be a finite number {wanted}\. "
+                               rf"Received: {key}={said}$"):
+                load_config("quick", None, [f"{key}={value}"])
+
+
+def test_an_unknown_preset_in_a_config_file_names_the_file(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"preset": "quik"}))
+    with pytest.raises(PetalError, match=rf"^Unknown preset 'quik' \(from {re.escape(str(path))}"
+                       r"\); valid presets: default, .* Received: preset='quik'$"):
+        load_config(None, path)
+
+
+def test_a_null_augment_is_answered_with_recipes_to_give():
+    """--set augment=null said "augment must be a string", without the 'none' meant."""
+    with pytest.raises(PetalError, match=r"^augment must be a recipe \(e\.g\. 'none', 'codelab' "
+                       r"or 'flip\+saturation'\) \(from --set\)\. Received: augment=None$"):
+        load_config("quick", None, ["augment=null"])
+    assert load_config("quick", None, ["augment=none"]).augment == "none"

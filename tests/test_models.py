@@ -104,8 +104,14 @@ def test_model_info_and_registry_errors():
         create_model("squeezenet", 1, 32)
     with pytest.raises(PetalError, match="no published ImageNet weights"):
         create_model("squeezenet", 5, 32, weights="imagenet")
-    with pytest.raises(PetalError, match="does not take that option.*'dropuot'"):
+    # Named with the options it takes (it said "build_squeezenet() got an unexpected ...").
+    with pytest.raises(PetalError, match=r"^model_options.dropuot is not an option of squeezenet; "
+                       r"its options: fires, stem_filters, stem_stride, separable, dropout, "
+                       r"any_size\. Received: model_options=\{'dropuot': 0.2\}$"):
         create_model("squeezenet", 5, 32, dropuot=0.2)
+    with pytest.raises(PetalError, match=r"^model_options.a, model_options.b are not options of "
+                       r"convnet; it takes none\. Received: "):
+        create_model("convnet", 5, 32, b=1, a=2)
     # A known option with a value the layers refuse: one line, not Keras' ValueError.
     with pytest.raises(PetalError, match=r"model_options \{'dropout': 5\} \(.*rate.*fix or drop"):
         create_model("squeezenet", 5, 32, dropout=5)

@@ -483,3 +483,23 @@ def test_resume_changing_fine_tune_names_fine_tune_not_head_epochs(tmp_path, cap
         '"head_then_all" -> "all". Leave those settings out to continue the run, or start a '
         "new one (another --workdir, or --overwrite)."
     )
+
+
+def test_a_run_ended_where_it_stopped_saves_those_epochs_and_a_later_resume_has_none_to_do(
+    small_records, tmp_path
+):
+    """--resume --epochs 1 of a 3-epoch run stopped after epoch 1 said done, but config.json
+    kept epochs 3 (metrics.json said 1), and a later plain --resume trained epochs 2 and 3."""
+    from petal.training.loop import resume_config
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=3, steps_per_epoch=1)
+    with pytest.raises(Interrupt):
+        train(cfg, run, log=interrupt_at("epoch 1/3"))
+    metrics = train(cfg.replace(epochs=1), run, resume=True, **QUIET)
+    assert metrics["epochs_completed"] == 1
+    assert json.loads((run / "config.json").read_text())["epochs"] == 1
+    lines = []
+    assert train(resume_config(run), run, resume=True, log=lines.append) == metrics
+    assert lines == [f"petal train: {run} already completed 1 epoch; nothing to do (to train "
+                     "it further, pass --epochs 2 or more)"]

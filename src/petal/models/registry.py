@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import numbers
 import os
 import re
@@ -258,9 +259,14 @@ def create_model(
     except PetalError:
         raise
     except (TypeError, ValueError) as err:
-        if "unexpected keyword argument" in str(err):
+        options = model_options(name)
+        unknown = [key for key in sorted(kwargs) if key not in options]
+        if unknown and "unexpected keyword argument" in str(err):
+            which = ", ".join(f"model_options.{key}" for key in unknown)
+            some = f"its options: {', '.join(options)}" if options else "it takes none"
             raise PetalError(
-                f"Model {name!r} does not take that option ({err}). Received: {sorted(kwargs)}"
+                f"{which} {'is not an option' if len(unknown) == 1 else 'are not options'} "
+                f"of {name}; {some}. Received: model_options={kwargs}"
             ) from err
         if not kwargs:
             raise
@@ -279,6 +285,22 @@ def create_model(
         if log is not None:
             log(f"weights from {weights_file}: {part}")
     return model
+
+
+def model_options(name: str) -> list[str]:
+    """The options model ``name`` takes (the keys of ``model_options``), in its builder's order.
+
+    A registered builder passes them on to its family's ``build_*`` function (blocks ->
+    builder -> named variants), whose keyword parameters with a default they are; the name
+    and weights come from the caller.
+    """
+    builder = _BUILDERS[model_info(name).name]
+    called = [builder.__globals__.get(n) for n in builder.__code__.co_names
+              if n.startswith("build_")]  # fmt: skip
+    function = next((f for f in called if inspect.isfunction(f)), builder)
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in inspect.signature(function).parameters.values()
+            if p.kind in kinds and p.default is not p.empty and p.name not in ("name", "weights")]
 
 
 def _build(name: str, num_classes: int, hw: tuple[int, int], weights: str | None, **kwargs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
@@ -194,6 +195,11 @@ class TrainConfig:
             "lr_reference_batch",
             allow_none=True,
         )
+        for key, wanted in _FINITE.items():
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                # 1e400 parses as inf, which read as meeting "must be > 0".
+                raise PetalError(f"{key} must be a finite number {wanted}. Received: {key}={value}")
         if self.learning_rate is None:
             preset = _PRESETS.get(self.preset)
             leaves = preset is not None and preset().learning_rate is None
@@ -359,10 +365,11 @@ def get_preset(name: str) -> TrainConfig:
     return cfg
 
 
-def _get_preset_fn(name: str) -> PresetFn:
+def _get_preset_fn(name: str, where: str = "") -> PresetFn:
     if not isinstance(name, str) or name not in _PRESETS:  # (a JSON list: no dict key)
         raise PetalError(
-            f"Unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}. Received: preset={name!r}"
+            f"Unknown preset {name!r}{where}; valid presets: {', '.join(_PRESETS)}. "
+            f"Received: preset={name!r}"
         )
     return _PRESETS[name]
 
@@ -550,7 +557,7 @@ def load_config(
 
     Args:
         preset: preset name; ``None`` uses ``base``, else the file's ``preset`` key, else
-            ``default``.
+            ``default``. Refused when the file names another.
         config_file: JSON object of TrainConfig fields (unknown keys are refused).
         overrides: ``key=value`` strings, applied last.
         base: the starting config when no preset is named (``--resume`` passes the saved one).
@@ -571,6 +578,16 @@ def load_config(
             f"resumed is {base.preset!r}: a preset starts a new run (pass --overwrite or "
             "another --workdir), or drop the file's preset key to change fields only."
         )
+    if preset and file_preset not in (None, preset):
+        # The file's fields are its preset's changes: on another preset, the run trained
+        # the file's values under the other's name.
+        raise PetalError(
+            f"Config file {config_file} names preset {file_preset!r}, but --preset is "
+            f"{preset!r}: drop --preset to run the file's, or edit the file's preset key "
+            "(drop it to change fields of --preset's only)."
+        )
+    if not preset and file_preset is not None:
+        _get_preset_fn(file_preset, f" (from {config_file})")  # the file to fix
     name = preset or file_preset
     from_preset = base is None or bool(preset)
     cfg = get_preset(name or "default") if from_preset else base
@@ -690,7 +707,10 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
     for key, value in values.items():
         name, _, sub = key.partition(".")
         if name not in hints:
-            close = difflib.get_close_matches(name.lower(), hints, n=1, cutoff=0.6)
+            meant = _field_of_option(name.lower())
+            close = [meant] if meant else difflib.get_close_matches(
+                name.lower(), hints, n=1, cutoff=0.6
+            )
             guess = f"; did you mean {close[0]!r}?" if close else "."
             if source not in ("", "flag", "--set"):  # a config file: fixed in it
                 guess += (" Rename it in that file, or remove it." if close
@@ -708,6 +728,25 @@ def apply_overrides(cfg: TrainConfig, values: Mapping[str, Any], source: str = "
         else:
             data[name] = _coerce(name, value, hints[name], where)
     return TrainConfig(**data)
+
+
+def _field_of_option(key: str) -> str | None:
+    """The key meant by ``key``, a schedule's or a model's option given as a field:
+    ``schedule_options.KEY`` or ``model_options.KEY`` (``warmup_epochs`` pointed to
+    ``head_epochs``), or ``learning_rate`` for a schedule's rate, which training sets from it."""
+    # Imported on this error only: they import Keras, which the rest of this module does not.
+    from petal.models import list_models
+    from petal.models.registry import model_options
+    from petal.training.schedules import RATE_OPTIONS, SCHEDULES
+
+    if key in RATE_OPTIONS.values():
+        return "learning_rate"
+    for schedule in SCHEDULES.values():
+        if key != "steps_per_epoch" and key in inspect.signature(schedule).parameters:
+            return f"schedule_options.{key}"
+    if any(key in model_options(model) for model in list_models()):
+        return f"model_options.{key}"
+    return None
 
 
 def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
@@ -744,7 +783,7 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             "(as in --classes): rename the class folder, or leave classes out to read "
             f"every class. Received: classes={value!r}"
         )
-    expected = _EXPECTED.get(name) or " or ".join(_WORDS[o] for o in options)
+    expected = {**_EXPECTED, **_KINDS}.get(name) or " or ".join(_WORDS[o] for o in options)
     raise PetalError(f"{name} must be {expected}{where}. Received: {name}={value!r}")
 
 
@@ -771,11 +810,22 @@ _WORDS = {
     str: "a string",
     dict: "a JSON object",
 }
+# The float fields, with the values they take: inf or nan is named as no finite number.
+_FINITE = {
+    "learning_rate": "> 0 (e.g. 1e-3)",
+    "weight_decay": ">= 0 (e.g. 0.05; 0: none)",
+    "momentum": "in [0, 1] (e.g. 0.9)",
+    "clipnorm": "> 0 (e.g. 1.0), or null for no clipping",
+    "label_smoothing": "in [0, 1) (e.g. 0.1)",
+    "fine_tune_lr_factor": "> 0 (e.g. 0.1)",
+}
 # Fields whose string takes a few values only: those values (checked by validate()).
 _EXPECTED = {
     "cache": "'auto', true or false",
     "jit_compile": "'auto', true or false",
 }
+# Fields whose type's word alone says too little: what to give (null is no augment's "none").
+_KINDS = {"augment": "a recipe (e.g. 'none', 'codelab' or 'flip+saturation')"}
 
 
 def _names(value: Any) -> bool:

@@ -1417,6 +1417,9 @@ def _train(
     if finished:
         # Also a run stopped early and ended now (--epochs as many as it completed).
         _check_nothing_changed(workdir, cfg, start_epoch)
+    # A run stopped early and ended now: its config.json is rewritten with the epochs it ended
+    # at, as metrics.json says (with the saved ones, a later --resume trained on).
+    ended_early = finished and resume_config(workdir).epochs != cfg.epochs
     # A model.keras cut short (by a petal before it was written through a temporary file)
     # is written again from last.keras, and a missing or damaged metrics.json from
     # history.csv and state.json.
@@ -1755,7 +1758,7 @@ def _train(
         unmark = _mark_running(workdir)
         # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
         # the checkpoint does not fit must not replace the one it does.
-        config_saved = finished
+        config_saved = finished and not ended_early
         if resume:
             truncate_history(history_path, start_epoch)
         loaded = False
@@ -1886,6 +1889,8 @@ def _train(
                 compile_for(last)
                 model.optimizer.build(model.trainable_variables)
                 _load_checkpoint(model, workdir)
+            if not config_saved:  # ended early: the epochs it ended at
+                save_config(cfg, workdir / "config.json", **resolved)
     except BaseException:
         if unmark is not None:
             unmark()
