@@ -468,7 +468,7 @@ class ScalarLogger(keras.callbacks.Callback):
                 step=self._first_step, wall_time=time.time(),
                 session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START),
             )
-            with writer.as_default():
+            with writer.as_default():  # tf.summary writes no other event publicly
                 summary_ops_v2.import_event(tf.constant(start.SerializeToString()))
             self._writers[run] = writer
         return self._writers[run]
