@@ -1839,3 +1839,43 @@ def test_report_counts_the_corrupt_files_of_an_image_folder_once(trained, tmp_pa
             "<tr><th>skipped: corrupt files</th><td class='num'>2</td></tr>"
             "<tr><th>accuracy</th>") in page
     assert "corrupt records" not in page
+
+
+def _titles_apart(fig) -> list:
+    """The window extents of ``fig``'s axes titles and its suptitle, once checked to lie
+    inside the figure and apart."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for i, box in enumerate(boxes):
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (
+            texts[i].get_text())
+        for j in range(i):
+            assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+    return boxes
+
+
+def test_an_image_grid_shortens_long_class_names_to_its_columns(tmp_path, monkeypatch):
+    """~30-character names ran into the next image's title, and the suptitle into them."""
+    from petal.evaluation import plots
+
+    drawn = []
+    save = plots._save
+
+    def check(fig, out):
+        drawn.append([ax.get_title() for ax in fig.axes if ax.get_title()])
+        _titles_apart(fig)
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", check)
+    classes = np.array(["Abyssinian_long_haired_domestic_cat_breed", "WWWWWWWWWWWWWWWWWWWWWWWW",
+                        "price_$5_to_$10_long_haired_domestic_cat"])
+    samples = dict(images=np.full((8, 48, 48, 3), 128, np.uint8), true=np.arange(8) % 3,
+                   pred=np.full(8, 0), prob=np.full(8, 0.6), classes=classes)
+    plots.plot_image_grid(samples, tmp_path / "grid.png", "Misclassified (8 of 8)")
+    # Shortened in the middle (as far as each line needs), "$" still escaped.
+    pred, true = drawn[0][1].split("\n")
+    assert pred.startswith("Abyssinian") and pred.endswith("…_cat_breed (0.60)"), pred
+    assert true.startswith("true: WWW") and "…" in true, true
+    assert drawn[0][2].split("\n")[1].startswith(r"true: price_\$5_"), drawn[0][2]

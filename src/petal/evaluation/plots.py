@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # headless: no display needed, same output everywhere
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from petal.display import plot_labels  # noqa: E402
+from petal.display import fit_text, plot_labels  # noqa: E402
 from petal.training.callbacks import read_history  # noqa: E402
 
 _DPI = 110
@@ -221,15 +221,20 @@ def plot_image_grid(
     cols = min(cols, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.4 * rows), squeeze=False)
+    renderer = fig.canvas.get_renderer()
+    # Each title fits its column: long names are shortened in the middle.
+    width = 0.9 * fig.get_figwidth() * fig.dpi / cols
     for ax in axes.flat:
         ax.axis("off")
     for i, ax in enumerate(axes.flat[:n]):
         t, p, prob = int(data["true"][i]), int(data["pred"][i]), float(data["prob"][i])
         ax.imshow(images[i])
         ok = t == p
+        text = ax.set_title("", fontsize=8, color="darkgreen" if ok else "firebrick")
+        pred = fit_text(text, classes[p], width, renderer, after=f" ({prob:.2f})")
+        true = "correct" if ok else fit_text(text, classes[t], width, renderer, before="true: ")
         # Always two lines, so every row needs the same room and titles never overlap.
-        label = f"{classes[p]} ({prob:.2f})\n" + ("correct" if ok else f"true: {classes[t]}")
-        ax.set_title(label, fontsize=8, color="darkgreen" if ok else "firebrick")
+        text.set_text(f"{pred}\n{true}")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
