@@ -1879,3 +1879,23 @@ def test_an_image_grid_shortens_long_class_names_to_its_columns(tmp_path, monkey
     assert pred.startswith("Abyssinian") and pred.endswith("…_cat_breed (0.60)"), pred
     assert true.startswith("true: WWW") and "…" in true, true
     assert drawn[0][2].split("\n")[1].startswith(r"true: price_\$5_"), drawn[0][2]
+
+
+def test_the_lr_plot_says_its_axis_counts_epochs_trained(tmp_path, monkeypatch):
+    """lr.png's "epoch" axis placed epoch e's first rate at e - 1 (curves.png draws epoch e
+    at e): at x=2 it showed epoch 3's rate under the same label."""
+    from petal.evaluation import plots
+
+    labels = {}
+    save = plots._save
+
+    def keep_label(fig, out):
+        labels[Path(out).name] = [ax.get_xlabel() for ax in fig.axes]
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep_label)
+    rows = [{"epoch": e, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.0, "val_accuracy": 0.5,
+             "lr": 1e-3, "lr_end": 1e-3} for e in (1, 2, 3)]
+    plots.plot_history(rows, tmp_path / "curves.png")
+    plots.plot_lr(rows, tmp_path / "lr.png")
+    assert labels == {"curves.png": ["epoch", "epoch"], "lr.png": ["epochs trained"]}

@@ -132,8 +132,8 @@ def plot_lr(
     history_csv: str | Path | list[dict], out: str | Path, batches: list[dict] | None = None
 ) -> Path:
     """Learning rate at the first and last step of each epoch, and at a peak between them
-    (see :func:`lr_points`, which places them by ``batches``); the schedule runs per step, so
-    a warm-up epoch is a line from 0 to its peak.
+    (see :func:`lr_points`, which places them by ``batches``, on an axis of epochs trained);
+    the schedule runs per step, so a warm-up epoch is a line from 0 to its peak.
 
     ``history_csv``: the file, or its rows (as :func:`plot_history`).
     """
@@ -141,6 +141,9 @@ def plot_lr(
     ax.plot(*lr_points(_rows(history_csv), batches), marker=".")
     ax.set_title("Learning rate")
     _epoch_axis(ax)
+    # Not curves.png's "epoch" (epoch e drawn at e): x is the epochs trained when the step
+    # ran, so epoch e's first rate is at e - 1.
+    ax.set_xlabel("epochs trained")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     return _save(fig, out)
 
