@@ -1899,3 +1899,27 @@ def test_the_lr_plot_says_its_axis_counts_epochs_trained(tmp_path, monkeypatch):
     plots.plot_history(rows, tmp_path / "curves.png")
     plots.plot_lr(rows, tmp_path / "lr.png")
     assert labels == {"curves.png": ["epoch", "epoch"], "lr.png": ["epochs trained"]}
+
+
+def test_the_misclassified_grid_says_when_it_shows_fewer_than_all(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """"Misclassified (29 of 30)" over the 24 images max_misclassified keeps."""
+    from petal.evaluation import plots
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+
+    titles = []
+    real = plots.plot_image_grid
+    monkeypatch.setattr(plots, "plot_image_grid",
+                        lambda data, out, title="": titles.append(title) or real(data, out, title))
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    report = evaluate(run, small_records, log=lambda line: None, max_misclassified=1)
+    wrong = report["count"] - sum(row[i] for i, row in enumerate(report["confusion_matrix"]))
+    assert wrong >= 2, report["confusion_matrix"]  # more than the grid shows
+    title = f"Misclassified ({wrong} of {report['count']}; first 1 shown)"
+    page = build_report(run).read_text()
+    assert [t for t in titles if t] == [title, title]  # evaluate's, then the report's
+    assert f"<h3>{title}</h3>" in page
+    assert plots.misclassified_title(3, 10, 3) == "Misclassified (3 of 10)"

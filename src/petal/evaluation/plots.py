@@ -204,6 +204,13 @@ def read_samples(samples_npz: str | Path) -> dict[str, np.ndarray]:
     return samples
 
 
+def misclassified_title(wrong: int, count: int, shown: int) -> str:
+    """The misclassified grid's title: ``Misclassified (29 of 30)``, and which of them it
+    shows when fewer (evaluate keeps the first ``max_misclassified``)."""
+    more = f"; first {shown} shown" if shown < wrong else ""
+    return f"Misclassified ({wrong} of {count}{more})"
+
+
 def plot_image_grid(
     samples_npz: str | Path | dict, out: str | Path, title: str = "", cols: int = 6
 ) -> Path | None:
