@@ -1839,3 +1839,87 @@ def test_report_counts_the_corrupt_files_of_an_image_folder_once(trained, tmp_pa
             "<tr><th>skipped: corrupt files</th><td class='num'>2</td></tr>"
             "<tr><th>accuracy</th>") in page
     assert "corrupt records" not in page
+
+
+def _titles_apart(fig) -> list:
+    """The window extents of ``fig``'s axes titles and its suptitle, once checked to lie
+    inside the figure and apart."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for i, box in enumerate(boxes):
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (
+            texts[i].get_text())
+        for j in range(i):
+            assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+    return boxes
+
+
+def test_an_image_grid_shortens_long_class_names_to_its_columns(tmp_path, monkeypatch):
+    """~30-character names ran into the next image's title, and the suptitle into them."""
+    from petal.evaluation import plots
+
+    drawn = []
+    save = plots._save
+
+    def check(fig, out):
+        drawn.append([ax.get_title() for ax in fig.axes if ax.get_title()])
+        _titles_apart(fig)
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", check)
+    classes = np.array(["Abyssinian_long_haired_domestic_cat_breed", "WWWWWWWWWWWWWWWWWWWWWWWW",
+                        "price_$5_to_$10_long_haired_domestic_cat"])
+    samples = dict(images=np.full((8, 48, 48, 3), 128, np.uint8), true=np.arange(8) % 3,
+                   pred=np.full(8, 0), prob=np.full(8, 0.6), classes=classes)
+    plots.plot_image_grid(samples, tmp_path / "grid.png", "Misclassified (8 of 8)")
+    # Shortened in the middle (as far as each line needs), "$" still escaped.
+    pred, true = drawn[0][1].split("\n")
+    assert pred.startswith("Abyssinian") and pred.endswith("…_cat_breed (0.60)"), pred
+    assert true.startswith("true: WWW") and "…" in true, true
+    assert drawn[0][2].split("\n")[1].startswith(r"true: price_\$5_"), drawn[0][2]
+
+
+def test_the_lr_plot_says_its_axis_counts_epochs_trained(tmp_path, monkeypatch):
+    """lr.png's "epoch" axis placed epoch e's first rate at e - 1 (curves.png draws epoch e
+    at e): at x=2 it showed epoch 3's rate under the same label."""
+    from petal.evaluation import plots
+
+    labels = {}
+    save = plots._save
+
+    def keep_label(fig, out):
+        labels[Path(out).name] = [ax.get_xlabel() for ax in fig.axes]
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep_label)
+    rows = [{"epoch": e, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.0, "val_accuracy": 0.5,
+             "lr": 1e-3, "lr_end": 1e-3} for e in (1, 2, 3)]
+    plots.plot_history(rows, tmp_path / "curves.png")
+    plots.plot_lr(rows, tmp_path / "lr.png")
+    assert labels == {"curves.png": ["epoch", "epoch"], "lr.png": ["epochs trained"]}
+
+
+def test_the_misclassified_grid_says_when_it_shows_fewer_than_all(
+    trained, small_records, tmp_path, monkeypatch
+):
+    """"Misclassified (29 of 30)" over the 24 images max_misclassified keeps."""
+    from petal.evaluation import plots
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.report import build_report
+
+    titles = []
+    real = plots.plot_image_grid
+    monkeypatch.setattr(plots, "plot_image_grid",
+                        lambda data, out, title="": titles.append(title) or real(data, out, title))
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval", "plots"))
+    report = evaluate(run, small_records, log=lambda line: None, max_misclassified=1)
+    wrong = report["count"] - sum(row[i] for i, row in enumerate(report["confusion_matrix"]))
+    assert wrong >= 2, report["confusion_matrix"]  # more than the grid shows
+    title = f"Misclassified ({wrong} of {report['count']}; first 1 shown)"
+    page = build_report(run).read_text()
+    assert [t for t in titles if t] == [title, title]  # evaluate's, then the report's
+    assert f"<h3>{title}</h3>" in page
+    assert plots.misclassified_title(3, 10, 3) == "Misclassified (3 of 10)"

@@ -743,3 +743,32 @@ def test_inspect_refuses_codelab_shards_without_class_in_one_line(make_records):
                        keys=("image", "label"))  # fmt: skip
     with pytest.raises(PetalError, match=r"flowers00-6\.tfrec holds records without a 'class'"):
         inspect_records(str(folder), progress=False)
+
+
+def test_grid_titles_fit_their_columns_and_the_title_its_row(make_records, tmp_path, monkeypatch):
+    """Long class names ran into their neighbours and out of the figure, and a tall grid's
+    title (30 classes) was drawn over its first row."""
+    from matplotlib.figure import Figure
+
+    classes = tuple(f"{c}_long_haired_domestic_cat_breed_number_{i:02d}"
+                    for i, c in enumerate("abcdef"))  # fmt: skip
+    folder = make_records(classes=classes, counts={"train": [12], "validation": [6]})
+    drawn = []
+    savefig = Figure.savefig
+
+    def check(fig, *args, **kwargs):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        texts = [ax.title for ax in fig.axes if ax.get_title()] + list(fig.texts)
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        for i, box in enumerate(boxes):
+            assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (
+                texts[i].get_text())
+            for j in range(i):
+                assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+        drawn.append(texts[0].get_text())
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", check)
+    inspect_records(folder, grid=tmp_path / "grid.png", grid_per_class=2, progress=False)
+    assert drawn and drawn[0].startswith("a_long_") and "…" in drawn[0], drawn

@@ -503,3 +503,56 @@ def test_a_run_ended_where_it_stopped_saves_those_epochs_and_a_later_resume_has_
     assert train(resume_config(run), run, resume=True, log=lines.append) == metrics
     assert lines == [f"petal train: {run} already completed 1 epoch; nothing to do (to train "
                      "it further, pass --epochs 2 or more)"]
+
+
+def _epoch_scalars(run, tag: str) -> tuple[list, list]:
+    """``tag``'s (step, value) pairs in ``run``'s train event files: all that were written,
+    and what TensorBoard shows, where a SessionLog.START (a restart) drops the events before
+    it at its step and later."""
+    import tensorflow as tf
+
+    files = []
+    for path in (run / "tensorboard" / "train").glob("events*"):
+        events = list(tf.compat.v1.train.summary_iterator(str(path)))
+        files.append((events[0].wall_time, events))
+    written, shown = [], []
+    for _, events in sorted(files, key=lambda item: item[0]):
+        for event in events:
+            if event.session_log.status == tf.compat.v1.SessionLog.START:
+                shown = [(step, value) for step, value in shown if step < event.step]
+            for value in event.summary.value:
+                if value.tag == tag:
+                    point = (event.step, round(float(tf.make_ndarray(value.tensor)), 9))
+                    written.append(point)
+                    shown.append(point)
+    return written, shown
+
+
+def test_tensorboard_keeps_no_scalars_of_an_epoch_not_saved(small_records, tmp_path, monkeypatch):
+    """A NaN-stopped epoch's scalars stayed in the event files (lr 1e30, twice after two
+    such resumes), and its resume wrote the epoch again: TensorBoard showed both. An epoch
+    written but not saved (its checkpoint failed) is replaced by the resume's."""
+    from petal.training.callbacks import Checkpointer
+
+    cfg = tiny_config(small_records, model="dense", epochs=2, optimizer="sgd",
+                      schedule="constant", schedule_options={}, learning_rate=1e-3,
+                      tensorboard=True)
+    run = tmp_path / "run"
+    save = Checkpointer._save
+
+    def fail_at_epoch_2(self, epoch, logs):
+        if epoch == 1:
+            raise OSError(28, "No space left on device", str(run / "state.json"))
+        save(self, epoch, logs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "_save", fail_at_epoch_2)
+        with pytest.raises((OSError, PetalError)):
+            train(cfg, run, **QUIET)
+    with pytest.raises(PetalError, match="NaN/inf at epoch 2/2"):
+        train(cfg.replace(learning_rate=1e30), run, resume=True, **QUIET)
+    assert _epoch_scalars(run, "epoch_lr")[0] == [(1, 1e-3), (2, 1e-3)]
+    train(cfg.replace(epochs=3, learning_rate=2e-3), run, resume=True, **QUIET)
+    written, shown = _epoch_scalars(run, "epoch_lr")
+    assert [step for step, _ in written] == [1, 2, 2, 3]
+    assert shown == [(1, 1e-3), (2, 2e-3), (3, 2e-3)]

@@ -110,3 +110,27 @@ def _warn_once(names: tuple[str, ...], labels: tuple[str, ...]) -> None:
         "CJK: the fonts-noto-cjk package) to see the names.",
         file=sys.stderr,
     )
+
+
+def shorten(label: str, chars: int) -> str:
+    """A label of :func:`plot_labels` in at most ``chars`` characters, its middle replaced
+    by "…" when longer (a dataset's names often share a start, or an end). Cut as the name
+    it draws: an escaped ``$`` is one character, never split from its escape."""
+    text = label.replace(r"\$", "$")
+    if len(text) <= chars:
+        return label
+    keep = max(chars - 1, 2)
+    return literal(text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2 :])
+
+
+def fit_text(
+    text, name: str, width: float, renderer, chars: int = 24, before: str = "", after: str = ""
+) -> str:
+    """``before + shorten(name, n) + after`` for the largest ``n`` up to ``chars`` that draws
+    at most ``width`` pixels wide in matplotlib's ``text`` (left holding it): long class
+    names ran into the next image's title."""
+    for n in range(chars, 2, -1):
+        text.set_text(before + shorten(name, n) + after)
+        if text.get_window_extent(renderer).width <= width:
+            break
+    return text.get_text()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
-from petal.display import can_draw, columns, literal, ljust, plot_labels
+from petal.display import can_draw, columns, fit_text, literal, ljust, plot_labels
 from petal.errors import PetalError, is_int_at_least, printable, tf_message
 
 _MB = 1_000_000
@@ -880,8 +880,10 @@ def _draw_grid(
     samples, problems = _samples(path, manifest, per_class, known)
     labels = plot_labels(classes)  # falls back to installed fonts, or to "class N"
     rows, cols = len(classes), per_class
-    fig = Figure(figsize=(1.9 * cols + 0.4, 2.0 * rows + 0.5))
-    FigureCanvasAgg(fig)
+    height = 2.0 * rows + 0.5
+    fig = Figure(figsize=(1.9 * cols + 0.4, height))
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    width = 0.9 * 1.9 * fig.dpi  # a title's room: long names are shortened in the middle
     axes = fig.subplots(rows, cols, squeeze=False)
     for r, name in enumerate(labels):
         for c in range(cols):
@@ -893,12 +895,19 @@ def _draw_grid(
             if c < len(samples[r]):
                 image, filename = samples[r][c]
                 ax.imshow(image)
-                base = os.path.basename(filename)[:22]
-                ax.set_title(f"{name}\n{literal(base) if can_draw(base) else ''}", fontsize=7)
+                base = os.path.basename(filename)
+                base = literal(base) if can_draw(base) else ""
+                text = ax.set_title("", fontsize=7)
+                lines = [fit_text(text, s, width, renderer, chars=30) for s in (name, base)]
+                text.set_text("\n".join(lines))
     size = "x".join(map(str, manifest["image_size"])) if manifest.get("image_size") else "orig."
     shown = path if can_draw(path) else os.path.basename(path.rstrip("/"))
     shown = literal(shown) if can_draw(shown) else ""  # drawn as written, "$" included
-    fig.suptitle(f"{shown} ({manifest['format']} {size})", fontsize=9)
+    # Placed in inches from the top: at a fraction of a tall figure's height (30 classes),
+    # it was drawn over the first row. A long path is shortened to the figure's width.
+    text = fig.suptitle("", fontsize=9, y=1 - 0.1 / height)
+    after = f" ({manifest['format']} {size})"
+    fit_text(text, shown, 0.95 * fig.bbox.width, renderer, chars=max(len(shown), 3), after=after)
     fig.tight_layout()
     if folders.is_remote(out):
         # matplotlib writes local files only: draw into memory, write through tf.io.gfile.

@@ -304,8 +304,8 @@ def evaluate(
             if undecodable is not None:
                 report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
         wrong_count = int((y_true != y_prob.argmax(1)).sum())
-        _write_outputs(out, report, samples, wrong, run, f"Misclassified ({wrong_count} of "
-                       f"{len(y_true)})")
+        title = plots.misclassified_title(wrong_count, len(y_true), len(wrong["images"]))
+        _write_outputs(out, report, samples, wrong, run, title)
         top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
         skipped = report.get("skipped_corrupt_records")
         log(

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # headless: no display needed, same output everywhere
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from petal.display import plot_labels  # noqa: E402
+from petal.display import fit_text, plot_labels  # noqa: E402
 from petal.training.callbacks import read_history  # noqa: E402
 
 _DPI = 110
@@ -132,8 +132,8 @@ def plot_lr(
     history_csv: str | Path | list[dict], out: str | Path, batches: list[dict] | None = None
 ) -> Path:
     """Learning rate at the first and last step of each epoch, and at a peak between them
-    (see :func:`lr_points`, which places them by ``batches``); the schedule runs per step, so
-    a warm-up epoch is a line from 0 to its peak.
+    (see :func:`lr_points`, which places them by ``batches``, on an axis of epochs trained);
+    the schedule runs per step, so a warm-up epoch is a line from 0 to its peak.
 
     ``history_csv``: the file, or its rows (as :func:`plot_history`).
     """
@@ -141,6 +141,9 @@ def plot_lr(
     ax.plot(*lr_points(_rows(history_csv), batches), marker=".")
     ax.set_title("Learning rate")
     _epoch_axis(ax)
+    # Not curves.png's "epoch" (epoch e drawn at e): x is the epochs trained when the step
+    # ran, so epoch e's first rate is at e - 1.
+    ax.set_xlabel("epochs trained")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     return _save(fig, out)
 
@@ -201,6 +204,13 @@ def read_samples(samples_npz: str | Path) -> dict[str, np.ndarray]:
     return samples
 
 
+def misclassified_title(wrong: int, count: int, shown: int) -> str:
+    """The misclassified grid's title: ``Misclassified (29 of 30)``, and which of them it
+    shows when fewer (evaluate keeps the first ``max_misclassified``)."""
+    more = f"; first {shown} shown" if shown < wrong else ""
+    return f"Misclassified ({wrong} of {count}{more})"
+
+
 def plot_image_grid(
     samples_npz: str | Path | dict, out: str | Path, title: str = "", cols: int = 6
 ) -> Path | None:
@@ -221,15 +231,20 @@ def plot_image_grid(
     cols = min(cols, n)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.4 * rows), squeeze=False)
+    renderer = fig.canvas.get_renderer()
+    # Each title fits its column: long names are shortened in the middle.
+    width = 0.9 * fig.get_figwidth() * fig.dpi / cols
     for ax in axes.flat:
         ax.axis("off")
     for i, ax in enumerate(axes.flat[:n]):
         t, p, prob = int(data["true"][i]), int(data["pred"][i]), float(data["prob"][i])
         ax.imshow(images[i])
         ok = t == p
+        text = ax.set_title("", fontsize=8, color="darkgreen" if ok else "firebrick")
+        pred = fit_text(text, classes[p], width, renderer, after=f" ({prob:.2f})")
+        true = "correct" if ok else fit_text(text, classes[t], width, renderer, before="true: ")
         # Always two lines, so every row needs the same room and titles never overlap.
-        label = f"{classes[p]} ({prob:.2f})\n" + ("correct" if ok else f"true: {classes[t]}")
-        ax.set_title(label, fontsize=8, color="darkgreen" if ok else "firebrick")
+        text.set_text(f"{pred}\n{true}")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

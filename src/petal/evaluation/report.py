@@ -276,13 +276,16 @@ def build_report(
         grids = []
         for name, title in (
             ("samples", "Sample predictions"),
-            # Titled as petal evaluate's own misclassified.png.
-            ("misclassified", f"Misclassified ({wrong} of {evaluation['count']})"),
+            ("misclassified", ""),
         ):
             npz = eval_dir / f"{name}.npz"
             if npz.is_file():
                 try:
-                    grids.append((title, plots.read_samples(npz), name))
+                    samples = plots.read_samples(npz)
+                    if name == "misclassified":  # titled as petal evaluate's own grid
+                        shown = len(samples["images"])
+                        title = plots.misclassified_title(wrong, evaluation["count"], shown)
+                    grids.append((title, samples, name))
                 except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
                     reason = first_line(err)
                     if not zipfile.is_zipfile(npz):  # numpy's guess: "pickled data"

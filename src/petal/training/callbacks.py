@@ -439,24 +439,56 @@ class ScalarLogger(keras.callbacks.Callback):
     metadata writes the same records without it, so logs exist even where TensorBoard is
     not installed (view them wherever it is: ``tensorboard --logdir WORKDIR/tensorboard``).
     Place it after :class:`MetricsWriter` so ``lr`` and ``images_per_sec`` are included.
+
+    An epoch a non-finite loss stopped gets no scalars (it is not saved, and a resume trains
+    it again). Each session's event files start with TensorBoard's restart marker (a
+    ``SessionLog.START`` event at its first epoch), on which TensorBoard drops what earlier
+    files hold for that epoch and later ones: an epoch written but not saved (a failed
+    checkpoint, a kill in between) is shown once, as trained again.
+
+    Args:
+        log_dir: the ``tensorboard/`` folder.
+        nan_guard: epochs it stopped get no scalars.
     """
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, nan_guard: NanGuard | None = None):
         super().__init__()
         self.log_dir = Path(log_dir)
+        self.nan_guard = nan_guard
         self._writers: dict = {}
+        self._first_step: int | None = None
 
     def _writer(self, run: str):
         import tensorflow as tf
 
         if run not in self._writers:
-            self._writers[run] = tf.summary.create_file_writer(str(self.log_dir / run))
+            writer = tf.summary.create_file_writer(str(self.log_dir / run))
+            start = tf.compat.v1.Event(
+                step=self._first_step, wall_time=time.time(),
+                session_log=tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START),
+            )
+            try:  # tf.summary writes no other event publicly: TensorFlow's own module
+                from tensorflow.python.ops import summary_ops_v2
+
+                import_event = summary_ops_v2.import_event
+            except (ImportError, AttributeError):  # another TensorFlow: no marker, scalars still
+                import_event = None
+            if import_event is not None:
+                with writer.as_default():
+                    import_event(tf.constant(start.SerializeToString()))
+            self._writers[run] = writer
         return self._writers[run]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._first_step is None:
+            self._first_step = epoch + 1
 
     def on_epoch_end(self, epoch, logs=None):
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
+        if self.nan_guard is not None and self.nan_guard.nan_epoch is not None:
+            return
         metadata = summary_pb2.SummaryMetadata()
         metadata.plugin_data.plugin_name = "scalars"
         blob = metadata.SerializeToString()

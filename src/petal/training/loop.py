@@ -1824,8 +1824,10 @@ def _train(
                 writer,
                 nan_guard,
                 # Before the checkpoint: an epoch saved is never trained again, so scalars
-                # written after it were lost for good to a signal in between.
-                *([ScalarLogger(workdir / "tensorboard")] if cfg.tensorboard else []),
+                # written after it were lost for good to a signal in between (one written
+                # but not saved is replaced by the resume's: see ScalarLogger). After the
+                # NaN guard: an epoch it stopped is not saved, and gets no scalars.
+                *([ScalarLogger(workdir / "tensorboard", nan_guard)] if cfg.tensorboard else []),
                 # The epoch's line once it is saved (before a signal held meanwhile stops
                 # training): Ctrl-C just after a line seen used to lose that epoch (and name
                 # none to resume from). An epoch a non-finite loss stopped is not saved, and
