@@ -611,7 +611,8 @@ def test_bench_input_script_refuses_bad_records_and_paths_up_front(
 
 
 def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 60) -> str:
-    """Sends ``signum`` to ``proc`` once ``ready()`` holds; returns its stderr."""
+    """Sends ``signum`` to ``proc`` once ``ready()`` holds (-``signum``: to its process
+    group, as Ctrl-C does; it must lead one); returns its stderr."""
     import os
     import time
 
@@ -620,7 +621,10 @@ def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 60
         while proc.poll() is None and time.monotonic() < deadline and not ready():
             time.sleep(0.1)
         time.sleep(0.5)
-        os.kill(proc.pid, signum)
+        if signum < 0:
+            os.killpg(proc.pid, -signum)
+        else:
+            os.kill(proc.pid, signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -660,3 +664,41 @@ def test_bench_input_refuses_one_file_for_json_and_png(small_records, tmp_path, 
             f"petal bench: error: --json and --png both name {same}; pass two file paths."
         ], err
     assert not same.parent.exists()
+
+
+def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path):
+    """A missing, empty or one-class --data was find_images' traceback; a bad --out failed
+    with an OSError after the whole run."""
+    (tmp_path / "one" / "daisy").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    out = ["--out", str(tmp_path / "no.json")]
+    for args, message in (
+        (["--data", str(tmp_path / "none"), *out], f"--data {tmp_path / 'none'}: Source folder "),
+        (["--data", str(tmp_path / "one"), *out], f"--data {tmp_path / 'one'}: No images found"),
+        (["--data", str(small_flowers), "--out", str(tmp_path)], f"--out {tmp_path} is a folder"),
+        (["--data", str(small_flowers), "--out", str(tmp_path / "file" / "x.json")],
+         f"--out {tmp_path / 'file' / 'x.json'}: "),
+    ):  # fmt: skip
+        line = _refused("bench_convert.py", *args)
+        assert line.startswith(f"bench_convert.py: error: {message}"), line
+
+
+def test_bench_convert_ctrl_c_is_one_line(small_flowers, tmp_path):
+    """Ctrl-C printed a KeyboardInterrupt traceback (its clean-up was fine)."""
+    import os
+    import signal
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "bench_convert.py"), "--data", str(small_flowers),
+         "--image-size", "32", "--workers", "2", "--rounds", "100",
+         "--out", str(tmp_path / "no.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    # A session of its own: the SIGINT reaches its process group only, as Ctrl-C would.
+    err = _signal_when(proc, lambda: any(tmp.glob("*/records")), -signal.SIGINT)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.rstrip().endswith("bench_convert.py: interrupted"), err
+    assert list(tmp.iterdir()) == []
