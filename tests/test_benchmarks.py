@@ -702,3 +702,60 @@ def test_bench_convert_ctrl_c_is_one_line(small_flowers, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and err.rstrip().endswith("bench_convert.py: interrupted"), err
     assert list(tmp.iterdir()) == []
+
+
+def test_bench_train_speed_refuses_empty_models_missing_backend_and_bad_out(tmp_path):
+    """--models "" printed an empty table and "wrote X" without writing it; a bad --out failed
+    after the first model; --backend torch without torch was a ModuleNotFoundError."""
+    import importlib.util
+
+    out = ["--out", str(tmp_path / "no.json")]
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--models", ",", *out], "error: --models needs one or more model names. Received: ','"),
+        (["--out", str(tmp_path)], f"error: --out {tmp_path} is a folder; pass a file path."),
+        (["--out", str(tmp_path / "file" / "x.json")], f"--out {tmp_path / 'file' / 'x.json'}: "),
+    ]
+    if importlib.util.find_spec("torch") is None:
+        cases.append((["--backend", "torch", *out], "error: --backend torch needs the torch "
+                      "package, which is not installed: install it or pick another --backend"))
+    for args, message in cases:
+        assert message in _refused("bench_train_speed.py", *args)
+    assert not (tmp_path / "no.json").exists()
+
+
+def test_bench_train_speed_marks_a_run_cut_short_and_takes_the_true_median(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C after 2 of 3 models left JSON with 2 rows and nothing saying more were due;
+    step_ms_median took the upper of the two middle steps for an even --steps."""
+    import itertools
+    import types
+
+    script = _script("bench_train_speed")
+    out = tmp_path / "speed.json"
+    argv = ["--models", "dense,dense", "--precisions", "float32", "--warmup", "0", "--steps",
+            "2", "--image-size", "8", "--batch", "2", "--out", str(out)]  # fmt: skip
+    measure = script.measure
+    calls = []
+
+    def measure_once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(script, "measure", measure_once)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(argv)
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and len(result["rows"]) == 1
+    # Steps of 1 and 3 s: the median is 2 s (it said 3).
+    clock = iter([0.0, 0.0, 10.0, 11.0, 20.0, 23.0])
+    fake = types.SimpleNamespace(perf_counter=lambda: next(clock), process_time=itertools.count().__next__)
+    monkeypatch.setattr(script, "time", fake)  # the script's clock only
+    assert measure("dense", "float32", "off", 8, 2, 0, 2)["step_ms_median"] == 2000.0
+    monkeypatch.undo()
+    assert script.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] is True and len(result["rows"]) == 2
