@@ -27,7 +27,9 @@ import functools
 import json
 import os
 import platform
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -155,7 +157,33 @@ def main() -> None:
     for flag, value in flags:
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1. Received: {value}")
+    from petal.cli import _check_output_file, _terminate, _Terminated
+    from petal.data.folders import find_images
+    from petal.errors import PetalError
 
+    # Before the warm-up and the rounds: a bad --data was find_images' traceback, a bad --out
+    # an OSError after the whole run.
+    try:
+        find_images(str(args.data))
+    except PetalError as err:
+        parser.error(f"--data {args.data}: {err}")
+    try:
+        _check_output_file(str(args.out), "--out")
+    except PetalError as err:
+        parser.error(str(err))
+    # SIGTERM unwinds as Ctrl-C does: the temporary folder and the processes go.
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _run(args)
+    except _Terminated:
+        print(f"{parser.prog}: terminated", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _run(args: argparse.Namespace) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # imported once up front: its start-up is not conversion work
 
@@ -165,12 +193,15 @@ def main() -> None:
     size = (args.image_size, args.image_size)
     load_before = os.getloadavg()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    # Ctrl-C reaches the whole process group: workers forked from petal's server have it
+    # blocked (no traceback from each); the pool's exit stops them.
+    writer._start_workers_server()
+    loops = ProcessPoolExecutor(args.workers, mp_context=writer._context())
+    with tempfile.TemporaryDirectory() as tmp, loops:
         tmp = Path(tmp)
         src = _subset(args.data, args.per_class, tmp)
         paths = [f.path for f in find_images(str(src)).files]
         out = tmp / "records"
-        loops = ProcessPoolExecutor(args.workers, mp_context=writer._context())
         # Warm-up: page cache, imports, the worker processes' first start.
         baseline(paths[:50], size)
         independent(loops, paths[:100], size, args.workers)
@@ -205,7 +236,6 @@ def main() -> None:
                     "cpu_overhead": c_cpu / i_cpu - 1,
                 }
             )
-        loops.shutdown()
     load_after = os.getloadavg()
 
     print(

@@ -1,8 +1,9 @@
 """Input pipeline throughput: `petal bench input` on the flowers records, with the issue's targets.
 
-Converts ``../shared/data/flowers`` at 192x192 (JPEG and raw) into a temporary folder unless
-``--records`` (and ``--raw-records``) name existing conversions, then measures, in rounds
-(every case once per round, so load from other processes falls on all of them):
+Converts ``../shared/data/flowers`` at 192x192 into a temporary folder unless ``--records``
+names an existing conversion (case raw reads a raw-pixel copy of those records, written then,
+unless ``--raw-records`` names one), then measures, in rounds (every case once per round, so
+load from other processes falls on all of them):
 
 - the decode ceiling (the records' JPEG bytes, one simplejpeg process per core),
 - the per-file folder path, TFRecord JPEG, TFRecord raw and the cached pipeline, each
@@ -22,6 +23,8 @@ import argparse
 import os
 import platform
 import shutil
+import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -32,18 +35,22 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--folder", default=str(DEFAULT_DATA), help="source image folder")
+    parser.add_argument("--folder", help="source image folder (default: ../shared/data/flowers)")
     parser.add_argument("--records", help="JPEG records of --folder (default: convert now)")
-    parser.add_argument("--raw-records", help="raw records of --folder (default: convert now)")
-    parser.add_argument("--image-size", type=int, default=192)
+    parser.add_argument(
+        "--raw-records", help="raw records of --folder (default: written from the JPEG records)"
+    )
+    parser.add_argument(
+        "--image-size", type=int, help="size to convert --folder at (default 192); with "
+        "--records, the size they hold (records that record none)",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
         "--remote-latency-ms",
         type=float,
-        default=20.0,
-        help="latency of the loopback store; 0 skips the remote cases",
+        help="latency of the loopback store (default 20); 0 skips the remote cases",
     )
     parser.add_argument(
         "--cases",
@@ -53,41 +60,82 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_input.json"))
     args = parser.parse_args()
 
+    from petal.cli import _terminate, _Terminated
+    from petal.errors import PetalError
+
+    # SIGTERM unwinds as Ctrl-C does: the temporary conversions are removed (as petal's).
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _main(parser, args)
+    except _Terminated:
+        print(f"{parser.prog}: terminated", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except (PetalError, OSError) as err:
+        # bench.run names the JPEG records as the CLI calls them; here they are --records.
+        message = str(err).replace("RECORDS", "--records")
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from petal.cli import _check_output_file
     from petal.data import bench, convert
     from petal.errors import PetalError
 
-    # Before converting (a minute or more): bench.run would refuse them only then.
+    # Before converting (a minute or more) or measuring: bench.run would refuse them only
+    # then, and the results' paths only after the whole run.
+    png = str(Path(args.out).with_suffix(".png"))
     try:
         cases = bench.check_settings(
             batch_size=args.batch_size, seconds=args.seconds, repeats=args.repeat,
             cases=_cases(args.cases),
         )  # fmt: skip
+        if args.image_size is not None and args.image_size < 1:
+            raise PetalError(f"--image-size must be at least 1. Received: {args.image_size}")
+        _check_output_file(args.out, "--out")
+        if os.path.abspath(png) == os.path.abspath(args.out):
+            raise PetalError(
+                f"--out {args.out}: the chart is written there (a .png next to the JSON); "
+                "pass a path ending in .json."
+            )
+        _check_output_file(png, "--out's chart")
+        if args.records is not None:
+            _check_records(args.records, args.image_size)
     except PetalError as err:
         parser.error(str(err))
-    if not 0 <= args.remote_latency_ms < float("inf"):
+    if args.remote_latency_ms is not None and not 0 <= args.remote_latency_ms < float("inf"):
         parser.error(f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
                      f"Received: {args.remote_latency_ms}")  # fmt: skip
 
+    wanted = set(cases or bench.CASES)
+    # An option left out is passed on only to a case that uses it: bench.run warns about an
+    # unused one ("--folder is not used by the cases chosen"), which the user never passed.
+    latency = args.remote_latency_ms
+    if latency is None and "remote" in wanted:
+        latency = 20.0
+    folder = args.folder or str(DEFAULT_DATA)
+    measured = {"folder", "remote"} & wanted or (args.records and args.folder)
     tmp = tempfile.mkdtemp(prefix="petal-bench-input-")
     try:
-        records, raw = args.records, args.raw_records
+        records = args.records
         if records is None:
             records = os.path.join(tmp, "jpeg")
-            print(f"converting {args.folder} -> {records} ({args.image_size}px JPEG)")
-            convert(args.folder, records, image_size=args.image_size, progress=False)
-        if raw is None:
-            raw = os.path.join(tmp, "raw")
-            print(f"converting {args.folder} -> {raw} ({args.image_size}px raw)")
-            convert(args.folder, raw, image_size=args.image_size, format="raw", progress=False)
+            size = args.image_size or 192
+            print(f"converting {folder} -> {records} ({size}px JPEG)")
+            convert(folder, records, image_size=size, progress=False)
+        # Without --raw-records, bench.run writes case raw's copy of the records' images.
         result = bench.run(
             records,
-            folder=args.folder,
-            raw_records=raw,
+            folder=folder if measured else None,
+            raw_records=args.raw_records,
             batch_size=args.batch_size,
             seconds=args.seconds,
             repeats=args.repeat,
-            remote_latency_ms=args.remote_latency_ms or None,
+            remote_latency_ms=latency or None,
             cases=cases,
+            image_size=args.image_size if args.records is not None else None,
             progress=lambda line: print(line, flush=True),
         )
     finally:
@@ -103,8 +151,34 @@ def main() -> None:
     import json
 
     Path(args.out).write_text(json.dumps(out, indent=2))
-    bench.write_png(result, str(Path(args.out).with_suffix(".png")))
+    bench.write_png(result, png)
     print(f"wrote {args.out}")
+
+
+def _check_records(records: str, image_size: int | None) -> None:
+    """--records must be JPEG records (of --image-size, when given and they record a size);
+    refused in the script's words before anything is converted or measured."""
+    from petal.data import bench, schema
+    from petal.errors import PetalError
+
+    src = bench._opened("--records", records)
+    if src.kind == "folder":
+        raise PetalError(
+            f"--records {records} is a folder of images; pass it as --folder (converted now) "
+            "or convert it first with `petal convert`."
+        )
+    if src.format != schema.FORMAT_JPEG:
+        raise PetalError(
+            f"--records {records} holds {src.format} records, not JPEG ones; pass them as "
+            "--raw-records and the JPEG records as --records (or leave --records out)."
+        )
+    held = tuple(src.image_size) if src.image_size is not None else None
+    if image_size is not None and held not in (None, (image_size, image_size)):
+        height, width = held
+        raise PetalError(
+            f"--image-size {image_size}: --records {records} holds {height}x{width} images; "
+            "leave the option out (it is the size to convert --folder at)."
+        )
 
 
 def _cases(text: str | None) -> tuple[str, ...] | None:

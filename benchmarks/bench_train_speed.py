@@ -28,9 +28,11 @@ measurement before trusting a difference under ~15%.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -152,7 +154,7 @@ def measure(
         "steps": steps,
         "warmup_steps": warmup,
         "warmup_s": round(warmup_s, 2),
-        "step_ms_median": round(1000 * sorted(times)[len(times) // 2], 1),
+        "step_ms_median": round(1000 * statistics.median(times), 1),
         "images_per_s": round(steps * batch / total, 2),
         # CPU seconds of this process (all threads): less sensitive to other users of the
         # cores than wall time, and the fairer way to compare precisions on a shared machine.
@@ -216,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_norm = "fused" if args.backend == "tensorflow" else "keras"
     if args.backend != "tensorflow" and "fused" in args.batch_norm.split(","):
         parser.error(f"--batch-norm fused needs TensorFlow; on {args.backend} use keras")
+    if not [n for n in args.models.split(",") if n.strip()]:
+        parser.error(f"--models needs one or more model names. Received: {args.models!r}")
+    if importlib.util.find_spec(args.backend) is None:
+        parser.error(
+            f"--backend {args.backend} needs the {args.backend} package, which is not "
+            "installed: install it or pick another --backend"
+        )
+    from petal.cli import _check_output_file
+    from petal.errors import PetalError
+
+    try:  # now, not after the first model's measurement
+        _check_output_file(str(args.out), "--out")
+    except PetalError as err:
+        parser.error(str(err))
 
     # Keras reads its backend once, at its first import.
     os.environ["KERAS_BACKEND"] = args.backend
@@ -228,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
             f"run this script in a fresh process with KERAS_BACKEND={args.backend}"
         )
 
-    from petal.errors import PetalError
     from petal.models import list_models, model_info
 
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -268,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         "backend_version": backend_version,
         "keras_version": keras.__version__,
         "note": "synthetic data, one in-memory batch; shared machine, numbers are noisy",
+        # Written after every row: false until the last one (a run cut short by Ctrl-C).
+        "complete": False,
         "rows": [],
     }
     if args.backend == "tensorflow":
@@ -289,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         tqdm.write(
             f"  {name} {precision} jit={jit} bn={bn}: {r['images_per_s']} img/s", file=sys.stderr
         )
+    payload["complete"] = True
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
 
     header = (
         f"{'model':<22}{'size':>5}{'batch':>6}  {'precision':<15}{'xla':<5}{'bn':<7}{'img/s':>8}"

@@ -213,19 +213,57 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.records, args.seconds, args.batch_size)
+        try:
+            child(args.child, args.records, args.seconds, args.batch_size)
+        except KeyboardInterrupt:  # Ctrl-C reaches the child too: the parent says it
+            os._exit(130)
         return
 
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise SystemExit(f"profile_input: unknown case(s) {', '.join(unknown)}; known: {CASES}")
+    # NaN fails every comparison; 0 profiled a few samples, -1 failed as perf's permission.
+    if not 0 < args.seconds < float("inf"):
+        parser.error(f"--seconds must be positive and finite. Received: {args.seconds}")
+    from petal.cli import _check_output_file
+    from petal.errors import PetalError
+
+    try:
+        _check_output_file(args.out, "--out")
+    except PetalError as err:
+        parser.error(str(err))
     perf = shutil.which("perf")
     if perf is None:
         raise SystemExit("profile_input: needs Linux perf on PATH (package linux-tools).")
     if not os.path.exists(os.path.join(args.records, "manifest.json")):
         raise SystemExit(f"profile_input: {args.records} is not a petal records folder.")
+    try:
+        try:  # (TensorFlow's import, seconds: Ctrl-C meanwhile is said in one line too)
+            _check_records(args.records)
+        except PetalError as err:
+            parser.error(str(err))
+        _profile_all(args, cases, perf)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
 
+
+def _check_records(records: str) -> None:
+    """Raises unless ``records`` are JPEG records: raw ones were profiled as case jpeg."""
+    from petal.data import schema
+    from petal.data.reader import open_source
+    from petal.errors import PetalError
+
+    src = open_source(records)
+    if src.format != schema.FORMAT_JPEG:
+        raise PetalError(
+            f"--records {records} holds {src.format} records; the cases read JPEG records: "
+            "pass those (petal convert's default format)."
+        )
+
+
+def _profile_all(args: argparse.Namespace, cases: list[str], perf: str) -> None:
     results = []
     for case in cases:
         result = profile(case, args.records, args.seconds, args.batch_size, perf)

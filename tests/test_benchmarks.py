@@ -537,3 +537,225 @@ def test_bench_says_how_many_times_the_bytes_raw_records_are(make_records):
     result.findings = []
     bench._summarise(result)
     assert any(f.endswith("(no decoding, but more bytes to read).") for f in result.findings)
+
+
+# --- the benchmark scripts' settings, bad input and signals ------------------------------------
+
+
+def _script(name: str):
+    """The benchmark script ``name`` (``bench_input``) loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refused(script: str, *args: str) -> str:
+    """The one line of stderr ``script`` exits 2 with (after argparse's usage, if any)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "converting" not in done.stdout, done.stderr
+    return done.stderr.strip().splitlines()[-1]
+
+
+def test_bench_input_measures_records_at_their_own_size(small_records, tmp_path):
+    """With --records and no --raw-records it converted --folder to raw records at 192 px
+    whatever size the records held, then refused those as not the records' images; with
+    --cases jpeg it converted the folder all the same and warned about options never passed."""
+    out = tmp_path / "input.json"
+    done = _run("bench_input.py", "--records", str(small_records), "--batch-size", "8",
+                "--seconds", "0.2", "--repeat", "1", "--cases", "jpeg,raw",
+                "--out", str(out))  # fmt: skip
+    assert "converting" not in done.stdout and "warning:" not in done.stdout, done.stdout
+    assert {case["name"] for case in json.loads(out.read_text())["cases"]} == {
+        "jpeg", "jpeg+aug", "raw", "raw+aug"
+    }  # fmt: skip
+    assert (tmp_path / "input.png").is_file()
+
+
+def test_bench_input_script_refuses_bad_records_and_paths_up_front(
+    small_records, small_flowers, make_records, tmp_path
+):
+    """Bad --records were bench.run's traceback naming RECORDS; a bad --out failed after the
+    whole run; --out x.png had the chart overwrite the JSON."""
+    from petal.errors import PetalError
+
+    script = _script("bench_input")
+    (tmp_path / "file").write_text("x")
+    records = ["--records", str(small_records)]
+    for out, message in (
+        (tmp_path, f"--out {tmp_path} is a folder; pass a file path."),
+        (tmp_path / "file" / "x.json", f"--out {tmp_path / 'file' / 'x.json'}: "),
+        (tmp_path / "x.png", f"--out {tmp_path / 'x.png'}: the chart is written there"),
+    ):
+        assert message in _refused("bench_input.py", *records, "--out", str(out))
+    raw = make_records("raw", fmt="raw")
+    line = _refused("bench_input.py", "--records", str(raw), "--out", str(tmp_path / "a.json"))
+    assert line == (
+        f"bench_input.py: error: --records {raw} holds raw records, not JPEG ones; pass them as "
+        "--raw-records and the JPEG records as --records (or leave --records out)."
+    )
+    for path, size, message in (
+        (tmp_path / "none", None, rf"^--records {tmp_path / 'none'}: Data source not found"),
+        (small_flowers, None, rf"^--records {small_flowers} is a folder of images; pass it as "),
+        (small_records, 32, rf"^--image-size 32: --records {small_records} holds 64x64 images"),
+    ):
+        with pytest.raises(PetalError, match=message):
+            script._check_records(str(path), size)
+    script._check_records(str(small_records), 64)
+
+
+def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 60) -> str:
+    """Sends ``signum`` to ``proc`` once ``ready()`` holds (-``signum``: to its process
+    group, as Ctrl-C does; it must lead one); returns its stderr."""
+    import os
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline and not ready():
+            time.sleep(0.1)
+        time.sleep(0.5)
+        if signum < 0:
+            os.killpg(proc.pid, -signum)
+        else:
+            os.kill(proc.pid, signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return err
+
+
+def test_bench_input_script_removes_its_conversions_on_sigterm(small_flowers, tmp_path):
+    """SIGTERM left /tmp/petal-bench-input-* behind (13 MB per 100 images)."""
+    import os
+    import signal
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "bench_input.py"), "--folder", str(small_flowers),
+         "--image-size", "32", "--cases", "jpeg", "--batch-size", "8", "--seconds", "30",
+         "--repeat", "1", "--out", str(tmp_path / "no.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    converted = tmp.glob("petal-bench-input-*/jpeg/manifest.json")
+    err = _signal_when(proc, lambda: any(converted), signal.SIGTERM)  # measuring now
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err and err.rstrip().endswith("bench_input.py: terminated"), err
+    assert list(tmp.iterdir()) == [] and not (tmp_path / "no.json").exists()
+
+
+def test_bench_input_refuses_one_file_for_json_and_png(small_records, tmp_path, capsys):
+    """`--json x.png --png x.png` exited 0 with the chart only: it replaced the JSON."""
+    same = tmp_path / "same" / "x.png"
+    for json_path in (same, tmp_path / "same" / ".." / "same" / "x.png"):
+        code, err, _ = _bench([str(small_records), "--cases", "jpeg", "--json", str(json_path),
+                               "--png", str(same)], capsys)  # fmt: skip
+        assert code == 2 and err == [
+            f"petal bench: error: --json and --png both name {same}; pass two file paths."
+        ], err
+    assert not same.parent.exists()
+
+
+def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path):
+    """A missing, empty or one-class --data was find_images' traceback; a bad --out failed
+    with an OSError after the whole run."""
+    (tmp_path / "one" / "daisy").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    out = ["--out", str(tmp_path / "no.json")]
+    for args, message in (
+        (["--data", str(tmp_path / "none"), *out], f"--data {tmp_path / 'none'}: Source folder "),
+        (["--data", str(tmp_path / "one"), *out], f"--data {tmp_path / 'one'}: No images found"),
+        (["--data", str(small_flowers), "--out", str(tmp_path)], f"--out {tmp_path} is a folder"),
+        (["--data", str(small_flowers), "--out", str(tmp_path / "file" / "x.json")],
+         f"--out {tmp_path / 'file' / 'x.json'}: "),
+    ):  # fmt: skip
+        line = _refused("bench_convert.py", *args)
+        assert line.startswith(f"bench_convert.py: error: {message}"), line
+
+
+def test_bench_convert_ctrl_c_is_one_line(small_flowers, tmp_path):
+    """Ctrl-C printed a KeyboardInterrupt traceback (its clean-up was fine)."""
+    import os
+    import signal
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCHMARKS / "bench_convert.py"), "--data", str(small_flowers),
+         "--image-size", "32", "--workers", "2", "--rounds", "100",
+         "--out", str(tmp_path / "no.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )  # fmt: skip
+    # A session of its own: the SIGINT reaches its process group only, as Ctrl-C would.
+    err = _signal_when(proc, lambda: any(tmp.glob("*/records")), -signal.SIGINT)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.rstrip().endswith("bench_convert.py: interrupted"), err
+    assert list(tmp.iterdir()) == []
+
+
+def test_bench_train_speed_refuses_empty_models_missing_backend_and_bad_out(tmp_path):
+    """--models "" printed an empty table and "wrote X" without writing it; a bad --out failed
+    after the first model; --backend torch without torch was a ModuleNotFoundError."""
+    import importlib.util
+
+    out = ["--out", str(tmp_path / "no.json")]
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--models", ",", *out], "error: --models needs one or more model names. Received: ','"),
+        (["--out", str(tmp_path)], f"error: --out {tmp_path} is a folder; pass a file path."),
+        (["--out", str(tmp_path / "file" / "x.json")], f"--out {tmp_path / 'file' / 'x.json'}: "),
+    ]
+    if importlib.util.find_spec("torch") is None:
+        cases.append((["--backend", "torch", *out], "error: --backend torch needs the torch "
+                      "package, which is not installed: install it or pick another --backend"))
+    for args, message in cases:
+        assert message in _refused("bench_train_speed.py", *args)
+    assert not (tmp_path / "no.json").exists()
+
+
+def test_bench_train_speed_marks_a_run_cut_short_and_takes_the_true_median(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C after 2 of 3 models left JSON with 2 rows and nothing saying more were due;
+    step_ms_median took the upper of the two middle steps for an even --steps."""
+    import itertools
+    import types
+
+    script = _script("bench_train_speed")
+    out = tmp_path / "speed.json"
+    argv = ["--models", "dense,dense", "--precisions", "float32", "--warmup", "0", "--steps",
+            "2", "--image-size", "8", "--batch", "2", "--out", str(out)]  # fmt: skip
+    measure = script.measure
+    calls = []
+
+    def measure_once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(script, "measure", measure_once)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(argv)
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and len(result["rows"]) == 1
+    # Steps of 1 and 3 s: the median is 2 s (it said 3).
+    clock = iter([0.0, 0.0, 10.0, 11.0, 20.0, 23.0])
+    fake = types.SimpleNamespace(perf_counter=lambda: next(clock), process_time=itertools.count().__next__)
+    monkeypatch.setattr(script, "time", fake)  # the script's clock only
+    assert measure("dense", "float32", "off", 8, 2, 0, 2)["step_ms_median"] == 2000.0
+    monkeypatch.undo()
+    assert script.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] is True and len(result["rows"]) == 2

@@ -66,3 +66,31 @@ def test_tensorflow_names_outside_libjpeg_are_not_decode(profile_input):
     assert profile_input.categorise("libtensorflow_cc.so.2", "jpeg_read_scanlines") == (
         "JPEG decode"
     )
+
+
+def test_bad_seconds_records_and_out_are_refused_up_front(profile_input, make_records, tmp_path):
+    """--seconds 0 wrote a complete-looking profile of a few samples, -1 failed with perf's
+    permission hint; raw records were profiled as case jpeg; a bad --out failed at the end."""
+    import subprocess
+    import sys
+
+    from petal.errors import PetalError
+
+    records = make_records("jpeg", fmt="jpeg")
+    for args, message in (
+        (["--seconds", "0"], "error: --seconds must be positive and finite. Received: 0.0"),
+        (["--seconds", "-1"], "error: --seconds must be positive and finite. Received: -1.0"),
+        (["--seconds", "nan"], "error: --seconds must be positive and finite. Received: nan"),
+        (["--out", str(tmp_path)], f"error: --out {tmp_path} is a folder; pass a file path."),
+    ):
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--records", str(records), "--out",
+             str(tmp_path / "no.json"), *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1].endswith(message), done.stderr
+    raw = make_records("raw", fmt="raw")
+    with pytest.raises(PetalError, match=rf"^--records {raw} holds raw records; the cases read"):
+        profile_input._check_records(str(raw))
+    profile_input._check_records(str(records))

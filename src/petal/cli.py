@@ -228,6 +228,9 @@ def _run_bench_input(args: argparse.Namespace) -> int:
 
         args.png = image_path(args.png, "--png")
         _check_output_file(args.png, "--png")
+        # The chart, written second, replaced the JSON.
+        if args.json and os.path.realpath(args.json) == os.path.realpath(args.png):
+            raise PetalError(f"--json and --png both name {args.png}; pass two file paths.")
     try:
         result = bench.run(
             args.records,
