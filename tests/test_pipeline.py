@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -1148,3 +1149,38 @@ def test_distributed_dataset_names_a_strategy_or_function_of_the_wrong_kind(smal
     with pytest.raises(PetalError, match=r"^distributed_dataset needs strategy as a "
                        r"tf\.distribute\.Strategy .* Received: strategy=None$"):
         distributed_dataset(None, lambda ctx: eval_dataset(small_records, batch_size=2))
+
+
+_FILL_A_STRIP = """
+import resource, sys
+import numpy as np, tensorflow as tf
+from petal.data.pipeline import resize_fill
+strip = tf.constant(np.arange(20000 * 3, dtype=np.uint8).reshape(1, 20000, 3))
+resize_fill(strip[:, :100], (96, 96))  # TensorFlow's first-op set-up, outside the measure
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = resize_fill(strip, (96, 96))
+print(out.shape, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_resize_fill_computes_only_the_window_it_keeps(tmp_path):
+    """resize_fill (records kept at their own size, other-size records, predict and the
+    SavedModel of such runs) resized the whole cover size before cropping: a 1x20000 strip
+    became a 96x1920000 float image (2.2 GB), a 1x40000 one at 192 px 18 GB."""
+    rng = np.random.default_rng(0)
+    for shape, size in [((300, 200), (96, 96)), ((97, 131), (64, 48)), ((1, 400), (32, 32)),
+                        ((50, 50), (192, 192)), ((1000, 3), (24, 32)), ((481, 640), (64, 64))]:
+        image = tf.constant(rng.integers(0, 256, (*shape, 3), dtype=np.uint8))
+        h, w = shape
+        scale = max(size[0] / h, size[1] / w)
+        new_h, new_w = max(math.ceil(h * scale), size[0]), max(math.ceil(w * scale), size[1])
+        whole = tf.image.resize(image, (new_h, new_w), antialias=True)
+        top, left = (new_h - size[0]) // 2, (new_w - size[1]) // 2
+        want = tf.round(whole[top : top + size[0], left : left + size[1]]).numpy()
+        got = pipeline.resize_fill(image, size).numpy().astype(np.float64)
+        assert got.shape == (*size, 3)
+        assert np.abs(got - np.clip(want, 0, 255)).max() <= 1, (shape, size)
+    out = subprocess.run([sys.executable, "-c", _FILL_A_STRIP], capture_output=True, text=True,
+                         timeout=120, check=True)
+    shape, grown_mb = out.stdout.split(") ")
+    assert shape == "(96, 96, 3" and int(grown_mb) < 300, out.stdout

@@ -503,10 +503,19 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     scale = tf.maximum(th / h, tw / w)
     new_h = tf.maximum(tf.cast(tf.math.ceil(h * scale), tf.int32), th)
     new_w = tf.maximum(tf.cast(tf.math.ceil(w * scale), tf.int32), tw)
-    resized = tf.image.resize(image, tf.stack([new_h, new_w]), antialias=True)
     top = (new_h - th) // 2
     left = (new_w - tw) // 2
-    cropped = resized[top : top + th, left : left + tw, :]
+    # tf.image.resize's antialiased kernel (ScaleAndTranslate) computing only the centre
+    # window: resizing the whole cover size first made a 1x40000 strip a 192x7680000 image.
+    scale = tf.stack([tf.cast(new_h, tf.float32) / h, tf.cast(new_w, tf.float32) / w])
+    cropped = tf.raw_ops.ScaleAndTranslate(
+        images=tf.cast(image, tf.float32)[None],
+        size=tf.constant([th, tw], tf.int32),
+        scale=scale,
+        translation=-tf.cast(tf.stack([top, left]), tf.float32),
+        kernel_type="triangle",
+        antialias=True,
+    )[0]
     out = tf.cast(tf.clip_by_value(tf.round(cropped), 0, 255), tf.uint8)
     return tf.ensure_shape(out, [th, tw, 3])
 
