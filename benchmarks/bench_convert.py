@@ -27,9 +27,7 @@ import functools
 import json
 import os
 import platform
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -157,7 +155,7 @@ def main() -> None:
     for flag, value in flags:
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1. Received: {value}")
-    from petal.cli import _check_output_file, _terminate, _Terminated
+    from petal.cli import _check_output_file, run_script
     from petal.data.folders import find_images
     from petal.errors import PetalError
 
@@ -172,15 +170,7 @@ def main() -> None:
     except PetalError as err:
         parser.error(str(err))
     # SIGTERM unwinds as Ctrl-C does: the temporary folder and the processes go.
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        _run(args)
-    except _Terminated:
-        print(f"{parser.prog}: terminated", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_script(parser.prog, lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> None:

@@ -23,8 +23,6 @@ import argparse
 import os
 import platform
 import shutil
-import signal
-import sys
 import tempfile
 from pathlib import Path
 
@@ -60,23 +58,19 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_input.json"))
     args = parser.parse_args()
 
-    from petal.cli import _terminate, _Terminated
+    from petal.cli import run_script
     from petal.errors import PetalError
 
+    def work() -> None:
+        try:
+            _main(parser, args)
+        except (PetalError, OSError) as err:
+            # bench.run names the JPEG records as the CLI calls them; here they are --records.
+            message = str(err).replace("RECORDS", "--records")
+            parser.exit(2, f"{parser.prog}: error: {message}\n")
+
     # SIGTERM unwinds as Ctrl-C does: the temporary conversions are removed (as petal's).
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        _main(parser, args)
-    except _Terminated:
-        print(f"{parser.prog}: terminated", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except (PetalError, OSError) as err:
-        # bench.run names the JPEG records as the CLI calls them; here they are --records.
-        message = str(err).replace("RECORDS", "--records")
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+    run_script(parser.prog, work)
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -610,7 +610,7 @@ def test_bench_input_script_refuses_bad_records_and_paths_up_front(
     script._check_records(str(small_records), 64)
 
 
-def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 60) -> str:
+def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 180) -> str:
     """Sends ``signum`` to ``proc`` once ``ready()`` holds (-``signum``: to its process
     group, as Ctrl-C does; it must lead one); returns its stderr."""
     import os
@@ -647,8 +647,8 @@ def test_bench_input_script_removes_its_conversions_on_sigterm(small_flowers, tm
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TMPDIR": str(tmp)},
     )  # fmt: skip
-    converted = tmp.glob("petal-bench-input-*/jpeg/manifest.json")
-    err = _signal_when(proc, lambda: any(converted), signal.SIGTERM)  # measuring now
+    converted = "petal-bench-input-*/jpeg/manifest.json"  # then measuring
+    err = _signal_when(proc, lambda: any(tmp.glob(converted)), signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and err.rstrip().endswith("bench_input.py: terminated"), err
     assert list(tmp.iterdir()) == [] and not (tmp_path / "no.json").exists()

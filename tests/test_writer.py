@@ -1625,3 +1625,18 @@ def test_convert_draws_progress_bars_only_on_a_terminal_by_default(
         out = tmp_path / f"bars-{drawn}"
         convert(small_flowers, out, image_size=16, shards=1, workers=1)
         assert ("convert: 100%" in stderr.getvalue()) is drawn, stderr.getvalue()
+
+
+def test_convert_works_under_a_deep_tmpdir(small_flowers, tmp_path):
+    """The forkserver's socket is made under TMPDIR: under a deep one its path was longer than
+    AF_UNIX takes, and convert failed with "AF_UNIX path too long"."""
+    deep = tmp_path / ("t" * 100)
+    deep.mkdir()
+    out = tmp_path / "out"
+    script = (f"from petal.data import convert\n"
+              f"print(convert({str(small_flowers)!r}, {str(out)!r}, image_size=16, workers=2, "
+              f"progress=False).written)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TMPDIR": str(deep)})  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["60"], done.stderr[-2000:]
+    assert list(deep.iterdir()) == []

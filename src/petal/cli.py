@@ -973,6 +973,20 @@ def _terminate(signum, frame):
     raise _Terminated
 
 
+def run_script(prog: str, work) -> None:
+    """``work()`` for a benchmark script named ``prog``: SIGTERM unwinds as Ctrl-C does (its
+    temporary files go), and either ends in one line and the shell's exit status."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        work()
+    except _Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
 def _interrupting(hook):
     """Wraps ``sys.unraisablehook`` ``hook`` so that a Ctrl-C or SIGTERM Python dropped is
     delivered again.

@@ -445,8 +445,34 @@ def _context():
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
+        _short_socket_folder()
         return context
     return multiprocessing.get_context("spawn")
+
+
+# The longest path of an AF_UNIX socket (sun_path: 108 bytes, its NUL included).
+_SOCKET_PATH_MAX = 107
+
+
+def _short_socket_folder() -> None:
+    """Moves multiprocessing's temporary folder, where the forkserver's socket is made, under
+    /tmp (or /var/tmp) when the one under TMPDIR makes the socket's path too long for
+    AF_UNIX: convert failed with "AF_UNIX path too long" under a deep TMPDIR. Python 3.12
+    does this itself."""
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    folder = config.get("tempdir") or os.path.join(tempfile.gettempdir(), "pymp-xxxxxxxx")
+    if len(os.fsencode(folder)) + len("/listener-xxxxxxxx") <= _SOCKET_PATH_MAX:
+        return
+    for place in ("/tmp", "/var/tmp"):
+        if os.path.isdir(place) and os.access(place, os.W_OK | os.X_OK):
+            short = tempfile.mkdtemp(prefix="pymp-", dir=place)
+            util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+            config["tempdir"] = short
+            return
 
 
 @contextlib.contextmanager
