@@ -678,3 +678,16 @@ def test_models_are_built_channels_last_whatever_keras_image_data_format():
             keras.backend.clear_session()
     finally:
         keras.config.set_image_data_format("channels_last")
+
+
+def test_an_option_a_variant_sets_itself_is_not_listed_as_its_option():
+    """squeezenet_separable listed `separable` among its options, then refused it with
+    Python's "got multiple values for keyword argument" (it passes separable=True itself)."""
+    from petal.models.registry import model_options
+
+    assert "separable" in model_options("squeezenet")
+    assert "separable" not in model_options("squeezenet_separable")
+    with pytest.raises(PetalError, match=r"^model_options\.separable is not an option of "
+                       r"squeezenet_separable; its options: fires, stem_filters, stem_stride, "
+                       r"dropout, any_size\. "):
+        create_model("squeezenet_separable", 5, image_size=32, separable=True)

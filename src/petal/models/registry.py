@@ -261,7 +261,8 @@ def create_model(
     except (TypeError, ValueError) as err:
         options = model_options(name)
         unknown = [key for key in sorted(kwargs) if key not in options]
-        if unknown and "unexpected keyword argument" in str(err):
+        # ("multiple values": an option the builder sets itself, squeezenet_separable's)
+        if unknown and re.search(r"unexpected keyword argument|multiple values", str(err)):
             which = ", ".join(f"model_options.{key}" for key in unknown)
             some = f"its options: {', '.join(options)}" if options else "it takes none"
             raise PetalError(
@@ -292,15 +293,25 @@ def model_options(name: str) -> list[str]:
 
     A registered builder passes them on to its family's ``build_*`` function (blocks ->
     builder -> named variants), whose keyword parameters with a default they are; the name
-    and weights come from the caller.
+    and weights come from the caller, and so do those the builder sets itself
+    (squeezenet_separable's ``separable=True``).
     """
+    import ast
+    import textwrap
+
     builder = _BUILDERS[model_info(name).name]
     called = [builder.__globals__.get(n) for n in builder.__code__.co_names
               if n.startswith("build_")]  # fmt: skip
     function = next((f for f in called if inspect.isfunction(f)), builder)
+    fixed = {"name", "weights"}
+    if function is not builder:
+        with contextlib.suppress(OSError, TypeError, SyntaxError):  # no source: all listed
+            tree = ast.parse(textwrap.dedent(inspect.getsource(builder)))
+            fixed |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call)
+                      for k in node.keywords if k.arg}  # fmt: skip
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in inspect.signature(function).parameters.values()
-            if p.kind in kinds and p.default is not p.empty and p.name not in ("name", "weights")]
+            if p.kind in kinds and p.default is not p.empty and p.name not in fixed]
 
 
 def _build(name: str, num_classes: int, hw: tuple[int, int], weights: str | None, **kwargs):
