@@ -678,3 +678,17 @@ def test_models_are_built_channels_last_whatever_keras_image_data_format():
             keras.backend.clear_session()
     finally:
         keras.config.set_image_data_format("channels_last")
+
+
+def test_squeezenet_minimum_size_counts_the_strided_stem():
+    # squeezenet-plus's stem_stride=2 halves the input before the four 2x2 max-pools: at
+    # 24 px its last pool met a 1x1 map and failed with a traceback ("Negative dimension").
+    with pytest.raises(PetalError, match=(
+        r"^Model 'squeezenet' needs images of at least 31x31 pixels with model_options "
+        r"stem_stride=2, any_size=True \(default 192\): pass --image-size 31 or more"
+    )):
+        create_model("squeezenet", 5, 30, stem_stride=2, any_size=True)
+    model = create_model("squeezenet", 5, 31, stem_stride=2)
+    assert model.predict(np.zeros([1, 31, 31, 3], np.float32), verbose=0).shape == (1, 5)
+    create_model("squeezenet", 5, 16)  # stride 1: the registered minimum
+    keras.backend.clear_session()

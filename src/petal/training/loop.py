@@ -1385,7 +1385,7 @@ def _train(
     augment_lib.build(cfg.augment)
     for key in ("image_size", "train_image_size"):
         if getattr(cfg, key):
-            info_model.image_hw(getattr(cfg, key), key)
+            info_model.image_hw(getattr(cfg, key), key, cfg.model_options)
 
     state: dict = {
         "epoch": 0,
