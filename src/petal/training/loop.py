@@ -907,6 +907,17 @@ def _replicated_eval_batch(
     return per_replica * replicas
 
 
+def _steps_per_execution(asked: int, steps: int, replicas: int) -> int:
+    """The training steps per Keras execution: the largest divisor of the epoch's ``steps``
+    up to the one ``asked`` (Keras runs whole executions: one that does not divide the epoch
+    ran extra steps, and the schedule ended early). 1 on several replicas: there Keras' loop
+    of several steps fails ("You must feed a value for placeholder tensor ...
+    multi_step_on_iterator"), as plain Keras does."""
+    if replicas > 1:
+        return 1
+    return max(d for d in range(1, min(asked, steps) + 1) if steps % d == 0)
+
+
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
     """An empty split can neither train nor validate: name the split and how to fill it."""
     if source.kind == "records":
@@ -1546,11 +1557,7 @@ def _train(
         "global_batch": global_batch,
         "eval_batch": eval_batch,
         "steps_per_epoch": steps,
-        # Keras runs whole executions: one that does not divide the epoch ran extra steps
-        # (the schedule ended early). The largest divisor of the steps at most the one asked.
-        "steps_per_execution": max(
-            d for d in range(1, min(cfg.steps_per_execution, steps) + 1) if steps % d == 0
-        ),
+        "steps_per_execution": _steps_per_execution(cfg.steps_per_execution, steps, replicas),
         "peak_lr": peak if peak is not None else _ramp_peak(cfg, replicas),
         "class_weights": weights_by_class,
     }
@@ -1611,7 +1618,13 @@ def _train(
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
-    if resolved["steps_per_execution"] != cfg.steps_per_execution:
+    if resolved["steps_per_execution"] != cfg.steps_per_execution and replicas > 1:
+        log(
+            f"petal train: steps_per_execution {cfg.steps_per_execution} -> 1: Keras' loop of "
+            f"several steps per execution fails on {replicas} replicas (\"You must feed a value "
+            "for placeholder tensor\")"
+        )
+    elif resolved["steps_per_execution"] != cfg.steps_per_execution:
         log(
             f"petal train: steps_per_execution {cfg.steps_per_execution} -> "
             f"{resolved['steps_per_execution']}, the largest that divides the {steps} steps "
