@@ -860,7 +860,7 @@ def _eval_input(strategy, replicas: int):
 
 
 def _replicated_eval_batch(
-    eval_batch: int, val_count: int, replicas: int, log, pipelines: int = 1
+    eval_batch: int, val_count: int, replicas: int, log, pipelines: int = 1, skipped: int = 0
 ) -> int:
     """The validation batch: under several replicas Keras builds the model from the mean of
     the replicas' first batches (which must all be full) and gives a replica that has run
@@ -871,15 +871,22 @@ def _replicated_eval_batch(
     pipelines`` replicas. So its first round of batches must be full (``b`` times its
     replicas is ``s`` at most), and ``ceil(s / b)`` must equal ``ceil((s + 1) / b)`` (``b``
     does not divide ``s``; not needed when every share is ``s``) and be a multiple of its
-    replicas. ``b`` is the largest such up to the per-replica batch asked for.
+    replicas. ``b`` is the largest such up to the per-replica batch asked for. ``skipped``:
+    the corrupt records left out of ``val_count``, named in a refusal.
     """
     if replicas == 1:
         return eval_batch
+    fix = "add images to it (convert with a larger --val-fraction)"
+    if skipped:
+        fix = (
+            f"{skipped} more are corrupt and skipped (--skip-corrupt): restore their shards "
+            f"or convert again, or {fix}"
+        )
     if val_count < replicas:
         raise PetalError(
             f"The validation split has {val_count} image(s), fewer than the {replicas} "
-            "replicas, each of which validates on a share of it: convert with a larger "
-            "--val-fraction or add images, or train on fewer devices (--strategy one-device)."
+            f"replicas, each of which validates on a share of it: {fix}, or train on fewer "
+            "devices (--strategy one-device)."
         )
     local = replicas // pipelines
     share = val_count // pipelines
@@ -893,9 +900,8 @@ def _replicated_eval_batch(
     if per_replica is None:
         raise PetalError(
             f"The validation split's {val_count} images cannot be batched so that each of the "
-            f"{replicas} replicas validates as many batches as the others: add images to it "
-            "(convert with a larger --val-fraction), or train on fewer devices "
-            "(--strategy one-device)."
+            f"{replicas} replicas validates as many batches as the others: {fix}, or train on "
+            "fewer devices (--strategy one-device)."
         )
     if per_replica * replicas == eval_batch:
         return eval_batch
@@ -1515,9 +1521,16 @@ def _train(
         # validation length Keras is told, the steps per epoch).
         val_count -= _in_split(undecodable, source, "validation")
         train_count -= _in_split(undecodable, source, "train")
+    crc_skipped = 0
+    if cfg.skip_corrupt and replicas > 1 and source.kind != "folder" and not source.remote:
+        # After a CRC failure the reader skips the rest of its shard: each replica's
+        # validation batches are sized from the records it will read (Keras stopped on
+        # replicas' first batches of different sizes).
+        val_count -= (crc_skipped := _unreadable(source, "validation"))
     _check_splits(source, cfg.data, train_count, val_count)
     eval_options, pipelines = _eval_input(strategy, replicas)
-    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines)
+    skipped = crc_skipped + _in_split(undecodable or [], source, "validation")
+    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines, skipped)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         given = _batch_setting(cfg, replicas)[1]  # (a preset's one-device batch on one)
@@ -2081,6 +2094,21 @@ def _in_split(undecodable: list[tuple[str, str]], source, split: str) -> int:
     if source.kind == "folder":
         return sum(path in files for path, _ in undecodable)
     return sum(where.rsplit(": record ", 1)[0] in files for where, _ in undecodable)
+
+
+def _unreadable(source, split: str) -> int:
+    """How many records of ``split`` (local shards) the reader skips with ``skip_corrupt``:
+    those from a shard's first CRC failure on, which it cannot read past."""
+    import tensorflow as tf
+
+    lost = 0
+    for path, expected in zip(source.files(split), source.counts(split), strict=True):
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        read = int(records.batch(4096).reduce(
+            tf.constant(0, tf.int64), lambda n, block: n + tf.size(block, out_type=tf.int64)
+        ))
+        lost += max(expected - read, 0)
+    return lost
 
 
 def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
