@@ -1526,7 +1526,9 @@ def _train(
         # After a CRC failure the reader skips the rest of its shard: each replica's
         # validation batches are sized from the records it will read (Keras stopped on
         # replicas' first batches of different sizes).
-        val_count -= (crc_skipped := _unreadable(source, "validation"))
+        from petal.data.reader import unread_records
+
+        val_count -= (crc_skipped := unread_records(source, "validation"))
     _check_splits(source, cfg.data, train_count, val_count)
     eval_options, pipelines = _eval_input(strategy, replicas)
     skipped = crc_skipped + _in_split(undecodable or [], source, "validation")
@@ -2094,21 +2096,6 @@ def _in_split(undecodable: list[tuple[str, str]], source, split: str) -> int:
     if source.kind == "folder":
         return sum(path in files for path, _ in undecodable)
     return sum(where.rsplit(": record ", 1)[0] in files for where, _ in undecodable)
-
-
-def _unreadable(source, split: str) -> int:
-    """How many records of ``split`` (local shards) the reader skips with ``skip_corrupt``:
-    those from a shard's first CRC failure on, which it cannot read past."""
-    import tensorflow as tf
-
-    lost = 0
-    for path, expected in zip(source.files(split), source.counts(split), strict=True):
-        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
-        read = int(records.batch(4096).reduce(
-            tf.constant(0, tf.int64), lambda n, block: n + tf.size(block, out_type=tf.int64)
-        ))
-        lost += max(expected - read, 0)
-    return lost
 
 
 def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict:
