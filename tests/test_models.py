@@ -691,3 +691,17 @@ def test_an_option_a_variant_sets_itself_is_not_listed_as_its_option():
                        r"squeezenet_separable; its options: fires, stem_filters, stem_stride, "
                        r"dropout, any_size\. "):
         create_model("squeezenet_separable", 5, image_size=32, separable=True)
+
+
+def test_squeezenet_minimum_size_counts_the_strided_stem():
+    # squeezenet-plus's stem_stride=2 halves the input before the four 2x2 max-pools: at
+    # 24 px its last pool met a 1x1 map and failed with a traceback ("Negative dimension").
+    with pytest.raises(PetalError, match=(
+        r"^Model 'squeezenet' needs images of at least 31x31 pixels with model_options "
+        r"stem_stride=2, any_size=True \(default 192\): pass --image-size 31 or more"
+    )):
+        create_model("squeezenet", 5, 30, stem_stride=2, any_size=True)
+    model = create_model("squeezenet", 5, 31, stem_stride=2)
+    assert model.predict(np.zeros([1, 31, 31, 3], np.float32), verbose=0).shape == (1, 5)
+    create_model("squeezenet", 5, 16)  # stride 1: the registered minimum
+    keras.backend.clear_session()

@@ -763,3 +763,23 @@ def test_a_manifest_whose_classes_are_not_the_records_labels_is_refused(make_rec
         pytest.raises(PetalError, match=r"record 0 is labelled 'daisy', but class 0 is"),
     ):
         open_source(server.url("records"))
+
+
+def test_an_error_on_records_with_unreadable_ones_claims_no_more_than_was_read(make_records):
+    """The scan behind "Every record reads and decodes" reads past CRC failures: with
+    --skip-corrupt having skipped records, the message said every record read."""
+    import tensorflow as tf
+
+    from conftest import corrupt_record
+    from petal.data.reader import corrupt_input_error
+
+    records = make_records(counts={"train": [4], "validation": [10]}, size=(32, 32))
+    corrupt_record(next(records.glob("validation-*")), 7)
+    err = tf.errors.InvalidArgumentError(None, None, "Inputs to operation AddN must match.")
+    message = str(corrupt_input_error(err, str(records), "train", split="validation"))
+    assert message == (
+        f"train stopped on {records}: Inputs to operation AddN must match. Every record of the "
+        "validation split that reads decodes (checked just now; 3 cannot be read: CRC failure "
+        "or truncation), so the records may not be to blame; `petal inspect --verify` checks "
+        "their other fields."
+    )

@@ -1108,9 +1108,14 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
     elif not ours:
         if bad is not None:  # every record checked and found sound
             scope = "" if split == "all" else f" of the {split} split"
+            # The check reads past CRC failures (--skip-corrupt skipped those records).
+            claim = "reads and decodes (checked just now)"
+            if lost := unread_records(data, split):
+                claim = (f"that reads decodes (checked just now; {lost} cannot be read: CRC "
+                         "failure or truncation)")
             return PetalError(
-                f"{action} stopped on {data}: {reason.rstrip('.')}. Every record{scope} reads "
-                "and decodes (checked just now), so the records may not be to blame; "
+                f"{action} stopped on {data}: {reason.rstrip('.')}. Every record{scope} "
+                f"{claim}, so the records may not be to blame; "
                 "`petal inspect --verify` checks their other fields."
             )
         from petal.data.pipeline import MAX_DECODE_SCAN
@@ -1180,6 +1185,22 @@ def _undecodable_records(data, split: str = "all") -> list[tuple[str, str]] | No
         return undecodable_records(data, split)
     except PetalError:
         return None
+
+
+def unread_records(data, split: str = "all") -> int:
+    """How many records of ``split`` of local records ``data`` cannot be read: those from a
+    shard's first CRC failure (or truncation) on."""
+    import tensorflow as tf
+
+    src = data if isinstance(data, Source) else open_source(str(data), verify=False)
+    lost = 0
+    for path, expected in zip(src.files(split), src.counts(split), strict=True):
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        read = records.batch(4096).reduce(
+            tf.constant(0, tf.int64), lambda n, block: n + tf.size(block, out_type=tf.int64)
+        )
+        lost += max(expected - int(read), 0)
+    return lost
 
 
 def _unopenable_shards(data) -> list[tuple[str, str]]:

@@ -60,11 +60,14 @@ class ModelInfo:
     pretrained: bool = False
 
     def image_hw(
-        self, image_size: int | Sequence[int] | None, argument: str = "image_size"
+        self,
+        image_size: int | Sequence[int] | None,
+        argument: str = "image_size",
+        options: dict | None = None,
     ) -> tuple[int, int]:
         """``image_size`` (a side or (height, width)) as (height, width), checked against the
-        model's minimum; None gives the default. ``argument`` names it in the messages
-        (``"train_image_size"`` for training crops)."""
+        model's minimum under its model ``options``; None gives the default. ``argument``
+        names it in the messages (``"train_image_size"`` for training crops)."""
         if image_size is None:
             return self.default_image_size, self.default_image_size
         if _is_int(image_size):
@@ -80,8 +83,11 @@ class ModelInfo:
                 f"{argument} must be a positive int or a (height, width) pair for model "
                 f"{self.name!r}. Received: {argument}={image_size!r}"
             )
-        if min(hw) < self.min_image_size:
-            side = self.min_image_size
+        side = self.min_image_size
+        if options and self.name in _MIN_SIDES:  # e.g. a strided stem: a larger minimum
+            with contextlib.suppress(TypeError, ValueError):  # the builder names a bad option
+                side = _MIN_SIDES[self.name](**options)
+        if min(hw) < side:
             if argument == "image_size":
                 # Asked for, or the size of the records when none was: say both ways out.
                 fix = (
@@ -91,9 +97,12 @@ class ModelInfo:
                 )
             else:
                 fix = f"pass --set {argument}={side} or more"
+            under = ""
+            if side != self.min_image_size:
+                under = " with model_options " + ", ".join(f"{k}={v!r}" for k, v in options.items())
             raise PetalError(
-                f"Model {self.name!r} needs images of at least {side}x{side} pixels (default "
-                f"{self.default_image_size}): {fix}. Received: {argument}={image_size!r}"
+                f"Model {self.name!r} needs images of at least {side}x{side} pixels{under} "
+                f"(default {self.default_image_size}): {fix}. Received: {argument}={image_size!r}"
             )
         return hw
 
@@ -104,6 +113,7 @@ Builder = Callable[..., keras.Model]
 
 _INFOS: dict[str, ModelInfo] = {}
 _BUILDERS: dict[str, Builder] = {}
+_MIN_SIDES: dict[str, Callable[..., int]] = {}
 
 
 def register(
@@ -115,6 +125,7 @@ def register(
     default_image_size: int,
     min_image_size: int,
     pretrained: bool = False,
+    min_side: Callable[..., int] | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator that registers a model builder under ``name``.
 
@@ -126,6 +137,8 @@ def register(
         default_image_size: Default square side in pixels.
         min_image_size: Smallest square side the model takes.
         pretrained: Whether ``weights="imagenet"`` is available.
+        min_side: ``(**model_options) -> int``, the smallest side under those options,
+            where they change it (a strided stem); ``min_image_size`` is the default's.
 
     Returns:
         The decorator, which returns the builder unchanged.
@@ -148,6 +161,8 @@ def register(
             pretrained=pretrained,
         )
         _BUILDERS[name] = builder
+        if min_side is not None:
+            _MIN_SIDES[name] = min_side
         return builder
 
     return decorator
@@ -233,7 +248,7 @@ def create_model(
             f"Received: num_classes={num_classes!r}"
         )
     num_classes = int(num_classes)  # a NumPy integer is one, but Keras' Dense takes only int
-    hw = info.image_hw(image_size)
+    hw = info.image_hw(image_size, options=kwargs)
 
     weights_file: Path | None = None
     builder_weights: str | None = None

@@ -65,6 +65,12 @@ def build_squeezenet(
     return keras.Model(inputs, classifier_head(x, num_classes, dropout=dropout), name=name)
 
 
+def min_side(*, fires=CODELAB_FIRES, stem_stride: int = 1, **_) -> int:
+    """The smallest input side: the stem's ``same`` convolution leaves ``ceil(n / stride)``,
+    which every 2x2 max-pool halves (rounding down) to at least one pixel."""
+    return stem_stride * (2 ** (len(fires) - 1) - 1) + 1
+
+
 @register(
     "squeezenet",
     family="squeezenet",
@@ -72,6 +78,7 @@ def build_squeezenet(
     normalization="unit",
     default_image_size=192,
     min_image_size=16,
+    min_side=min_side,
 )
 def squeezenet(num_classes, image_size, weights=None, **kwargs):
     return build_squeezenet(num_classes, image_size, weights, **kwargs)
@@ -84,6 +91,7 @@ def squeezenet(num_classes, image_size, weights=None, **kwargs):
     normalization="unit",
     default_image_size=192,
     min_image_size=16,
+    min_side=min_side,
 )
 def squeezenet_separable(num_classes, image_size, weights=None, **kwargs):
     kwargs.setdefault("name", "squeezenet_separable")

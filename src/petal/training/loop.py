@@ -860,7 +860,7 @@ def _eval_input(strategy, replicas: int):
 
 
 def _replicated_eval_batch(
-    eval_batch: int, val_count: int, replicas: int, log, pipelines: int = 1
+    eval_batch: int, val_count: int, replicas: int, log, pipelines: int = 1, skipped: int = 0
 ) -> int:
     """The validation batch: under several replicas Keras builds the model from the mean of
     the replicas' first batches (which must all be full) and gives a replica that has run
@@ -871,15 +871,22 @@ def _replicated_eval_batch(
     pipelines`` replicas. So its first round of batches must be full (``b`` times its
     replicas is ``s`` at most), and ``ceil(s / b)`` must equal ``ceil((s + 1) / b)`` (``b``
     does not divide ``s``; not needed when every share is ``s``) and be a multiple of its
-    replicas. ``b`` is the largest such up to the per-replica batch asked for.
+    replicas. ``b`` is the largest such up to the per-replica batch asked for. ``skipped``:
+    the corrupt records left out of ``val_count``, named in a refusal.
     """
     if replicas == 1:
         return eval_batch
+    fix = "add images to it (convert with a larger --val-fraction)"
+    if skipped:
+        fix = (
+            f"{skipped} more are corrupt and skipped (--skip-corrupt): restore their shards "
+            f"or convert again, or {fix}"
+        )
     if val_count < replicas:
         raise PetalError(
             f"The validation split has {val_count} image(s), fewer than the {replicas} "
-            "replicas, each of which validates on a share of it: convert with a larger "
-            "--val-fraction or add images, or train on fewer devices (--strategy one-device)."
+            f"replicas, each of which validates on a share of it: {fix}, or train on fewer "
+            "devices (--strategy one-device)."
         )
     local = replicas // pipelines
     share = val_count // pipelines
@@ -893,9 +900,8 @@ def _replicated_eval_batch(
     if per_replica is None:
         raise PetalError(
             f"The validation split's {val_count} images cannot be batched so that each of the "
-            f"{replicas} replicas validates as many batches as the others: add images to it "
-            "(convert with a larger --val-fraction), or train on fewer devices "
-            "(--strategy one-device)."
+            f"{replicas} replicas validates as many batches as the others: {fix}, or train on "
+            "fewer devices (--strategy one-device)."
         )
     if per_replica * replicas == eval_batch:
         return eval_batch
@@ -905,6 +911,20 @@ def _replicated_eval_batch(
         f"{replicas} replicas as many batches as the others, none of them empty"
     )
     return per_replica * replicas
+
+
+def _steps_per_execution(asked: int, steps: int, replicas: int, strategy=None) -> int:
+    """The training steps per Keras execution: the largest divisor of the epoch's ``steps``
+    up to the one ``asked`` (Keras runs whole executions: one that does not divide the epoch
+    ran extra steps, and the schedule ended early). 1 on several replicas of a
+    MirroredStrategy: there Keras' loop of several steps fails ("You must feed a value for
+    placeholder tensor ... multi_step_on_iterator"), as plain Keras does. (A TPU keeps it:
+    the codelab's speed depends on it.)"""
+    import tensorflow as tf
+
+    if replicas > 1 and isinstance(strategy, tf.distribute.MirroredStrategy):
+        return 1
+    return max(d for d in range(1, min(asked, steps) + 1) if steps % d == 0)
 
 
 def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
@@ -1385,7 +1405,7 @@ def _train(
     augment_lib.build(cfg.augment)
     for key in ("image_size", "train_image_size"):
         if getattr(cfg, key):
-            info_model.image_hw(getattr(cfg, key), key)
+            info_model.image_hw(getattr(cfg, key), key, cfg.model_options)
 
     state: dict = {
         "epoch": 0,
@@ -1504,9 +1524,18 @@ def _train(
         # validation length Keras is told, the steps per epoch).
         val_count -= _in_split(undecodable, source, "validation")
         train_count -= _in_split(undecodable, source, "train")
+    crc_skipped = 0
+    if cfg.skip_corrupt and replicas > 1 and source.kind != "folder" and not source.remote:
+        # After a CRC failure the reader skips the rest of its shard: each replica's
+        # validation batches are sized from the records it will read (Keras stopped on
+        # replicas' first batches of different sizes).
+        from petal.data.reader import unread_records
+
+        val_count -= (crc_skipped := unread_records(source, "validation"))
     _check_splits(source, cfg.data, train_count, val_count)
     eval_options, pipelines = _eval_input(strategy, replicas)
-    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines)
+    skipped = crc_skipped + _in_split(undecodable or [], source, "validation")
+    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines, skipped)
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         given = _batch_setting(cfg, replicas)[1]  # (a preset's one-device batch on one)
@@ -1546,10 +1575,8 @@ def _train(
         "global_batch": global_batch,
         "eval_batch": eval_batch,
         "steps_per_epoch": steps,
-        # Keras runs whole executions: one that does not divide the epoch ran extra steps
-        # (the schedule ended early). The largest divisor of the steps at most the one asked.
-        "steps_per_execution": max(
-            d for d in range(1, min(cfg.steps_per_execution, steps) + 1) if steps % d == 0
+        "steps_per_execution": _steps_per_execution(
+            cfg.steps_per_execution, steps, replicas, strategy
         ),
         "peak_lr": peak if peak is not None else _ramp_peak(cfg, replicas),
         "class_weights": weights_by_class,
@@ -1611,7 +1638,15 @@ def _train(
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
-    if resolved["steps_per_execution"] != cfg.steps_per_execution:
+    if cfg.steps_per_execution > 1 == _steps_per_execution(
+        cfg.steps_per_execution, cfg.steps_per_execution, replicas, strategy
+    ):  # on several replicas of a MirroredStrategy
+        log(
+            f"petal train: steps_per_execution {cfg.steps_per_execution} -> 1: Keras' loop of "
+            f"several steps per execution fails on {replicas} replicas (\"You must feed a value "
+            "for placeholder tensor\")"
+        )
+    elif resolved["steps_per_execution"] != cfg.steps_per_execution:
         log(
             f"petal train: steps_per_execution {cfg.steps_per_execution} -> "
             f"{resolved['steps_per_execution']}, the largest that divides the {steps} steps "
