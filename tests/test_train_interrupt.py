@@ -199,3 +199,36 @@ def test_ctrl_c_in_a_checkpoint_prints_its_epoch_line_before_stopping(
         train(tiny_config(small_records, model="dense"), tmp_path / "run", log=lines.append)
     assert json.loads((tmp_path / "run" / "state.json").read_text())["epoch"] == 1
     assert lines[-1].startswith("epoch 1/2  loss "), lines[-1]
+
+
+def test_a_full_disk_in_the_best_weights_leaves_no_open_file_to_crash_the_exit(tmp_path):
+    """HDF5, writing best.weights.h5 itself, kept the file open after ENOSPC: h5py's errors
+    and a segmentation fault followed the one-line error at exit. (A 4 KiB file size limit
+    fails its writes, the flushes of its metadata too, as a full disk does.)"""
+    from conftest import run_script
+
+    script = tmp_path / "save.py"
+    script.write_text(
+        f"""
+import resource, signal, sys
+from pathlib import Path
+import keras
+from petal.training.callbacks import Checkpointer
+
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024)])
+checkpointer = Checkpointer({str(tmp_path)!r}, {{}})
+checkpointer.set_model(model)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    checkpointer.on_epoch_end(0, {{"val_accuracy": 0.5}})
+except OSError as err:
+    kept = err  # as the CLI keeps it, until the exit
+    print("error:", err.filename, flush=True)
+"""
+    )
+    done = run_script(script)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"error: {tmp_path / 'best.weights.h5'}" in done.stdout
+    assert "h5py" not in done.stderr, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["save.py"]

@@ -1640,3 +1640,26 @@ def test_convert_works_under_a_deep_tmpdir(small_flowers, tmp_path):
                           timeout=120, env={**os.environ, "TMPDIR": str(deep)})  # fmt: skip
     assert done.returncode == 0 and done.stdout.split() == ["60"], done.stderr[-2000:]
     assert list(deep.iterdir()) == []
+
+
+def test_a_second_ctrl_c_waits_for_the_clean_up_of_the_pieces(
+    small_flowers, tmp_path, monkeypatch
+):
+    """`timeout` signals the process, then its group: the second SIGINT, raised while the
+    clean-up waited for the workers, skipped it, and a piece stayed in DST."""
+    real_piece, real_close = writer._write_piece, writer._Mapper.close
+
+    def write_piece(job, options):
+        real_piece(job, options)
+        raise KeyboardInterrupt  # the first signal, with a piece written
+
+    def close(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the second, while the workers are stopped
+        real_close(self)
+
+    monkeypatch.setattr(writer, "_write_piece", write_piece)
+    monkeypatch.setattr(writer._Mapper, "close", close)
+    out = tmp_path / "records"
+    with pytest.raises(KeyboardInterrupt):
+        convert(small_flowers, out, image_size=32, workers=1, progress=False)
+    assert not out.exists() or not [p.name for p in out.iterdir()]

@@ -1544,14 +1544,17 @@ def _write(
         # Interrupted or failed: leave nothing that a reader could mistake for output (a
         # complete earlier conversion is still whole unless the failure came after its
         # removal above). The workers stop first: Ctrl-C leaves them to finish the pieces
-        # they are writing, which came after the clean-up and stayed.
-        mapper.close()
-        try:
-            for path in temp_paths:
-                if folders.exists(path):
-                    _remove(path)
-        except Exception as cleanup:  # e.g. the store became unreachable: report the cause
-            log.warning("Could not remove the temporary files in %s: %s", output, cleanup)
+        # they are writing, which came after the clean-up and stayed. A second signal waits
+        # for the clean-up (`timeout` signals the process, then its group): raised while
+        # close() waited, it left the workers to write pieces after this.
+        with signals_held():
+            mapper.close()
+            try:
+                for path in temp_paths:
+                    if folders.exists(path):
+                        _remove(path)
+            except Exception as cleanup:  # e.g. the store became unreachable: report the cause
+                log.warning("Could not remove the temporary files in %s: %s", output, cleanup)
         raise
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import sys
@@ -356,7 +357,7 @@ class Checkpointer(keras.callbacks.Callback):
         improved = val_acc is not None and float(val_acc) > state.get("best_val_accuracy", -1.0)
         if improved:
             try:
-                self.model.save_weights(str(temporary_name(best)))
+                save_weights(self.model, temporary_name(best))
             except BaseException as err:
                 failed_write(err, best, temporary_name(best))
                 raise
@@ -376,6 +377,38 @@ class Checkpointer(keras.callbacks.Callback):
         if improved:
             # Only once state.json names its epoch: a resume keeps the state's best.
             os.replace(temporary_name(best), best)
+
+
+class _WeightsBuffer(io.BytesIO):
+    """An in-memory file Keras writes a ``.weights.h5`` into: it checks the file's name (its
+    suffix picks the format) through ``str()``, and writes into an ``io.BytesIO`` as it does
+    inside a ``.keras`` archive. A Keras (or a test's stand-in) that takes it for the path it
+    names writes that file instead."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+def save_weights(model, path: Path) -> None:
+    """``model.save_weights(path)`` through memory.
+
+    HDF5 writing the file itself on a full disk left it open, failing to flush at each close:
+    Python's exit then printed h5py's errors and crashed (a segmentation fault). Written here,
+    a failed write is a plain OSError and its file is closed.
+    """
+    buffer = _WeightsBuffer(path)
+    model.save_weights(buffer)
+    if not buffer.getbuffer().nbytes:  # a Keras that took the name only wrote the file
+        return
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
 
 
 class StoreGuard(keras.callbacks.Callback):
