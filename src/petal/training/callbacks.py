@@ -403,6 +403,13 @@ def save_weights(model, path: Path) -> None:
     Python's exit then printed h5py's errors and crashed (a segmentation fault). Written here,
     a failed write is a plain OSError and its file is closed.
     """
+    try:  # Keras copies a file it writes to a path it counts as remote (/gcs/: a GCS mount)
+        from keras.src.utils.file_utils import is_remote_path
+    except ImportError:  # another Keras: its own way
+        is_remote_path = None
+    if is_remote_path is None or is_remote_path(str(path)):
+        model.save_weights(str(path))
+        return
     buffer = _WeightsBuffer(path)
     model.save_weights(buffer)
     if not buffer.getbuffer().nbytes:  # a Keras that took the name only wrote the file
