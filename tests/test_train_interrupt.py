@@ -232,3 +232,22 @@ except OSError as err:
     assert f"error: {tmp_path / 'best.weights.h5'}" in done.stdout
     assert "h5py" not in done.stderr, done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["save.py"]
+
+
+def test_weights_to_a_path_keras_counts_as_remote_are_saved_by_keras(tmp_path, monkeypatch):
+    """Keras copies what it writes to a remote path (/gcs/, a GCS mount): the in-memory
+    buffer is only for local files."""
+    import keras
+    from keras.src.utils import file_utils
+
+    from petal.training.callbacks import save_weights
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    taken = []
+    monkeypatch.setattr(file_utils, "is_remote_path", lambda p: taken.append(p) or True)
+    save_weights(model, tmp_path / "a.weights.h5")
+    assert taken and taken[0] == str(tmp_path / "a.weights.h5")
+    monkeypatch.undo()
+    again = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    again.load_weights(tmp_path / "a.weights.h5")
+    assert all((a == b).all() for a, b in zip(model.get_weights(), again.get_weights()))
