@@ -378,3 +378,18 @@ def run_script(script: Path, timeout: int = 120):
         timeout=timeout,
         start_new_session=True,
     )
+
+
+def titles_apart(fig) -> list:
+    """The axes titles and texts (suptitle) of ``fig``, once checked to lie inside the
+    figure and apart from each other."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    for i, box in enumerate(boxes):
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (
+            texts[i].get_text())
+        for j in range(i):
+            assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
+    return texts

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import tiny_config
+from conftest import tiny_config, titles_apart
 from petal.errors import PetalError
 from petal.evaluation import metrics
 
@@ -1841,21 +1841,6 @@ def test_report_counts_the_corrupt_files_of_an_image_folder_once(trained, tmp_pa
     assert "corrupt records" not in page
 
 
-def _titles_apart(fig) -> list:
-    """The window extents of ``fig``'s axes titles and its suptitle, once checked to lie
-    inside the figure and apart."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    texts = [ax.title for ax in fig.axes if ax.get_title()] + [t for t in fig.texts if t.get_text()]
-    boxes = [t.get_window_extent(renderer) for t in texts]
-    for i, box in enumerate(boxes):
-        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (
-            texts[i].get_text())
-        for j in range(i):
-            assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
-    return boxes
-
-
 def test_an_image_grid_shortens_long_class_names_to_its_columns(tmp_path, monkeypatch):
     """~30-character names ran into the next image's title, and the suptitle into them."""
     from petal.evaluation import plots
@@ -1865,7 +1850,7 @@ def test_an_image_grid_shortens_long_class_names_to_its_columns(tmp_path, monkey
 
     def check(fig, out):
         drawn.append([ax.get_title() for ax in fig.axes if ax.get_title()])
-        _titles_apart(fig)
+        titles_apart(fig)
         return save(fig, out)
 
     monkeypatch.setattr(plots, "_save", check)
