@@ -564,7 +564,8 @@ def test_validation_pipelines_share_by_record_whatever_the_shards(make_records):
     assert shares == [11, 10]
 
 
-_STEPS_PER_EXECUTION_SCRIPT = textwrap.dedent(
+# Two logical CPU devices, then petal's train (argv: records, run folder, tests folder).
+_ON_TWO_CPUS = textwrap.dedent(
     """
     import json, sys
     import tensorflow as tf
@@ -574,6 +575,11 @@ _STEPS_PER_EXECUTION_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[3])
     from conftest import tiny_config
     from petal.training.loop import train
+    """
+)
+
+_STEPS_PER_EXECUTION_SCRIPT = _ON_TWO_CPUS + textwrap.dedent(
+    """
 
     cfg = tiny_config(
         sys.argv[1], strategy="mirrored", model="dense", epochs=1, steps_per_epoch=2,
@@ -608,16 +614,8 @@ def test_several_replicas_run_one_step_per_execution(make_records, tmp_path):
     ]
 
 
-_SKIPPED_VALIDATION_SCRIPT = textwrap.dedent(
+_SKIPPED_VALIDATION_SCRIPT = _ON_TWO_CPUS + textwrap.dedent(
     """
-    import json, sys
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    sys.path.insert(0, sys.argv[3])
-    from conftest import tiny_config
-    from petal.training.loop import train
 
     cfg = tiny_config(
         sys.argv[1], strategy="mirrored", model="dense", epochs=1, steps_per_epoch=1,
