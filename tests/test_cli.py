@@ -512,3 +512,24 @@ def test_predict_takes_a_dash_file_after_double_dash_among_options():
     parser = cli.build_parser()
     args = cli._parse(parser, ["predict", "RUN", "a.jpg", "--top-k", "1", "--", "-x.jpg"])
     assert (args.images, args.top_k) == (["a.jpg", "-x.jpg"], 1)
+
+
+def test_ctrl_c_in_the_demo_before_an_epoch_says_to_run_it_again(monkeypatch, capsys, tmp_path):
+    import petal.demo
+
+    run = tmp_path / "demo"
+    runs = iter([None, "{}"])  # while converting, then training before epoch 1
+
+    def interrupted(data, workdir, overrides=()):
+        run.mkdir(exist_ok=True)
+        if (config := next(runs)) is not None:
+            (run / "config.json").write_text(config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(petal.demo, "run_demo", interrupted)
+    for _ in range(2):
+        assert cli.main(["demo", "--data", str(tmp_path), "--workdir", str(run)]) == 130
+        assert capsys.readouterr().err.splitlines() == [
+            "petal demo: interrupted",
+            "petal demo: no epoch was saved; the same command starts the demo again",
+        ]

@@ -487,3 +487,73 @@ def test_demo_refuses_classes_before_converting(small_flowers, tmp_path, monkeyp
         "(links to their folders will do). Received: classes='daisy,roses'"
     )
     assert not (tmp_path / "demo").exists()
+
+
+def test_demo_errors_and_warnings_name_its_set_not_train_s_options(
+    small_flowers, tmp_path, monkeypatch
+):
+    """Train's messages named --strategy, --epochs, --image-size... which petal demo refuses."""
+    from petal import demo
+    from petal.errors import PetalError
+
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    quiet = {"log": lambda line: None}
+    with pytest.raises(PetalError, match=r"pass --set image_size=71 or more \(petal demo "
+                       r"converts its photos at that size\)\. Received: image_size=32$"):
+        demo.run_demo(photos, tmp_path / "x", overrides=("model=xception", "image_size=32"),
+                      **quiet)  # fmt: skip
+    assert not (tmp_path / "x" / "records").exists()  # refused before converting
+    with pytest.raises(PetalError, match=r"^petal demo trains the quick preset, whose fields "
+                       r"--set changes"):  # fmt: skip
+        demo.run_demo(photos, tmp_path / "x", overrides=("preset=codelab-dense",), **quiet)
+
+    def train(config, workdir, overwrite, log):
+        log("petal train: warning: precision mixed_float16 trains slower than float32 on a "
+            "CPU (...): use --precision auto or float32 unless you are checking numerics")
+        raise PetalError("The learning-rate warm-up is longer than the 1 epoch(s) to train: "
+                         "pass --epochs 3 or more, or pass --strategy cpu; `--weights none` "
+                         "on the command line (`petal models --image-size 32`)")
+
+    monkeypatch.setattr("petal.training.loop.train", train)
+    monkeypatch.setattr("petal.data.convert", _one_worker_convert)
+    lines = []
+    with pytest.raises(PetalError) as caught:
+        demo.run_demo(photos, tmp_path / "demo", overrides=("image_size=32",), log=lines.append)
+    assert str(caught.value) == (
+        "The learning-rate warm-up is longer than the 1 epoch(s) to train: pass --set epochs=3 "
+        "or more, or pass --set strategy=cpu; `--set weights=null` (`petal models --image-size "
+        "32`)"
+    )
+    assert "use --set precision=auto or float32 unless" in lines[-1]
+
+
+def _one_worker_convert(source, output, **kwargs):
+    from petal.data import writer
+
+    return writer.convert(source, output, **{**kwargs, "workers": 1, "progress": False})
+
+
+def test_demo_says_it_replaces_its_previous_run(small_flowers, tmp_path, demo_without_training):
+    _, run_demo = demo_without_training
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    workdir = tmp_path / "demo"
+    assert "replacing" not in run_demo(photos, workdir)
+    (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
+    assert (f"petal demo: replacing the previous demo run in {workdir} (its model, metrics, "
+            "eval and report)") in run_demo(photos, workdir)  # fmt: skip
+
+
+def test_demo_data_from_petal_data_says_so(tmp_path, monkeypatch, capsys):
+    missing, file = tmp_path / "nowhere", tmp_path / "photo.jpg"
+    file.write_bytes(b"x")
+    fix = "set PETAL_DATA to a folder of class sub-folders, or unset it, or pass --data.\n"
+    monkeypatch.setenv("PETAL_DATA", str(missing))
+    assert main(["demo", "--workdir", str(tmp_path / "demo")]) == 2
+    assert capsys.readouterr().err == (
+        f"petal demo: error: Demo data folder not found: {missing} (from $PETAL_DATA); {fix}"
+    )
+    monkeypatch.setenv("PETAL_DATA", str(file))
+    assert main(["demo", "--workdir", str(tmp_path / "demo")]) == 2
+    assert capsys.readouterr().err == (
+        f"petal demo: error: Demo data {file} (from $PETAL_DATA) is a file; {fix}"
+    )

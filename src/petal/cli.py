@@ -499,7 +499,10 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
 
     demo = command == "demo"
     if demo and not os.path.isfile(os.path.join(workdir, "config.json")):
-        return  # no run there yet: the demo was converting
+        # No run there yet: the demo was converting (its next run converts again).
+        print("petal demo: no epoch was saved; the same command starts the demo again",
+              file=sys.stderr)
+        return
     quoted = shlex.quote(workdir)
     rest = f"`petal evaluate {quoted}` and `petal report {quoted}`"  # what the demo had left
     if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
@@ -517,6 +520,9 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
             f"`petal train --resume --workdir {quoted}`{then}",
             file=sys.stderr,
         )
+    elif demo:
+        print("petal demo: no epoch was saved; the same command starts the demo again",
+              file=sys.stderr)
     elif command == "train" and not os.path.exists(os.path.join(workdir, "state.json")):
         print(
             "petal train: no epoch was saved; the same command starts the run again",

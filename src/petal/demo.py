@@ -112,16 +112,21 @@ def _copy_with_progress(response, f) -> None:
 
 def resolve_data(data: str | Path | None, log: Callable[[str], None] = print) -> Path:
     """``--data``, else ``$PETAL_DATA``, else the downloaded tf_flowers photos."""
-    if data is None and os.environ.get("PETAL_DATA"):
+    from_env = data is None and bool(os.environ.get("PETAL_DATA"))
+    if from_env:
         data = os.environ["PETAL_DATA"]
         log(f"petal demo: using $PETAL_DATA={data}")
     if data is None:
         return download_flowers(log)
     data = Path(data)
+    where, fix = f"{data}", "pass --data a folder of class sub-folders"
+    if from_env:
+        where = f"{data} (from $PETAL_DATA)"
+        fix = "set PETAL_DATA to a folder of class sub-folders, or unset it, or pass --data"
     if data.exists() and not data.is_dir():
-        raise PetalError(f"Demo data {data} is a file; pass --data a folder of class sub-folders.")
+        raise PetalError(f"Demo data {where} is a file; {fix}.")
     if not data.is_dir():
-        raise PetalError(f"Demo data folder not found: {data}. Pass a folder of class sub-folders.")
+        raise PetalError(f"Demo data folder not found: {where}; {fix}.")
     return data
 
 
@@ -144,6 +149,21 @@ def run_demo(
     Returns:
         ``{"metrics": ..., "evaluation": ..., "report": path}``.
     """
+    try:
+        return _run_demo(data, Path(workdir), preset, overrides, log)
+    except PetalError as err:
+        # Train's messages name its options, which petal demo lacks: the demo's --set instead.
+        err.args = (demo_options(str(err)),)
+        raise
+
+
+def _run_demo(
+    data: str | Path | None,
+    workdir: Path,
+    preset: str,
+    overrides: tuple[str, ...],
+    log: Callable[[str], None],
+) -> dict:
     from petal.data import convert
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.report import build_report
@@ -151,7 +171,6 @@ def run_demo(
     from petal.training.config import load_config, parse_overrides
     from petal.training.loop import train
 
-    workdir = Path(workdir)
     records = workdir / "records"
     # Settings and the work directory first: the photos may be a download.
     if "data" in (values := parse_overrides(overrides)):
@@ -167,9 +186,16 @@ def run_demo(
             "classes=... cannot choose among them. Pass --data a folder holding only those "
             f"classes (links to their folders will do). Received: classes={values['classes']!r}"
         )
+    if "preset" in values:
+        raise PetalError(
+            f"petal demo trains the {preset} preset, whose fields --set changes; it cannot "
+            "choose another (petal train --preset NAME trains one). Received: "
+            f"preset={values['preset']!r}"
+        )
     config = load_config(preset, overrides=overrides, data=str(records)).validate()
-    model_info(config.model)
     size = config.image_size or 192  # of the records it converts, and of evaluation
+    # Too small for the model: refused by train, after the photos were converted at that size.
+    model_info(config.model).image_hw(size, "image_size", config.model_options)
     _check_train_size(config, size)
     if workdir.exists() and not workdir.is_dir():
         raise PetalError(
@@ -225,11 +251,56 @@ def run_demo(
         _check_validation(manifest, source)  # before warnings that name convert's options
         for line in warnings:
             log(f"petal demo: {_demo_warning(line, manifest['val_fraction'])}")
-    metrics = train(config, workdir, overwrite=True, log=log)
+    if (workdir / "config.json").is_file():  # a demo's (_refuse_other_runs): said, not silent
+        log(
+            f"petal demo: replacing the previous demo run in {workdir} (its model, metrics, "
+            "eval and report)"
+        )
+    metrics = train(config, workdir, overwrite=True, log=lambda line: log(demo_options(line)))
     evaluation = evaluate(workdir, records, log=log)
     report = build_report(workdir)
     log(f"petal demo: report written to {report}")
     return {"metrics": metrics, "evaluation": evaluation, "report": str(report)}
+
+
+# Train's options that petal demo lacks, and the field each sets with the demo's --set.
+_TRAIN_OPTIONS = {
+    "strategy": "strategy",
+    "epochs": "epochs",
+    "image-size": "image_size",
+    "precision": "precision",
+    "batch-size": "batch_size",
+    "model": "model",
+    "weights": "weights",
+}
+# A petal command a message suggests (`petal models --image-size 71`): left as it is.
+_COMMAND = re.compile(r"(`petal [^`]*`|\(petal [^)]*\))")
+
+
+def demo_options(text: str) -> str:
+    """``text`` (a message of train's) with each of train's options it names given as the
+    ``--set key=value`` that petal demo takes: ``--epochs 3`` -> ``--set epochs=3``."""
+    # The demo converts its photos at image_size: no petal convert to run.
+    text = re.sub(
+        r"pass --image-size (\d+) or more \(image_size=\d+; smaller records are upscaled\), "
+        r"or convert the photos at that size or more \(petal convert SRC DST --image-size \d+\)",
+        r"pass --set image_size=\1 or more (petal demo converts its photos at that size)",
+        text,
+    )
+    text = text.replace("`--weights none` on the command line", "`--set weights=null`")
+    text = re.sub(r"--weights (none|PATH) \(weights=\w+\)", r"--weights \1", text)
+    text = text.replace("--weights none", "--set weights=null")
+    option = "|".join(map(re.escape, _TRAIN_OPTIONS))
+
+    def to_set(match: re.Match) -> str:
+        field, value = _TRAIN_OPTIONS[match[1]], match[2]
+        return f"--set {field}={value}" if value else f"--set {field}"
+
+    pattern = rf"--({option})\b(?: (?!or\b|out\b|and\b)([\w.]+))?"
+    return "".join(
+        part if _COMMAND.fullmatch(part) else re.sub(pattern, to_set, part)
+        for part in _COMMAND.split(text)
+    )
 
 
 def _check_train_size(config, size: int) -> None:
