@@ -752,7 +752,9 @@ def test_bench_train_speed_marks_a_run_cut_short_and_takes_the_true_median(
     assert result["complete"] is False and len(result["rows"]) == 1
     # Steps of 1 and 3 s: the median is 2 s (it said 3).
     clock = iter([0.0, 0.0, 10.0, 11.0, 20.0, 23.0])
-    fake = types.SimpleNamespace(perf_counter=lambda: next(clock), process_time=itertools.count().__next__)
+    fake = types.SimpleNamespace(
+        perf_counter=lambda: next(clock), process_time=itertools.count().__next__
+    )
     monkeypatch.setattr(script, "time", fake)  # the script's clock only
     assert measure("dense", "float32", "off", 8, 2, 0, 2)["step_ms_median"] == 2000.0
     monkeypatch.undo()

@@ -250,4 +250,5 @@ def test_weights_to_a_path_keras_counts_as_remote_are_saved_by_keras(tmp_path, m
     monkeypatch.undo()
     again = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     again.load_weights(tmp_path / "a.weights.h5")
-    assert all((a == b).all() for a, b in zip(model.get_weights(), again.get_weights(), strict=True))
+    pairs = zip(model.get_weights(), again.get_weights(), strict=True)
+    assert all((a == b).all() for a, b in pairs)

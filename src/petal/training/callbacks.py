@@ -51,18 +51,25 @@ def current_lr(optimizer) -> float:
         return float("nan")
 
 
+def _schedule_and_steps(optimizer):
+    """``(schedule, steps taken)`` of ``optimizer`` (a loss-scale wrapper's inner one);
+    ``schedule`` is None for a fixed rate."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = getattr(inner, "_learning_rate", None)
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        schedule = None
+    return schedule, int(keras.ops.convert_to_numpy(inner.iterations))
+
+
 def last_step_lr(optimizer) -> float:
     """The rate the optimizer's last step used (:func:`current_lr` gives the next step's).
 
     They differ for a schedule: after an epoch, the schedule at ``iterations`` is already
     the next epoch's first rate.
     """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's
-    schedule = getattr(inner, "_learning_rate", None)
-    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-        step = int(keras.ops.convert_to_numpy(inner.iterations)) - 1
-        if step >= 0:
-            return float(keras.ops.convert_to_numpy(schedule(step)))
+    schedule, steps = _schedule_and_steps(optimizer)
+    if schedule is not None and steps >= 1:
+        return float(keras.ops.convert_to_numpy(schedule(steps - 1)))
     return current_lr(optimizer)
 
 
@@ -75,14 +82,10 @@ def highest_lr(optimizer, first_step: int) -> tuple[float, float]:
     """
     import numpy as np
 
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # a loss-scale wrapper's
-    schedule = getattr(inner, "_learning_rate", None)
-    last = int(keras.ops.convert_to_numpy(inner.iterations)) - 1
-    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+    schedule, taken = _schedule_and_steps(optimizer)
+    if schedule is None or taken <= first_step:
         return math.nan, math.nan
-    if last < first_step:
-        return math.nan, math.nan
-    steps = np.arange(first_step, last + 1, dtype=np.int64)
+    steps = np.arange(first_step, taken, dtype=np.int64)
     try:
         rates = np.asarray(keras.ops.convert_to_numpy(schedule(steps)), dtype=np.float64)
     except Exception:  # a user's schedule written for one step at a time
@@ -153,8 +156,9 @@ class MetricsWriter(keras.callbacks.Callback):
 
     ``lr`` is the rate at the epoch's first step and ``lr_end`` at its last, ``lr_max`` a
     higher rate between them and ``lr_max_at`` where (0.5: halfway; empty when there is none,
-    as after a warm-up that ends on an epoch's boundary); the console line shows the first two when a per-step schedule changed the rate within the epoch (``lr
-    0.00e+00 -> 2.87e-03`` in a warm-up epoch). Images/s counts training images only: the
+    as after a warm-up that ends on an epoch's boundary); the console line shows the first
+    two when a per-step schedule changed the rate within the epoch (``lr 0.00e+00 ->
+    2.87e-03`` in a warm-up epoch). Images/s counts training images only: the
     clock runs from the start of the epoch to the start of validation, so the first epoch
     includes tracing and compilation.
 
@@ -195,8 +199,7 @@ class MetricsWriter(keras.callbacks.Callback):
         self._train_end = None
         # The rate at the epoch's first step (the codelab's per-epoch value).
         self._lr = current_lr(self.model.optimizer)
-        inner = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
-        self._first_step = int(keras.ops.convert_to_numpy(inner.iterations))
+        self._first_step = _schedule_and_steps(self.model.optimizer)[1]
 
     def on_test_begin(self, logs=None):
         # Validation inside fit(): stop the training clock here.
