@@ -498,10 +498,16 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
     from petal.training.loop import finished_epochs, saved_epoch
 
     demo = command == "demo"
+
+    def nothing_saved() -> None:
+        what = "demo" if demo else "run"
+        print(
+            f"petal {command}: no epoch was saved; the same command starts the {what} again",
+            file=sys.stderr,
+        )
+
     if demo and not os.path.isfile(os.path.join(workdir, "config.json")):
-        # No run there yet: the demo was converting (its next run converts again).
-        print("petal demo: no epoch was saved; the same command starts the demo again",
-              file=sys.stderr)
+        nothing_saved()  # no run there yet: the demo was converting (it converts again)
         return
     quoted = shlex.quote(workdir)
     rest = f"`petal evaluate {quoted}` and `petal report {quoted}`"  # what the demo had left
@@ -520,14 +526,8 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
             f"`petal train --resume --workdir {quoted}`{then}",
             file=sys.stderr,
         )
-    elif demo:
-        print("petal demo: no epoch was saved; the same command starts the demo again",
-              file=sys.stderr)
-    elif command == "train" and not os.path.exists(os.path.join(workdir, "state.json")):
-        print(
-            "petal train: no epoch was saved; the same command starts the run again",
-            file=sys.stderr,
-        )
+    elif demo or (command == "train" and not os.path.exists(os.path.join(workdir, "state.json"))):
+        nothing_saved()
 
 
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:

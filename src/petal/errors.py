@@ -35,12 +35,15 @@ def need_bool(value, name: str) -> bool:
     return bool(value)
 
 
-def need_folder(value, name: str, what: str) -> None:
+def need_folder(value, name: str, what: str, empty: bool = True) -> None:
     """Refuse a ``value`` that is not a path (str or os.PathLike): ``Path()`` met None or a
-    number with a bare TypeError. ``what`` says which folder is meant. An empty path is the
-    caller's to refuse, in its own words (``Path("")`` is the current folder)."""
+    number with a bare TypeError. ``what`` says which folder is meant. ``empty=False``: an
+    empty string is refused too (``Path("")`` is the current folder); callers that take
+    one refuse it in their own words, after other checks."""
     if not isinstance(value, str | os.PathLike):
         raise PetalError(f"{name} must be a folder path ({what}). Received: {name}={value!r}")
+    if not empty and str(value) == "":
+        raise PetalError(f"{name} is empty; pass {what}.")
 
 
 def cannot_write(path, folder: bool) -> str | None:

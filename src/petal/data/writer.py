@@ -1142,9 +1142,7 @@ def convert(
     started = time.perf_counter()
     for name, value, what in (("source", source, "a folder of class sub-folders"),
                               ("output", output, "the records folder to write")):
-        need_folder(value, name, what)
-        if str(value) == "":  # Path("") is the current folder
-            raise PetalError(f"{name} is empty; pass {what}.")
+        need_folder(value, name, what, empty=False)
         folders.refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
     source, output = str(source), str(output)
     if not folders.is_utf8(output):

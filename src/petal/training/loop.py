@@ -1375,9 +1375,7 @@ def _train(
             "train needs a TrainConfig (from get_preset(...), load_config(...) or "
             f"TrainConfig(...)). Received: config of type {type(config).__name__}"
         )
-    need_folder(workdir, "workdir", "the run folder to write or resume")
-    if str(workdir) == "":  # Path("") is the current folder
-        raise PetalError("workdir is empty; pass the run folder to write or resume.")
+    need_folder(workdir, "workdir", "the run folder to write or resume", empty=False)
     refuse_url(workdir, "workdir", "run folders")
     resume, overwrite = need_bool(resume, "resume"), need_bool(overwrite, "overwrite")
     cfg = config.validate()
