@@ -913,16 +913,21 @@ def _replicated_eval_batch(
     return per_replica * replicas
 
 
+def _multi_step_fails(strategy, replicas: int) -> bool:
+    """Whether Keras' loop of several steps per execution fails under ``strategy``: on
+    several replicas of a MirroredStrategy ("You must feed a value for placeholder tensor
+    ... multi_step_on_iterator"), as plain Keras does. (A TPU keeps it: the codelab's speed
+    depends on it.)"""
+    import tensorflow as tf
+
+    return replicas > 1 and isinstance(strategy, tf.distribute.MirroredStrategy)
+
+
 def _steps_per_execution(asked: int, steps: int, replicas: int, strategy=None) -> int:
     """The training steps per Keras execution: the largest divisor of the epoch's ``steps``
     up to the one ``asked`` (Keras runs whole executions: one that does not divide the epoch
-    ran extra steps, and the schedule ended early). 1 on several replicas of a
-    MirroredStrategy: there Keras' loop of several steps fails ("You must feed a value for
-    placeholder tensor ... multi_step_on_iterator"), as plain Keras does. (A TPU keeps it:
-    the codelab's speed depends on it.)"""
-    import tensorflow as tf
-
-    if replicas > 1 and isinstance(strategy, tf.distribute.MirroredStrategy):
+    ran extra steps, and the schedule ended early); 1 where :func:`_multi_step_fails`."""
+    if _multi_step_fails(strategy, replicas):
         return 1
     return max(d for d in range(1, min(asked, steps) + 1) if steps % d == 0)
 
@@ -1636,9 +1641,7 @@ def _train(
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
-    if cfg.steps_per_execution > 1 == _steps_per_execution(
-        cfg.steps_per_execution, cfg.steps_per_execution, replicas, strategy
-    ):  # on several replicas of a MirroredStrategy
+    if cfg.steps_per_execution > 1 and _multi_step_fails(strategy, replicas):
         log(
             f"petal train: steps_per_execution {cfg.steps_per_execution} -> 1: Keras' loop of "
             f"several steps per execution fails on {replicas} replicas (\"You must feed a value "
