@@ -533,3 +533,21 @@ def test_ctrl_c_in_the_demo_before_an_epoch_says_to_run_it_again(monkeypatch, ca
             "petal demo: interrupted",
             "petal demo: no epoch was saved; the same command starts the demo again",
         ]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["convert", "--help"]])
+def test_help_and_version_say_when_they_could_not_be_written(argv):
+    # argparse dropped the failed write and exited 0: `petal --version > /dev/full` said
+    # nothing and "succeeded".
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "petal", *argv], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (2, (
+        "petal: error: No space left on the device writing the standard output: send it "
+        "elsewhere, or free space on its disk.\n"))
+    done = subprocess.run([sys.executable, "-m", "petal", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("petal 0" if argv == ["--version"] else "usage: petal")

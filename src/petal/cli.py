@@ -859,7 +859,7 @@ def refuse_urls(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="petal",
         description="Folder of photos -> sharded TFRecords -> trained image classifier.",
     )
@@ -1100,6 +1100,34 @@ _KEPT = {
 }
 
 
+def _unwritten(err: OSError) -> int:
+    """The exit code of ``--help`` or ``--version`` whose text could not be written to stdout
+    (``err``): 2 with one line, or quietly 141 when the reader of a pipe went away."""
+    if isinstance(err, BrokenPipeError) and _stdout_gone():
+        _stdout_nowhere()
+        return 128 + signal.SIGPIPE
+    text = f"{err.strerror or err} writing the standard output: send it elsewhere."
+    if disk_full(err) and _stdout_full():
+        text = (
+            "No space left on the device writing the standard output: send it elsewhere, "
+            "or free space on its disk."
+        )
+    _stdout_nowhere()
+    print(f"petal: error: {text}", file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a failed write of ``--help`` or ``--version`` to stdout raises
+    (argparse drops it, then exits 0)."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if message and file is sys.stdout:
+            file.write(message)
+        else:
+            super()._print_message(message, file)
+
+
 def _stdout_full() -> bool:
     """Whether stdout is ``/dev/full`` or a file on a full disk; then it is pointed
     nowhere (:func:`_stdout_nowhere`)."""
@@ -1138,9 +1166,22 @@ def _stdout_gone() -> bool:
 
 def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
     parser = build_parser()
-    args = _parse(parser, argv)
+    try:
+        args = _parse(parser, argv)
+        # --help, --version: argparse exits 0 after writing, then a failed write went unsaid
+    except OSError as err:
+        return _unwritten(err)
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise
+        try:
+            sys.stdout.flush()
+        except OSError as err:
+            return _unwritten(err)
+        return 0
     if not getattr(args, "_run", None):
-        parser.print_help()
+        with contextlib.suppress(OSError):  # exit 2 either way
+            parser.print_help()
         return 2
     previous = signal.getsignal(signal.SIGTERM)
     previous_hook = sys.unraisablehook
