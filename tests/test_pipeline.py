@@ -1184,3 +1184,52 @@ def test_resize_fill_computes_only_the_window_it_keeps(tmp_path):
                          timeout=120, check=True)
     shape, grown_mb = out.stdout.split(") ")
     assert shape == "(96, 96, 3" and int(grown_mb) < 300, out.stdout
+
+
+def test_skip_corrupt_training_too_short_for_a_batch_stops_rather_than_hangs(tmp_path):
+    # A pass that skip_corrupt leaves with less than one batch yielded nothing, and the next
+    # pass too, for ever. Run in a process of its own: a regression times out, not hangs.
+    from conftest import break_image, corrupt_record, run_script, write_test_records
+
+    one = write_test_records(tmp_path / "one", counts={"train": [12], "validation": [2]})
+    corrupt_record(one / "train-00000-of-00001-12.tfrec", 3)  # 3 records readable
+    none = write_test_records(tmp_path / "none", counts={"train": [12], "validation": [2]})
+    corrupt_record(none / "train-00000-of-00001-12.tfrec", 0)
+    bad = write_test_records(tmp_path / "bad", counts={"train": [6], "validation": [2]}, fmt="jpeg")
+    for record in range(4):
+        break_image(bad / "train-00000-of-00001-6.tfrec", record)
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import tensorflow as tf
+        from petal.data.pipeline import train_dataset
+        from petal.data.reader import input_error
+
+        def first(data, **kw):
+            ds = train_dataset(data, batch_size=4, skip_corrupt=True, cache="off", **kw)
+            try:
+                next(iter(ds))
+            except tf.errors.InvalidArgumentError as err:
+                return str(input_error(err, data, "train"))
+            return "no error"
+
+        print(first({str(one)!r}, seed=1))
+        print(first({str(none)!r}, seed=1))
+        print(first({str(none)!r}, deterministic=False))
+        print(first({str(bad)!r}, seed=1))
+        print(first({str(one)!r}, seed=1, start_step=2))  # resumed: no pass is checked twice
+    """))
+    done = run_script(script, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    fix = ("fewer than one batch of 4: skip_corrupt dropped the rest (after a corrupt record, "
+           "the rest of its shard), and training drops incomplete batches, so it would yield "
+           "nothing. Use a smaller batch size (--batch-size), or restore the data it skipped "
+           "or convert the photos again.")  # fmt: skip
+    assert lines[0] == (
+        f"Split 'train' of {one}: a pass over it read 3 of the 12 images of an input pipeline, "
+        f"{fix} Cut short: {one}/train-00000-of-00001-12.tfrec."
+    )
+    assert lines[1].startswith(f"Split 'train' of {none}: a pass over it read 0 of the 12 ")
+    assert lines[2] == lines[1]
+    assert lines[3].startswith(f"Split 'train' of {bad}: a pass over it read 2 of the 6 ")
+    assert lines[4] == lines[0]

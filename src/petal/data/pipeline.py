@@ -245,7 +245,7 @@ def train_dataset(
     first_pass, skip = divmod(int(start_step), count // per_replica)
     if deterministic and not src.remote:
         # 1-4. Pass after pass, each one's order a function of the seed and the pass.
-        ds = _passes(src, split, first_pass=first_pass, skip=skip, **stages)
+        ds = _passes(src, split, first_pass=first_pass, skip=skip, count=count, **stages)
     else:
         if start_step:
             # Another order than the first passes': a resumed run does not replay them.
@@ -651,9 +651,15 @@ def _endless(
         ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = _ignore_decode_errors(ds, skip_corrupt, src)
     # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
-    return ds.batch(
+    ds = ds.batch(
         per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=deterministic
     )
+    if skip_corrupt:
+        # repeat() ends only after a pass that read nothing: say so, rather than end the
+        # training early with Keras' warning.
+        head, tail = _short_pass_message(src, split, per_replica, count)
+        ds = ds.concatenate(_failing(ds.element_spec, tf.strings.join([head, "0", tail])))
+    return ds
 
 
 def _shuffled_passes(ds: tf.data.Dataset, count: int, seed: int) -> tf.data.Dataset:
@@ -672,7 +678,7 @@ def _shuffled_passes(ds: tf.data.Dataset, count: int, seed: int) -> tf.data.Data
 
 def _passes(
     src, split, *, first_pass, skip, seed, input_context, skip_corrupt, cache_to, decode,
-    group_decode, shuffle_buffer, per_replica,
+    group_decode, shuffle_buffer, per_replica, count,
 ):
     """Batches of ``(uint8 images, class ids)``, pass after pass over the data from pass
     ``first_pass``, ``skip`` batches into it: the same batches wherever a run starts.
@@ -714,17 +720,90 @@ def _passes(
             ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=True)
             ds = _ignore_decode_errors(ds, skip_corrupt, src)
         # 4. Batch with drop_remainder: static shapes (TPUs need them); encoded records
-        #    are decoded a batch per map call below (see _endless).
+        #    are decoded a batch per map call below (see _endless). Skipping corrupt
+        #    records, the last, partial batch is kept for _short_pass_guard.
         if group_decode is not None:
             return ds.batch(per_replica, drop_remainder=True)
-        return ds.batch(
-            per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=True
+        ds = ds.batch(
+            per_replica,
+            drop_remainder=not skip_corrupt,
+            num_parallel_calls=AUTOTUNE,
+            deterministic=True,
         )
+        if skip_corrupt:
+            ds = _end_of_pass(ds, checked=tf.logical_or(index != first_pass, skip == 0))
+        return ds
 
     ds = tf.data.Dataset.counter(first_pass).flat_map(_graph(one_pass))
+    if skip_corrupt:
+        ds = _short_pass_guard(ds, src, split, per_replica, count)
     if group_decode is not None:
         ds = ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=True)
     return ds
+
+
+# Starts the message of a pass that skip_corrupt left with less than one batch (see
+# reader.short_pass_error).
+SHORT_PASS = reader.SHORT_PASS
+
+
+def _end_of_pass(batches: tf.data.Dataset, checked) -> tf.data.Dataset:
+    """``(checked, batch)`` of each batch of one pass, then an empty batch: the pass's end
+    (a batch is never empty). ``checked``: whether a pass this short is an error (not the
+    rest of a pass a resumed run started inside)."""
+    spec = tf.nest.flatten(batches.element_spec)
+    empty = [tf.zeros([0, *(d or 0 for d in s.shape[1:])], s.dtype) for s in spec]
+    end = tf.data.Dataset.from_tensors((checked, tuple(empty)))
+    return batches.map(_graph(lambda *b: (checked, tuple(tf.nest.flatten(b))))).concatenate(end)
+
+
+def _short_pass_message(src: Source, split, per_replica: int, count: int) -> tuple[str, str]:
+    """The error of a pass that read too few images for a batch, as the text before the
+    number it read and the text after it."""
+    head = f"{SHORT_PASS}Split {split!r} of {src.path}: a pass over it read "
+    tail = (
+        f" of the {count} images of an input pipeline, fewer than one batch of {per_replica}: "
+        "skip_corrupt dropped the rest (after a corrupt record, the rest of its shard), and "
+        "training drops incomplete batches, so it would yield nothing. Use a smaller batch "
+        "size (--batch-size), or restore the data it skipped or convert the photos again."
+    )
+    return head, tail
+
+
+def _failing(spec, message) -> tf.data.Dataset:
+    """One element of ``spec`` (a batch of static shape) that stops the pipeline with
+    ``message`` instead."""
+
+    def fail(_):
+        with tf.control_dependencies([tf.debugging.Assert(False, [message], summarize=1)]):
+            return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+
+    return tf.data.Dataset.from_tensors(tf.constant(0)).map(_graph(fail))
+
+
+def _short_pass_guard(ds, src: Source, split, per_replica: int, count: int) -> tf.data.Dataset:
+    """The full batches of :func:`_end_of_pass`'s passes; stops with an error at the end of
+    a pass that held less than one batch. Corrupt records that ``skip_corrupt`` drops can
+    leave a pass too few to batch: without this, pass after pass would yield nothing, for
+    ever (the run hung). The check counts what was read, so it needs no scan up front."""
+    head, tail = _short_pass_message(src, split, per_replica, count)
+
+    def scan(read, element):
+        checked, batch = element
+        n = tf.cast(tf.shape(batch[0])[0], tf.int64)
+        end = tf.equal(n, 0)
+        ok = tf.logical_or(tf.logical_not(tf.logical_and(end, checked)), read >= per_replica)
+        message = tf.strings.join([head, tf.strings.as_string(read), tail])
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message], summarize=1)]):
+            full = tf.equal(n, per_replica)
+        return tf.where(end, tf.constant(0, tf.int64), read + n), (full, batch)
+
+    def batch_of(full, batch):
+        # Static shapes again (TPUs need them): the batches left are full.
+        return tuple(tf.ensure_shape(t, [per_replica, *t.shape[1:]]) for t in batch)
+
+    ds = ds.scan(tf.constant(0, tf.int64), _graph(scan))
+    return ds.filter(_graph(lambda full, batch: full)).map(_graph(batch_of))
 
 
 def _ordered_reader(src, split, input_context, skip_corrupt):

@@ -1030,6 +1030,9 @@ def _plus_one(n, _):
 
 # Opens the message of the pipeline's check of every label (see class_range_message).
 CLASS_RANGE = "petal: class index out of range: "
+# Starts the message of a training pass that skip_corrupt left with less than one batch
+# (petal.data.pipeline._short_pass_guard).
+SHORT_PASS = "petal: short pass: "
 
 
 def class_range_message(src: Source) -> tuple[str, str]:
@@ -1056,16 +1059,36 @@ def class_range_message(src: Source) -> tuple[str, str]:
 def class_range_error(err) -> PetalError | None:
     """The one-line error of the pipeline's label check (:func:`class_range_message`)
     that stopped a run, else None."""
+    line = _asserted(err, CLASS_RANGE)
+    return None if line is None else PetalError(line)
+
+
+def short_pass_error(err, data) -> PetalError | None:
+    """The one-line error of the pipeline's check that a training pass over ``data`` read
+    at least one batch (:data:`SHORT_PASS`), naming the shards skip_corrupt cut short;
+    else None."""
+    line = _asserted(err, SHORT_PASS)
+    if line is None:
+        return None
+    root = str(data).rstrip("/") + "/"
+    shards = sorted({shard for shard, _ in SKIPPED.shards if shard.startswith(root)})
+    if shards:
+        line = f"{line} Cut short: {folders.some_names(shards)}."
+    return PetalError(line)
+
+
+def _asserted(err, prefix: str) -> str | None:
+    """The text after ``prefix`` of a pipeline assertion's message in ``err``, else None."""
     text = getattr(err, "message", None) or str(err)
-    start = text.find(CLASS_RANGE)
+    start = text.find(prefix)
     if start < 0:
         return None
     # Up to the end of the message: "...]" closes the assertion's data, whose text
     # TensorFlow escaped as C does (a quote as \', a non-ASCII byte as octal).
-    line = text[start + len(CLASS_RANGE) :].splitlines()[0]
+    line = text[start + len(prefix) :].splitlines()[0]
     line = line[: line.rindex("]")] if "]" in line else line
     raw = codecs.escape_decode(line.encode("utf-8", "backslashreplace"))[0]
-    return PetalError(raw.decode("utf-8", "replace"))
+    return raw.decode("utf-8", "replace")
 
 
 def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalError:
@@ -1150,6 +1173,8 @@ def input_error(
     import tensorflow as tf
 
     if (error := class_range_error(err)) is not None:
+        return error
+    if (error := short_pass_error(err, data)) is not None:
         return error
     if store_mark is not None:
         from petal.data.remote import store_error
