@@ -215,3 +215,16 @@ def test_a_training_size_without_crop_names_the_image_size_and_the_fix():
         augment.build("flip+mixup", size=(48, 48))
     # The fix it names works.
     assert augment.build("codelab+crop", size=(48, 48)) is not None
+
+
+@pytest.mark.parametrize("spec", ["mixup", "cutmix", "flip+mixup"])
+def test_a_mixing_augment_refuses_class_ids_and_names_the_fix(spec, batch):
+    # Augment skipped the op's rank check: class ids [4] came back as labels of shape [4, 4].
+    with pytest.raises(PetalError, match=(
+        r"mixes labels and needs one-hot labels \[batch, classes\]: pass "
+        r"tf\.one_hot\(labels, num_classes\) \(train_dataset: label_mode='one_hot'\)\. "
+        r"Received: labels of shape \(4,\)$"
+    )):
+        augment.build(spec)(batch, tf.constant([0, 1, 2, 3]), SEED)
+    images, labels = augment.build(spec)(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
+    assert labels.shape == (4, 4)

@@ -362,15 +362,22 @@ class MixOp:
 
     def __call__(self, images, labels, seed):
         images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
-        if labels.shape.rank != 2:
-            raise PetalError(
-                f"{self.name} mixes labels and needs one-hot labels [batch, classes]. "
-                f"Received: labels of shape {labels.shape}"
-            )
+        _check_mix(self.name, images, labels)
         return self.apply(images, labels, self.draw(tf.shape(images)[0], seed))
 
     def __repr__(self):
         return f"MixOp({self.name})"
+
+
+def _check_mix(name: str, images: tf.Tensor, labels: tf.Tensor) -> None:
+    """Refuse labels that are not one-hot rows, one per image: class ids ``[B]`` broadcast
+    into labels of shape ``[B, B]``."""
+    if labels.shape.rank not in (None, 2):
+        raise PetalError(
+            f"{name} mixes labels and needs one-hot labels [batch, classes]: pass "
+            f"tf.one_hot(labels, num_classes) (train_dataset: label_mode='one_hot'). "
+            f"Received: labels of shape {labels.shape}"
+        )
 
 
 def _alpha(name: str, alpha) -> float:
@@ -502,6 +509,9 @@ class Augment:
         return images, labels
 
     def __call__(self, images, labels, seed):
+        if self.mix_ops:
+            images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
+            _check_mix(self.mix_ops[0].name, images, labels)
         params = self.draw(tf.shape(images)[0], seed)
         images = _float(self.apply_images(images, params))
         return self.apply_mix(images, labels, params)
