@@ -228,3 +228,16 @@ def test_a_mixing_augment_refuses_class_ids_and_names_the_fix(spec, batch):
         augment.build(spec)(batch, tf.constant([0, 1, 2, 3]), SEED)
     images, labels = augment.build(spec)(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
     assert labels.shape == (4, 4)
+
+
+@pytest.mark.parametrize("spec", ["mixup", "cutmix"])
+def test_mixing_refuses_labels_of_another_batch_size(spec, batch):
+    # 4 images with 3 labels failed in a raw "Incompatible shapes: [4,1] vs. [3,3]".
+    message = (
+        r"needs one label row per image: pass images and labels of the same batch\. "
+        r"Received: images of shape \(4, 12, 10, 3\), labels of shape \(3, 4\)$"
+    )
+    labels = tf.one_hot([0, 1, 2], 4)
+    for fn in (augment.build(spec), augment.BATCH_OPS[spec]()):
+        with pytest.raises(PetalError, match=rf"^{spec} {message}"):
+            fn(batch, labels, SEED)

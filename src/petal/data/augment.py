@@ -371,12 +371,18 @@ class MixOp:
 
 def _check_mix(name: str, images: tf.Tensor, labels: tf.Tensor) -> None:
     """Refuse labels that are not one-hot rows, one per image: class ids ``[B]`` broadcast
-    into labels of shape ``[B, B]``."""
+    into labels of shape ``[B, B]``, and other batch sizes failed in a raw TF error."""
     if labels.shape.rank not in (None, 2):
         raise PetalError(
             f"{name} mixes labels and needs one-hot labels [batch, classes]: pass "
             f"tf.one_hot(labels, num_classes) (train_dataset: label_mode='one_hot'). "
             f"Received: labels of shape {labels.shape}"
+        )
+    n_images, n_labels = images.shape[0], labels.shape[0]
+    if n_images is not None and n_labels is not None and n_images != n_labels:
+        raise PetalError(
+            f"{name} needs one label row per image: pass images and labels of the same "
+            f"batch. Received: images of shape {images.shape}, labels of shape {labels.shape}"
         )
 
 
