@@ -241,3 +241,39 @@ def test_mixing_refuses_labels_of_another_batch_size(spec, batch):
     for fn in (augment.build(spec), augment.BATCH_OPS[spec]()):
         with pytest.raises(PetalError, match=rf"^{spec} {message}"):
             fn(batch, labels, SEED)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: augment.random_resized_crop(size=(0, 4)), r"^crop size must be \(height, "
+                                                          r"width\), two ints >= 1, or None "
+                                                          r"\(the input's size\)\. "
+                                                          r"Received: \(0, 4\)$"),
+        (lambda: augment.random_resized_crop(size=4), r"^crop size must be .*Received: 4$"),
+        (lambda: augment.random_resized_crop(size=(4.5, 4)), r"^crop size must be \(height, "),
+        (lambda: augment.build("crop", size=(6, True)), r"^crop size must be \(height, "),
+        (lambda: augment.color_jitter(contrast_range=1.0),
+         r"^color_jitter contrast_range needs 0 <= lower <= upper \(and finite\)\. "
+         r"Received: 1\.0$"),
+        (lambda: augment.color_jitter(contrast_range=(1, 2, 3)),
+         r"^color_jitter contrast_range needs 0 <= lower <= upper"),
+        (lambda: augment.color_jitter(brightness_delta=2),
+         r"^color_jitter brightness_delta must be in \[0, 1\]\. Received: 2$"),
+        (lambda: augment.color_jitter(hue_delta=-0.1),
+         r"^color_jitter hue_delta must be in \[0, 0\.5\]\. Received: -0\.1$"),
+    ],
+)
+def test_crop_size_and_color_jitter_arguments_are_checked_at_build(make, message):
+    # A crop side of 0 failed in CropAndResize at the first batch; an int size and
+    # contrast_range=1.0 failed in bare TypeErrors.
+    with pytest.raises(PetalError, match=message):
+        make()
+
+
+def test_crop_size_and_color_jitter_take_numpy_values_and_no_hue(batch):
+    crop = augment.random_resized_crop(size=[np.int64(6), 5])
+    assert crop(batch, SEED).shape == (4, 6, 5, 3)
+    for hue_delta in (0, None):
+        assert len(augment.color_jitter(hue_delta=hue_delta).ops) == 2
+    assert augment.color_jitter(contrast_range=[1, 1])(batch, SEED).shape == batch.shape
