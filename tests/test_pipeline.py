@@ -1184,3 +1184,16 @@ def test_resize_fill_computes_only_the_window_it_keeps(tmp_path):
                          timeout=120, check=True)
     shape, grown_mb = out.stdout.split(") ")
     assert shape == "(96, 96, 3" and int(grown_mb) < 300, out.stdout
+
+
+def test_train_takes_a_numpy_seed_as_the_int(records):
+    # np.int64(1) was refused as "seed must be a non-negative int", as batch_size was not.
+    def first(seed):
+        ds = train_dataset(str(records), batch_size=4, seed=seed, cache=None)
+        return [t.numpy() for t in next(iter(ds))]
+
+    for got, want in zip(first(np.int64(1)), first(1), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for bad in (np.int64(-1), True, 1.0):
+        with pytest.raises(PetalError, match=r"^seed must be a non-negative int or None"):
+            train_dataset(str(records), batch_size=4, seed=bad)
