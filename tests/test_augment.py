@@ -215,3 +215,65 @@ def test_a_training_size_without_crop_names_the_image_size_and_the_fix():
         augment.build("flip+mixup", size=(48, 48))
     # The fix it names works.
     assert augment.build("codelab+crop", size=(48, 48)) is not None
+
+
+@pytest.mark.parametrize("spec", ["mixup", "cutmix", "flip+mixup"])
+def test_a_mixing_augment_refuses_class_ids_and_names_the_fix(spec, batch):
+    # Augment skipped the op's rank check: class ids [4] came back as labels of shape [4, 4].
+    with pytest.raises(PetalError, match=(
+        r"mixes labels and needs one-hot labels \[batch, classes\]: pass "
+        r"tf\.one_hot\(labels, num_classes\) \(train_dataset: label_mode='one_hot'\)\. "
+        r"Received: labels of shape \(4,\)$"
+    )):
+        augment.build(spec)(batch, tf.constant([0, 1, 2, 3]), SEED)
+    images, labels = augment.build(spec)(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
+    assert labels.shape == (4, 4)
+
+
+@pytest.mark.parametrize("spec", ["mixup", "cutmix"])
+def test_mixing_refuses_labels_of_another_batch_size(spec, batch):
+    # 4 images with 3 labels failed in a raw "Incompatible shapes: [4,1] vs. [3,3]".
+    message = (
+        r"needs one label row per image: pass images and labels of the same batch\. "
+        r"Received: images of shape \(4, 12, 10, 3\), labels of shape \(3, 4\)$"
+    )
+    labels = tf.one_hot([0, 1, 2], 4)
+    for fn in (augment.build(spec), augment.BATCH_OPS[spec]()):
+        with pytest.raises(PetalError, match=rf"^{spec} {message}"):
+            fn(batch, labels, SEED)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: augment.random_resized_crop(size=(0, 4)), r"^crop size must be \(height, "
+                                                          r"width\), two ints >= 1, or None "
+                                                          r"\(the input's size\)\. "
+                                                          r"Received: \(0, 4\)$"),
+        (lambda: augment.random_resized_crop(size=4), r"^crop size must be .*Received: 4$"),
+        (lambda: augment.random_resized_crop(size=(4.5, 4)), r"^crop size must be \(height, "),
+        (lambda: augment.build("crop", size=(6, True)), r"^crop size must be \(height, "),
+        (lambda: augment.color_jitter(contrast_range=1.0),
+         r"^color_jitter contrast_range needs 0 <= lower <= upper \(and finite\)\. "
+         r"Received: 1\.0$"),
+        (lambda: augment.color_jitter(contrast_range=(1, 2, 3)),
+         r"^color_jitter contrast_range needs 0 <= lower <= upper"),
+        (lambda: augment.color_jitter(brightness_delta=2),
+         r"^color_jitter brightness_delta must be in \[0, 1\]\. Received: 2$"),
+        (lambda: augment.color_jitter(hue_delta=-0.1),
+         r"^color_jitter hue_delta must be in \[0, 0\.5\]\. Received: -0\.1$"),
+    ],
+)
+def test_crop_size_and_color_jitter_arguments_are_checked_at_build(make, message):
+    # A crop side of 0 failed in CropAndResize at the first batch; an int size and
+    # contrast_range=1.0 failed in bare TypeErrors.
+    with pytest.raises(PetalError, match=message):
+        make()
+
+
+def test_crop_size_and_color_jitter_take_numpy_values_and_no_hue(batch):
+    crop = augment.random_resized_crop(size=[np.int64(6), 5])
+    assert crop(batch, SEED).shape == (4, 6, 5, 3)
+    for hue_delta in (0, None):
+        assert len(augment.color_jitter(hue_delta=hue_delta).ops) == 2
+    assert augment.color_jitter(contrast_range=[1, 1])(batch, SEED).shape == batch.shape

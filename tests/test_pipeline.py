@@ -1233,3 +1233,16 @@ def test_skip_corrupt_training_too_short_for_a_batch_stops_rather_than_hangs(tmp
     assert lines[2] == lines[1]
     assert lines[3].startswith(f"Split 'train' of {bad}: a pass over it read 2 of the 6 ")
     assert lines[4] == lines[0]
+
+
+def test_train_takes_a_numpy_seed_as_the_int(records):
+    # np.int64(1) was refused as "seed must be a non-negative int", as batch_size was not.
+    def first(seed):
+        ds = train_dataset(str(records), batch_size=4, seed=seed, cache=None)
+        return [t.numpy() for t in next(iter(ds))]
+
+    for got, want in zip(first(np.int64(1)), first(1), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for bad in (np.int64(-1), True, 1.0):
+        with pytest.raises(PetalError, match=r"^seed must be a non-negative int or None"):
+            train_dataset(str(records), batch_size=4, seed=bad)

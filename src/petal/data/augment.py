@@ -82,6 +82,24 @@ def _range(what: str, pair, lo: float, hi: float = math.inf, open_lo: bool = Fal
     return float(lower), float(upper)
 
 
+def _size(what: str, size) -> tuple[int, int] | None:
+    """``size``: None, or (height, width) of ints >= 1, else a PetalError naming ``what``."""
+    if size is None:
+        return None
+    try:
+        height, width = size
+        ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in size)
+    except (TypeError, ValueError):
+        ok = False
+    # A side of 0 failed in CropAndResize at the first batch, an int in a bare TypeError.
+    if not (ok and height >= 1 and width >= 1):
+        raise PetalError(
+            f"{what} must be (height, width), two ints >= 1, or None (the input's size). "
+            f"Received: {size!r}"
+        )
+    return int(height), int(width)
+
+
 def _col(v) -> tf.Tensor:
     """``[B] -> [B, 1, 1, 1]`` for per-image values broadcast over pixels."""
     return tf.reshape(v, [-1, 1, 1, 1])
@@ -198,7 +216,12 @@ def hue(max_delta: float = 0.05) -> ImageOp:
 
 
 def color_jitter(brightness_delta=0.2, contrast_range=(0.8, 1.2), hue_delta=0.05) -> ImageOp:
-    """Brightness, contrast and hue, each with its own draw."""
+    """Brightness, contrast and hue, each with its own draw (``hue_delta`` 0 or None: no hue)."""
+    # Checked here to name these arguments: contrast_range=1.0 failed in a bare TypeError.
+    brightness_delta = _number("color_jitter brightness_delta", brightness_delta, 0.0, 1.0)
+    contrast_range = _range("color_jitter contrast_range", contrast_range, 0.0)
+    if hue_delta is not None:
+        hue_delta = _number("color_jitter hue_delta", hue_delta, 0.0, 0.5)
     ops = [brightness(brightness_delta), contrast(*contrast_range)]
     if hue_delta:
         ops.append(hue(hue_delta))
@@ -217,6 +240,7 @@ def random_resized_crop(
     """
     scale = _range("crop scale", scale, 0.0, 1.0, open_lo=True)
     ratio = _range("crop ratio", ratio, 0.0, open_lo=True)
+    size = _size("crop size", size)
 
     def draw(n, seed):
         s_area, s_ratio, s_x, s_y = tf.unstack(_seeds(seed, 4))
@@ -362,15 +386,28 @@ class MixOp:
 
     def __call__(self, images, labels, seed):
         images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
-        if labels.shape.rank != 2:
-            raise PetalError(
-                f"{self.name} mixes labels and needs one-hot labels [batch, classes]. "
-                f"Received: labels of shape {labels.shape}"
-            )
+        _check_mix(self.name, images, labels)
         return self.apply(images, labels, self.draw(tf.shape(images)[0], seed))
 
     def __repr__(self):
         return f"MixOp({self.name})"
+
+
+def _check_mix(name: str, images: tf.Tensor, labels: tf.Tensor) -> None:
+    """Refuse labels that are not one-hot rows, one per image: class ids ``[B]`` broadcast
+    into labels of shape ``[B, B]``, and other batch sizes failed in a raw TF error."""
+    if labels.shape.rank not in (None, 2):
+        raise PetalError(
+            f"{name} mixes labels and needs one-hot labels [batch, classes]: pass "
+            f"tf.one_hot(labels, num_classes) (train_dataset: label_mode='one_hot'). "
+            f"Received: labels of shape {labels.shape}"
+        )
+    n_images, n_labels = images.shape[0], labels.shape[0]
+    if n_images is not None and n_labels is not None and n_images != n_labels:
+        raise PetalError(
+            f"{name} needs one label row per image: pass images and labels of the same "
+            f"batch. Received: images of shape {images.shape}, labels of shape {labels.shape}"
+        )
 
 
 def _alpha(name: str, alpha) -> float:
@@ -502,6 +539,9 @@ class Augment:
         return images, labels
 
     def __call__(self, images, labels, seed):
+        if self.mix_ops:
+            images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
+            _check_mix(self.mix_ops[0].name, images, labels)
         params = self.draw(tf.shape(images)[0], seed)
         images = _float(self.apply_images(images, params))
         return self.apply_mix(images, labels, params)
@@ -590,12 +630,12 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
     for part in parts:
         if part in PRESETS:
             image_ops.extend(
-                random_resized_crop(size=tuple(size)) if p == "crop" and size else IMAGE_OPS[p]()
+                random_resized_crop(size=size) if p == "crop" and size else IMAGE_OPS[p]()
                 for p in PRESETS[part].split("+")
                 if p
             )
         elif part == "crop" and size is not None:
-            image_ops.append(random_resized_crop(size=tuple(size)))
+            image_ops.append(random_resized_crop(size=size))
         elif part in IMAGE_OPS:
             image_ops.append(IMAGE_OPS[part]())
         elif part in BATCH_OPS:

@@ -1327,6 +1327,7 @@ class _Seed:
 def _resolve_seed(seed, input_context) -> _Seed:
     if seed is None:
         return _Seed(secrets.randbelow(2**31 - 1024), False)
+    seed = _plain_int(seed)  # np.int64(1) as 1, as batch_size is taken
     if not is_int_at_least(seed, 0):
         raise PetalError(f"seed must be a non-negative int or None. Received: seed={seed!r}")
     value = int(seed) % (2**31 - 1024)
