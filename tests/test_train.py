@@ -315,8 +315,9 @@ def test_a_warm_up_longer_than_the_run_names_the_fix(small_records, tmp_path):
     """squeezenet-plus warms up for 3 epochs: a 2-epoch try of it is told what to change."""
     cfg = get_preset("squeezenet-plus").replace(data=str(small_records), epochs=2)
     with pytest.raises(PetalError, match=r"^The learning-rate warm-up \(schedule_options."
-                       r"warmup_epochs=3\) is longer than the 2 epoch\(s\) to train: pass "
-                       r"--epochs 3 or more, or a shorter warm-up \(--set schedule_options"):
+                       r"warmup_epochs=3; warmup_cosine decays after it\) does not fit in the 2 "
+                       r"epoch\(s\) to train: pass --epochs 4 or more, or a shorter warm-up "
+                       r"\(--set schedule_options"):
         train(cfg, tmp_path / "run", **QUIET)
     assert not (tmp_path / "run").exists()
 
@@ -939,8 +940,9 @@ def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
 
     train(cfg(0.4, steps_per_epoch=10), tmp_path / "run", **QUIET)  # 4 steps, then end_lr
     assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == 0.0
-    refused = re.escape("warmup_epochs must not exceed total_epochs, which must be positive. "
-                        "Received: warmup_epochs=0, total_epochs=0.1")
+    refused = re.escape("warmup_epochs must be shorter than total_epochs (the cosine decay "
+                        "follows it), which must be positive. Received: warmup_epochs=0, "
+                        "total_epochs=0.1")
     for given in (2, None):  # 0.2 steps; 13 images in batches of 10: 0.1 steps
         with pytest.raises(PetalError, match=refused):
             train(cfg(0.1, steps_per_epoch=given), tmp_path / f"short-{given}", **QUIET)
