@@ -1088,3 +1088,32 @@ def test_too_few_images_for_a_pods_batch_names_pod_batch_size(make_records, tmp_
         train(cfg, tmp_path / "run", log=lambda line: None)
     assert "fewer than one global batch of 48" in str(err.value)
     assert str(err.value).endswith("Received: pod_batch_size=48 per replica x 1 replica(s)")
+
+
+def test_the_log_says_where_cache_auto_keeps_the_training_images(small_records, tmp_path,
+                                                                 monkeypatch):
+    """cache='auto' chose RAM or a file on local disk without a word in the log: a run that
+    spilled to disk (slower epochs) did not say so, nor why."""
+    import petal.models
+
+    def stop(*args, **kwargs):
+        raise PetalError("stopped after the start lines")
+
+    monkeypatch.setattr(petal.models, "create_model", stop)
+    cfg = tiny_config(small_records, model="dense", cache="auto")
+    for memory, where in ((10**12, r"in RAM \(0\.0 GB decoded, within 40% of the 1000\.0 GB "
+                                   r"of memory available\)$"),
+                          (1, r"on local disk in .*petal-cache \(0\.0 GB decoded, over 40% of "
+                              r"the 0\.0 GB of memory available; --set cache=off decodes")):
+        monkeypatch.setattr("petal.data.pipeline._available_memory", lambda m=memory: m)
+        lines = []
+        with pytest.raises(PetalError, match="stopped after the start lines"):
+            train(cfg, tmp_path / "run", log=lines.append)
+        said = [line for line in lines if "cache=auto" in line]
+        assert len(said) == 1 and re.search(
+            "^petal train: cache=auto: the decoded training images are cached " + where, said[0]
+        ), lines
+    lines = []
+    with pytest.raises(PetalError, match="stopped after"):
+        train(cfg.replace(cache=True), tmp_path / "run", log=lines.append)
+    assert not [line for line in lines if "cache" in line]

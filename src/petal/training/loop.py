@@ -1352,6 +1352,7 @@ def _train(
     from petal.data import augment as augment_lib
     from petal.data.pipeline import (
         NoRoomToCache,
+        auto_cache_choice,
         distributed_dataset,
         eval_dataset,
         open_source,
@@ -1646,6 +1647,10 @@ def _train(
             "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    if isinstance(cfg.cache, str) and cfg.cache.lower() == "auto":
+        # What auto chose, and why: RAM, or local disk when the decoded images do not fit.
+        where = auto_cache_choice(source, "train", image_size)
+        log(f"petal train: cache=auto: the decoded training images are cached {where}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
     if cfg.steps_per_execution > 1 and _multi_step_fails(strategy, replicas):
