@@ -1772,3 +1772,43 @@ def test_the_exported_decoder_reads_a_long_exif_orientation():
         data = plain[:2] + app1 + plain[2:]
         assert images.decode_rgb(data)[0].shape == (16, 8, 3)  # PIL turns it upright
         assert int(exif_orientation(tf.constant(data))) == 6, (order, kind)
+
+
+def test_the_exported_decoder_reads_the_orientation_of_every_tiff_type_as_pil_does():
+    """The SavedModel read an orientation as a SHORT, or a LONG: stored as another type
+    (SBYTE, SSHORT, SLONG, RATIONAL, FLOAT, DOUBLE, ...), or with a count whose values lie
+    outside the entry, it served the photo sideways (or, for a BYTE 6 in "II" data, turned
+    one that PIL and predict leave as it is)."""
+    import io
+    import struct
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data import images
+    from petal.evaluation.export import exif_orientation
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 16, 3), np.uint8)).save(buffer, "JPEG")
+    plain = buffer.getvalue()
+    orientation = tf.function(exif_orientation)
+    # TIFF type: its struct format and the values stored (the first is PIL's orientation).
+    cases = {1: ("B", [6]), 3: ("H", [6, 0, 0]), 5: ("I", [12, 2]), 6: ("b", [6]),
+             7: ("B", [6]), 8: ("h", [6]), 9: ("i", [6]), 10: ("i", [6, 1, 0, 1]),
+             11: ("f", [6.0]), 12: ("d", [6.0]), 13: ("I", [6]), 16: ("Q", [6])}
+    for order in "<>":
+        for kind, (fmt, values) in cases.items():
+            value = struct.pack(order + fmt * len(values), *values)
+            count = len(values) // (2 if kind in (5, 10) else 1)
+            tiff = (b"MM\0\x2a" if order == ">" else b"II\x2a\0") + struct.pack(order + "IH", 8, 1)
+            if len(value) > 4:  # after the directory, at the offset the entry holds
+                value, extra = struct.pack(order + "I", 26), value
+            else:
+                value, extra = value.ljust(4, b"\0"), b""
+            tiff += struct.pack(order + "HHI", 0x0112, kind, count) + value + bytes(4) + extra
+            app1 = b"\xff\xe1" + struct.pack(">H", 8 + len(tiff)) + b"Exif\0\0" + tiff
+            data = plain[:2] + app1 + plain[2:]
+            turned = images.decode_rgb(data)[0].shape == (16, 8, 3)  # as predict
+            assert turned == (kind not in (1, 7)), (order, kind)  # BYTE, UNDEFINED: bytes
+            assert int(orientation(tf.constant(data))) == (6 if turned else 1), (order, kind)

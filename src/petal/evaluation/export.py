@@ -105,6 +105,10 @@ def _lerp_weights(in_size, out_size, start, count: int):
 _EXIF_MAX_SEGMENTS = 1024
 _EXIF_MAX_ENTRIES = 64
 _ORIENTATION_TAG = 0x0112
+# Bytes of one value of each TIFF type (1 BYTE .. 13 IFD, 16 LONG8; 0, 14 and 15 are none),
+# and which of exif_orientation's candidate readings gives PIL's value of that type.
+_TIFF_TYPE_SIZES = (0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8, 4, 0, 0, 8)
+_TIFF_TYPE_READS = (0, 0, 0, 1, 2, 4, 3, 0, 1, 2, 4, 5, 6, 2, 0, 0, 7)
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -174,10 +178,43 @@ def exif_orientation(data):
     ifd = u32(4)
     count = u16(ifd)
     entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
+    # PIL takes the first value of any count: in the entry when they fit in its 4 bytes,
+    # else at the offset it holds. Its BYTE (1), ASCII (2) and UNDEFINED (7) values are bytes
+    # or text, never an orientation.
+    kind = u16(entry + 2)
+    kind, values = tf.where((kind >= 0) & (kind <= 16), kind, 0), u32(entry + 4)
+    size = tf.gather(_TIFF_TYPE_SIZES, kind)
+    outside = (size > 0) & (values > 4 // tf.maximum(size, 1))
+    at = tf.where(outside, u32(entry + 8), entry + 8)
+    first, second = u32(at), u32(at + 4)
+    # A RATIONAL or SRATIONAL (numerator, denominator), a FLOAT or a DOUBLE (its bits; 1.0 to
+    # 8.0 have a zero low word) is an orientation when its value is a whole number; a LONG8
+    # when its high word is zero.
+    ratio = tf.where((first >= 0) & (second > 0), first // tf.maximum(second, 1), -1)
+    ratio = tf.where(ratio * second == first, ratio, -1)
+    high, low = tf.where(little, second, first), tf.where(little, first, second)
+    double = tf.bitcast(tf.cast(high, tf.int64) * 2**32, tf.float64)
+    double = tf.where((high >= 0) & (low == 0), tf.cast(double, tf.float32), -1.0)
+
+    def whole(x):
+        return tf.where((x >= 1.0) & (x <= 8.0) & (x == tf.round(x)), tf.cast(x, tf.int32), -1)
+
+    candidates = tf.stack(
+        [
+            tf.fill(tf.shape(entry), -1),  # BYTE, ASCII, UNDEFINED or no TIFF type
+            u16(at),  # SHORT, SSHORT (a negative one reads above 8)
+            first,  # LONG, SLONG, IFD (-1 when negative)
+            byte(at),  # SBYTE
+            ratio,  # RATIONAL, SRATIONAL
+            whole(tf.bitcast(first, tf.float32)),  # FLOAT
+            whole(double),  # DOUBLE
+            tf.where(high == 0, low, -1),  # LONG8
+        ],
+        axis=1,
+    )
+    value = tf.gather(candidates, tf.gather(_TIFF_TYPE_READS, kind), batch_dims=1)
     found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
-    # The value as its type stores it: a LONG (4) in 4 bytes (its high half first in "MM"
-    # data), a SHORT (3) in the first 2.
-    value = tf.where(u16(entry + 2) == 4, u32(entry + 8), u16(entry + 8))
+    found &= values >= 1
     value = tf.reduce_max(tf.where(found, value, 0))
     valid = (tiff >= 0) & (ifd >= 8) & (value >= 1) & (value <= 8)
     return tf.where(valid, value, 1)
