@@ -1812,3 +1812,103 @@ def test_the_exported_decoder_reads_the_orientation_of_every_tiff_type_as_pil_do
             turned = images.decode_rgb(data)[0].shape == (16, 8, 3)  # as predict
             assert turned == (kind not in (1, 7)), (order, kind)  # BYTE, UNDEFINED: bytes
             assert int(orientation(tf.constant(data))) == (6 if turned else 1), (order, kind)
+
+
+def _header_bombs():
+    """Small images of each format whose header states 30000x20000 pixels (600 million, over
+    predict's limit; a WebP 10000x16000), as decompression bombs do: ``{format: bytes}``."""
+    import io
+    import struct
+    import zlib
+
+    import numpy as np
+    from PIL import Image
+
+    def saved(fmt, **options):
+        buffer = io.BytesIO()
+        Image.fromarray(np.zeros((4, 6, 3), np.uint8)).save(buffer, fmt, **options)
+        return bytearray(buffer.getvalue())
+
+    h, w = 30000, 20000
+    png = saved("PNG")
+    png[16:24] = struct.pack(">II", w, h)
+    png[29:33] = struct.pack(">I", zlib.crc32(png[12:29]))
+    jpeg = saved("JPEG")
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5 : sof + 9] = struct.pack(">HH", h, w)
+    gif = saved("GIF")
+    gif[6:10] = struct.pack("<HH", w, h)
+    bmp = saved("BMP")
+    bmp[18:26] = struct.pack("<ii", w, -h)  # rows stored top-down
+    webp = saved("WEBP", lossless=True)
+    assert webp[12:16] == b"VP8L"
+    # Sides of 14 bits: 10000x16000 (160 million).
+    webp[21:25] = struct.pack("<I", (webp[24] >> 4 << 28) | (10000 - 1) << 14 | (16000 - 1))
+    return {"png": png, "jpeg": jpeg, "gif": gif, "bmp": bmp, "webp": webp}
+
+
+def test_the_exported_decoder_refuses_images_over_predicts_pixel_limit():
+    """The SavedModel decoded whatever size a header stated (a 30000x30000 PNG of 110 KB took
+    GBs), where predict and convert refuse images over their pixel limit. It reads the size
+    from the header now and refuses, naming it and the limit, before decoding."""
+    import io
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data.images import DEFAULT_MAX_PIXELS
+    from petal.evaluation.export import decode_like_predict, header_size
+
+    decode = tf.function(decode_like_predict)
+    for fmt, data in _header_bombs().items():
+        want = (10000, 16000) if fmt == "webp" else (30000, 20000)
+        assert tuple(int(x) for x in header_size(tf.constant(bytes(data)))) == want, fmt
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            decode(tf.constant(bytes(data)))
+        assert (f"the image has too many pixels (HxW {want[0]}x{want[1]} = "
+                f"{want[0] * want[1]} > {DEFAULT_MAX_PIXELS}, the pixel limit of petal predict: "
+                "a guard against decompression bombs); send a smaller image"
+                ) in caught.value.message, fmt
+    # An image of as many pixels as the limit is decoded; one over it is not.
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 6, 3), 200, np.uint8)).save(buffer, "PNG")
+    data = tf.constant(buffer.getvalue())
+    assert decode_like_predict(data, max_pixels=24).shape == (4, 6, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"HxW 4x6 = 24 > 23,"):
+        decode_like_predict(data, max_pixels=23)
+
+
+def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
+    """The SavedModel converted the decoded photo to float32 before resizing it (4 bytes a
+    channel: a 12-megapixel photo took 144 MB more); now only the resize's output is float,
+    with the same pixels (test_evaluate_on_a_folder_sees_the_pixels_predict_sees)."""
+    import io
+    from types import SimpleNamespace
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.evaluation.export import make_preprocess
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((300, 400, 3), np.uint8)).save(buffer, "PNG")
+    for mode in ("fill", "pad", "stretch", "none"):
+        run = SimpleNamespace(records_size=(24, 32), image_size=(16, 16), fit_mode=mode,
+                              normalization="unit")
+        graph = tf.Graph()
+        with graph.as_default():
+            data = tf.compat.v1.placeholder(tf.string, [])
+            out = make_preprocess(run)(data)
+        stats = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(out, {data: buffer.getvalue()},
+                        options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=stats)
+        largest = max(
+            out.tensor_description.allocation_description.requested_bytes
+            for device in stats.step_stats.dev_stats
+            for node in device.node_stats
+            for out in node.output
+        )
+        assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo

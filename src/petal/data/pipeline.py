@@ -509,7 +509,9 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     # window: resizing the whole cover size first made a 1x40000 strip a 192x7680000 image.
     scale = tf.stack([tf.cast(new_h, tf.float32) / h, tf.cast(new_w, tf.float32) / w])
     cropped = tf.raw_ops.ScaleAndTranslate(
-        images=tf.cast(image, tf.float32)[None],
+        # uint8 as it comes: the kernel computes in float32 alike, and the whole photo
+        # is never held 4 bytes a channel (the SavedModel's input may be a large one).
+        images=image[None],
         size=tf.constant([th, tw], tf.int32),
         scale=scale,
         translation=-tf.cast(tf.stack([top, left]), tf.float32),
