@@ -1772,3 +1772,143 @@ def test_the_exported_decoder_reads_a_long_exif_orientation():
         data = plain[:2] + app1 + plain[2:]
         assert images.decode_rgb(data)[0].shape == (16, 8, 3)  # PIL turns it upright
         assert int(exif_orientation(tf.constant(data))) == 6, (order, kind)
+
+
+def test_the_exported_decoder_reads_the_orientation_of_every_tiff_type_as_pil_does():
+    """The SavedModel read an orientation as a SHORT, or a LONG: stored as another type
+    (SBYTE, SSHORT, SLONG, RATIONAL, FLOAT, DOUBLE, ...), or with a count whose values lie
+    outside the entry, it served the photo sideways (or, for a BYTE 6 in "II" data, turned
+    one that PIL and predict leave as it is)."""
+    import io
+    import struct
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data import images
+    from petal.evaluation.export import exif_orientation
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 16, 3), np.uint8)).save(buffer, "JPEG")
+    plain = buffer.getvalue()
+    orientation = tf.function(exif_orientation)
+    # TIFF type: its struct format and the values stored (the first is PIL's orientation).
+    cases = {1: ("B", [6]), 3: ("H", [6, 0, 0]), 5: ("I", [12, 2]), 6: ("b", [6]),
+             7: ("B", [6]), 8: ("h", [6]), 9: ("i", [6]), 10: ("i", [6, 1, 0, 1]),
+             11: ("f", [6.0]), 12: ("d", [6.0]), 13: ("I", [6]), 16: ("Q", [6])}
+    for order in "<>":
+        for kind, (fmt, values) in cases.items():
+            value = struct.pack(order + fmt * len(values), *values)
+            count = len(values) // (2 if kind in (5, 10) else 1)
+            tiff = (b"MM\0\x2a" if order == ">" else b"II\x2a\0") + struct.pack(order + "IH", 8, 1)
+            if len(value) > 4:  # after the directory, at the offset the entry holds
+                value, extra = struct.pack(order + "I", 26), value
+            else:
+                value, extra = value.ljust(4, b"\0"), b""
+            tiff += struct.pack(order + "HHI", 0x0112, kind, count) + value + bytes(4) + extra
+            app1 = b"\xff\xe1" + struct.pack(">H", 8 + len(tiff)) + b"Exif\0\0" + tiff
+            data = plain[:2] + app1 + plain[2:]
+            turned = images.decode_rgb(data)[0].shape == (16, 8, 3)  # as predict
+            assert turned == (kind not in (1, 7)), (order, kind)  # BYTE, UNDEFINED: bytes
+            assert int(orientation(tf.constant(data))) == (6 if turned else 1), (order, kind)
+
+
+def _header_bombs():
+    """Small images of each format whose header states 30000x20000 pixels (600 million, over
+    predict's limit; a WebP 10000x16000), as decompression bombs do: ``{format: bytes}``."""
+    import io
+    import struct
+    import zlib
+
+    import numpy as np
+    from PIL import Image
+
+    def saved(fmt, **options):
+        buffer = io.BytesIO()
+        Image.fromarray(np.zeros((4, 6, 3), np.uint8)).save(buffer, fmt, **options)
+        return bytearray(buffer.getvalue())
+
+    h, w = 30000, 20000
+    png = saved("PNG")
+    png[16:24] = struct.pack(">II", w, h)
+    png[29:33] = struct.pack(">I", zlib.crc32(png[12:29]))
+    jpeg = saved("JPEG")
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5 : sof + 9] = struct.pack(">HH", h, w)
+    gif = saved("GIF")
+    gif[6:10] = struct.pack("<HH", w, h)
+    bmp = saved("BMP")
+    bmp[18:26] = struct.pack("<ii", w, -h)  # rows stored top-down
+    webp = saved("WEBP", lossless=True)
+    assert webp[12:16] == b"VP8L"
+    # Sides of 14 bits: 10000x16000 (160 million).
+    webp[21:25] = struct.pack("<I", (webp[24] >> 4 << 28) | (10000 - 1) << 14 | (16000 - 1))
+    return {"png": png, "jpeg": jpeg, "gif": gif, "bmp": bmp, "webp": webp}
+
+
+def test_the_exported_decoder_refuses_images_over_predicts_pixel_limit():
+    """The SavedModel decoded whatever size a header stated (a 30000x30000 PNG of 110 KB took
+    GBs), where predict and convert refuse images over their pixel limit. It reads the size
+    from the header now and refuses, naming it and the limit, before decoding."""
+    import io
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data.images import DEFAULT_MAX_PIXELS
+    from petal.evaluation.export import decode_like_predict, header_size
+
+    decode = tf.function(decode_like_predict)
+    for fmt, data in _header_bombs().items():
+        want = (10000, 16000) if fmt == "webp" else (30000, 20000)
+        assert tuple(int(x) for x in header_size(tf.constant(bytes(data)))) == want, fmt
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            decode(tf.constant(bytes(data)))
+        assert (f"the image has too many pixels (HxW {want[0]}x{want[1]} = "
+                f"{want[0] * want[1]} > {DEFAULT_MAX_PIXELS}, the pixel limit of petal predict: "
+                "a guard against decompression bombs); send a smaller image"
+                ) in caught.value.message, fmt
+    # An image of as many pixels as the limit is decoded; one over it is not.
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 6, 3), 200, np.uint8)).save(buffer, "PNG")
+    data = tf.constant(buffer.getvalue())
+    assert decode_like_predict(data, max_pixels=24).shape == (4, 6, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"HxW 4x6 = 24 > 23,"):
+        decode_like_predict(data, max_pixels=23)
+
+
+def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
+    """The SavedModel converted the decoded photo to float32 before resizing it (4 bytes a
+    channel: a 12-megapixel photo took 144 MB more); now only the resize's output is float,
+    with the same pixels (test_evaluate_on_a_folder_sees_the_pixels_predict_sees)."""
+    import io
+    from types import SimpleNamespace
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.evaluation.export import make_preprocess
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((300, 400, 3), np.uint8)).save(buffer, "PNG")
+    for mode in ("fill", "pad", "stretch", "none"):
+        run = SimpleNamespace(records_size=(24, 32), image_size=(16, 16), fit_mode=mode,
+                              normalization="unit")
+        graph = tf.Graph()
+        with graph.as_default():
+            data = tf.compat.v1.placeholder(tf.string, [])
+            out = make_preprocess(run)(data)
+        stats = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(out, {data: buffer.getvalue()},
+                        options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=stats)
+        largest = max(
+            out.tensor_description.allocation_description.requested_bytes
+            for device in stats.step_stats.dev_stats
+            for node in device.node_stats
+            for out in node.output
+        )
+        assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo

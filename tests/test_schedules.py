@@ -468,3 +468,24 @@ def test_the_full_phase_of_head_then_all_scales_every_rate_of_its_schedule():
     for bad, match in cases:
         with pytest.raises(PetalError, match=match):
             rates(bad)
+
+
+def test_a_cosine_warm_up_as_long_as_the_run_is_refused(tmp_path):
+    """warmup_cosine accepted a warm-up as long as the run (or its total_epochs): the rate
+    rose to the peak at the last step and never decayed, while the log stated a cosine."""
+    from petal.training.config import get_preset
+    from petal.training.loop import train
+
+    with pytest.raises(PetalError, match=r"^warmup_epochs must be shorter than total_epochs"):
+        warmup_cosine(10, peak_lr=1e-3, total_epochs=2, warmup_epochs=2)
+    warmup_cosine(10, peak_lr=1e-3, total_epochs=2, warmup_epochs=1.9)
+    base = get_preset("squeezenet-plus").replace(
+        data=str(tmp_path / "no-records-here"), epochs=3, steps_per_epoch=1
+    )  # warms up for 3 epochs
+    with pytest.raises(PetalError, match=r"^The learning-rate warm-up \(schedule_options\."
+                       r"warmup_epochs=3; warmup_cosine decays after it\) does not fit in the 3 "
+                       r"epoch\(s\) to train: pass --epochs 4 or more, or a shorter warm-up"):
+        train(base, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(PetalError, match="no-records-here"):
+        train(base.replace(epochs=4), tmp_path / "run")

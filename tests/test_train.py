@@ -315,8 +315,9 @@ def test_a_warm_up_longer_than_the_run_names_the_fix(small_records, tmp_path):
     """squeezenet-plus warms up for 3 epochs: a 2-epoch try of it is told what to change."""
     cfg = get_preset("squeezenet-plus").replace(data=str(small_records), epochs=2)
     with pytest.raises(PetalError, match=r"^The learning-rate warm-up \(schedule_options."
-                       r"warmup_epochs=3\) is longer than the 2 epoch\(s\) to train: pass "
-                       r"--epochs 3 or more, or a shorter warm-up \(--set schedule_options"):
+                       r"warmup_epochs=3; warmup_cosine decays after it\) does not fit in the 2 "
+                       r"epoch\(s\) to train: pass --epochs 4 or more, or a shorter warm-up "
+                       r"\(--set schedule_options"):
         train(cfg, tmp_path / "run", **QUIET)
     assert not (tmp_path / "run").exists()
 
@@ -939,8 +940,9 @@ def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
 
     train(cfg(0.4, steps_per_epoch=10), tmp_path / "run", **QUIET)  # 4 steps, then end_lr
     assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == 0.0
-    refused = re.escape("warmup_epochs must not exceed total_epochs, which must be positive. "
-                        "Received: warmup_epochs=0, total_epochs=0.1")
+    refused = re.escape("warmup_epochs must be shorter than total_epochs (the cosine decay "
+                        "follows it), which must be positive. Received: warmup_epochs=0, "
+                        "total_epochs=0.1")
     for given in (2, None):  # 0.2 steps; 13 images in batches of 10: 0.1 steps
         with pytest.raises(PetalError, match=refused):
             train(cfg(0.1, steps_per_epoch=given), tmp_path / f"short-{given}", **QUIET)
@@ -1086,3 +1088,32 @@ def test_too_few_images_for_a_pods_batch_names_pod_batch_size(make_records, tmp_
         train(cfg, tmp_path / "run", log=lambda line: None)
     assert "fewer than one global batch of 48" in str(err.value)
     assert str(err.value).endswith("Received: pod_batch_size=48 per replica x 1 replica(s)")
+
+
+def test_the_log_says_where_cache_auto_keeps_the_training_images(small_records, tmp_path,
+                                                                 monkeypatch):
+    """cache='auto' chose RAM or a file on local disk without a word in the log: a run that
+    spilled to disk (slower epochs) did not say so, nor why."""
+    import petal.models
+
+    def stop(*args, **kwargs):
+        raise PetalError("stopped after the start lines")
+
+    monkeypatch.setattr(petal.models, "create_model", stop)
+    cfg = tiny_config(small_records, model="dense", cache="auto")
+    for memory, where in ((10**12, r"in RAM \(0\.0 GB decoded, within 40% of the 1000\.0 GB "
+                                   r"of memory available\)$"),
+                          (1, r"on local disk in .*petal-cache \(0\.0 GB decoded, over 40% of "
+                              r"the 0\.0 GB of memory available; --set cache=off decodes")):
+        monkeypatch.setattr("petal.data.pipeline._available_memory", lambda m=memory: m)
+        lines = []
+        with pytest.raises(PetalError, match="stopped after the start lines"):
+            train(cfg, tmp_path / "run", log=lines.append)
+        said = [line for line in lines if "cache=auto" in line]
+        assert len(said) == 1 and re.search(
+            "^petal train: cache=auto: the decoded training images are cached " + where, said[0]
+        ), lines
+    lines = []
+    with pytest.raises(PetalError, match="stopped after"):
+        train(cfg.replace(cache=True), tmp_path / "run", log=lines.append)
+    assert not [line for line in lines if "cache" in line]

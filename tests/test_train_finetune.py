@@ -225,14 +225,16 @@ def test_head_then_all_is_refused_before_writing_when_it_cannot_run(
         head_epochs=1, schedule_options={"warmup_epochs": 2},
     )  # fmt: skip
     cases = [
-        (base, r"^The learning-rate warm-up \(schedule_options\.warmup_epochs=2\) is longer "
-               r"than the head-only phase's 1 epoch \(head_epochs=1; each phase of "
-               r"fine_tune='head_then_all' warms up anew\): pass --set head_epochs=2 or more, "
-               r"or a shorter warm-up"),
-        (base.replace(epochs=3), r"pass --set head_epochs=2 and --epochs 4 or more"),
-        (base.replace(head_epochs=2, epochs=3),
-         r"longer than the 1 epoch after the head-only phase \(epochs 3 - head_epochs 2; each "
-         r"phase of fine_tune='head_then_all' warms up anew\): pass --epochs 4 or more"),
+        # A phase as long as the warm-up would never decay: one more epoch.
+        (base, r"^The learning-rate warm-up \(schedule_options\.warmup_epochs=2; warmup_cosine "
+               r"decays after it\) does not fit in the head-only phase's 1 epoch "
+               r"\(head_epochs=1; each phase of fine_tune='head_then_all' warms up anew\): pass "
+               r"--set head_epochs=3 and --epochs 6 or more, or a shorter warm-up"),
+        (base.replace(head_epochs=2, epochs=6), r"head-only phase's 2 epochs .* pass --set "
+         r"head_epochs=3 or more"),
+        (base.replace(head_epochs=3, epochs=4),
+         r"does not fit in the 1 epoch after the head-only phase \(epochs 4 - head_epochs 3; "
+         r"each phase of fine_tune='head_then_all' warms up anew\): pass --epochs 6 or more"),
         (base.replace(model="squeezenet", schedule_options={}),
          r"^fine_tune='head_then_all' trains a new head on a frozen pretrained backbone, which "
          r"'squeezenet' does not have \(models with one: .*mobilenet_v2.*\); use "

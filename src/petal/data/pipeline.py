@@ -509,7 +509,9 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     # window: resizing the whole cover size first made a 1x40000 strip a 192x7680000 image.
     scale = tf.stack([tf.cast(new_h, tf.float32) / h, tf.cast(new_w, tf.float32) / w])
     cropped = tf.raw_ops.ScaleAndTranslate(
-        images=tf.cast(image, tf.float32)[None],
+        # uint8 as it comes: the kernel computes in float32 alike, and the whole photo
+        # is never held 4 bytes a channel (the SavedModel's input may be a large one).
+        images=image[None],
         size=tf.constant([th, tw], tf.int32),
         scale=scale,
         translation=-tf.cast(tf.stack([top, left]), tf.float32),
@@ -1545,6 +1547,32 @@ class NoRoomToCache(PetalError):
         )
 
 
+def _cache_bytes(src: Source, split, size, input_context=None) -> int:
+    """The bytes of ``split``'s decoded images at ``size`` that one input pipeline caches."""
+    needed = src.count(split) * size[0] * size[1] * 3
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        needed //= input_context.num_input_pipelines
+    return needed
+
+
+def _temporary_cache_folder() -> str:
+    return os.path.join(tempfile.gettempdir(), "petal-cache")
+
+
+def auto_cache_choice(src: Source, split, size) -> str:
+    """Where ``cache="auto"`` keeps ``split``'s decoded images at ``size`` and why, for a log
+    line: in RAM when they take at most ``RAM_CACHE_FRACTION`` of the memory available now,
+    else in a temporary file on local disk (the rule :func:`train_dataset` follows)."""
+    needed, available = _cache_bytes(src, split, size), _available_memory()
+    share = f"{RAM_CACHE_FRACTION:.0%} of the {available / 1e9:.1f} GB of memory available"
+    if needed <= RAM_CACHE_FRACTION * available:
+        return f"in RAM ({needed / 1e9:.1f} GB decoded, within {share})"
+    return (
+        f"on local disk in {_temporary_cache_folder()} ({needed / 1e9:.1f} GB decoded, over "
+        f"{share}; --set cache=off decodes them again each epoch instead)"
+    )
+
+
 def _resolve_cache(
     cache, src: Source, split, size, input_context, how: str = "", skip_corrupt: bool = False
 ) -> str | None:
@@ -1556,16 +1584,14 @@ def _resolve_cache(
         return None
     if cache in (True, "ram", "memory"):
         return ""
-    needed = src.count(split) * size[0] * size[1] * 3
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        needed //= input_context.num_input_pipelines
+    needed = _cache_bytes(src, split, size, input_context)
     if cache == "auto":
         if needed <= RAM_CACHE_FRACTION * _available_memory():
             return ""
         cache = "disk"
     temporary = cache == "disk"
     if temporary:
-        folder = os.path.join(tempfile.gettempdir(), "petal-cache")
+        folder = _temporary_cache_folder()
         # A fresh name per dataset: two runs never share (or half-read) one cache file.
         key = f"{_cache_key(src, split, size, input_context, how)}-{secrets.token_hex(4)}"
     elif isinstance(cache, str | os.PathLike):

@@ -12,7 +12,8 @@ stored sideways with an orientation tag, are classified upright. A second signat
 converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
 transparency in GIF and BMP (dropped, where predict composites it on white) and EXIF tags in
 formats other than JPEG. WebP transparency is composited on white as predict does; an
-animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow's decoder.
+animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow's decoder, and
+so is an image whose header states more pixels than ``petal predict``'s default limit.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from petal.data.folders import first_missing, refuse_url, remove_created
+from petal.data.images import DEFAULT_MAX_PIXELS
 from petal.errors import PetalError, first_line, need_bool, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
@@ -41,7 +43,8 @@ EXPORT_DIR = "export"
 
 
 def _fit_tf(image, size: tuple[int, int], mode: str):
-    """Resize one float image to ``size`` with the converter's resize mode."""
+    """Resize one image (uint8 or float) to ``size`` with the converter's resize mode, to
+    float32."""
     import tensorflow as tf
 
     th, tw = size
@@ -105,6 +108,10 @@ def _lerp_weights(in_size, out_size, start, count: int):
 _EXIF_MAX_SEGMENTS = 1024
 _EXIF_MAX_ENTRIES = 64
 _ORIENTATION_TAG = 0x0112
+# Bytes of one value of each TIFF type (1 BYTE .. 13 IFD, 16 LONG8; 0, 14 and 15 are none),
+# and which of exif_orientation's candidate readings gives PIL's value of that type.
+_TIFF_TYPE_SIZES = (0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8, 4, 0, 0, 8)
+_TIFF_TYPE_READS = (0, 0, 0, 1, 2, 4, 3, 0, 1, 2, 4, 5, 6, 2, 0, 0, 7)
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -174,10 +181,43 @@ def exif_orientation(data):
     ifd = u32(4)
     count = u16(ifd)
     entry = ifd + 2 + 12 * tf.range(_EXIF_MAX_ENTRIES)
+    # PIL takes the first value of any count: in the entry when they fit in its 4 bytes,
+    # else at the offset it holds. Its BYTE (1), ASCII (2) and UNDEFINED (7) values are bytes
+    # or text, never an orientation.
+    kind = u16(entry + 2)
+    kind, values = tf.where((kind >= 0) & (kind <= 16), kind, 0), u32(entry + 4)
+    size = tf.gather(_TIFF_TYPE_SIZES, kind)
+    outside = (size > 0) & (values > 4 // tf.maximum(size, 1))
+    at = tf.where(outside, u32(entry + 8), entry + 8)
+    first, second = u32(at), u32(at + 4)
+    # A RATIONAL or SRATIONAL (numerator, denominator), a FLOAT or a DOUBLE (its bits; 1.0 to
+    # 8.0 have a zero low word) is an orientation when its value is a whole number; a LONG8
+    # when its high word is zero.
+    ratio = tf.where((first >= 0) & (second > 0), first // tf.maximum(second, 1), -1)
+    ratio = tf.where(ratio * second == first, ratio, -1)
+    high, low = tf.where(little, second, first), tf.where(little, first, second)
+    double = tf.bitcast(tf.cast(high, tf.int64) * 2**32, tf.float64)
+    double = tf.where((high >= 0) & (low == 0), tf.cast(double, tf.float32), -1.0)
+
+    def whole(x):
+        return tf.where((x >= 1.0) & (x <= 8.0) & (x == tf.round(x)), tf.cast(x, tf.int32), -1)
+
+    candidates = tf.stack(
+        [
+            tf.fill(tf.shape(entry), -1),  # BYTE, ASCII, UNDEFINED or no TIFF type
+            u16(at),  # SHORT, SSHORT (a negative one reads above 8)
+            first,  # LONG, SLONG, IFD (-1 when negative)
+            byte(at),  # SBYTE
+            ratio,  # RATIONAL, SRATIONAL
+            whole(tf.bitcast(first, tf.float32)),  # FLOAT
+            whole(double),  # DOUBLE
+            tf.where(high == 0, low, -1),  # LONG8
+        ],
+        axis=1,
+    )
+    value = tf.gather(candidates, tf.gather(_TIFF_TYPE_READS, kind), batch_dims=1)
     found = (tf.range(_EXIF_MAX_ENTRIES) < count) & (u16(entry) == _ORIENTATION_TAG)
-    # The value as its type stores it: a LONG (4) in 4 bytes (its high half first in "MM"
-    # data), a SHORT (3) in the first 2.
-    value = tf.where(u16(entry + 2) == 4, u32(entry + 8), u16(entry + 8))
+    found &= values >= 1
     value = tf.reduce_max(tf.where(found, value, 0))
     valid = (tiff >= 0) & (ifd >= 8) & (value >= 1) & (value <= 8)
     return tf.where(valid, value, 1)
@@ -266,13 +306,99 @@ def apply_orientation(image, orientation):
     return tf.switch_case(tf.clip_by_value(orientation, 1, 8) - 1, branches)
 
 
-def decode_like_predict(data):
+def header_size(data):
+    """``(height, width)`` (int64 scalars) that the header of image bytes (scalar string)
+    states, read without decoding: JPEG, PNG, GIF (its screen), BMP and WebP (its canvas);
+    0 where there is no header of those formats to read."""
+    import tensorflow as tf
+
+    size = tf.strings.length(data)
+
+    def number(pos, count: int, little: bool = True):
+        raw = tf.cast(_bytes_at(data, pos, count, size), tf.int64)
+        value = tf.constant(0, tf.int64)
+        for k in reversed(range(count)) if little else range(count):
+            value = value * 256 + raw[k]
+        return tf.where(tf.reduce_all(raw >= 0), value, 0)
+
+    def starts(text: bytes, pos: int = 0):
+        return tf.equal(tf.strings.substr(data, tf.minimum(pos, size), len(text)), text)
+
+    # OS/2's BMP header has 16-bit sizes; the others' are 32-bit and may be negative.
+    core = number(14, 4) == 12
+    bmp = [
+        tf.where(core, number(20, 2), number(22, 4)),
+        tf.where(core, number(18, 2), number(18, 4)),
+    ]
+    bmp = [tf.where(side >= 2**31, 2**32 - side, side) for side in bmp]
+    # WebP: a canvas of 24-bit sizes - 1 (VP8X), 14-bit sizes - 1 (lossless), or 14-bit
+    # sizes after the frame's start code (lossy).
+    lossless, lossy = number(21, 4), number(26, 4)
+    webp = tf.where(
+        starts(b"VP8X", 12),
+        tf.stack([number(27, 3), number(24, 3)]) + 1,
+        tf.where(
+            starts(b"VP8L", 12),
+            tf.stack([lossless // 2**14 % 2**14, lossless % 2**14]) + 1,
+            tf.where(
+                starts(b"VP8 ", 12), tf.stack([lossy // 2**16 % 2**14, lossy % 2**14]), 0
+            ),
+        ),
+    )
+    zero = tf.zeros([2], tf.int64)
+    sides = tf.where(
+        starts(_PNG_SIGNATURE),
+        tf.stack([number(20, 4, False), number(16, 4, False)]),
+        tf.where(
+            starts(b"GIF8"),
+            tf.stack([number(8, 2), number(6, 2)]),  # its screen
+            tf.where(
+                starts(b"BM"),
+                tf.stack(bmp),
+                tf.where(starts(b"RIFF") & starts(b"WEBP", 8), webp, zero),
+            ),
+        ),
+    )
+    sides = tf.cond(
+        tf.io.is_jpeg(data),
+        lambda: tf.image.extract_jpeg_shape(data, output_type=tf.int64)[:2],
+        lambda: sides,
+    )
+    return sides[0], sides[1]
+
+
+def decode_like_predict(data, max_pixels: int = DEFAULT_MAX_PIXELS):
     """Encoded image bytes -> uint8 ``[H, W, 3]`` with TensorFlow ops, as
     :func:`petal.data.images.decode_rgb` (``petal predict``) decodes them: JPEG with the
-    accurate integer DCT and its EXIF orientation, PNG and WebP transparency on white."""
+    accurate integer DCT and its EXIF orientation, PNG and WebP transparency on white.
+    An image whose header states more than ``max_pixels`` pixels (predict's default limit,
+    a guard against decompression bombs) is refused (``InvalidArgumentError``) before it is
+    decoded."""
     import tensorflow as tf
 
     from petal.data.pipeline import DCT_METHOD
+
+    size = tf.strings.length(data)
+    short = tf.debugging.Assert(
+        size >= _MIN_IMAGE_BYTES,
+        [tf.strings.format(
+            "the image is empty or too short to be one ({} bytes); send the bytes of an "
+            "image file",
+            size,
+        )],
+    )
+    with tf.control_dependencies([short]):
+        height, width = header_size(data)
+    too_many = tf.debugging.Assert(
+        height * width <= max_pixels,
+        [tf.strings.format(
+            "the image has too many pixels (HxW {}x{} = {} > {}, the pixel limit of petal "
+            "predict: a guard against decompression bombs); send a smaller image",
+            [height, width, height * width, tf.constant(max_pixels, tf.int64)],
+        )],
+    )
+    with tf.control_dependencies([short, too_many]):
+        data = tf.identity(data)  # nothing is decoded before both checks
 
     def jpeg():
         image = tf.io.decode_jpeg(data, channels=3, dct_method=DCT_METHOD)
@@ -289,12 +415,10 @@ def decode_like_predict(data):
         color = tf.cond(
             channels < 3, lambda: tf.tile(image[..., :1], [1, 1, 3]), lambda: image[..., :3]
         )
-        alpha = tf.cond(
-            tf.equal(channels % 2, 0),
-            lambda: image[..., -1:],
-            lambda: tf.fill(tf.shape(image[..., :1]), tf.constant(255, tf.uint8)),
+        # Without alpha the colours as they are: no float copy of the whole image.
+        return tf.cond(
+            tf.equal(channels % 2, 0), lambda: on_white(color, image[..., -1:]), lambda: color
         )
-        return on_white(color, alpha)
 
     def png():
         # The channels as stored: grey, grey + alpha, RGB or RGBA (a palette expanded).
@@ -328,17 +452,7 @@ def decode_like_predict(data):
     def other():
         return tf.io.decode_image(data, channels=3, expand_animations=False)
 
-    size = tf.strings.length(data)
-    short = tf.debugging.Assert(
-        size >= _MIN_IMAGE_BYTES,
-        [tf.strings.format(
-            "the image is empty or too short to be one ({} bytes); send the bytes of an "
-            "image file",
-            size,
-        )],
-    )
-    with tf.control_dependencies([short]):
-        head = tf.strings.substr(data, 0, 12)
+    head = tf.strings.substr(data, 0, 12)
     is_webp = tf.equal(tf.strings.substr(head, 0, 4), b"RIFF") & tf.equal(
         tf.strings.substr(head, 8, 4), b"WEBP"
     )
@@ -369,7 +483,9 @@ def make_preprocess(run: RunInfo):
             # Records of images at their own sizes: the input pipeline resizes each.
             image = resize_fill(image, run.image_size)
             return normalize(image, run.normalization)
-        image = _fit_tf(tf.cast(image, tf.float32), records, mode)
+        # uint8 in: converted to float32 only in the resize's output (or its window's
+        # corners), not the whole decoded photo (4 bytes a channel).
+        image = _fit_tf(image, records, mode)
         # The converter stores uint8, truncated like its tf.cast.
         image = tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)
         if records != run.image_size:

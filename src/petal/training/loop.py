@@ -1097,8 +1097,9 @@ def _schedule(
         opts = scaled_rates(cfg.schedule, opts, cfg.fine_tune_lr_factor)
     if cfg.schedule == "warmup_cosine":
         warmup = opts.get("warmup_epochs")
-        if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup > epochs:
-            raise _long_warmup(cfg, warmup, epochs, phase)
+        # A warm-up as long as the phase ends at the peak: the cosine decay never starts.
+        if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup >= epochs:
+            raise _long_warmup(cfg, warmup, epochs, phase, need=math.floor(warmup) + 1)
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
     # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp that does not fit in one
@@ -1133,12 +1134,18 @@ def _long_warmup(
     """A warm-up (schedule option ``key``) longer than the phase it warms up: the settings
     that make the phase long enough (each phase of head_then_all runs the schedule from its
     start). ``need``: the epochs a phase needs to reach the peak, when more than the
-    warm-up's (codelab_ramp per epoch peaks the epoch after its ramp)."""
+    warm-up's (codelab_ramp per epoch peaks the epoch after its ramp; warmup_cosine decays
+    after its warm-up)."""
     what = f"The learning-rate warm-up (schedule_options.{key}={warmup}) is longer than"
     if need is not None and need > math.ceil(warmup):
+        after = (
+            "codelab_ramp reaches its peak the epoch after it"
+            if key == "rampup_epochs"
+            else "warmup_cosine decays after it"
+        )
         what = (
-            f"The learning-rate warm-up (schedule_options.{key}={warmup}; codelab_ramp reaches "
-            "its peak the epoch after it) does not fit in"
+            f"The learning-rate warm-up (schedule_options.{key}={warmup}; {after}) does not "
+            "fit in"
         )
     shorter = f"or a shorter warm-up (--set schedule_options.{key}=N)."
     need = math.ceil(warmup) if need is None else need
@@ -1345,6 +1352,7 @@ def _train(
     from petal.data import augment as augment_lib
     from petal.data.pipeline import (
         NoRoomToCache,
+        auto_cache_choice,
         distributed_dataset,
         eval_dataset,
         open_source,
@@ -1639,6 +1647,10 @@ def _train(
             "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    if isinstance(cfg.cache, str) and cfg.cache.lower() == "auto":
+        # What auto chose, and why: RAM, or local disk when the decoded images do not fit.
+        where = auto_cache_choice(source, "train", image_size)
+        log(f"petal train: cache=auto: the decoded training images are cached {where}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
     if cfg.steps_per_execution > 1 and _multi_step_fails(strategy, replicas):

@@ -227,9 +227,10 @@ def warmup_cosine(
     """
     total = epochs_to_steps(total_epochs, steps_per_epoch, "total_epochs")
     warmup = epochs_to_steps(warmup_epochs, steps_per_epoch, "warmup_epochs")
-    if warmup > total or total < 1:
+    if warmup >= total:  # total 0 too; a warm-up as long as the schedule never decays
         raise PetalError(
-            f"warmup_epochs must not exceed total_epochs, which must be positive. "
+            f"warmup_epochs must be shorter than total_epochs (the cosine decay follows it), "
+            f"which must be positive. "
             f"Received: warmup_epochs={warmup_epochs}, total_epochs={total_epochs}"
         )
     _check_below_peak("peak_lr", peak_lr, start_lr=start_lr, end_lr=end_lr)
