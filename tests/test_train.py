@@ -1117,3 +1117,50 @@ def test_the_log_says_where_cache_auto_keeps_the_training_images(small_records, 
     with pytest.raises(PetalError, match="stopped after"):
         train(cfg.replace(cache=True), tmp_path / "run", log=lines.append)
     assert not [line for line in lines if "cache" in line]
+
+
+def test_a_validation_split_lost_to_crc_failures_is_refused_before_training(
+    small_records, tmp_path, monkeypatch
+):
+    """--skip-corrupt with no validation record left to read: on one device it trained, then
+    the closing line stopped on the null val_acc (a TypeError traceback); on two replicas the
+    refusal blamed the --val-fraction. One refusal, up front, naming the shards."""
+    import shutil
+
+    from conftest import corrupt_record
+    from petal.training import loop, strategy
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    shards = sorted(records.glob("validation-*.tfrec"))
+    for shard in shards:
+        corrupt_record(shard, 0)
+    cfg = tiny_config(records, epochs=1, model="dense", skip_corrupt=True)
+    expected = (
+        f"The validation split of {records} cannot be read: its 10 record(s) are all corrupt "
+        "(10 lost to CRC failures) and skipped (--skip-corrupt), and training validates every "
+        f"epoch: restore its shards {shards[0]}, {shards[1]} or convert the photos again."
+    )
+    with pytest.raises(PetalError) as err:
+        train(cfg, tmp_path / "run", **QUIET)
+    assert str(err.value) == expected
+    assert not (tmp_path / "run").exists()
+    # Two replicas (said, not built: the check comes before the strategy is used).
+    real = strategy.get_strategy
+
+    def on_two(name):
+        chosen, info = real(name)
+        return chosen, {**info, "replicas": 2}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(strategy, "get_strategy", on_two)
+        with pytest.raises(PetalError) as err:
+            train(cfg, tmp_path / "run", **QUIET)
+    assert str(err.value) == expected
+    # A run with no validation accuracy (were one to get past the check) ends with "n/a", not
+    # a traceback.
+    monkeypatch.setattr(loop, "_check_validation_readable", lambda *args: None)
+    lines = []
+    metrics = train(cfg, tmp_path / "run", log=lines.append)
+    assert metrics["final_val_accuracy"] is None
+    assert lines[-1].startswith("petal train: done in ") and "final val_acc n/a" in lines[-1]

@@ -976,6 +976,25 @@ def _check_splits(source, data: str, train_count: int, val_count: int) -> None:
         )
 
 
+def _check_validation_readable(source, data: str, readable: int, crc_skipped: int) -> None:
+    """With ``skip_corrupt``: records that all fail their CRC (or do not decode) leave nothing
+    to validate on, which :func:`_check_splits` would blame on the split's size."""
+    stored = source.count("validation")
+    if readable > 0 or not stored:
+        return
+    files, counts = source.files("validation"), source.counts("validation")
+    shards = [f for f, n in zip(files, counts, strict=True) if n]
+    lost = [f"{crc_skipped} lost to CRC failures"] if crc_skipped else []
+    if stored > crc_skipped:
+        lost.append(f"{stored - crc_skipped} whose image does not decode")
+    its = "its shard" if len(shards) == 1 else "its shards"
+    raise PetalError(
+        f"The validation split of {data} cannot be read: its {stored} record(s) are all "
+        f"corrupt ({' and '.join(lost)}) and skipped (--skip-corrupt), and training validates "
+        f"every epoch: restore {its} {', '.join(shards)} or convert the photos again."
+    )
+
+
 def _fill_records_validation(source, fraction) -> str:
     """How to convert again so that a class validates an image, by the converter's rule
     (``writer.validation_count``): a class of n photos validates ``round(fraction x n)``, halves
@@ -1536,13 +1555,17 @@ def _train(
         val_count -= _in_split(undecodable, source, "validation")
         train_count -= _in_split(undecodable, source, "train")
     crc_skipped = 0
-    if cfg.skip_corrupt and replicas > 1 and source.kind != "folder" and not source.remote:
-        # After a CRC failure the reader skips the rest of its shard: each replica's
-        # validation batches are sized from the records it will read (Keras stopped on
-        # replicas' first batches of different sizes).
+    if cfg.skip_corrupt and source.kind != "folder" and not source.remote:
+        # After a CRC failure the reader skips the rest of its shard: a split left with no
+        # record to read is refused now (it trained, then had no accuracy to report), and
+        # each replica's validation batches are sized from the records it will read (Keras
+        # stopped on replicas' first batches of different sizes).
         from petal.data.reader import unread_records
 
-        val_count -= (crc_skipped := unread_records(source, "validation"))
+        crc_skipped = unread_records(source, "validation")
+        _check_validation_readable(source, cfg.data, val_count - crc_skipped, crc_skipped)
+        if replicas > 1:
+            val_count -= crc_skipped
     _check_splits(source, cfg.data, train_count, val_count)
     eval_options, pipelines = _eval_input(strategy, replicas)
     skipped = crc_skipped + _in_split(undecodable or [], source, "validation")
@@ -2011,12 +2034,17 @@ def _train(
         if by_phase.get("head") is not None:
             of_phase += f"; head-only phase {by_phase['head']:.0f}"
         of_phase += ")"
+
+    def shown(key: str, spec: str) -> str:
+        """A metric for the closing line; null (no validation accuracy, say) as "n/a"."""
+        return "n/a" if metrics.get(key) is None else format(metrics[key], spec)
+
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
-        f"{metrics['final_val_accuracy']:.4f}, mean of last {min(5, metrics['epochs_completed'])} "
-        f"{metrics['mean_last5_val_accuracy']:.4f}, best {metrics['best_val_accuracy']:.4f} "
-        f"(epoch {metrics['best_epoch']}), {metrics['train_images_per_sec']:.0f} img/s{of_phase} "
-        f"-> {workdir}"
+        f"{shown('final_val_accuracy', '.4f')}, mean of last "
+        f"{min(5, metrics['epochs_completed'])} {shown('mean_last5_val_accuracy', '.4f')}, best "
+        f"{shown('best_val_accuracy', '.4f')} (epoch {shown('best_epoch', '')}), "
+        f"{shown('train_images_per_sec', '.0f')} img/s{of_phase} -> {workdir}"
     )
     return metrics
 
