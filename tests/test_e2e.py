@@ -557,3 +557,24 @@ def test_demo_data_from_petal_data_says_so(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         f"petal demo: error: Demo data {file} (from $PETAL_DATA) is a file; {fix}"
     )
+
+
+def test_demo_names_its_set_for_skip_corrupt_and_evaluates_with_it(
+    small_flowers, tmp_path, demo_without_training, monkeypatch
+):
+    """Train's "or train with --skip-corrupt" named an option petal demo refuses; and
+    --set skip_corrupt=true trained, then the demo's evaluation stopped on the same record."""
+    from petal import demo
+
+    said = "Corrupt input in R: ...; restore it, or train with --skip-corrupt."
+    assert demo.demo_options(said) == (
+        "Corrupt input in R: ...; restore it, or train with --set skip_corrupt=true."
+    )
+    asked = []
+    monkeypatch.setattr("petal.evaluation.evaluate.evaluate", lambda *a, **k: asked.append(k))
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    for value in ("true", "false"):
+        demo.run_demo(photos, tmp_path / "demo", overrides=("image_size=32",
+                      f"skip_corrupt={value}"), log=lambda line: None)  # fmt: skip
+    assert [k["skip_corrupt"] for k in asked] == [True, False]
+

@@ -257,7 +257,7 @@ def _run_demo(
             "eval and report)"
         )
     metrics = train(config, workdir, overwrite=True, log=lambda line: log(demo_options(line)))
-    evaluation = evaluate(workdir, records, log=log)
+    evaluation = evaluate(workdir, records, skip_corrupt=config.skip_corrupt, log=log)
     report = build_report(workdir)
     log(f"petal demo: report written to {report}")
     return {"metrics": metrics, "evaluation": evaluation, "report": str(report)}
@@ -298,7 +298,9 @@ def demo_options(text: str) -> str:
 
     pattern = rf"--({option})\b(?: (?!or\b|out\b|and\b)([\w.]+))?"
     return "".join(
-        part if _COMMAND.fullmatch(part) else re.sub(pattern, to_set, part)
+        part
+        if _COMMAND.fullmatch(part)
+        else re.sub(pattern, to_set, part).replace("--skip-corrupt", "--set skip_corrupt=true")
         for part in _COMMAND.split(text)
     )
 
