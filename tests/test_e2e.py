@@ -539,8 +539,9 @@ def test_demo_says_it_replaces_its_previous_run(small_flowers, tmp_path, demo_wi
     workdir = tmp_path / "demo"
     assert "replacing" not in run_demo(photos, workdir)
     (workdir / "config.json").write_text(json.dumps({"data": str(workdir / "records")}))
-    assert (f"petal demo: replacing the previous demo run in {workdir} (its model, metrics, "
-            "eval and report)") in run_demo(photos, workdir)  # fmt: skip
+    assert (f"petal demo: the previous demo run in {workdir} (its model, metrics, eval and "
+            "report) is replaced once training's checks pass") in run_demo(
+                photos, workdir)  # fmt: skip
 
 
 def test_demo_data_from_petal_data_says_so(tmp_path, monkeypatch, capsys):
@@ -578,3 +579,29 @@ def test_demo_names_its_set_for_skip_corrupt_and_evaluates_with_it(
                       f"skip_corrupt={value}"), log=lambda line: None)  # fmt: skip
     assert [k["skip_corrupt"] for k in asked] == [True, False]
 
+
+def test_demo_refused_by_train_keeps_and_does_not_say_it_replaced_the_previous_run(
+    small_flowers, tmp_path, monkeypatch
+):
+    """"replacing the previous demo run" was said, then train refused and kept it."""
+    from petal import demo
+    from petal.errors import PetalError
+
+    monkeypatch.setattr("petal.data.convert", _one_worker_convert)
+    photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
+    workdir = tmp_path / "demo"
+    with monkeypatch.context() as patch:  # a previous demo run (its config.json)
+        patch.setattr("petal.training.loop.train", lambda *a, **k: {})
+        patch.setattr("petal.evaluation.evaluate.evaluate", lambda *a, **k: {})
+        patch.setattr("petal.evaluation.report.build_report", lambda workdir: "report.html")
+        demo.run_demo(photos, workdir, overrides=("image_size=32",), log=lambda line: None)
+    previous = json.dumps({"data": str(workdir / "records")})
+    (workdir / "config.json").write_text(previous)
+    lines = []
+    with pytest.raises(PetalError, match="fewer than one global batch of 500"):
+        demo.run_demo(photos, workdir, overrides=("image_size=32", "model=dense",
+                      "batch_size=500"), log=lines.append)  # fmt: skip
+    assert (workdir / "config.json").read_text() == previous
+    assert not [line for line in lines if "replacing" in line]
+    assert (f"petal demo: the previous demo run in {workdir} (its model, metrics, eval and "
+            "report) is replaced once training's checks pass") in lines  # fmt: skip

@@ -252,9 +252,10 @@ def _run_demo(
         for line in warnings:
             log(f"petal demo: {_demo_warning(line, manifest['val_fraction'])}")
     if (workdir / "config.json").is_file():  # a demo's (_refuse_other_runs): said, not silent
+        # Train may still refuse (and keep the run): it replaces it once its checks pass.
         log(
-            f"petal demo: replacing the previous demo run in {workdir} (its model, metrics, "
-            "eval and report)"
+            f"petal demo: the previous demo run in {workdir} (its model, metrics, eval and "
+            "report) is replaced once training's checks pass"
         )
     metrics = train(config, workdir, overwrite=True, log=lambda line: log(demo_options(line)))
     evaluation = evaluate(workdir, records, skip_corrupt=config.skip_corrupt, log=log)
