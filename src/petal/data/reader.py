@@ -1174,13 +1174,14 @@ def input_error(
 
     if (error := class_range_error(err)) is not None:
         return error
-    if (error := short_pass_error(err, data)) is not None:
-        return error
     if store_mark is not None:
         from petal.data.remote import store_error
 
+        # A failed request ends the stream early too: before a pass's check that says so.
         if (error := store_error(store_mark, action)) is not None:
             return error
+    if (error := short_pass_error(err, data)) is not None:
+        return error
     if isinstance(err, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
         return corrupt_input_error(err, data, action, split)
     unreadable = (tf.errors.UnknownError, tf.errors.PermissionDeniedError, tf.errors.NotFoundError)
