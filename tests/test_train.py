@@ -1104,7 +1104,7 @@ def test_the_log_says_where_cache_auto_keeps_the_training_images(small_records, 
     for memory, where in ((10**12, r"in RAM \(0\.0 GB decoded, within 40% of the 1000\.0 GB "
                                    r"of memory available\)$"),
                           (1, r"on local disk in .*petal-cache \(0\.0 GB decoded, over 40% of "
-                              r"the 0\.0 GB of memory available; --set cache=off decodes")):
+                              r"the 0\.0 GB of memory available; --set cache=false decodes")):
         monkeypatch.setattr("petal.data.pipeline._available_memory", lambda m=memory: m)
         lines = []
         with pytest.raises(PetalError, match="stopped after the start lines"):

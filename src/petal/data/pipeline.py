@@ -1569,7 +1569,7 @@ def auto_cache_choice(src: Source, split, size) -> str:
         return f"in RAM ({needed / 1e9:.1f} GB decoded, within {share})"
     return (
         f"on local disk in {_temporary_cache_folder()} ({needed / 1e9:.1f} GB decoded, over "
-        f"{share}; --set cache=off decodes them again each epoch instead)"
+        f"{share}; --set cache=false decodes them again each epoch instead)"
     )
 
 
