@@ -1908,3 +1908,20 @@ def test_the_misclassified_grid_says_when_it_shows_fewer_than_all(
     assert [t for t in titles if t] == [title, title]  # evaluate's, then the report's
     assert f"<h3>{title}</h3>" in page
     assert plots.misclassified_title(3, 10, 3) == "Misclassified (3 of 10)"
+
+
+def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_records, tmp_path):
+    """A class of the records with no validation image scored 0.000, left out of the macro
+    averages without a word (a folder lacking classes was warned about)."""
+    from petal.evaluation.evaluate import evaluate
+
+    # Validation images 5 to 8: labels 0 to 3, none of tulips (4).
+    records = make_records(counts={"train": [5], "validation": [4]}, size=(32, 32))
+    warned = []
+    report = evaluate(trained, records, out_dir=tmp_path / "eval", log=lambda line: None,
+                      warn=warned.append)
+    assert report["per_class"]["tulips"]["support"] == 0
+    assert warned == report["warnings"] == [
+        f"Split 'validation' of {records} holds no images of tulips; the macro averages are "
+        "over the other 4 classes"
+    ]

@@ -1912,3 +1912,46 @@ def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
             for out in node.output
         )
         assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo
+
+
+def test_a_second_export_into_a_folder_is_refused_and_a_clash_is_not_a_permission_problem(
+    trained, tmp_path, monkeypatch
+):
+    """Two exports into one --out: the loser's swap failed with "Cannot write the export in OUT
+    (Directory not empty); pass --out a folder you can write", blaming permissions."""
+    import errno
+    import os
+    import socket
+
+    from petal.evaluation import export as export_module
+
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = {"pid": os.getppid(), "host": socket.gethostname(), "doing": "exporting into it"}
+    (out / ".petal-running").write_text(json.dumps(holder))
+    with pytest.raises(PetalError, match=(
+        rf"^{re.escape(str(out))} is in use: process {os.getppid()} on .* is exporting into it; "
+        r"wait for it to end or stop it, or pass another --out \(if it is not running, delete "
+        rf"{re.escape(str(out / '.petal-running'))}\)\.$"
+    )):
+        export_module.export(trained, out=out, warn=lambda line: None)
+    assert sorted(p.name for p in out.iterdir()) == [".petal-running"]
+
+    # Something writing into saved_model as it is replaced.
+    class Os:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def replace(self, src, dst):
+            if Path(dst).name == "saved_model":
+                raise OSError(errno.ENOTEMPTY, "Directory not empty")
+            return os.replace(src, dst)
+
+    monkeypatch.setattr(export_module, "os", Os())
+    with pytest.raises(PetalError, match=(
+        rf"^Cannot replace {re.escape(str(tmp_path / 'two' / 'saved_model'))} with the new "
+        r"export: something else wrote into it meanwhile \(Directory not empty\); let it "
+        r"finish and run petal export again\.$"
+    )):
+        export_module.export(trained, out=tmp_path / "two", warn=lambda line: None)
+    assert not (tmp_path / "two" / ".petal-running").exists()

@@ -1164,3 +1164,25 @@ def test_a_validation_split_lost_to_crc_failures_is_refused_before_training(
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["final_val_accuracy"] is None
     assert lines[-1].startswith("petal train: done in ") and "final val_acc n/a" in lines[-1]
+
+
+def test_train_size_refusal_names_every_change_it_needs_at_once(small_records, tmp_path):
+    """train_image_size without crop was refused naming only --set augment=...+crop; with that,
+    it was refused again for model_options.any_size (or, for dense, led nowhere)."""
+    cfg = tiny_config(small_records, train_image_size=24, augment="codelab")
+    with pytest.raises(PetalError, match=r"^train_image_size 24 needs the 'crop' augmentation, "
+                       r"which resizes its crops to that size, and a model that takes 24x24 "
+                       r"crops as well as its 32x32 input: pass --set augment=codelab\+crop "
+                       r"--set model_options\.any_size=true, or drop train_image_size\. "
+                       r"Received: model='squeezenet', augment='codelab', "
+                       r"train_image_size=24$"):  # fmt: skip
+        train(cfg, tmp_path / "bad", **QUIET)
+    with pytest.raises(PetalError, match=r"'dense' has no any_size option \(squeezenet and "
+                       r"squeezenet_separable do\), so it cannot train at another size: drop "
+                       r"train_image_size, or pass --model squeezenet --set "
+                       r"model_options\.any_size=true --set augment=codelab\+crop\. "):  # fmt: skip
+        train(cfg.replace(model="dense"), tmp_path / "bad", **QUIET)
+    with pytest.raises(PetalError, match=r"needs the 'crop' augmentation, which resizes its "
+                       r"crops to that size: pass --set augment=codelab\+crop, or drop"):  # fmt: skip
+        train(cfg.replace(model_options={"any_size": True}), tmp_path / "bad", **QUIET)
+    assert not (tmp_path / "bad").exists()

@@ -577,6 +577,14 @@ def with_crop(spec) -> str:
     return f"{spec.strip()}+crop" if named else "crop"
 
 
+def has_crop(spec) -> bool:
+    """Whether ``spec`` (as :func:`build` takes it) names the ``crop`` op, alone or in a
+    preset: what a training size other than the evaluation size needs."""
+    parts = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
+    given = [part.strip().lower() for part in parts]
+    return "crop" in [op for name in given for op in PRESETS.get(name, name).split("+")]
+
+
 def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
     """One batch augmentation from a spec, or None when there is nothing to do.
 
@@ -589,19 +597,15 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
         size: output (height, width) of the random resized crop, to train at a lower
             resolution than the records (and evaluate at theirs); needs ``crop`` in ``spec``.
     """
-    if size is not None:
-        parts = spec.replace(",", "+").split("+") if isinstance(spec, str) else []
-        given = [part.strip().lower() for part in parts]
-        ops = [op for name in given for op in PRESETS.get(name, name).split("+")]
-        if "crop" not in ops:
-            # train passes train_image_size here when it differs from image_size (the
-            # records' size when that is null), the size the pipeline decodes and evaluates at.
-            raise PetalError(
-                "A training size (train_image_size) other than the evaluation image_size needs "
-                "the 'crop' augmentation, which resizes its crops to that size: pass --set "
-                f"augment={with_crop(spec)}, or drop train_image_size. Received: "
-                f"augment={spec!r}, size={size}"
-            )
+    if size is not None and not has_crop(spec):
+        # train passes train_image_size here when it differs from image_size (the
+        # records' size when that is null), the size the pipeline decodes and evaluates at.
+        raise PetalError(
+            "A training size (train_image_size) other than the evaluation image_size needs "
+            "the 'crop' augmentation, which resizes its crops to that size: pass --set "
+            f"augment={with_crop(spec)}, or drop train_image_size. Received: "
+            f"augment={spec!r}, size={size}"
+        )
     if spec is None or spec is False:
         return None
     if isinstance(spec, Augment):

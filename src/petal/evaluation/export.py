@@ -18,6 +18,7 @@ so is an image whose header states more pixels than ``petal predict``'s default 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from petal.data.folders import first_missing, refuse_url, remove_created
+from petal.data.folders import held_output, refuse_url
 from petal.data.images import DEFAULT_MAX_PIXELS
 from petal.errors import PetalError, first_line, need_bool, write_failed
 from petal.evaluation.workdir import (
@@ -37,7 +38,13 @@ from petal.evaluation.workdir import (
     make_output_folder,
     open_run,
 )
-from petal.running import RUNNING_FILE, mark_running, running_elsewhere, signals_held
+from petal.running import (
+    RUNNING_FILE,
+    in_use_error,
+    mark_running,
+    running_elsewhere,
+    signals_held,
+)
 
 EXPORT_DIR = "export"
 
@@ -624,8 +631,8 @@ def export(
 
     Raises:
         PetalError: no finished run, a damaged model, ``workdir`` or ``out`` is a URL,
-            ``out`` (or one of the names above inside it) is in the way, or it cannot be
-            written (a full disk).
+            ``out`` (or one of the names above inside it) is in the way, another process
+            exports into it, or it cannot be written (a full disk).
     """
     import keras
     import tensorflow as tf
@@ -642,6 +649,10 @@ def export(
     model = load_model(run, float32=True)
     # Checked now, created once the archive is built (the folder is what is made last).
     out = check_output_folder(out if out is not None else run.workdir / EXPORT_DIR, "export")
+    if who := running_elsewhere(out, "exporting into it"):
+        # Another export swapping its files in: refused now, not after the archive is
+        # written (held below, as evaluate holds its folder, from the folder's creation).
+        raise in_use_error(out, who, "--out")
     _check_out(out, overwrite)
     preprocess = make_preprocess(run)
     classes = list(run.classes)
@@ -677,45 +688,54 @@ def export(
         fn=serve_pixels,
         input_signature=[tf.TensorSpec([None, h, w, 3], tf.float32, name="images")],
     )
-    created = first_missing(out)  # removed again if the export fails or is interrupted
-    out = make_output_folder(out, "export")
-    _remove_abandoned(out, warn)
-    removed, staging = None, None
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out))
-        # Tells a later export that this folder is not left over while this process lives.
-        mark_running(staging, lambda who: PetalError(who), "exporting into it")
-        archive.write_out(str(staging / "saved_model"), verbose=False)
-        (staging / "labels.txt").write_text("\n".join(classes) + "\n")
-        if tflite:
-            _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
-        written = [name for name in _OUTPUTS if (staging / name).exists()]
-        # Everything written: only now replace the earlier export. The marker first lists
-        # what is replaced or removed too, so an interruption leaves all of it the export's.
-        # Ctrl-C waits for the replacement: the folder holds the earlier export or this one.
-        with signals_held():
-            gone = {name for name in _OUTPUTS if (out / name).exists()}
-            _write_marker(out, staging, run, set(written) | gone)
-            removed = []
-            for name in _OUTPUTS:
-                target = out / name
-                if name == EXPORT_MARKER:
-                    continue
-                if target.is_dir():
-                    shutil.rmtree(target)
-                if name in written:
-                    os.replace(staging / name, target)
-                elif target.exists():
-                    target.unlink()
-                    removed.append(str(target))
-            _write_marker(out, staging, run, [*written, EXPORT_MARKER])
-    except (OSError, tf.errors.OpError) as err:  # SaveV2's ResourceExhaustedError: disk full
-        raise write_failed(out, "export", err) from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        if removed is None:
-            remove_created(out, created)
+    # Created folders are removed again if the export fails or is interrupted; a second
+    # export into out is refused while this one holds it.
+    holding = held_output(
+        out, lambda: make_output_folder(out, "export"), "--out", "exporting into it"
+    )
+    removed, staging, target = None, None, None
+    with holding as out:
+        _remove_abandoned(out, warn)
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out))
+            # Tells a later export that this folder is not left over while this process lives.
+            mark_running(staging, lambda who: PetalError(who), "exporting into it")
+            archive.write_out(str(staging / "saved_model"), verbose=False)
+            (staging / "labels.txt").write_text("\n".join(classes) + "\n")
+            if tflite:
+                _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
+            written = [name for name in _OUTPUTS if (staging / name).exists()]
+            # Everything written: only now replace the earlier export. The marker first lists
+            # what is replaced or removed too, so an interruption leaves all of it the export's.
+            # Ctrl-C waits for the replacement: the folder holds the earlier export or this one.
+            with signals_held():
+                gone = {name for name in _OUTPUTS if (out / name).exists()}
+                _write_marker(out, staging, run, set(written) | gone)
+                removed = []
+                for name in _OUTPUTS:
+                    target = out / name
+                    if name == EXPORT_MARKER:
+                        continue
+                    if target.is_dir():
+                        shutil.rmtree(target)
+                    if name in written:
+                        os.replace(staging / name, target)
+                    elif target.exists():
+                        target.unlink()
+                        removed.append(str(target))
+                _write_marker(out, staging, run, [*written, EXPORT_MARKER])
+        except (OSError, tf.errors.OpError) as err:  # SaveV2's ResourceExhaustedError: disk full
+            # Files written into a target as it was replaced: not a permission problem.
+            clash = getattr(err, "errno", None) in (errno.ENOTEMPTY, errno.EEXIST)
+            if removed is not None and clash:
+                raise PetalError(
+                    f"Cannot replace {target} with the new export: something else wrote into it "
+                    f"meanwhile ({err.strerror}); let it finish and run petal export again."
+                ) from None
+            raise write_failed(out, "export", err) from None
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
     return {
         "saved_model": str(out / "saved_model"),
         "labels": str(out / "labels.txt"),

@@ -1285,8 +1285,50 @@ def _training_batch_norms(model) -> int:
     return sum(layer.trainable for layer in fused)
 
 
+# Families whose models take one input size, there being no any_size option to change it.
+_ONE_SIZE_FAMILIES = ("dense", "convnet", "inception", "applications")
+
+
+def _check_train_size(cfg: TrainConfig, image_size) -> None:
+    """A training size other than the evaluation size needs the ``crop`` augmentation and a
+    model that takes any input size: every change it needs, named at once before anything is
+    built (each was refused on its own, and the first fix led to the second refusal)."""
+    from petal.data import augment as augment_lib
+    from petal.models import model_info
+    from petal.models.registry import model_options
+
+    size = cfg.train_image_size
+    if not size or (size, size) == tuple(image_size):
+        return
+    height, width = image_size
+    needs, fixes = [], []
+    if not augment_lib.has_crop(cfg.augment):
+        needs.append("the 'crop' augmentation, which resizes its crops to that size")
+        fixes.append(f"--set augment={augment_lib.with_crop(cfg.augment)}")
+    received = f"Received: model={cfg.model!r}, augment={cfg.augment!r}, train_image_size={size}"
+    model_needs = f"a model that takes {size}x{size} crops as well as its {height}x{width} input"
+    if "any_size" not in model_options(cfg.model):
+        if model_info(cfg.model).family in _ONE_SIZE_FAMILIES:
+            raise PetalError(
+                f"train_image_size {size} needs {model_needs}, and {cfg.model!r} has no any_size "
+                "option (squeezenet and squeezenet_separable do), so it cannot train at another "
+                "size: drop train_image_size, or pass --model squeezenet --set "
+                f"model_options.any_size=true{''.join(' ' + fix for fix in fixes)}. {received}"
+            )
+        # A model registered elsewhere: its input is checked once built.
+    elif cfg.model_options.get("any_size", False) is False:  # other values: refused as built
+        needs.append(model_needs)
+        fixes.append("--set model_options.any_size=true")
+    if needs:
+        raise PetalError(
+            f"train_image_size {size} needs {', and '.join(needs)}: pass {' '.join(fixes)}, or "
+            f"drop train_image_size. {received}"
+        )
+
+
 def _check_takes_train_size(model, cfg: TrainConfig, image_size) -> None:
-    """Crops smaller than the evaluation size need a model that takes any input size."""
+    """Crops smaller than the evaluation size need a model that takes any input size: the
+    built model's input, for models :func:`_check_train_size` cannot judge before."""
     from petal.models import model_info
 
     crop = (cfg.train_image_size,) * 2 if cfg.train_image_size else tuple(image_size)
@@ -1546,6 +1588,7 @@ def _train(
         image_size = tuple(source.image_size)
     else:
         image_size = (info_model.default_image_size,) * 2
+    _check_train_size(cfg, image_size)
     normalization = cfg.normalization or info_model.normalization
     undecodable = _undecodable(source, cfg, log)
     train_count, val_count = source.count("train"), source.count("validation")
