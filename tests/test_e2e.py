@@ -418,17 +418,24 @@ def test_demo_refuses_a_training_size_without_crop_before_converting(
     photos = _photos(small_flowers, tmp_path / "photos", classes=2, per_class=5)
     workdir = tmp_path / "demo"
     quiet = {"log": lambda line: None}
-    with pytest.raises(PetalError, match=r"^train_image_size 24 trains on crops of the 32x32 "
-                       r"records petal demo converts, which needs the 'crop' augmentation \(it "
-                       r"resizes its crops to that size\): pass --set augment=codelab\+crop, or "
-                       r"drop --set train_image_size\. Received: augment='codelab', "
+    # Every change it needs at once: the crop augmentation passed, train then refused the
+    # quick preset's squeezenet (no any_size), after converting.
+    with pytest.raises(PetalError, match=r"^train_image_size 24 needs the 'crop' augmentation, "
+                       r"which resizes its crops to that size, and a model that takes 24x24 "
+                       r"crops as well as its 32x32 input: pass --set augment=codelab\+crop "
+                       r"--set model_options\.any_size=true, or drop train_image_size\. "
+                       r"Received: model='squeezenet', augment='codelab', "
                        r"train_image_size=24$"):  # fmt: skip
         demo.run_demo(photos, workdir, overrides=("image_size=32", "train_image_size=24"), **quiet)
-    with pytest.raises(PetalError, match=r"pass --set augment=crop, or drop"):
-        overrides = ("train_image_size=24", "augment=none")
+    with pytest.raises(PetalError, match=r"pass --set model_options\.any_size=true, or drop"):
+        overrides = ("image_size=32", "train_image_size=24", "augment=codelab+crop")
+        demo.run_demo(photos, workdir, overrides=overrides, **quiet)
+    with pytest.raises(PetalError, match=r"--set model=squeezenet --set model_options\.any_siz"):
+        overrides = ("train_image_size=24", "augment=none", "model=dense")
         demo.run_demo(photos, workdir, overrides=overrides, **quiet)
     assert not converted and not workdir.exists()
-    overrides = ("image_size=32", "train_image_size=24", "augment=codelab+crop")
+    overrides = ("image_size=32", "train_image_size=24", "augment=codelab+crop",
+                 "model_options.any_size=true")
     demo.run_demo(photos, workdir, overrides=overrides, **quiet)
     assert converted == [photos]
 

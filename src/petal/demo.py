@@ -307,23 +307,17 @@ def demo_options(text: str) -> str:
 
 
 def _check_train_size(config, size: int) -> None:
-    """Raise when ``train_image_size`` crops the records without the ``crop`` augmentation:
-    train finds out from the records' size, after the demo converted them at ``size``."""
+    """Raise when ``train_image_size`` crops the records without what it needs (the ``crop``
+    augmentation, a model that takes any size): train finds out from the records' size,
+    after the demo converted them at ``size``."""
     from petal.data import augment
+    from petal.training.loop import _check_train_size as check
 
     augment.build(config.augment)  # an unknown name: its own message
-    crop = config.train_image_size
-    if not crop or crop == size:
-        return
     try:
-        augment.build(config.augment, size=(crop, crop))
-    except PetalError:
-        raise PetalError(
-            f"train_image_size {crop} trains on crops of the {size}x{size} records petal demo "
-            "converts, which needs the 'crop' augmentation (it resizes its crops to that "
-            f"size): pass --set augment={augment.with_crop(config.augment)}, or drop --set "
-            f"train_image_size. Received: augment={config.augment!r}, train_image_size={crop}"
-        ) from None
+        check(config, (size, size))
+    except PetalError as err:
+        raise PetalError(demo_options(str(err))) from None
 
 
 def _find_photos(source: Path):
