@@ -1955,3 +1955,26 @@ def test_a_second_export_into_a_folder_is_refused_and_a_clash_is_not_a_permissio
     )):
         export_module.export(trained, out=tmp_path / "two", warn=lambda line: None)
     assert not (tmp_path / "two" / ".petal-running").exists()
+
+
+def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
+    # Under LC_ALL=C (UTF-8 mode off) labels.txt and report.html were written in the locale's
+    # encoding: a traceback (UnicodeEncodeError) for classes named other than in ASCII.
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval"))
+    config = json.loads((run / "config.json").read_text())
+    names = ["Gänseblümchen", "向日葵", *config["resolved"]["classes"][2:]]
+    config["resolved"]["classes"] = names
+    (run / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    env.pop("PYTHONIOENCODING", None)
+    for argv in (["export", str(run)], ["report", str(run)]):
+        done = subprocess.run([sys.executable, "-m", "petal", *argv], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (run / "export" / "labels.txt").read_text(encoding="utf-8").splitlines() == names
+    assert "向日葵" in (run / "report.html").read_text(encoding="utf-8")

@@ -701,7 +701,7 @@ def export(
             # Tells a later export that this folder is not left over while this process lives.
             mark_running(staging, lambda who: PetalError(who), "exporting into it")
             archive.write_out(str(staging / "saved_model"), verbose=False)
-            (staging / "labels.txt").write_text("\n".join(classes) + "\n")
+            (staging / "labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
             if tflite:
                 _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
             written = [name for name in _OUTPUTS if (staging / name).exists()]

@@ -408,7 +408,7 @@ def build_report(
     ]
     out = workdir / "report.html"
     try:
-        out.write_text("\n".join(parts) + "\n")
+        out.write_text("\n".join(parts) + "\n", encoding="utf-8")
     except OSError as err:
         raise _cannot_write(workdir, err) from None
     return out
