@@ -1309,9 +1309,9 @@ def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_oth
     # Records are converted again with those classes; none known: no --classes to name.
     run = dataclasses.replace(open_run(trained), classes=("daisy", "red roses"))
     with pytest.raises(PetalError, match=r"are daisy, red roses\. Convert the photos again "
-                       r"with --classes 'red roses', or evaluate on class folders \(or "
+                       r"with --classes 'daisy,red roses', or evaluate on class folders \(or "
                        r"records\) named after those\.$"):
-        class_index(["red roses", "x"], run, "recs", "records")
+        class_index(["daisy", "red roses", "x"], run, "recs", "records")
     with pytest.raises(PetalError, match=r"red roses\. Evaluate on class folders"):
         class_index(["x"], run, "photos", "folder")
 
@@ -1912,3 +1912,28 @@ def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
             for out in node.output
         )
         assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo
+
+
+def test_records_holding_one_known_class_suggest_evaluating_the_photo_folder(
+    trained, small_flowers, tmp_path, capsys
+):
+    """Said "Convert the photos again with --classes daisy", which convert refuses (a
+    classifier needs at least two classes); an image folder may be evaluated on one."""
+    import shlex
+
+    from conftest import link_photos
+    from petal.cli import main
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 2, classes=2)
+    (photos / "dandelion").rename(photos / "lilies")
+    records = tmp_path / "records"
+    assert main(["convert", str(photos), str(records), "--image-size", "32"]) == 0
+    capsys.readouterr()
+    args = ["evaluate", str(trained), "--data", str(records), "--out", str(tmp_path / "e")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Convert the photos again" not in err
+    hint = f"`petal evaluate {trained} --data PHOTO_FOLDER --classes daisy`"
+    assert hint in err
+    followed = shlex.split(hint.strip("`").replace("PHOTO_FOLDER", str(photos)))
+    assert main([*followed[1:], "--out", str(tmp_path / "e2")]) == 0

@@ -490,6 +490,14 @@ def class_index(
         fix = f"Evaluate on {named}"
         if known and kind == "folder":
             fix = f"Pass --classes {keep} to read only those of its folders, or evaluate on {named}"
+        elif len(known) == 1 and kind == "records":
+            # Records need two classes, so converting again with --classes cannot keep one;
+            # evaluating an image folder reads one class.
+            run_dir = shlex.quote(str(run.workdir))
+            fix = (
+                f"Evaluate the photos instead: `petal evaluate {run_dir} --data PHOTO_FOLDER "
+                f"--classes {keep}` (an image folder may hold one class), or evaluate on {named}"
+            )
         elif known and kind == "records":
             fix = f"Convert the photos again with --classes {keep}, or evaluate on {named}"
         raise PetalError(
