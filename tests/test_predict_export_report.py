@@ -1937,3 +1937,32 @@ def test_records_holding_one_known_class_suggest_evaluating_the_photo_folder(
     assert hint in err
     followed = shlex.split(hint.strip("`").replace("PHOTO_FOLDER", str(photos)))
     assert main([*followed[1:], "--out", str(tmp_path / "e2")]) == 0
+
+
+def test_suggested_commands_quote_a_run_folder_with_a_space(trained, tmp_path, capsys):
+    """`petal report "my run"` said "run `petal evaluate /.../my run` to add one": the
+    command, followed verbatim, named two folders."""
+    import shlex
+    import shutil
+
+    from petal.cli import main
+    from petal.evaluation.workdir import no_model, non_finite_stop, unfinished_resume
+    from petal.training.loop import _non_finite_loss, resume_config
+
+    run = tmp_path / "my run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("eval", "export", "plots",
+                                                                "report.html", "tensorboard"))
+    assert main(["report", str(run)]) == 0
+    quoted = shlex.quote(str(run))
+    assert f"run `petal evaluate {quoted}` to add one" in capsys.readouterr().out
+    assert f"`petal train --workdir {quoted} --resume`" in unfinished_resume(run, 1, 2, "x")
+    config = json.loads((run / "config.json").read_text())
+    (run / "model.keras").unlink()
+    assert no_model(run, config).endswith(f"`petal train --workdir {quoted} --resume`.")
+    (run / "metrics.json").write_text('{"stopped": "non-finite loss", "epochs_completed": 1}')
+    (run / "last.keras").unlink()
+    assert f"(`petal train --workdir {quoted} --overwrite" in non_finite_stop(run, config)
+    resolved = {"peak_lr": 0.1, "precision": "float32"}
+    (run / "last.keras").touch()
+    message = str(_non_finite_loss(run, "epoch 2/2", resume_config(run), resolved, 1))
+    assert f"`petal train --workdir {quoted} --resume` and the new settings" in message

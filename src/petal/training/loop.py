@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -2094,7 +2095,7 @@ def _non_finite_loss(
     if epochs_done and last.is_file():
         saved = (
             f"{last} holds epoch {epochs_done}, the last good one: go on from it with "
-            f"`petal train --workdir {workdir} --resume` and the new settings"
+            f"`petal train --workdir {shlex.quote(str(workdir))} --resume` and the new settings"
         )
     else:
         saved = (
