@@ -761,3 +761,20 @@ def test_bench_train_speed_marks_a_run_cut_short_and_takes_the_true_median(
     assert script.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["complete"] is True and len(result["rows"]) == 2
+
+
+def test_bench_input_on_fewer_images_than_a_batch_names_the_batch_size_that_fits(
+    make_records, capsys
+):
+    """Said "has 6 training images, fewer than one batch of 64. Received: batch_size=64",
+    naming no fix."""
+    from petal.cli import main
+
+    records = make_records("few", counts={"train": [3, 3], "validation": [2]}, fmt="jpeg")
+    argv = ["bench", "input", str(records), "--cases", "jpeg", "--seconds", "0.2"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"petal bench: error: {records} has 6 training images, fewer than one batch of 64: "
+        "pass --batch-size N (at most 6). Received: batch_size=64"
+    )
+    assert main([*argv, "--batch-size", "6"]) == 0

@@ -166,7 +166,8 @@ def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp
     assert cli.main([*argv, "--preset", "codelab-squeezenet"]) == 2
     assert capsys.readouterr().err == (
         f"petal train: error: --resume continues the run saved in {run}; --preset starts a "
-        "new one: drop --preset (change fields with --set KEY=VALUE), or pass --overwrite.\n"
+        "new one: drop --preset (change fields with --set KEY=VALUE), or drop --resume and "
+        "pass --overwrite to start afresh.\n"
     )
     # A config file's fields apply on top of the saved run; a "preset" key of another
     # preset is refused as --preset is (it was ignored without a word).
@@ -550,3 +551,30 @@ def test_help_and_version_say_when_they_could_not_be_written(argv):
                           text=True, timeout=60)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("petal 0" if argv == ["--version"] else "usage: petal")
+
+
+def test_resume_with_a_preset_says_to_drop_resume_for_overwrite(monkeypatch, capsys, tmp_path):
+    """Said "drop --preset ..., or pass --overwrite" to a command that already passed
+    --overwrite, and --overwrite with --resume is refused: --resume has to go."""
+    from petal.training import loop
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"preset": "quick", "data": "/photos", "epochs": 5, '
+                                     '"resolved": {"classes": ["a", "b"]}}')
+    given = {}
+    monkeypatch.setattr(loop, "train", lambda config, *a, **k: given.update(cfg=config))
+    argv = ["train", "--workdir", str(run), "--resume", "--preset", "quick", "--overwrite"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "or pass --overwrite." not in err
+    assert "drop --resume and pass --overwrite to start afresh" in err
+    assert cli.main([a for a in argv if a != "--resume"]) == 0
+    assert given["cfg"].preset == "quick"
+    # A --config file naming another preset: the same fix.
+    (tmp_path / "more.json").write_text('{"preset": "codelab-squeezenet", "seed": 3}')
+    argv = ["train", "--workdir", str(run), "--resume", "--config", str(tmp_path / "more.json")]
+    assert cli.main(argv) == 2
+    assert "(drop --resume and pass --overwrite or another --workdir)" in capsys.readouterr().err
+    assert cli.main([*(a for a in argv if a != "--resume"), "--overwrite"]) == 0
+    assert given["cfg"].preset == "codelab-squeezenet"

@@ -1309,9 +1309,9 @@ def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_oth
     # Records are converted again with those classes; none known: no --classes to name.
     run = dataclasses.replace(open_run(trained), classes=("daisy", "red roses"))
     with pytest.raises(PetalError, match=r"are daisy, red roses\. Convert the photos again "
-                       r"with --classes 'red roses', or evaluate on class folders \(or "
+                       r"with --classes 'daisy,red roses', or evaluate on class folders \(or "
                        r"records\) named after those\.$"):
-        class_index(["red roses", "x"], run, "recs", "records")
+        class_index(["daisy", "red roses", "x"], run, "recs", "records")
     with pytest.raises(PetalError, match=r"red roses\. Evaluate on class folders"):
         class_index(["x"], run, "photos", "folder")
 
@@ -1978,3 +1978,57 @@ def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     assert (run / "export" / "labels.txt").read_text(encoding="utf-8").splitlines() == names
     assert "向日葵" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_records_holding_one_known_class_suggest_evaluating_the_photo_folder(
+    trained, small_flowers, tmp_path, capsys
+):
+    """Said "Convert the photos again with --classes daisy", which convert refuses (a
+    classifier needs at least two classes); an image folder may be evaluated on one."""
+    import shlex
+
+    from conftest import link_photos
+    from petal.cli import main
+
+    photos = link_photos(small_flowers, tmp_path / "photos", 2, classes=2)
+    (photos / "dandelion").rename(photos / "lilies")
+    records = tmp_path / "records"
+    assert main(["convert", str(photos), str(records), "--image-size", "32"]) == 0
+    capsys.readouterr()
+    args = ["evaluate", str(trained), "--data", str(records), "--out", str(tmp_path / "e")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Convert the photos again" not in err
+    hint = f"`petal evaluate {trained} --data PHOTO_FOLDER --classes daisy`"
+    assert hint in err
+    followed = shlex.split(hint.strip("`").replace("PHOTO_FOLDER", str(photos)))
+    assert main([*followed[1:], "--out", str(tmp_path / "e2")]) == 0
+
+
+def test_suggested_commands_quote_a_run_folder_with_a_space(trained, tmp_path, capsys):
+    """`petal report "my run"` said "run `petal evaluate /.../my run` to add one": the
+    command, followed verbatim, named two folders."""
+    import shlex
+    import shutil
+
+    from petal.cli import main
+    from petal.evaluation.workdir import no_model, non_finite_stop, unfinished_resume
+    from petal.training.loop import _non_finite_loss, resume_config
+
+    run = tmp_path / "my run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("eval", "export", "plots",
+                                                                "report.html", "tensorboard"))
+    assert main(["report", str(run)]) == 0
+    quoted = shlex.quote(str(run))
+    assert f"run `petal evaluate {quoted}` to add one" in capsys.readouterr().out
+    assert f"`petal train --workdir {quoted} --resume`" in unfinished_resume(run, 1, 2, "x")
+    config = json.loads((run / "config.json").read_text())
+    (run / "model.keras").unlink()
+    assert no_model(run, config).endswith(f"`petal train --workdir {quoted} --resume`.")
+    (run / "metrics.json").write_text('{"stopped": "non-finite loss", "epochs_completed": 1}')
+    (run / "last.keras").unlink()
+    assert f"(`petal train --workdir {quoted} --overwrite" in non_finite_stop(run, config)
+    resolved = {"peak_lr": 0.1, "precision": "float32"}
+    (run / "last.keras").touch()
+    message = str(_non_finite_loss(run, "epoch 2/2", resume_config(run), resolved, 1))
+    assert f"`petal train --workdir {quoted} --resume` and the new settings" in message

@@ -71,7 +71,8 @@ def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     other.mkdir()
     with pytest.raises(PetalError, match=r"already completed its 2 epochs, so nothing would "
                        r"train and these changes would be ignored: data .*records\" -> "
-                       r".*other-records\"; model \"dense\" -> \"squeezenet\"\. Pass --epochs 3 "):
+                       r".*other-records\"; model \"dense\" -> \"squeezenet\"\. Its checkpoint "
+                       r"holds the model, which --resume cannot change: leave that out, or "):
         train(resume_config(run).replace(model="squeezenet", data=str(other)), run,
               resume=True, **QUIET)
     # The same data by another path is no change.

@@ -481,7 +481,7 @@ def test_resume_changing_fine_tune_names_fine_tune_not_head_epochs(tmp_path, cap
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"petal train: error: {run} holds a checkpoint that --resume cannot change: fine_tune "
         '"head_then_all" -> "all". Leave those settings out to continue the run, or start a '
-        "new one (another --workdir, or --overwrite)."
+        "new one without --resume (another --workdir, or --overwrite)."
     )
 
 
@@ -556,3 +556,24 @@ def test_tensorboard_keeps_no_scalars_of_an_epoch_not_saved(small_records, tmp_p
     written, shown = _epoch_scalars(run, "epoch_lr")
     assert [step for step, _ in written] == [1, 2, 2, 3]
     assert shown == [(1, 1e-3), (2, 2e-3), (3, 2e-3)]
+
+
+def test_a_finished_run_given_a_checkpoint_change_is_not_sent_to_more_epochs(
+    small_records, tmp_path
+):
+    """Said "Pass --epochs 2 or more to train it further" for model "dense" -> "squeezenet",
+    and with --epochs 2 the checkpoint refused the model change: no number of epochs takes
+    it. Other changes (batch_size) still say --epochs."""
+    workdir = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, workdir, **QUIET)
+    with pytest.raises(PetalError) as caught:
+        train(cfg.replace(model="squeezenet"), workdir, resume=True, **QUIET)
+    assert "--epochs" not in str(caught.value)
+    assert str(caught.value).endswith(
+        'model "dense" -> "squeezenet". Its checkpoint holds the model, which --resume cannot '
+        "change: leave that out, or start a new run without --resume (another --workdir, or "
+        "--overwrite)."
+    )
+    with pytest.raises(PetalError, match=r"batch_size 10 -> 5\. Pass --epochs 2 or more"):
+        train(cfg.replace(batch_size=5), workdir, resume=True, **QUIET)

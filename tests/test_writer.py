@@ -1663,3 +1663,23 @@ def test_a_second_ctrl_c_waits_for_the_clean_up_of_the_pieces(
     with pytest.raises(KeyboardInterrupt):
         convert(small_flowers, out, image_size=32, workers=1, progress=False)
     assert not out.exists() or not [p.name for p in out.iterdir()]
+
+
+def test_a_worker_killed_outright_names_memory_as_well_as_the_decoder():
+    """A worker the OOM killer ended (SIGKILL) was said to be a file crashing the image
+    decoder only, with --workers 1 as the sole fix."""
+    pool = writer._Mapper(2)
+    try:
+        (pid,) = pool.submit(os.path.realpath, ["/proc/self"])()
+        os.kill(int(pid.rsplit("/", 1)[1]), signal.SIGKILL)
+        with pytest.raises(PetalError) as caught:
+            for _ in range(20):  # until the pool has seen the death
+                pool.submit(abs, [-1])()
+                time.sleep(0.1)
+    finally:
+        pool.close()
+    message = str(caught.value)
+    assert message.startswith("A worker process died (")
+    assert "ran out of memory" in message and "smaller --image-size, or fewer --workers" in message
+    assert message.endswith("a file crashes the image decoder (run again with --workers 1 to "
+                            "see which).")

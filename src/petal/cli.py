@@ -420,7 +420,8 @@ def _run_train(args: argparse.Namespace) -> int:
         if args.preset:
             raise PetalError(
                 f"--resume continues the run saved in {args.workdir}; --preset starts a new "
-                "one: drop --preset (change fields with --set KEY=VALUE), or pass --overwrite."
+                "one: drop --preset (change fields with --set KEY=VALUE), or drop --resume and "
+                "pass --overwrite to start afresh."
             )
         from petal.training.loop import resume_config
 

@@ -738,7 +738,8 @@ def run(
     if per_epoch < batch_size:
         raise PetalError(
             f"{records} has {per_epoch} training images, fewer than one batch of "
-            f"{batch_size}. Received: batch_size={batch_size}"
+            f"{batch_size}: pass --batch-size N (at most {per_epoch}). "
+            f"Received: batch_size={batch_size}"
         )
 
     def pipeline_case(source, aug, cache="off", warmup=10, **options):

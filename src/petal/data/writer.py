@@ -563,9 +563,12 @@ class _Mapper:
         try:
             return future.result()
         except BrokenProcessPool as err:
+            # Most often the system's OOM killer, which ends the largest process: a worker
+            # holding large decoded images.
             raise PetalError(
-                f"A worker process died ({err}); a file may crash the image decoder. "
-                "Run again with --workers 1 to see which."
+                f"A worker process died ({err}): most likely it ran out of memory and the "
+                "system's OOM killer ended it (pass a smaller --image-size, or fewer --workers), "
+                "or a file crashes the image decoder (run again with --workers 1 to see which)."
             ) from None
 
     def close(self) -> None:

@@ -189,6 +189,7 @@ def build_report(
             "run `petal train --workdir` first."
         )
     plot_dir = workdir / PLOTS_DIR
+    run_dir = shlex.quote(str(workdir))  # for the commands its messages suggest
     # Both places the report writes, checked before any plot is drawn.
     again = "move it away and run petal report again."
     writes = ((plot_dir, True, "plots"), (workdir / "report.html", False, "page"))
@@ -228,7 +229,7 @@ def build_report(
         )
         training = (
             f"{training}: {of}the curves show the {len(epochs_done)} epoch(s) it has saved so "
-            f"far; run `petal report {workdir}` again when it finishes."
+            f"far; run `petal report {run_dir}` again when it finishes."
         )
         print(f"petal report: warning: {training}", file=sys.stderr)
     elif unsaved:
@@ -237,7 +238,7 @@ def build_report(
         which = f"epoch {unsaved[0]}" if len(unsaved) == 1 else f"epochs {unsaved[0]}-{unsaved[-1]}"
         not_saved = (
             f"{history} holds {which}, which the run did not save (it stopped before the "
-            f"checkpoint): left out of this report; `petal train --workdir {workdir} --resume` "
+            f"checkpoint): left out of this report; `petal train --workdir {run_dir} --resume` "
             "trains it again."
         )
         print(f"petal report: warning: {not_saved}", file=sys.stderr)
@@ -252,10 +253,10 @@ def build_report(
             ]
         except OSError as err:
             raise _cannot_write(workdir, err) from None
-    evaluate_again = f"run `petal evaluate {workdir}` again."
+    evaluate_again = f"run `petal evaluate {run_dir}` again."
     if not same_place(eval_dir, workdir / EVAL_DIR):
         evaluate_again = (
-            f"run `petal evaluate {workdir} --out {shlex.quote(str(eval_dir))}` again."
+            f"run `petal evaluate {run_dir} --out {shlex.quote(str(eval_dir))}` again."
         )
     eval_json = eval_dir / "eval.json"
     evaluation = _read_json(eval_json, evaluate_again)
@@ -352,7 +353,7 @@ def build_report(
         resume = (
             ""
             if training  # --resume would be refused while it trains
-            else f" Resume it with `petal train --workdir {workdir} --resume`."
+            else f" Resume it with `petal train --workdir {run_dir} --resume`."
         )
         parts.append(
             f"<p>metrics.json missing: the run has not finished.{html.escape(resume)}</p>"
@@ -387,7 +388,7 @@ def build_report(
     else:
         # Said, so that an evaluation written elsewhere (evaluate --out) is not just missing.
         none = (
-            f"no evaluation in {eval_dir}: run `petal evaluate {workdir}` to add one, or pass "
+            f"no evaluation in {eval_dir}: run `petal evaluate {run_dir}` to add one, or pass "
             "--eval DIR for one written with `petal evaluate --out DIR`."
         )
         if not (workdir / MODEL_FILE).is_file():  # evaluate would refuse it: say why

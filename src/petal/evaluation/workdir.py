@@ -159,7 +159,7 @@ def unfinished_resume(workdir: Path, completed, trained: int, held: str) -> str 
     return (
         f"{workdir / METRICS_FILE} describes the run after epoch {completed}; it was resumed "
         f"and trained {trained - completed} more epoch(s) without finishing ({held}): finish "
-        f"it with `petal train --workdir {workdir} --resume`."
+        f"it with `petal train --workdir {shlex.quote(str(workdir))} --resume`."
     )
 
 
@@ -211,15 +211,16 @@ def non_finite_stop(workdir: Path, config: dict) -> str | None:
         resolved.get("peak_lr"), config.get("clipnorm"), resolved.get("precision")
     )
     last = workdir / "last.keras"
+    run_dir = shlex.quote(str(workdir))
     if is_int_at_least(saved, 1) and last.is_file():
         return (
             f"the run stopped at a {stopped}. {fix}, and go on from {last} (epoch {saved}, "
-            f"the last good one) with `petal train --workdir {workdir} --resume` and the new "
+            f"the last good one) with `petal train --workdir {run_dir} --resume` and the new "
             "settings."
         )
     return (
         f"the run stopped at a {stopped}, with no checkpoint saved to go on from. {fix}, "
-        f"and start it again with the new settings (`petal train --workdir {workdir} "
+        f"and start it again with the new settings (`petal train --workdir {run_dir} "
         "--overwrite ...`)."
     )
 
@@ -296,7 +297,7 @@ def no_model(workdir: Path, config: dict) -> str:
         return f"{workdir} has no {MODEL_FILE}: {stopped}"
     return (
         f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
-        f"`petal train --workdir {workdir} --resume`."
+        f"`petal train --workdir {shlex.quote(str(workdir))} --resume`."
     )
 
 
@@ -406,8 +407,8 @@ def load_model(run: RunInfo, float32: bool = False):
             # A run killed while writing it (before petal wrote it through a temporary
             # file): its last checkpoint holds the final epoch, and --resume writes it again.
             retrain = (
-                f"`petal train --workdir {run.workdir} --resume` writes it again from the "
-                f"run's last checkpoint ({last}, epoch {saved}), or {retrain}"
+                f"`petal train --workdir {shlex.quote(str(run.workdir))} --resume` writes it "
+                f"again from the run's last checkpoint ({last}, epoch {saved}), or {retrain}"
             )
         raise PetalError(
             f"Cannot load {run.model_path} ({first_line(err)}); the model file is damaged: "
@@ -490,6 +491,14 @@ def class_index(
         fix = f"Evaluate on {named}"
         if known and kind == "folder":
             fix = f"Pass --classes {keep} to read only those of its folders, or evaluate on {named}"
+        elif len(known) == 1 and kind == "records":
+            # Records need two classes, so converting again with --classes cannot keep one;
+            # evaluating an image folder reads one class.
+            run_dir = shlex.quote(str(run.workdir))
+            fix = (
+                f"Evaluate the photos instead: `petal evaluate {run_dir} --data PHOTO_FOLDER "
+                f"--classes {keep}` (an image folder may hold one class), or evaluate on {named}"
+            )
         elif known and kind == "records":
             fix = f"Convert the photos again with --classes {keep}, or evaluate on {named}"
         raise PetalError(

@@ -575,8 +575,9 @@ def load_config(
     if base is not None and not preset and file_preset not in (None, base.preset):
         raise PetalError(
             f"Config file {config_file} names preset {file_preset!r}, but the run being "
-            f"resumed is {base.preset!r}: a preset starts a new run (pass --overwrite or "
-            "another --workdir), or drop the file's preset key to change fields only."
+            f"resumed is {base.preset!r}: a preset starts a new run (drop --resume and pass "
+            "--overwrite or another --workdir), or drop the file's preset key to change fields "
+            "only."
         )
     if preset and file_preset not in (None, preset):
         # The file's fields are its preset's changes: on another preset, the run trained

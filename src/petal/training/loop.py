@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -432,12 +433,26 @@ def _check_nothing_changed(workdir: Path, cfg: TrainConfig, epochs_done: int) ->
         now["data"] = saved["data"]
     changed = [f"{key} {_show(saved[key])} -> {_show(now[key])}" for key in now
                if key in saved and now[key] != saved[key]]
+    # Fields the checkpoint holds are refused by a resume that trains too (the image sizes
+    # only when they resolve to another size, which the data decides).
+    fixed = [key for key in CHECKPOINT_FIELDS if key not in ("image_size", "train_image_size")
+             and key in saved and now[key] != saved[key]]
+    if "weights" in saved and _weights_place(saved["weights"]) != _weights_place(now["weights"]):
+        fixed.append("weights")
+    further = (
+        f"Pass --epochs {epochs_done + 1} or more to train it further (its model, image size "
+        "and optimizer stay), or start a new run in another --workdir."
+    )
+    if fixed:
+        further = (
+            f"Its checkpoint holds the {', '.join(fixed)}, which --resume cannot change: "
+            f"leave {'that' if len(fixed) == 1 else 'those'} out, or start a new run without "
+            "--resume (another --workdir, or --overwrite)."
+        )
     if changed:
         raise PetalError(
             f"{workdir} already completed its {epochs_done} epochs, so nothing would train and "
-            f"these changes would be ignored: {'; '.join(changed)}. Pass --epochs "
-            f"{epochs_done + 1} or more to train it further (its model, image size and "
-            "optimizer stay), or start a new run in another --workdir."
+            f"these changes would be ignored: {'; '.join(changed)}. {further}"
         )
 
 
@@ -749,8 +764,8 @@ def _check_resumed_checkpoint(workdir: Path, cfg: TrainConfig, resolved: dict) -
 def _fixed_by_checkpoint(workdir: Path | str, changed: list[str]) -> PetalError:
     return PetalError(
         f"{workdir} holds a checkpoint that --resume cannot change: {'; '.join(changed)}. "
-        "Leave those settings out to continue the run, or start a new one (another "
-        "--workdir, or --overwrite)."
+        "Leave those settings out to continue the run, or start a new one without --resume "
+        "(another --workdir, or --overwrite)."
     )
 
 
@@ -2123,7 +2138,7 @@ def _non_finite_loss(
     if epochs_done and last.is_file():
         saved = (
             f"{last} holds epoch {epochs_done}, the last good one: go on from it with "
-            f"`petal train --workdir {workdir} --resume` and the new settings"
+            f"`petal train --workdir {shlex.quote(str(workdir))} --resume` and the new settings"
         )
     else:
         saved = (
