@@ -578,3 +578,15 @@ def test_resume_with_a_preset_says_to_drop_resume_for_overwrite(monkeypatch, cap
     assert "(drop --resume and pass --overwrite or another --workdir)" in capsys.readouterr().err
     assert cli.main([*(a for a in argv if a != "--resume"), "--overwrite"]) == 0
     assert given["cfg"].preset == "codelab-squeezenet"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []])
+def test_help_and_version_with_stdout_closed_go_to_stderr(argv):
+    # `petal --version >&-`: a traceback (None.write) once --help's write was made to raise.
+    done = subprocess.run([sys.executable, "-m", "petal", *argv], stdin=subprocess.DEVNULL,
+                          stdout=None, stderr=subprocess.PIPE, text=True, timeout=60,
+                          pass_fds=(), close_fds=True,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == (2 if not argv else 0), done.stderr
+    assert done.stderr.startswith("petal 0" if argv == ["--version"] else "usage: petal")
+    assert "Traceback" not in done.stderr

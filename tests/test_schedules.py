@@ -489,3 +489,13 @@ def test_a_cosine_warm_up_as_long_as_the_run_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
     with pytest.raises(PetalError, match="no-records-here"):
         train(base.replace(epochs=4), tmp_path / "run")
+
+
+def test_a_warm_up_shorter_than_the_run_in_epochs_is_taken_whatever_its_steps():
+    # 0.9 of an epoch of 1 step rounds to the whole 1-epoch run: refused, saying 0.9 was not
+    # shorter than 1.
+    lr = warmup_cosine(1, peak_lr=1e-3, total_epochs=1, warmup_epochs=0.9)
+    assert float(lr(0)) == 0.0  # its warm-up starts at start_lr
+    warmup_cosine(1, peak_lr=1e-3, total_epochs=2, warmup_epochs=1.5)
+    with pytest.raises(PetalError, match=r"^warmup_epochs must be shorter than total_epochs"):
+        warmup_cosine(1, peak_lr=1e-3, total_epochs=2, warmup_epochs=2)

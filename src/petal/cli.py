@@ -1123,7 +1123,7 @@ class _Parser(argparse.ArgumentParser):
     (argparse drops it, then exits 0)."""
 
     def _print_message(self, message: str, file=None) -> None:
-        if message and file is sys.stdout:
+        if message and file is not None and file is sys.stdout:  # closed (None): stderr
             file.write(message)
         else:
             super()._print_message(message, file)
@@ -1176,7 +1176,8 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         if done.code not in (0, None):
             raise
         try:
-            sys.stdout.flush()
+            if sys.stdout is not None:  # closed (`>&-`): argparse wrote to stderr
+                sys.stdout.flush()
         except OSError as err:
             return _unwritten(err)
         return 0

@@ -227,7 +227,9 @@ def warmup_cosine(
     """
     total = epochs_to_steps(total_epochs, steps_per_epoch, "total_epochs")
     warmup = epochs_to_steps(warmup_epochs, steps_per_epoch, "warmup_epochs")
-    if warmup >= total:  # total 0 too; a warm-up as long as the schedule never decays
+    # A warm-up as long as the schedule never decays; compared in epochs, as they were
+    # given (rounded to steps, 0.9 of an epoch of 1 step was "as long as" 1 epoch).
+    if warmup > total or total < 1 or warmup_epochs >= total_epochs:
         raise PetalError(
             f"warmup_epochs must be shorter than total_epochs (the cosine decay follows it), "
             f"which must be positive. "
