@@ -501,7 +501,13 @@ def test_evaluate_counts_a_record_whose_image_does_not_decode(trained, make_reco
     # Named, with the shard and record, in the warning and in eval.json.
     [named] = report["skipped_undecodable_records"]
     assert named.startswith(f"{shard}: record 2: Unknown image file format. One of JPEG")
-    assert warnings == [f"--skip-corrupt: 1 of 5 records cannot be decoded and are skipped: {named}"]
+    assert warnings[0] == (
+        f"--skip-corrupt: 1 of 5 records cannot be decoded and are skipped: {named}")
+    # The one image of its class was the one skipped: that class scores nothing.
+    assert len(warnings) == 2 and re.fullmatch(
+        rf"Split 'validation' of {re.escape(str(records))}: no image of \w+ was scored \(none "
+        r"in the split, or skipped as corrupt\); the macro averages are over the other 4 "
+        r"classes", warnings[1])
 
 
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
@@ -531,10 +537,13 @@ def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     assert report["count"] == 10 - (in_shard - 3)
     # The reader's line is kept with the rest of what the evaluation left out (report shows
     # eval.json's warnings; this one was only logged).
-    assert report["warnings"] == [
+    assert report["warnings"][0] == (
         f"--skip-corrupt: skipped {in_shard - 3} record(s) of {shard}: record 3 is corrupt (CRC "
         "failure or truncation) and the reader cannot resume inside a shard"
-    ]
+    )
+    # Then any class whose every validation image was in the part skipped.
+    assert all("was scored (none in the split, or skipped as corrupt)" in line
+               for line in report["warnings"][1:])
     # Paths as absolute as train's config.json's, whatever was typed: report reads eval.json
     # from elsewhere.
     monkeypatch.chdir(tmp_path)
@@ -1922,6 +1931,6 @@ def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_reco
                       warn=warned.append)
     assert report["per_class"]["tulips"]["support"] == 0
     assert warned == report["warnings"] == [
-        f"Split 'validation' of {records} holds no images of tulips; the macro averages are "
-        "over the other 4 classes"
+        f"Split 'validation' of {records}: no image of tulips was scored (none in the split); "
+        "the macro averages are over the other 4 classes"
     ]

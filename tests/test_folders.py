@@ -561,18 +561,3 @@ def test_two_class_folders_in_two_unicode_forms_are_refused(tmp_path):
     (tmp_path / nfd).rmdir()
     assert find_images(tmp_path).classes == ("daisy", "rosé")
 
-
-def test_a_class_folder_named_with_a_control_character_is_refused(tmp_path):
-    # "rose\nred" was one class in the model and two lines of labels.txt, every class after
-    # it read one off; evaluate's per-class table split its row.
-    for rel in ("rose\nred/1.jpg", "tulips/2.jpg"):
-        _touch(tmp_path / rel)
-    with pytest.raises(PetalError) as caught:
-        find_images(tmp_path)
-    assert str(caught.value) == (
-        f"The name of the class folder {ascii(str(tmp_path / 'rose'))[:-1]}\\nred' holds a "
-        "control character (a newline, a tab), which would split it in labels.txt and in the "
-        "tables that list classes a line each: rename the folder and run again."
-    )
-    (tmp_path / "rose\nred").rename(tmp_path / "roses")
-    assert find_images(tmp_path).classes == ("roses", "tulips")

@@ -1967,7 +1967,8 @@ def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval"))
     config = json.loads((run / "config.json").read_text())
-    names = ["Gänseblümchen", "向日葵", *config["resolved"]["classes"][2:]]
+    # and a newline in a class's name split it over two lines of labels.txt
+    names = ["Gänseblümchen", "向日葵", "rose\nred", *config["resolved"]["classes"][3:]]
     config["resolved"]["classes"] = names
     (run / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
@@ -1976,7 +1977,8 @@ def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
         done = subprocess.run([sys.executable, "-m", "petal", *argv], capture_output=True,
                               text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-    assert (run / "export" / "labels.txt").read_text(encoding="utf-8").splitlines() == names
+    lines = (run / "export" / "labels.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == [*names[:2], "rose\\nred", *names[3:]]
     assert "向日葵" in (run / "report.html").read_text(encoding="utf-8")
 
 

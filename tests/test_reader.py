@@ -783,3 +783,28 @@ def test_an_error_on_records_with_unreadable_ones_claims_no_more_than_was_read(m
         "or truncation), so the records may not be to blame; `petal inspect --verify` checks "
         "their other fields."
     )
+
+
+def test_a_record_whose_label_fails_its_crc_is_named_corrupt_not_another_manifests(make_records):
+    # The manifest check read the first records' labels without their CRCs: a flipped byte in
+    # a label ("dandel\xffon") read as a shard of another conversion ("convert again"), not a
+    # corrupt record; corrupt_record's byte 40 lands there by chance (the suite failed so).
+    folder = make_records(counts={"train": [7, 6], "validation": [5]})
+    shard = folder / "validation-00000-of-00001-5.tfrec"
+    data = bytearray(shard.read_bytes())
+    first = bytes(data[12 : 12 + int.from_bytes(data[:8], "little")])
+
+    def label(record):
+        return tf.train.Example.FromString(record).features.feature["label"].bytes_list.value
+
+    name = label(first)[0]
+    for at in (i for i in range(len(first)) if first.startswith(name, i)):  # the filename too
+        flipped = bytearray(first)
+        flipped[at + len(name) // 2] ^= 0xFF
+        if label(bytes(flipped))[0] != name:  # inside record 0's label: its CRC fails
+            data[12 + at + len(name) // 2] ^= 0xFF
+            break
+    shard.write_bytes(bytes(data))
+    src = open_source(str(folder))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"5\.tfrec: record 0 "):
+        list(eval_dataset(src, batch_size=2))

@@ -799,14 +799,6 @@ def find_images(
             "valid UTF-8, and class names are stored as UTF-8 text: rename the folder (e.g. "
             "with convmv) and run again."
         )
-    if bad := [c for c in chosen if any(unicodedata.category(ch) == "Cc" for ch in c)]:
-        # One class a line in labels.txt: "rose\nred" read as two classes, and the classes
-        # after it each one off.
-        raise PetalError(
-            f"The name of the class folder {ascii(join(root, bad[0]))} holds a control "
-            "character (a newline, a tab), which would split it in labels.txt and in the "
-            "tables that list classes a line each: rename the folder and run again."
-        )
     forms = collections.Counter(nfc(c) for c in chosen)
     twins = [c for c in chosen if forms[nfc(c)] > 1]
     if twins and classes is None:  # two classes whose names look the same

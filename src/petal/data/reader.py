@@ -397,14 +397,20 @@ def _check_labels(source: Source, fs) -> None:
 
 def _head_records(data: bytes) -> list[bytes]:
     """The records whose frames lie whole in ``data``, the first bytes of a shard (a TFRecord
-    frame: length as 8 bytes little-endian, its CRC in 4, the record, its CRC in 4; the
-    CRCs are not checked here)."""
+    frame: length as 8 bytes little-endian, its CRC in 4, the record, its CRC in 4), up to
+    the first whose record fails its CRC (reading names it: its bytes, a label among them,
+    are not to be judged)."""
+    from petal.data.writer import _masked_crc
+
     records, at = [], 0
     while at + 12 <= len(data):
         length = int.from_bytes(data[at : at + 8], "little")
         if at + 16 + length > len(data):
             break
-        records.append(data[at + 12 : at + 12 + length])
+        record = data[at + 12 : at + 12 + length]
+        if _masked_crc(record) != data[at + 12 + length : at + 16 + length]:
+            break
+        records.append(record)
         at += 16 + length
     return records
 

@@ -275,18 +275,21 @@ def evaluate(
         report = classification_report(y_true, y_prob, run.classes, ks=ks)
         # The data's classes with no image in the split score 0.000 and are left out of the
         # macro averages, as the model's classes the data lacks are (said above).
+        # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
+        # with the rest of what this evaluation left out.
+        warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
         given = set(source.classes) if to_model is not None else set(run.classes)
         scores = report["per_class"]
         if empty := [c for c in run.classes if c in given and not scores[c]["support"]]:
             present = sum(1 for c in run.classes if scores[c]["support"])
+            skipped = SKIPPED.skipped > skipped_before or bool(undecodable)
             warnings.append(
-                f"Split {split!r} of {data} holds no images of {', '.join(empty)}; the macro "
-                f"averages are over the other {present} class{'es' * (present != 1)}"
+                f"Split {split!r} of {data}: no image of {', '.join(empty)} was scored ("
+                + ("none in the split, or skipped as corrupt" if skipped else "none in the split")
+                + f"); the macro averages are over the other {present} "
+                f"class{'es' * (present != 1)}"
             )
             warn(warnings[-1])
-        # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
-        # with the rest of what this evaluation left out.
-        warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
         report.update(
             {
                 # Absolute, as train's config.json: eval.json is read from elsewhere (report).

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from petal.data.folders import held_output, refuse_url
 from petal.data.images import DEFAULT_MAX_PIXELS
-from petal.errors import PetalError, first_line, need_bool, write_failed
+from petal.errors import PetalError, first_line, need_bool, printable, write_failed
 from petal.evaluation.workdir import (
     RunInfo,
     check_not_in_the_way,
@@ -701,7 +701,9 @@ def export(
             # Tells a later export that this folder is not left over while this process lives.
             mark_running(staging, lambda who: PetalError(who), "exporting into it")
             archive.write_out(str(staging / "saved_model"), verbose=False)
-            (staging / "labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
+            # One class a line: a control character (a newline) written as an escape.
+            lines = "".join(f"{printable(name)}\n" for name in classes)
+            (staging / "labels.txt").write_text(lines, encoding="utf-8")
             if tflite:
                 _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
             written = [name for name in _OUTPUTS if (staging / name).exists()]
