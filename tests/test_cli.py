@@ -152,7 +152,9 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys, tmp_path):
     ]
 
 
-def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp_path):
+def _run_to_resume(monkeypatch, tmp_path):
+    """A run folder of the quick preset to --resume, and the dict that gets the config
+    ``petal train`` would train (as ``cfg``; train itself is replaced)."""
     from petal.training import loop
 
     run = tmp_path / "run"
@@ -162,6 +164,11 @@ def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp
                                      '"resolved": {"classes": ["a", "b"]}}')
     given = {}
     monkeypatch.setattr(loop, "train", lambda config, *a, **k: given.update(cfg=config))
+    return run, given
+
+
+def test_resume_continues_the_saved_config_not_a_preset(monkeypatch, capsys, tmp_path):
+    run, given = _run_to_resume(monkeypatch, tmp_path)
     argv = ["train", "--workdir", str(run), "--resume", "--epochs", "7"]
     assert cli.main([*argv, "--preset", "codelab-squeezenet"]) == 2
     assert capsys.readouterr().err == (
@@ -556,14 +563,7 @@ def test_help_and_version_say_when_they_could_not_be_written(argv):
 def test_resume_with_a_preset_says_to_drop_resume_for_overwrite(monkeypatch, capsys, tmp_path):
     """Said "drop --preset ..., or pass --overwrite" to a command that already passed
     --overwrite, and --overwrite with --resume is refused: --resume has to go."""
-    from petal.training import loop
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text('{"preset": "quick", "data": "/photos", "epochs": 5, '
-                                     '"resolved": {"classes": ["a", "b"]}}')
-    given = {}
-    monkeypatch.setattr(loop, "train", lambda config, *a, **k: given.update(cfg=config))
+    run, given = _run_to_resume(monkeypatch, tmp_path)
     argv = ["train", "--workdir", str(run), "--resume", "--preset", "quick", "--overwrite"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

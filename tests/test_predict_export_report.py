@@ -1712,6 +1712,21 @@ def test_predicts_records_hint_quotes_a_path_with_a_space(trained, tmp_path):
     assert f"--data '{records}'`" in str(info.value)
 
 
+def _largest_tensor(graph, fetch, feed) -> int:
+    """The bytes of the largest tensor ``graph`` makes computing ``fetch`` from ``feed``."""
+    import tensorflow as tf
+
+    stats = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(fetch, feed, options=tf.compat.v1.RunOptions(trace_level=3),
+                    run_metadata=stats)
+    return max(
+        out.tensor_description.allocation_description.requested_bytes
+        for device in stats.step_stats.dev_stats
+        for node in device.node_stats
+        for out in node.output
+    )
+
 def test_the_exported_fill_resize_computes_only_the_kept_window():
     """A 1x4000 strip fitted to 24x32: the SavedModel resized it whole to 24x96000 (a
     1x40000 PNG of 914 bytes took 2.8 GB at 64 px) before cropping; now only the window
@@ -1735,16 +1750,7 @@ def test_the_exported_fill_resize_computes_only_the_kept_window():
     with graph.as_default():
         image = tf.compat.v1.placeholder(tf.float32, [None, None, 3])
         fitted = _fit_tf(image, (24, 32), "fill")
-    stats = tf.compat.v1.RunMetadata()
-    with tf.compat.v1.Session(graph=graph) as session:
-        session.run(fitted, {image: np.zeros((1, 4000, 3), np.float32)},
-                    options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=stats)
-    largest = max(
-        out.tensor_description.allocation_description.requested_bytes
-        for device in stats.step_stats.dev_stats
-        for node in device.node_stats
-        for out in node.output
-    )
+    largest = _largest_tensor(graph, fitted, {image: np.zeros((1, 4000, 3), np.float32)})
     assert 0 < largest <= 4 * 4000 * 3
 
 
@@ -1901,16 +1907,7 @@ def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
         with graph.as_default():
             data = tf.compat.v1.placeholder(tf.string, [])
             out = make_preprocess(run)(data)
-        stats = tf.compat.v1.RunMetadata()
-        with tf.compat.v1.Session(graph=graph) as session:
-            session.run(out, {data: buffer.getvalue()},
-                        options=tf.compat.v1.RunOptions(trace_level=3), run_metadata=stats)
-        largest = max(
-            out.tensor_description.allocation_description.requested_bytes
-            for device in stats.step_stats.dev_stats
-            for node in device.node_stats
-            for out in node.output
-        )
+        largest = _largest_tensor(graph, out, {data: buffer.getvalue()})
         assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo
 
 
