@@ -2031,3 +2031,75 @@ def test_suggested_commands_quote_a_run_folder_with_a_space(trained, tmp_path, c
     (run / "last.keras").touch()
     message = str(_non_finite_loss(run, "epoch 2/2", resume_config(run), resolved, 1))
     assert f"`petal train --workdir {quoted} --resume` and the new settings" in message
+
+
+def _palette_bmp(indices, bits, palette, top_down=False, core=False, colours=None):
+    """A BMP of colour-table ``indices`` [H, W] at ``bits`` a pixel, written by hand (PIL
+    writes no 4-bit, top-down or OS/2 ones)."""
+    import struct
+
+    h, w = indices.shape
+    stride = (bits * w + 31) // 32 * 4
+    rows = b""
+    for row in indices if top_down else indices[::-1]:
+        packed = "".join(format(int(v), f"0{bits}b") for v in row).ljust(stride * 8, "0")
+        rows += int(packed, 2).to_bytes(stride, "big")
+    if core:
+        info = struct.pack("<IHHHH", 12, w, h, 1, bits)
+        table = b"".join(bytes([b, g, r]) for r, g, b in palette)
+    else:
+        count = len(palette) if colours is None else colours
+        info = struct.pack("<IiiHHIIiiII", 40, w, -h if top_down else h, 1, bits, 0,
+                           len(rows), 2835, 2835, count, 0)
+        table = b"".join(bytes([b, g, r, 0]) for r, g, b in palette)
+    start = 14 + len(info) + len(table)
+    return b"BM" + struct.pack("<IHHI", start + len(rows), 0, 0, start) + info + table + rows
+
+
+def test_the_exported_decoder_looks_up_bmp_colour_tables_as_predict_does():
+    """TensorFlow's BMP decoder returned an 8-bit palette BMP's indices as grey (79% of a
+    photo's pixels off, by up to 148) and refused 1- and 4-bit ones."""
+    import io
+
+    import numpy as np
+    import tensorflow as tf
+    from PIL import Image
+
+    from petal.data import images
+    from petal.evaluation.export import decode_like_predict
+
+    rng = np.random.default_rng(0)
+    photo = Image.fromarray(rng.integers(0, 256, (6, 13, 3), np.uint8))
+    cases = {}
+    for mode in ("P", "1"):  # PIL's own: 8 and 1 bits, bottom-up
+        buffer = io.BytesIO()
+        photo.convert(mode).save(buffer, "BMP")
+        cases[mode] = buffer.getvalue()
+    for bits in (1, 4, 8):
+        for full in (True, False):  # all 2**bits colours (count 0), or fewer
+            count = 2**bits if full else 2**bits // 2 + 1
+            palette = [tuple(int(v) for v in rng.integers(0, 256, 3)) for _ in range(count)]
+            indices = rng.integers(0, count, (5, 11))
+            for top_down in (False, True):
+                cases[bits, full, top_down] = _palette_bmp(
+                    indices, bits, palette, top_down, colours=0 if full else None
+                )
+            cases[bits, full, "os2"] = _palette_bmp(
+                indices, bits, palette + [(0, 0, 0)] * (2**bits - count), core=True
+            )
+    for name, data in cases.items():
+        expected = images.decode_rgb(data)[0]
+        np.testing.assert_array_equal(decode_like_predict(tf.constant(data)).numpy(),
+                                      expected, err_msg=str(name))
+    # An index past the table is black in PIL.
+    data = _palette_bmp(np.array([[0, 1, 5]]), 8, [(10, 20, 30), (40, 50, 60)])
+    assert images.decode_rgb(data)[0].tolist() == [[[10, 20, 30], [40, 50, 60], [0, 0, 0]]]
+    assert decode_like_predict(tf.constant(data)).numpy().tolist() == [
+        [[10, 20, 30], [40, 50, 60], [0, 0, 0]]
+    ]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the BMP is truncated"):
+        decode_like_predict(tf.constant(cases[4, True, False][:-3]))
+    rle = bytearray(cases[8, True, False])
+    rle[30] = 1  # BI_RLE8: read as uncompressed rows, it was served as noise
+    with pytest.raises(tf.errors.InvalidArgumentError, match="RLE-compressed BMP is not"):
+        decode_like_predict(tf.constant(bytes(rle)))

@@ -11,9 +11,10 @@ stored sideways with an orientation tag, are classified upright. A second signat
 ``serve_pixels(images)``, takes float pixels in 0..255 at the model's size; it is the one
 converted to TFLite, since TFLite has no image decoders. Left to TensorFlow's decoders:
 transparency in GIF and BMP (dropped, where predict composites it on white) and EXIF tags in
-formats other than JPEG. WebP transparency is composited on white as predict does; an
-animated WebP is refused (``InvalidArgumentError``), never handed to TensorFlow's decoder, and
-so is an image whose header states more pixels than ``petal predict``'s default limit.
+formats other than JPEG. WebP transparency is composited on white as predict does, and a
+BMP's colour table looked up (an RLE-compressed one is refused); an animated WebP is refused
+(``InvalidArgumentError``), never handed to TensorFlow's decoder, and so is an image whose
+header states more pixels than ``petal predict``'s default limit.
 """
 
 from __future__ import annotations
@@ -374,10 +375,88 @@ def header_size(data):
     return sides[0], sides[1]
 
 
+def _bmp_header(data):
+    """``number(pos, count)``: the little-endian unsigned number (int64) at ``pos`` of the
+    first 54 bytes of BMP bytes (scalar string), bytes past their end read as 0."""
+    import tensorflow as tf
+
+    raw = _bytes_at(data, 0, 54, tf.strings.length(data))
+    raw = tf.cast(tf.maximum(raw, 0), tf.int64)  # one read: a few ops where a trace counts
+
+    def number(pos: int, count: int):
+        return tf.reduce_sum(raw[pos:pos + count] * [256**k for k in range(count)])
+
+    return number
+
+
+def palette_bmp(data):
+    """Whether image bytes (scalar string) are a BMP with a colour table: 1, 4 or 8 bits a
+    pixel. TensorFlow's decoder returns an 8-bit one's palette indices as grey (and refuses
+    1 and 4 bits); :func:`decode_palette_bmp` looks them up as PIL does."""
+    import tensorflow as tf
+
+    number = _bmp_header(data)
+    # OS/2's header has the bits a pixel at byte 24, the others at 28.
+    bits = tf.where(tf.equal(number(14, 4), 12), number(24, 2), number(28, 2))
+    is_bmp = tf.equal(tf.strings.substr(data, 0, 2), b"BM")
+    return is_bmp & (tf.equal(bits, 1) | tf.equal(bits, 4) | tf.equal(bits, 8))
+
+
+def decode_palette_bmp(data):
+    """The pixels (uint8 ``[H, W, 3]``) of a BMP for which :func:`palette_bmp` holds: its
+    rows unpacked and their indices looked up in its colour table, as PIL decodes it."""
+    import tensorflow as tf
+
+    size = tf.strings.length(data)
+    number = _bmp_header(data)
+    header = number(14, 4)
+    core = tf.equal(header, 12)  # OS/2: 16-bit sizes, rows bottom-up, 3 bytes a colour
+    bits = tf.where(core, number(24, 2), number(28, 2))
+    width = tf.where(core, number(18, 2), number(18, 4))
+    height = tf.where(core, number(20, 2), number(22, 4))
+    top_down = height >= 2**31
+    height = tf.where(top_down, 2**32 - height, height)
+    compression = tf.where(core, tf.constant(0, tf.int64), number(30, 4))
+    entry = tf.where(core, tf.constant(3, tf.int64), 4)
+    # No count in the header (0) stands for all 2**bits colours.
+    colours = tf.where(core, tf.constant(0, tf.int64), number(46, 4))
+    colours = tf.where(tf.equal(colours, 0), 2**bits, colours)
+    table = tf.minimum(colours, 256) * entry
+    start = number(10, 4)
+    # As PIL: pixels said to start right after the header start after the colour table.
+    start = tf.where(tf.equal(start, 14 + header), start + colours * entry, start)
+    stride = (bits * width + 31) // 32 * 4
+    refuse = tf.debugging.Assert(
+        tf.equal(compression, 0),
+        ["RLE-compressed BMP is not supported by the SavedModel; send it as PNG or JPEG"],
+    )
+    truncated = tf.debugging.Assert(
+        (14 + header + table <= tf.cast(size, tf.int64))
+        & (start + stride * height <= tf.cast(size, tf.int64)),
+        ["the BMP is truncated (its header states more bytes than it holds); send the "
+         "whole file"],
+    )
+    with tf.control_dependencies([refuse, truncated]):
+        palette = tf.io.decode_raw(tf.strings.substr(data, 14 + header, table), tf.uint8)
+        pixels = tf.io.decode_raw(tf.strings.substr(data, start, stride * height), tf.uint8)
+    palette = tf.reverse(tf.reshape(palette, [-1, entry])[:, :3], [1])  # BGR -> RGB
+    # Indices past the table: black, as PIL looks them up.
+    palette = tf.pad(palette, [[0, 256 - tf.shape(palette)[0]], [0, 0]])
+    rows = tf.cast(tf.reshape(pixels, tf.stack([height, stride])), tf.int64)
+    # Rows are stored bottom-up unless the height is negative.
+    y = tf.range(height)
+    rows = tf.gather(rows, tf.where(top_down, y, height - 1 - y))
+    # Pixel x lies in byte x * bits // 8 of its row, the first in the high bits.
+    at = tf.range(width) * bits
+    rows = tf.bitwise.right_shift(tf.gather(rows, at // 8, axis=1), 8 - bits - at % 8)
+    return tf.gather(palette, tf.bitwise.bitwise_and(rows, 2**bits - 1))
+
+
 def decode_like_predict(data, max_pixels: int = DEFAULT_MAX_PIXELS):
     """Encoded image bytes -> uint8 ``[H, W, 3]`` with TensorFlow ops, as
     :func:`petal.data.images.decode_rgb` (``petal predict``) decodes them: JPEG with the
-    accurate integer DCT and its EXIF orientation, PNG and WebP transparency on white.
+    accurate integer DCT and its EXIF orientation, PNG and WebP transparency on white,
+    the colour table of a 1-, 4- or 8-bit BMP.
     An image whose header states more than ``max_pixels`` pixels (predict's default limit,
     a guard against decompression bombs) is refused (``InvalidArgumentError``) before it is
     decoded."""
@@ -469,6 +548,7 @@ def decode_like_predict(data, max_pixels: int = DEFAULT_MAX_PIXELS):
             (tf.io.is_jpeg(data), jpeg),
             (tf.equal(head, _PNG_SIGNATURE), png),
             (is_webp, webp),
+            (palette_bmp(data), lambda: decode_palette_bmp(data)),
         ],
         default=other,
     )
