@@ -988,3 +988,37 @@ def test_the_command_leaves_without_tearing_down_what_read_the_store(
     assert err[-1].startswith("petal evaluate: error: Reading the store failed: HTTP 404"), err
     # Given its arguments (the library's way in), it returns as before.
     assert cli.main(argv[1:]) == 2 and left == [2]
+
+
+def test_generators_over_a_store_end_at_exit_after_a_call_in_flight(monkeypatch):
+    # A script's process hung at exit now and then (the exit test above timed out in two
+    # suites): the teardown of a live iterator met its generator's call in flight (the GIL).
+    # At exit each generator now ends, once the call running has returned.
+    import threading
+    import time
+
+    monkeypatch.setattr(remote, "GENERATORS_MADE", True)
+    monkeypatch.setattr(remote, "_EXITING", threading.Event())
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        yield 1
+        started.set()
+        release.wait(10)
+        yield 2
+        yield 3
+
+    before = len(remote._IN_CALL)
+    gen = remote._ends_at_exit(slow)()
+    assert next(gen) == 1
+    got = []
+    call = threading.Thread(target=lambda: got.append(next(gen)))
+    call.start()
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()
+    start = time.monotonic()
+    remote._end_generators(limit_s=10)
+    assert time.monotonic() - start >= 0.4  # it waited for the call running
+    call.join(10)
+    assert got == [2] and list(gen) == []  # then the generator ended at its next call
+    assert len(remote._IN_CALL) == before

@@ -1085,6 +1085,10 @@ def _leave(code: int) -> None:
                 stream.flush()
 
     flush()  # what the command printed, before the handlers print theirs
+    if remote := sys.modules.get("petal.data.remote"):
+        # No teardown follows os._exit: the store's generators need not end first (a
+        # download in flight would hold the exit up to remote's limit).
+        atexit.unregister(remote._end_generators)
     atexit._run_exitfuncs()
     flush()
     os._exit(code)

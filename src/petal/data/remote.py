@@ -764,14 +764,71 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
             while pending:
                 yield _result(pending.popleft())
 
-    return generate
+    return _ends_at_exit(generate)
 
 
 # Whether this process made a Dataset.from_generator over a store. Tearing one down while
 # its generator has a call in flight can deadlock on the GIL (seen after a failed request:
 # petal evaluate printed its error and never exited), so the command leaves without that
-# teardown (petal.cli.main).
+# teardown (petal.cli.main), and a library caller's generators end at exit
+# (_end_generators).
 GENERATORS_MADE = False
+# Set at exit: each generator over a store ends at its next call (see _ends_at_exit).
+_EXITING = threading.Event()
+# Each live generator over a store: whether a call of it is running.
+_IN_CALL: dict[object, bool] = {}
+_IN_CALL_LOCK = threading.Lock()
+_END = object()
+
+
+def _ends_at_exit(generate):
+    """``generate`` (a generator function for ``Dataset.from_generator``), ending at its
+    next call once the process exits (:func:`_end_generators`), and saying whether a call
+    is running."""
+
+    @functools.wraps(generate)
+    def ending(*args):
+        inner, token = generate(*args), object()
+        try:
+            while not _EXITING.is_set():
+                with _IN_CALL_LOCK:
+                    _IN_CALL[token] = True
+                try:
+                    item = next(inner, _END)
+                finally:
+                    with _IN_CALL_LOCK:
+                        _IN_CALL[token] = False
+                if item is _END:
+                    return
+                yield item
+        finally:
+            with _IN_CALL_LOCK:
+                _IN_CALL.pop(token, None)
+            inner.close()
+
+    return ending
+
+
+@atexit.register
+def _end_generators(limit_s: float = 10.0, idle_s: float = 0.2) -> None:
+    """At exit, before the interpreter tears down a script's live iterators: ends the
+    generators over a store, waiting (GIL released) until each has ended or none has had a
+    call running for ``idle_s``, at most ``limit_s``. A library caller's process hung at
+    exit, now and then, when the teardown met a generator's call in flight (the GIL)."""
+    if not GENERATORS_MADE:
+        return
+    _EXITING.set()
+    deadline, idle_since = time.monotonic() + limit_s, None
+    while time.monotonic() < deadline:
+        with _IN_CALL_LOCK:
+            live, busy = bool(_IN_CALL), any(_IN_CALL.values())
+        if not live:
+            return
+        now = time.monotonic()
+        idle_since = None if busy else (idle_since or now)
+        if idle_since is not None and now - idle_since >= idle_s:
+            return
+        time.sleep(0.01)
 
 
 def records_dataset(
@@ -961,7 +1018,7 @@ def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deter
             pool.shutdown(wait=False, cancel_futures=True)
             staging.close()
 
-    return generate
+    return _ends_at_exit(generate)
 
 
 def _order(n: int, shuffle_seed, repeat: bool):
