@@ -1105,6 +1105,13 @@ _KEPT = {
 }
 
 
+# A write to stdout failed on a full disk (or /dev/full).
+_STDOUT_FULL = (
+    "No space left on the device writing the standard output: send it elsewhere, or free "
+    "space on its disk."
+)
+
+
 def _unwritten(err: OSError) -> int:
     """The exit code of ``--help`` or ``--version`` whose text could not be written to stdout
     (``err``): 2 with one line, or quietly 141 when the reader of a pipe went away."""
@@ -1113,10 +1120,7 @@ def _unwritten(err: OSError) -> int:
         return 128 + signal.SIGPIPE
     text = f"{err.strerror or err} writing the standard output: send it elsewhere."
     if disk_full(err) and _stdout_full():
-        text = (
-            "No space left on the device writing the standard output: send it elsewhere, "
-            "or free space on its disk."
-        )
+        text = _STDOUT_FULL
     _stdout_nowhere()
     print(f"petal: error: {text}", file=sys.stderr)
     return 2
@@ -1213,10 +1217,7 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         # permission, disk full).
         text = _os_error_line(err, args) if isinstance(err, OSError) else str(err)
         if isinstance(err, OSError) and disk_full(err) and not err.filename and _stdout_full():
-            text = (
-                "No space left on the device writing the standard output: send it elsewhere, "
-                "or free space on its disk."
-            )
+            text = _STDOUT_FULL
         # A URL's user and password are never shown, whatever message carries them.
         shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text, flags=re.I)
         print(f"petal {args.command}: error: {shown}", file=sys.stderr)
