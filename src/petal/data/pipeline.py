@@ -1555,6 +1555,12 @@ def _cache_bytes(src: Source, split, size, input_context=None) -> int:
     return needed
 
 
+def _fits_in_ram(needed: int, available: int) -> bool:
+    """cache="auto"'s rule: ``needed`` bytes are cached in RAM when they take at most
+    ``RAM_CACHE_FRACTION`` of the ``available`` memory, else on local disk."""
+    return needed <= RAM_CACHE_FRACTION * available
+
+
 def _temporary_cache_folder() -> str:
     return os.path.join(tempfile.gettempdir(), "petal-cache")
 
@@ -1565,7 +1571,7 @@ def auto_cache_choice(src: Source, split, size) -> str:
     else in a temporary file on local disk (the rule :func:`train_dataset` follows)."""
     needed, available = _cache_bytes(src, split, size), _available_memory()
     share = f"{RAM_CACHE_FRACTION:.0%} of the {available / 1e9:.1f} GB of memory available"
-    if needed <= RAM_CACHE_FRACTION * available:
+    if _fits_in_ram(needed, available):
         return f"in RAM ({needed / 1e9:.1f} GB decoded, within {share})"
     return (
         f"on local disk in {_temporary_cache_folder()} ({needed / 1e9:.1f} GB decoded, over "
@@ -1586,7 +1592,7 @@ def _resolve_cache(
         return ""
     needed = _cache_bytes(src, split, size, input_context)
     if cache == "auto":
-        if needed <= RAM_CACHE_FRACTION * _available_memory():
+        if _fits_in_ram(needed, _available_memory()):
             return ""
         cache = "disk"
     temporary = cache == "disk"
