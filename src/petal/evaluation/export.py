@@ -332,13 +332,8 @@ def header_size(data):
     def starts(text: bytes, pos: int = 0):
         return tf.equal(tf.strings.substr(data, tf.minimum(pos, size), len(text)), text)
 
-    # OS/2's BMP header has 16-bit sizes; the others' are 32-bit and may be negative.
-    core = number(14, 4) == 12
-    bmp = [
-        tf.where(core, number(20, 2), number(22, 4)),
-        tf.where(core, number(18, 2), number(18, 4)),
-    ]
-    bmp = [tf.where(side >= 2**31, 2**32 - side, side) for side in bmp]
+    bmp_height, bmp_width, _ = _bmp_sides(number)
+    bmp_width = tf.where(bmp_width >= 2**31, 2**32 - bmp_width, bmp_width)  # as a height
     # WebP: a canvas of 24-bit sizes - 1 (VP8X), 14-bit sizes - 1 (lossless), or 14-bit
     # sizes after the frame's start code (lossy).
     lossless, lossy = number(21, 4), number(26, 4)
@@ -362,7 +357,7 @@ def header_size(data):
             tf.stack([number(8, 2), number(6, 2)]),  # its screen
             tf.where(
                 starts(b"BM"),
-                tf.stack(bmp),
+                tf.stack([bmp_height, bmp_width]),
                 tf.where(starts(b"RIFF") & starts(b"WEBP", 8), webp, zero),
             ),
         ),
@@ -373,6 +368,20 @@ def header_size(data):
         lambda: sides,
     )
     return sides[0], sides[1]
+
+
+def _bmp_sides(number):
+    """``(height, width, top_down)`` (int64, bool) of a BMP's header, read with
+    ``number(pos, count)`` (a little-endian reader of its bytes): OS/2's header has 16-bit
+    sizes, the others' 32-bit ones, a negative height for rows stored top-down (the width
+    as stored)."""
+    import tensorflow as tf
+
+    core = tf.equal(number(14, 4), 12)
+    height = tf.where(core, number(20, 2), number(22, 4))
+    width = tf.where(core, number(18, 2), number(18, 4))
+    top_down = height >= 2**31
+    return tf.where(top_down, 2**32 - height, height), width, top_down
 
 
 def _bmp_header(data):
@@ -412,10 +421,7 @@ def decode_palette_bmp(data):
     header = number(14, 4)
     core = tf.equal(header, 12)  # OS/2: 16-bit sizes, rows bottom-up, 3 bytes a colour
     bits = tf.where(core, number(24, 2), number(28, 2))
-    width = tf.where(core, number(18, 2), number(18, 4))
-    height = tf.where(core, number(20, 2), number(22, 4))
-    top_down = height >= 2**31
-    height = tf.where(top_down, 2**32 - height, height)
+    height, width, top_down = _bmp_sides(number)
     compression = tf.where(core, tf.constant(0, tf.int64), number(30, 4))
     entry = tf.where(core, tf.constant(3, tf.int64), 4)
     # No count in the header (0) stands for all 2**bits colours.
