@@ -393,3 +393,72 @@ def titles_apart(fig) -> list:
         for j in range(i):
             assert not box.overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
     return texts
+
+
+# A test that runs past HANG_S seconds has hung (the slowest take about a minute): its process
+# writes every thread's stack and exits, so the test fails and the suite goes on in a new test
+# process, instead of stalling CI until CI's own limit with nothing said. Under xdist a test
+# process's stderr is not shown, so the stacks go to a folder the main process prints at the
+# end. PETAL_TEST_HANG_S sets the limit (0: none).
+HANG_S = float(os.environ.get("PETAL_TEST_HANG_S", "600"))
+_HANGS = "PETAL_TEST_HANGS"
+
+
+def pytest_configure(config):
+    import tempfile
+
+    if not hasattr(config, "workerinput"):  # the main process: its test processes inherit it
+        os.environ[_HANGS] = os.path.join(tempfile.gettempdir(), f"petal-test-hangs-{os.getpid()}")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if not hasattr(config, "workerinput") and os.environ.get(_HANGS):
+        shutil.rmtree(os.environ.pop(_HANGS), ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import threading
+
+    timer = threading.Timer(HANG_S, _hung, (item,)) if HANG_S > 0 else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _hung(item) -> None:
+    """Write that ``item`` hung and every thread's stack, then end this process: into the
+    main process's folder from an xdist test process, else to stderr."""
+    import faulthandler
+
+    head = f"\n{item.nodeid} ran for more than {HANG_S:.0f} s (PETAL_TEST_HANG_S): it hung.\n"
+    if hasattr(item.config, "workerinput") and os.environ.get(_HANGS):
+        folder = Path(os.environ[_HANGS])
+        folder.mkdir(exist_ok=True)
+        with open(folder / f"hung-{os.getpid()}.txt", "w") as out:
+            out.write(head)
+            out.flush()
+            faulthandler.dump_traceback(file=out, all_threads=True)
+    else:
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)  # the terminal's own stderr again
+        os.write(2, head.encode())
+        faulthandler.dump_traceback(file=2, all_threads=True)
+    os._exit(1)
+
+
+def pytest_terminal_summary(terminalreporter):
+    folder = os.environ.get(_HANGS)
+    hung = sorted(Path(folder).glob("hung-*.txt")) if folder else []  # none: no folder
+    if hung:
+        terminalreporter.section("tests that hung: every thread's stack")
+        for path in hung:
+            terminalreporter.write(path.read_text(errors="replace"))
