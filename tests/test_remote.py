@@ -952,42 +952,55 @@ def _every_read(url: str, tmp_path):
     ]
 
 
+_EVALUATE_A_GONE_SHARD = """
+import atexit, sys
+from pathlib import Path
+from petal import cli
+from petal.data import remote
+
+records, run, out, way = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+gone = sorted(records.glob("validation-*.tfrec"))[0]
+server = remote.ObjectServer({"records": records}).start()
+served = server.resolve
+server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
+atexit.register(print, "exit handlers ran", flush=True)
+argv = ["evaluate", run, "--data", server.url("records"), "--out", out]
+if way == "command":
+    leave = cli.os._exit
+    cli.os._exit = lambda code: (print("os._exit", code, flush=True), leave(code))
+    sys.argv = ["petal", *argv]
+    cli.main()
+    print("returned")
+else:
+    print("returned", cli.main(argv), flush=True)
+"""
+
+
+@pytest.mark.parametrize("way", ["command", "library"])
 def test_the_command_leaves_without_tearing_down_what_read_the_store(
-    trained, small_records, tmp_path, monkeypatch, capsys
+    trained, small_records, tmp_path, way
 ):
     """petal evaluate printed its failed request and then, now and then, never exited: the
     teardown of the datasets that read the store held the GIL while their generator threads
-    waited on it. The command (no argv given) leaves after its exit handlers instead."""
-    import atexit
+    waited on it. The command (no argv given) leaves after its exit handlers instead; given
+    its arguments (the library's way in), it returns. In a process of its own: that teardown,
+    in the test process, could hang the suite."""
+    import subprocess
     import sys
 
-    from petal import cli
-
-    class Left(Exception):
-        pass
-
-    left, handlers = [], []
-
-    def leave(code):
-        left.append(code)
-        raise Left
-
-    monkeypatch.setattr(cli.os, "_exit", leave)
-    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: handlers.append(True))
-    with remote.ObjectServer({"records": small_records}) as server:
-        url = server.url("records")
-        gone = sorted(small_records.glob("validation-*.tfrec"))[0]
-        served = server.resolve
-        server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
-        argv = ["petal", "evaluate", str(trained), "--data", url, "--out", str(tmp_path / "e")]
-        monkeypatch.setattr(sys, "argv", argv)
-        with pytest.raises(Left):
-            cli.main()
-    assert left == [2] and handlers == [True]
-    err = capsys.readouterr().err.strip().splitlines()
+    done = subprocess.run(
+        [sys.executable, "-c", _EVALUATE_A_GONE_SHARD, str(small_records), str(trained),
+         str(tmp_path / "e"), way],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if way == "command":
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stdout == "exit handlers ran\nos._exit 2\n", done.stderr[-2000:]
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout == "returned 2\nexit handlers ran\n", done.stderr[-2000:]
+    err = done.stderr.strip().splitlines()
     assert err[-1].startswith("petal evaluate: error: Reading the store failed: HTTP 404"), err
-    # Given its arguments (the library's way in), it returns as before.
-    assert cli.main(argv[1:]) == 2 and left == [2]
 
 
 def test_generators_over_a_store_end_at_exit_after_a_call_in_flight(monkeypatch):
@@ -1022,3 +1035,44 @@ def test_generators_over_a_store_end_at_exit_after_a_call_in_flight(monkeypatch)
     call.join(10)
     assert got == [2] and list(gen) == []  # then the generator ended at its next call
     assert len(remote._IN_CALL) == before
+
+
+def test_a_generator_the_collector_ends_during_the_exit_wait_does_not_deadlock(monkeypatch):
+    # The exit wait read the generators' states under a lock, and an allocation there can
+    # run the garbage collector, which can end a generator over a store (one in a reference
+    # cycle): its clean-up took the same lock in the same thread, which waited for ever.
+    # Here the collector runs as the wait reads the states.
+    import gc
+    import threading
+
+    class Collecting(dict):
+        def values(self):
+            gc.collect()
+            return super().values()
+
+    monkeypatch.setattr(remote, "GENERATORS_MADE", True)
+    monkeypatch.setattr(remote, "_EXITING", threading.Event())
+    monkeypatch.setattr(remote, "_IN_CALL", Collecting())
+    if hasattr(remote, "_IN_CALL_LOCK"):  # a stuck lock must not outlive this test
+        monkeypatch.setattr(remote, "_IN_CALL_LOCK", threading.Lock())
+
+    def endless():
+        while True:
+            yield 1
+
+    gc.disable()  # the cycles stay until the wait's collection
+    try:
+        for _ in range(3):
+            gen = remote._ends_at_exit(endless)()
+            next(gen)  # suspended at its yield: its clean-up runs when it is collected
+            cycle = [gen]
+            cycle.append(cycle)
+        del gen, cycle
+        assert len(remote._IN_CALL) == 3
+        waiting = threading.Thread(target=remote._end_generators, args=(5,), daemon=True)
+        waiting.start()
+        waiting.join(20)
+    finally:
+        gc.enable()
+    assert not waiting.is_alive(), "the exit wait deadlocked on a collected generator"
+    assert not remote._IN_CALL  # each generator collected said it had ended

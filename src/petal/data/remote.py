@@ -775,9 +775,11 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
 GENERATORS_MADE = False
 # Set at exit: each generator over a store ends at its next call (see _ends_at_exit).
 _EXITING = threading.Event()
-# Each live generator over a store: whether a call of it is running.
+# Each live generator over a store: whether a call of it is running. No lock: setting and
+# popping an item are atomic, and a generator's clean-up can run in the middle of any code
+# that allocates (the garbage collector ends one held in a reference cycle), where a lock
+# held by the same thread would wait for ever.
 _IN_CALL: dict[object, bool] = {}
-_IN_CALL_LOCK = threading.Lock()
 _END = object()
 
 
@@ -791,19 +793,16 @@ def _ends_at_exit(generate):
         inner, token = generate(*args), object()
         try:
             while not _EXITING.is_set():
-                with _IN_CALL_LOCK:
-                    _IN_CALL[token] = True
+                _IN_CALL[token] = True
                 try:
                     item = next(inner, _END)
                 finally:
-                    with _IN_CALL_LOCK:
-                        _IN_CALL[token] = False
+                    _IN_CALL[token] = False
                 if item is _END:
                     return
                 yield item
         finally:
-            with _IN_CALL_LOCK:
-                _IN_CALL.pop(token, None)
+            _IN_CALL.pop(token, None)
             inner.close()
 
     return ending
@@ -820,12 +819,14 @@ def _end_generators(limit_s: float = 10.0, idle_s: float = 0.2) -> None:
     _EXITING.set()
     deadline, idle_since = time.monotonic() + limit_s, None
     while time.monotonic() < deadline:
-        with _IN_CALL_LOCK:
-            live, busy = bool(_IN_CALL), any(_IN_CALL.values())
-        if not live:
+        try:
+            running = list(_IN_CALL.values())
+        except RuntimeError:  # a generator ended as they were read (the collector)
+            continue
+        if not running:
             return
         now = time.monotonic()
-        idle_since = None if busy else (idle_since or now)
+        idle_since = None if any(running) else (idle_since or now)
         if idle_since is not None and now - idle_since >= idle_s:
             return
         time.sleep(0.01)
@@ -932,8 +933,7 @@ class _Staging:
             if self.closed:
                 raise _PassClosed
             self.files.add(path)
-        with _STAGED_LOCK:
-            _STAGED[path] = self
+        _STAGED[path] = self
 
     def remove(self, path: str, *, finished: bool = False) -> None:
         with self.lock:
@@ -946,9 +946,10 @@ class _Staging:
         """Deletes every file of the pass: those downloaded ahead, and those being read (the
         reader has them open and keeps reading; their space is freed when it closes them).
         Downloads still running delete theirs when they end."""
+        empty = set()  # made before the lock: nothing allocated under it (see _IN_CALL)
         with self.lock:
-            self.closed, paths = True, list(self.files)
-            self.files.clear()
+            self.closed = True
+            paths, self.files = self.files, empty
         for path in paths:
             with contextlib.suppress(OSError):
                 os.remove(path)
@@ -959,9 +960,9 @@ class _PassClosed(Exception):
 
 
 # Staged file -> its pass, for the end-of-shard hook; weak: a pass that has ended has
-# deleted its files already.
+# deleted its files already. No lock, as for _IN_CALL: it is never iterated, so setting and
+# popping an item are atomic.
 _STAGED: weakref.WeakValueDictionary[str, _Staging] = weakref.WeakValueDictionary()
-_STAGED_LOCK = threading.Lock()
 
 
 def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deterministic):
@@ -1046,8 +1047,7 @@ def _result(future):
 def _finished(path) -> bytes:
     """End of a shard: its file is deleted and its place in the budget freed."""
     path = path.numpy().decode("utf-8")
-    with _STAGED_LOCK:
-        staging = _STAGED.pop(path, None)
+    staging = _STAGED.pop(path, None)
     if staging is not None:
         staging.remove(path, finished=True)
     else:
