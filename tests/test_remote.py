@@ -59,6 +59,17 @@ def test_server_stops_itself_when_idle(tmp_path):
         server.stop()
 
 
+def test_a_server_never_started_stops_at_once(tmp_path):
+    """stop() waited for a serving loop that never ran (socketserver's shutdown), for ever."""
+    import threading
+
+    server = remote.ObjectServer(tmp_path)
+    stopping = threading.Thread(target=server.stop, daemon=True)
+    stopping.start()
+    stopping.join(10)
+    assert not stopping.is_alive()
+
+
 def test_records_over_http_match_local(make_records):
     folder = make_records(counts={"train": [7, 6], "validation": [5, 4]})
     with remote.ObjectServer({"records": folder}, latency_ms=1) as server:

@@ -146,7 +146,9 @@ class ObjectServer:
     def stop(self) -> None:
         if not self._stopped.is_set():
             self._stopped.set()
-            self._httpd.shutdown()
+            if self._threads and self._threads[0].is_alive():
+                # Waits for the serving loop to end: without one, for ever.
+                self._httpd.shutdown()
             self._httpd.server_close()
 
     def __enter__(self) -> ObjectServer:
