@@ -1087,3 +1087,58 @@ def test_a_generator_the_collector_ends_during_the_exit_wait_does_not_deadlock(m
         gc.enable()
     assert not waiting.is_alive(), "the exit wait deadlocked on a collected generator"
     assert not remote._IN_CALL  # each generator collected said it had ended
+
+
+def test_skip_corrupt_training_over_a_store_that_reads_nothing_stops_rather_than_hangs(tmp_path):
+    # The remote stream runs on across passes, so a pass that skip_corrupt left empty never
+    # ended: training downloaded the shards again and again, for ever, and SIGTERM did not
+    # stop it. Run in a process of its own: a regression times out, not hangs.
+    import textwrap
+
+    from conftest import corrupt_record, run_script, write_test_records
+
+    none = write_test_records(tmp_path / "none", counts={"train": [12, 12], "validation": [2]})
+    for shard in sorted(none.glob("train-*.tfrec")):
+        corrupt_record(shard, 0)
+    some = write_test_records(tmp_path / "some", counts={"train": [12, 12], "validation": [2]})
+    corrupt_record(sorted(some.glob("train-*.tfrec"))[0], 0)
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import tensorflow as tf
+        from petal.data import remote
+        from petal.data.pipeline import train_dataset
+        from petal.data.reader import input_error
+
+        server = remote.ObjectServer({{"none": {str(none)!r}, "some": {str(some)!r}}}).start()
+
+        def first(key, n=1, **kw):
+            data = server.url(key)
+            ds = train_dataset(data, batch_size=4, skip_corrupt=True, cache="off", **kw)
+            try:
+                return sorted(len(x) for x, _ in ds.take(n))
+            except tf.errors.InvalidArgumentError as err:
+                return str(input_error(err, data, "train")).replace(data, "URL")
+
+        print(first("none", seed=1))
+        print(first("none", deterministic=False))
+        print(first("some", n=9, seed=1))  # 3 passes of the 12 images left: batches of 4
+    """))
+    done = run_script(script, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Split 'train' of URL: a pass over it read 0 of the 24 "), lines
+    assert lines[1] == lines[0]
+    assert lines[2] == str([4] * 9)
+
+
+def test_a_store_read_pass_by_pass_takes_a_new_order_each_pass():
+    # Read pass by pass (skip_corrupt), each pass began again at the first pass's order.
+    items = list(range(12))
+    generate = remote._prefetched(items, lambda item: item, parallel=3, shuffle_seed=5)
+    passes = [list(generate()) for _ in range(3)]
+    assert all(sorted(p) == items for p in passes)
+    assert passes[0] != passes[1] != passes[2] != passes[0]
+    endless = remote._prefetched(items, lambda item: item, parallel=3, shuffle_seed=5, repeat=True)
+    stream = endless()
+    assert [next(stream) for _ in range(36)] == passes[0] + passes[1] + passes[2]
+    stream.close()

@@ -614,6 +614,10 @@ def _endless(
     The fast way, for pipelines whose order is not reproducible anyway: tf.data reshuffles
     each epoch (and fuses shuffle and repeat: a buffer that runs across epoch boundaries).
     """
+    # A remote stream runs on across passes (its requests too), except with skip_corrupt:
+    # a pass it left empty would never end (the shards were read again and again, for ever),
+    # so that reads pass by pass, as locally, and repeat() stops after an empty pass.
+    streaming = src.remote and cache_to is None and not skip_corrupt
     if cache_to is not None:
         # 1-2. Read, decode once, cache decoded uint8 images: later epochs skip the decode.
         ds = _cached(src, split, input_context, skip_corrupt, decode, cache_to)
@@ -627,11 +631,11 @@ def _endless(
             deterministic=deterministic,
             input_context=input_context,
             skip_corrupt=skip_corrupt,
-            endless=True,
+            endless=streaming,
         )
     # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
     #    epoch; then repeat forever (training runs for a number of steps).
-    if shuffle_buffer and src.remote and cache_to is None and count <= shuffle_buffer:
+    if shuffle_buffer and streaming and count <= shuffle_buffer:
         # The remote stream never ends (its requests run on across passes): a buffer
         # larger than a pass would fill with many passes and mix them into one "epoch".
         # A pass fits the buffer: shuffle each pass on its own, as tf.data does locally.

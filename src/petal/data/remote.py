@@ -30,6 +30,7 @@ import functools
 import http.client
 import http.server
 import io
+import itertools
 import json
 import logging
 import os
@@ -755,11 +756,14 @@ def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool 
     never end and the next epoch's first requests start while this one is still read.
     """
 
+    passes = itertools.count()  # without repeat, each call reads the next pass's order
+
     def generate():
         restore_malloc_thresholds()
+        first = next(passes)
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
-            for i in _order(len(items), shuffle_seed, repeat):
+            for i in _order(len(items), shuffle_seed, repeat, first_pass=first):
                 pending.append(pool.submit(fetch, items[i]))
                 if len(pending) >= parallel:
                     yield _result(pending.popleft())
@@ -979,9 +983,11 @@ def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deter
     :func:`records_dataset`), so nothing being read is lost.
     """
 
+    passes = itertools.count()  # without repeat, each call reads the next pass's order
+
     def generate():
         restore_malloc_thresholds()
-        staging_dir, staging = _staging_dir(), _Staging()
+        staging_dir, staging, first = _staging_dir(), _Staging(), next(passes)
 
         def fetch(url):
             path = os.path.join(staging_dir, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
@@ -995,7 +1001,7 @@ def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deter
                 staging.remove(path)
             return path, url, expected[url]
 
-        order = _order(len(urls), shuffle_seed, repeat)
+        order = _order(len(urls), shuffle_seed, repeat, first_pass=first)
         pending: collections.deque = collections.deque()
         pool = ThreadPoolExecutor(max_workers=budget, thread_name_prefix="petal-shards")
         try:
@@ -1024,10 +1030,10 @@ def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deter
     return _ends_at_exit(generate)
 
 
-def _order(n: int, shuffle_seed, repeat: bool):
-    """Indices of ``n`` items, pass after pass when ``repeat``; each pass (an epoch) in its
-    own order when ``shuffle_seed`` is given."""
-    epoch = 0
+def _order(n: int, shuffle_seed, repeat: bool, first_pass: int = 0):
+    """Indices of ``n`` items, pass after pass from ``first_pass`` when ``repeat``; each pass
+    (an epoch) in its own order when ``shuffle_seed`` is given."""
+    epoch = first_pass
     while True:
         indices = list(range(n))
         if shuffle_seed is not None:
