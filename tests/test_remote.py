@@ -1142,3 +1142,26 @@ def test_a_store_read_pass_by_pass_takes_a_new_order_each_pass():
     stream = endless()
     assert [next(stream) for _ in range(36)] == passes[0] + passes[1] + passes[2]
     stream.close()
+
+
+def test_a_pass_closed_by_the_collector_in_a_thread_holding_its_lock_does_not_deadlock(tmp_path):
+    # A download thread holding a pass's lock can run the garbage collector (any allocation),
+    # which can end the pass's generator: its clean-up closes the pass, taking the lock again
+    # in the same thread.
+    import threading
+
+    staging = remote._Staging()
+    staged = tmp_path / "shard"
+    staged.write_bytes(b"x")
+    staging.add(str(staged))
+    closed = []
+
+    def collected_inside_the_lock():
+        with staging.lock:
+            staging.close()  # what the generator's clean-up does
+            closed.append(True)
+
+    thread = threading.Thread(target=collected_inside_the_lock, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert closed == [True] and staging.closed and not staged.exists()

@@ -929,7 +929,9 @@ class _Staging:
     given to the reader and not yet read to the end."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        # Re-entrant: the pass's generator closes it from its clean-up, which the garbage
+        # collector can run in a download thread that holds the lock (see _IN_CALL).
+        self.lock = threading.RLock()
         self.held = 0
         self.files: set[str] = set()
         self.closed = False
