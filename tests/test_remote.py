@@ -1122,6 +1122,13 @@ def test_skip_corrupt_training_over_a_store_that_reads_nothing_stops_rather_than
         print(first("none", seed=1))
         print(first("none", deterministic=False))
         print(first("some", n=9, seed=1))  # 3 passes of the 12 images left: batches of 4
+        # Seeded, two pipelines give the same batches, pass after pass.
+        def images():
+            ds = train_dataset(server.url("some"), batch_size=4, skip_corrupt=True,
+                               cache="off", seed=1, normalization="raw")
+            return [x.numpy()[:, 0, 0, 0].tolist() for x, _ in ds.take(9)]
+
+        print(images() == images())
     """))
     done = run_script(script, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -1129,6 +1136,7 @@ def test_skip_corrupt_training_over_a_store_that_reads_nothing_stops_rather_than
     assert lines[0].startswith("Split 'train' of URL: a pass over it read 0 of the 24 "), lines
     assert lines[1] == lines[0]
     assert lines[2] == str([4] * 9)
+    assert lines[3] == "True"
 
 
 def test_a_store_read_pass_by_pass_takes_a_new_order_each_pass():
