@@ -399,7 +399,8 @@ def titles_apart(fig) -> list:
 # writes every thread's stack and exits, so the test fails and the suite goes on in a new test
 # process, instead of stalling CI until CI's own limit with nothing said. Under xdist a test
 # process's stderr is not shown, so the stacks go to a folder the main process prints at the
-# end. PETAL_TEST_HANG_S sets the limit (0: none).
+# end; with -n 0 they go to stderr and the run stops. PETAL_TEST_HANG_S sets the limit (0:
+# none).
 HANG_S = float(os.environ.get("PETAL_TEST_HANG_S", "600"))
 _HANGS = "PETAL_TEST_HANGS"
 
@@ -409,13 +410,53 @@ def pytest_configure(config):
 
     if not hasattr(config, "workerinput"):  # the main process: its test processes inherit it
         os.environ[_HANGS] = os.path.join(tempfile.gettempdir(), f"petal-test-hangs-{os.getpid()}")
+        _requeue_only_what_is_left()
 
 
-def pytest_unconfigure(config):
-    import shutil
+def _requeue_only_what_is_left() -> None:
+    """pytest-xdist's --dist loadfile (3.8) gives the files of a test process that ended (a
+    hang, above) back to the queue whole, and the run then stalled: the test that hung ran
+    again, files it had finished went back empty, and a new test process given one file with
+    one test left waited for a next test, for ever. After such an end, here, the test that
+    hung counts as done (it failed), only files with tests left go back, and a test process
+    takes files until it has more than two tests or none is left, then is told to finish.
+    Runs without a hang are scheduled as xdist does. Left alone where xdist's scheduler is
+    not the one known."""
+    try:
+        from xdist.scheduler.loadscope import LoadScopeScheduling as Scheduler
+    except ImportError:
+        return
+    known = ("remove_node", "_reschedule", "_split_scope", "_pending_of", "_assign_work_unit")
+    if getattr(Scheduler, "_petal_requeue", False) or not all(hasattr(Scheduler, n) for n in known):
+        return
+    remove_node, reschedule = Scheduler.remove_node, Scheduler._reschedule
 
-    if not hasattr(config, "workerinput") and os.environ.get(_HANGS):
-        shutil.rmtree(os.environ.pop(_HANGS), ignore_errors=True)
+    def remove_crashed(self, node):
+        workload = self.assigned_work.get(node, {})
+        left = [test for tests in workload.values() for test, done in tests.items() if not done]
+        if not left:
+            return remove_node(self, node)
+        self._petal_crashed = True
+        del self.assigned_work[node]
+        crashed = left[0]  # in order: the test running when the process ended
+        workload[self._split_scope(crashed)][crashed] = True
+        self.workqueue.update(
+            (scope, tests) for scope, tests in workload.items() if not all(tests.values())
+        )
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
+
+    def reschedule_after_a_crash(self, node):
+        if not getattr(self, "_petal_crashed", False) or node.shutting_down:
+            return reschedule(self, node)
+        while self.workqueue and self._pending_of(self.assigned_work[node]) <= 2:
+            self._assign_work_unit(node)
+        if not self.workqueue and self._pending_of(self.assigned_work[node]) <= 1:
+            node.shutdown()  # it runs its last test once told there is no next one
+
+    Scheduler.remove_node, Scheduler._reschedule = remove_crashed, reschedule_after_a_crash
+    Scheduler._petal_requeue = True
 
 
 @pytest.hookimpl(hookwrapper=True)

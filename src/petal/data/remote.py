@@ -825,10 +825,7 @@ def _end_generators(limit_s: float = 10.0, idle_s: float = 0.2) -> None:
     _EXITING.set()
     deadline, idle_since = time.monotonic() + limit_s, None
     while time.monotonic() < deadline:
-        try:
-            running = list(_IN_CALL.values())
-        except RuntimeError:  # a generator ended as they were read (the collector)
-            continue
+        running = list(_IN_CALL.values())  # a copy made in C: no clean-up runs in it
         if not running:
             return
         now = time.monotonic()
