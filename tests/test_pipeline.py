@@ -1198,6 +1198,12 @@ def test_skip_corrupt_training_too_short_for_a_batch_stops_rather_than_hangs(tmp
     bad = write_test_records(tmp_path / "bad", counts={"train": [6], "validation": [2]}, fmt="jpeg")
     for record in range(4):
         break_image(bad / "train-00000-of-00001-6.tfrec", record)
+    # Every image fails to decode (the records' CRCs hold): unseeded, the passes followed one
+    # another for ever.
+    dead = write_test_records(tmp_path / "dead", counts={"train": [6], "validation": [2]},
+                              fmt="jpeg")
+    for record in range(6):
+        break_image(dead / "train-00000-of-00001-6.tfrec", record)
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import tensorflow as tf
@@ -1217,6 +1223,7 @@ def test_skip_corrupt_training_too_short_for_a_batch_stops_rather_than_hangs(tmp
         print(first({str(none)!r}, deterministic=False))
         print(first({str(bad)!r}, seed=1))
         print(first({str(one)!r}, seed=1, start_step=2))  # resumed: no pass is checked twice
+        print(first({str(dead)!r}, deterministic=False))
     """))
     done = run_script(script, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -1233,6 +1240,7 @@ def test_skip_corrupt_training_too_short_for_a_batch_stops_rather_than_hangs(tmp
     assert lines[2] == lines[1]
     assert lines[3].startswith(f"Split 'train' of {bad}: a pass over it read 2 of the 6 ")
     assert lines[4] == lines[0]
+    assert lines[5].startswith(f"Split 'train' of {dead}: a pass over it read 0 of the 6 "), lines
 
 
 def test_train_takes_a_numpy_seed_as_the_int(records):

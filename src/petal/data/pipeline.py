@@ -644,6 +644,12 @@ def _endless(
         ds = _shuffled_passes(ds, count, seed + 1)
     elif shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    if cache_to is None and group_decode is None:
+        # Per image (a corrupt image must drop alone when skip_corrupt is on), before
+        # repeat(): a pass whose every image fails to decode is then empty and ends the
+        # stream (after repeat(), such passes followed one another for ever).
+        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = _ignore_decode_errors(ds, skip_corrupt, src)
     ds = ds.repeat()
     if group_decode is not None:
         # 4. Batch the encoded records (drop_remainder: static shapes), then decode a whole
@@ -652,10 +658,6 @@ def _endless(
         #    batches as decoding first would, so seeded pipelines give identical output.
         ds = ds.batch(per_replica, drop_remainder=True)
         return ds.map(group_decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    if cache_to is None:
-        # Per image (a corrupt image must drop alone when skip_corrupt is on).
-        ds = ds.map(decode, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = _ignore_decode_errors(ds, skip_corrupt, src)
     # 4. Batch with drop_remainder: every batch has the same static shape (TPUs need it).
     ds = ds.batch(
         per_replica, drop_remainder=True, num_parallel_calls=AUTOTUNE, deterministic=deterministic
