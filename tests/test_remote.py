@@ -1142,10 +1142,15 @@ def test_skip_corrupt_training_over_a_store_that_reads_nothing_stops_rather_than
 def test_a_store_read_pass_by_pass_takes_a_new_order_each_pass():
     # Read pass by pass (skip_corrupt), each pass began again at the first pass's order.
     items = list(range(12))
-    generate = remote._prefetched(items, lambda item: item, parallel=3, shuffle_seed=5)
+    generate = remote._prefetched(
+        items, lambda item: item, parallel=3, shuffle_seed=5, reshuffle=True
+    )
     passes = [list(generate()) for _ in range(3)]
     assert all(sorted(p) == items for p in passes)
     assert passes[0] != passes[1] != passes[2] != passes[0]
+    # Without reshuffle (a cache filled again), each call reads the first pass's order.
+    again = remote._prefetched(items, lambda item: item, parallel=3, shuffle_seed=5)
+    assert [list(again()) for _ in range(2)] == [passes[0], passes[0]]
     endless = remote._prefetched(items, lambda item: item, parallel=3, shuffle_seed=5, repeat=True)
     stream = endless()
     assert [next(stream) for _ in range(36)] == passes[0] + passes[1] + passes[2]

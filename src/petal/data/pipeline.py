@@ -526,12 +526,22 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
 
 
 def _read(
-    src: Source, split, *, training, seed, deterministic, input_context, skip_corrupt, endless=False
+    src: Source,
+    split,
+    *,
+    training,
+    seed,
+    deterministic,
+    input_context,
+    skip_corrupt,
+    endless=False,
+    reshuffle=False,
 ):
     """Records (scalar string) or ``(bytes, label)`` for image folders, for this pipeline.
 
     ``endless``: the caller repeats anyway and needs no epoch end (no cache); remote reads
-    then keep their requests running across epoch boundaries.
+    then keep their requests running across epoch boundaries. ``reshuffle``: remote reads
+    repeated by the caller take a new file order each pass.
     """
     files, counts = src.files(split), src.counts(split)
     if not files:
@@ -558,7 +568,11 @@ def _read(
 
             # One request per file, a fixed number in flight, a new order every epoch.
             return remote.files_dataset(
-                files, labels, shuffle_seed=seed if training else None, repeat=endless
+                files,
+                labels,
+                shuffle_seed=seed if training else None,
+                repeat=endless,
+                reshuffle_each_iteration=reshuffle,
             )
         # Typed: a pipeline whose share of fewer files than pipelines is none reads nothing.
         ds = tf.data.Dataset.from_tensor_slices(
@@ -587,6 +601,7 @@ def _read(
             deterministic=deterministic or by_record is not None,
             skip_corrupt=skip_corrupt,
             repeat=endless,
+            reshuffle_each_iteration=reshuffle,
         )
     else:
         ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
@@ -632,6 +647,7 @@ def _endless(
             input_context=input_context,
             skip_corrupt=skip_corrupt,
             endless=streaming,
+            reshuffle=not streaming,
         )
     # 3. Shuffle (encoded records when not cached: a much smaller buffer), reshuffled each
     #    epoch; then repeat forever (training runs for a number of steps).

@@ -747,20 +747,23 @@ def _mallopt():
         return None
 
 
-def _prefetched(items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False):
+def _prefetched(
+    items, fetch, *, parallel: int, shuffle_seed=None, repeat: bool = False, reshuffle=False
+):
     """A generator factory: ``fetch(item)`` run ``parallel`` at a time, yielded in order.
 
     Python threads, not ``tf.py_function``s in a parallel map: TensorFlow runs Python
     functions one at a time, which would serialise the requests. Each pass over ``items``
     (an epoch) has its own order when ``shuffle_seed`` is given; with ``repeat`` the passes
-    never end and the next epoch's first requests start while this one is still read.
+    never end and the next epoch's first requests start while this one is still read;
+    without it, ``reshuffle`` gives each call (a pass of ``repeat()``) the next pass's order.
     """
 
-    passes = itertools.count()  # without repeat, each call reads the next pass's order
+    passes = itertools.count()
 
     def generate():
         restore_malloc_thresholds()
-        first = next(passes)
+        first = next(passes) if reshuffle else 0
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
             for i in _order(len(items), shuffle_seed, repeat, first_pass=first):
@@ -845,6 +848,7 @@ def records_dataset(
     skip_corrupt=False,
     parallel: int = PARALLEL_REQUESTS,
     repeat: bool = False,
+    reshuffle_each_iteration: bool = False,
 ):
     """Serialized records of remote shards (a tf.data.Dataset of scalar strings).
 
@@ -855,7 +859,10 @@ def records_dataset(
     up to ``parallel`` shards are all read at once; otherwise up to half of them are read
     while the next ones download. ``repeat``: endless epochs, downloads running ahead
     across the epoch boundary, at most one epoch ahead (use it when nothing downstream
-    needs the end of an epoch). ``sizes``: the bytes of each URL known beforehand
+    needs the end of an epoch). ``reshuffle_each_iteration`` (with ``shuffle_seed``, without
+    ``repeat``): each iteration of the dataset, as ``repeat()`` makes one a pass, takes the
+    next pass's order, as tf.data's shuffle does; else each takes the first pass's order (a
+    cache filled again is filled in the same order). ``sizes``: the bytes of each URL known beforehand
     (:meth:`petal.data.reader.Source.file_bytes`); a download of another size is a failed
     request (see :func:`download_to_file`), not a short shard read as corrupt records.
 
@@ -891,6 +898,7 @@ def records_dataset(
             shuffle_seed=shuffle_seed,
             repeat=repeat,
             deterministic=deterministic,
+            reshuffle=reshuffle_each_iteration,
         ),
         output_signature=(
             tf.TensorSpec([], tf.string),
@@ -970,7 +978,9 @@ class _PassClosed(Exception):
 _STAGED: weakref.WeakValueDictionary[str, _Staging] = weakref.WeakValueDictionary()
 
 
-def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deterministic):
+def _staged_shards(
+    urls, expected, *, sizes, budget, shuffle_seed, repeat, deterministic, reshuffle=False
+):
     """A generator factory: ``(staged path, url, count)`` of each shard to read, in the
     order of :func:`_order`; downloads run ahead in threads while the shards held by the
     reader plus those downloading stay within ``budget`` (one always runs, so a shard never
@@ -982,11 +992,12 @@ def _staged_shards(urls, expected, *, sizes, budget, shuffle_seed, repeat, deter
     :func:`records_dataset`), so nothing being read is lost.
     """
 
-    passes = itertools.count()  # without repeat, each call reads the next pass's order
+    passes = itertools.count()  # with reshuffle: each call reads the next pass's order
 
     def generate():
         restore_malloc_thresholds()
-        staging_dir, staging, first = _staging_dir(), _Staging(), next(passes)
+        staging_dir, staging = _staging_dir(), _Staging()
+        first = next(passes) if reshuffle else 0
 
         def fetch(url):
             path = os.path.join(staging_dir, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
@@ -1064,12 +1075,18 @@ def _finished(path) -> bytes:
 
 
 def files_dataset(
-    urls, labels, *, shuffle_seed=None, parallel: int = PARALLEL_REQUESTS, repeat: bool = False
+    urls,
+    labels,
+    *,
+    shuffle_seed=None,
+    parallel: int = PARALLEL_REQUESTS,
+    repeat: bool = False,
+    reshuffle_each_iteration: bool = False,
 ):
     """``(file bytes, label)`` for each URL, one request per file: the per-file path.
 
     ``parallel`` requests are in flight at once; with ``shuffle_seed`` the order changes
-    every pass; ``repeat`` as in :func:`records_dataset`.
+    every pass; ``repeat`` and ``reshuffle_each_iteration`` as in :func:`records_dataset`.
     """
     import tensorflow as tf
 
@@ -1083,6 +1100,7 @@ def files_dataset(
             parallel=parallel,
             shuffle_seed=shuffle_seed,
             repeat=repeat,
+            reshuffle=reshuffle_each_iteration,
         ),
         output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32)),
     )
