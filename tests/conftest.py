@@ -463,15 +463,16 @@ def _requeue_only_what_is_left() -> None:
 def pytest_runtest_protocol(item, nextitem):
     import threading
 
-    timer = threading.Timer(HANG_S, _hung, (item,)) if HANG_S > 0 else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+    if HANG_S <= 0:
+        yield
+        return
+    timer = threading.Timer(HANG_S, _hung, (item,))
+    timer.daemon = True
+    timer.start()
     try:
         yield
     finally:
-        if timer is not None:
-            timer.cancel()
+        timer.cancel()
 
 
 def _hung(item) -> None:

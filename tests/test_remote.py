@@ -1064,8 +1064,6 @@ def test_a_generator_the_collector_ends_during_the_exit_wait_does_not_deadlock(m
     monkeypatch.setattr(remote, "GENERATORS_MADE", True)
     monkeypatch.setattr(remote, "_EXITING", threading.Event())
     monkeypatch.setattr(remote, "_IN_CALL", Collecting())
-    if hasattr(remote, "_IN_CALL_LOCK"):  # a stuck lock must not outlive this test
-        monkeypatch.setattr(remote, "_IN_CALL_LOCK", threading.Lock())
 
     def endless():
         while True:

@@ -758,15 +758,13 @@ def _prefetched(
     never end and the next epoch's first requests start while this one is still read;
     without it, ``reshuffle`` gives each call (a pass of ``repeat()``) the next pass's order.
     """
-
-    passes = itertools.count()
+    orders = _pass_orders(len(items), shuffle_seed, repeat, reshuffle)
 
     def generate():
         restore_malloc_thresholds()
-        first = next(passes) if reshuffle else 0
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             pending: collections.deque = collections.deque()
-            for i in _order(len(items), shuffle_seed, repeat, first_pass=first):
+            for i in orders():
                 pending.append(pool.submit(fetch, items[i]))
                 if len(pending) >= parallel:
                     yield _result(pending.popleft())
@@ -862,8 +860,8 @@ def records_dataset(
     needs the end of an epoch). ``reshuffle_each_iteration`` (with ``shuffle_seed``, without
     ``repeat``): each iteration of the dataset, as ``repeat()`` makes one a pass, takes the
     next pass's order, as tf.data's shuffle does; else each takes the first pass's order (a
-    cache filled again is filled in the same order). ``sizes``: the bytes of each URL known beforehand
-    (:meth:`petal.data.reader.Source.file_bytes`); a download of another size is a failed
+    cache filled again is filled in the same order). ``sizes``: the bytes of each URL known
+    beforehand (:meth:`petal.data.reader.Source.file_bytes`); a download of another size is a failed
     request (see :func:`download_to_file`), not a short shard read as corrupt records.
 
     A staged file is deleted when its shard has been read, and every file of a pass when
@@ -992,12 +990,11 @@ def _staged_shards(
     :func:`records_dataset`), so nothing being read is lost.
     """
 
-    passes = itertools.count()  # with reshuffle: each call reads the next pass's order
+    orders = _pass_orders(len(urls), shuffle_seed, repeat, reshuffle)
 
     def generate():
         restore_malloc_thresholds()
         staging_dir, staging = _staging_dir(), _Staging()
-        first = next(passes) if reshuffle else 0
 
         def fetch(url):
             path = os.path.join(staging_dir, f"{uuid.uuid4().hex}-{posixpath.basename(url)}")
@@ -1011,7 +1008,7 @@ def _staged_shards(
                 staging.remove(path)
             return path, url, expected[url]
 
-        order = _order(len(urls), shuffle_seed, repeat, first_pass=first)
+        order = orders()
         pending: collections.deque = collections.deque()
         pool = ThreadPoolExecutor(max_workers=budget, thread_name_prefix="petal-shards")
         try:
@@ -1038,6 +1035,13 @@ def _staged_shards(
             staging.close()
 
     return _ends_at_exit(generate)
+
+
+def _pass_orders(n: int, shuffle_seed, repeat: bool, reshuffle: bool):
+    """A function that gives, at each call (a generator's pass), :func:`_order`: with
+    ``reshuffle`` the next pass's order each call, else the first pass's every time."""
+    passes = itertools.count()
+    return lambda: _order(n, shuffle_seed, repeat, first_pass=next(passes) if reshuffle else 0)
 
 
 def _order(n: int, shuffle_seed, repeat: bool, first_pass: int = 0):
