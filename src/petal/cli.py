@@ -38,6 +38,7 @@ from petal.errors import (
     tf_message,
 )
 from petal.jsonfile import json_text
+from petal.running import signals_watched
 
 # What TensorFlow 2.21 writes to stderr while it starts, on every run, before its logging
 # honours TF_CPP_MIN_LOG_LEVEL: absl's preamble, INFO lines (oneDNN, "Could not find cuda
@@ -985,7 +986,8 @@ def run_script(prog: str, work) -> None:
     temporary files go), and either ends in one line and the shell's exit status."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        work()
+        with signals_watched(prog):
+            work()
     except _Terminated:
         print(f"{prog}: terminated", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
@@ -1201,9 +1203,10 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
     try:
         refuse_empty_paths(args)
         refuse_urls(args)
-        if _needs_tensorflow(args):
-            start_tensorflow_quietly()
-        code = int(args._run(args) or 0)
+        with signals_watched(f"petal {args.command}"):
+            if _needs_tensorflow(args):
+                start_tensorflow_quietly()
+            code = int(args._run(args) or 0)
         sys.stdout.flush()  # its failure (a closed pipe, a full disk) said as the others
         return code
     except (PetalError, OSError) as err:

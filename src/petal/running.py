@@ -10,7 +10,8 @@ Each marker holds ``{"pid": ..., "host": ..., "doing": ...}`` (what the holder d
 for the refusal: "training in it", "converting into it"); one left by a process that has died
 (same host, no such process) protects nothing and is taken over.
 
-:func:`signals_held` keeps Ctrl-C and SIGTERM from cutting such a process's writes short.
+:func:`signals_held` keeps Ctrl-C and SIGTERM from cutting such a process's writes short;
+:func:`signals_watched` lets a second one end a process whose main thread cannot take the first.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -149,10 +153,12 @@ def signals_held() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
-        for signum in (signal.SIGINT, signal.SIGTERM)
-    }
+
+    def hold(signum, frame) -> None:
+        _taken()
+        caught.append(signum)
+
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
@@ -161,3 +167,146 @@ def signals_held() -> Iterator[None]:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         if caught:
             signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT)
+
+
+# How long a signal waits on the main thread before :func:`signals_watched` says how to quit;
+# a second signal ends the process once the first has waited MIN_WAIT_S.
+SIGNAL_GRACE_S = 5.0
+MIN_WAIT_S = 1.0
+# When the main thread last ran a handler of Ctrl-C or SIGTERM (time.monotonic()).
+_taken_at = [float("-inf")]
+# The pipe of the watch in progress: (read end, write end), or None.
+_watch_pipe: list[tuple[int, int] | None] = [None]
+_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+def _taken() -> None:
+    """Notes that the main thread ran a handler of a signal (:func:`signals_watched`)."""
+    _taken_at[0] = time.monotonic()
+
+
+@contextlib.contextmanager
+def signals_watched(prog: str, grace: float = SIGNAL_GRACE_S) -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM ends the process at once (exit 128 + its number, without
+    clean-up) when the main thread has not run the handler of the first for
+    :data:`MIN_WAIT_S`; after ``grace`` seconds of such a wait, ``prog`` says so.
+
+    Python runs signal handlers in the main thread between two of its instructions, so a
+    main thread inside one long call of compiled code (TensorFlow waiting for input that
+    does not come, a TPU that does not answer) took no signal: Ctrl-C and SIGTERM did
+    nothing, and only SIGKILL ended the process. The signal's arrival is written to a pipe
+    (``signal.set_wakeup_fd``) that a thread reads; the handlers in place when the block
+    starts, and those :func:`signals_held` sets, note when they run. Outside the main
+    thread the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or _watch_pipe[0]:
+        yield
+        return
+    handlers = {}
+    for signum in _NAMES:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handlers[signum] = handler
+            signal.signal(signum, _noting(handler))
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main interpreter
+        previous_fd = None
+    _watch_pipe[0] = (read_end, write_end)
+    stop = threading.Event()
+    watch = threading.Thread(
+        target=_watch, args=(read_end, prog, grace, stop), name="petal-signals", daemon=True
+    )
+    watch.start()
+    try:
+        yield
+    finally:
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
+        stop.set()
+        with contextlib.suppress(OSError):
+            os.write(write_end, b"\0")  # wakes the watch
+        watch.join(5)
+        _watch_pipe[0] = None
+        for end in (read_end, write_end):
+            with contextlib.suppress(OSError):
+                os.close(end)
+        for signum, handler in handlers.items():
+            if getattr(signal.getsignal(signum), "__wrapped__", None) is handler:
+                signal.signal(signum, handler)
+
+
+def _noting(handler: Callable) -> Callable:
+    """``handler``, noting when it runs (:func:`_taken`)."""
+
+    def noting(signum, frame):
+        _taken()
+        return handler(signum, frame)
+
+    noting.__wrapped__ = handler
+    return noting
+
+
+def _watch(read_end: int, prog: str, grace: float, stop: threading.Event) -> None:
+    """The thread of :func:`signals_watched`: reads the numbers of the signals that arrive
+    from ``read_end`` until ``stop`` is set."""
+    waiting = None  # (when, number) of the oldest signal the main thread has not taken
+    said = False
+    while not stop.is_set():
+        try:
+            ready = select.select([read_end], [], [], None if waiting is None else 0.25)[0]
+            arrived = os.read(read_end, 64) if ready else b""
+        except OSError:
+            return
+        now = time.monotonic()
+        # The handler may run before this thread reads the signal's byte: 0.5 s of slack.
+        if waiting is not None and _taken_at[0] >= waiting[0] - 0.5:
+            waiting, said = None, False
+        for signum in arrived:
+            if signum not in _NAMES or stop.is_set():
+                continue
+            if waiting is None:
+                waiting = (now, signum) if _taken_at[0] < now - 0.5 else None
+            elif now - waiting[0] >= MIN_WAIT_S:
+                first = _NAMES[waiting[1]]
+                _say(
+                    f"{prog}: quit at once on {_NAMES[signum]}, without clean-up ({first} before "
+                    f"it had waited {now - waiting[0]:.0f} s for the call in progress)"
+                )
+                os._exit(128 + signum)
+        if waiting is not None and not said and now - waiting[0] >= grace:
+            said = True
+            name = _NAMES[waiting[1]]
+            again = "press Ctrl-C again" if waiting[1] == signal.SIGINT else "send SIGTERM again"
+            _say(
+                f"{prog}: {name} has waited {now - waiting[0]:.0f} s for the call in progress "
+                f"(in TensorFlow, most likely) to return; {again} to quit at once, without "
+                "clean-up"
+            )
+
+
+def _say(line: str) -> None:
+    """Writes ``line`` to stderr from :func:`_watch`'s thread."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        with contextlib.suppress(OSError):
+            os.write(2, (line + "\n").encode())
+
+
+def _forget_watch() -> None:
+    """In a forked child: signals go to no parent's watch (:func:`signals_watched`), whose
+    thread is not there to read them."""
+    if pipe := _watch_pipe[0]:
+        _watch_pipe[0] = None
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for end in pipe:
+            with contextlib.suppress(OSError):
+                os.close(end)
+
+
+os.register_at_fork(after_in_child=_forget_watch)
