@@ -254,9 +254,11 @@ def _watch(read_end: int, prog: str, grace: float, stop: threading.Event) -> Non
     from ``read_end`` until ``stop`` is set."""
     waiting = None  # (when, number) of the oldest signal the main thread has not taken
     said = False
+    poll = select.poll()  # not select(): the pipe's number may be above FD_SETSIZE
+    poll.register(read_end, select.POLLIN)
     while not stop.is_set():
         try:
-            ready = select.select([read_end], [], [], None if waiting is None else 0.25)[0]
+            ready = poll.poll(None if waiting is None else 250)
             arrived = os.read(read_end, 64) if ready else b""
         except OSError:
             return
@@ -302,8 +304,10 @@ def _forget_watch() -> None:
     thread is not there to read them."""
     if pipe := _watch_pipe[0]:
         _watch_pipe[0] = None
-        with contextlib.suppress(ValueError, OSError):
+        try:
             signal.set_wakeup_fd(-1)
+        except ValueError:
+            return  # the pipe stays open: its number must not name another file here
         for end in pipe:
             with contextlib.suppress(OSError):
                 os.close(end)
