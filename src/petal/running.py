@@ -22,7 +22,6 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,10 +168,9 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT)
 
 
-# How long a signal waits on the main thread before :func:`signals_watched` says how to quit;
-# a second signal ends the process once the first has waited MIN_WAIT_S.
+# How long a signal waits on the main thread before :func:`signals_watched` says so; another
+# signal then ends the process.
 SIGNAL_GRACE_S = 5.0
-MIN_WAIT_S = 1.0
 # When the main thread last ran a handler of Ctrl-C or SIGTERM (time.monotonic()).
 _taken_at = [float("-inf")]
 # The pipe of the watch in progress: (read end, write end), or None.
@@ -187,55 +185,93 @@ def _taken() -> None:
 
 @contextlib.contextmanager
 def signals_watched(prog: str, grace: float = SIGNAL_GRACE_S) -> Iterator[None]:
-    """A second Ctrl-C or SIGTERM ends the process at once (exit 128 + its number, without
-    clean-up) when the main thread has not run the handler of the first for
-    :data:`MIN_WAIT_S`; after ``grace`` seconds of such a wait, ``prog`` says so.
+    """When the main thread has not run the handler of a Ctrl-C or SIGTERM for ``grace``
+    seconds, ``prog`` says so on stderr, and another one ends the process at once (exit
+    128 + its number, without clean-up).
 
     Python runs signal handlers in the main thread between two of its instructions, so a
     main thread inside one long call of compiled code (TensorFlow waiting for input that
     does not come, a TPU that does not answer) took no signal: Ctrl-C and SIGTERM did
     nothing, and only SIGKILL ended the process. The signal's arrival is written to a pipe
     (``signal.set_wakeup_fd``) that a thread reads; the handlers in place when the block
-    starts, and those :func:`signals_held` sets, note when they run. Outside the main
-    thread the block runs as it is.
+    starts, and those :func:`signals_held` sets, note when they run. The thread writes to
+    the stderr of the block's start (TensorFlow's start points stderr at a file a while).
+    Outside the main thread, off POSIX systems, and without a file descriptor to spare, the
+    block runs as it is.
     """
-    if threading.current_thread() is not threading.main_thread() or _watch_pipe[0]:
+    main = threading.current_thread() is threading.main_thread()
+    if not main or _watch_pipe[0] or os.name != "posix":
         yield
         return
-    handlers = {}
-    for signum in _NAMES:
-        handler = signal.getsignal(signum)
-        if callable(handler):
-            handlers[signum] = handler
-            signal.signal(signum, _noting(handler))
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
     try:
-        previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    except ValueError:  # not the main interpreter
-        previous_fd = None
-    _watch_pipe[0] = (read_end, write_end)
+        read_end, write_end = os.pipe()
+    except OSError:  # no descriptor to spare
+        read_end = None
+    if read_end is None:  # outside the except clause: the block's errors are not chained to it
+        yield
+        return
     stop = threading.Event()
-    watch = threading.Thread(
-        target=_watch, args=(read_end, prog, grace, stop), name="petal-signals", daemon=True
-    )
-    watch.start()
+    watch = None
+    handlers: dict = {}
+    previous_fd = None
+    pipe = (read_end, write_end, -1)
+    try:
+        with signals_held():  # a signal waits until the watch is in place
+            os.set_blocking(write_end, False)
+            pipe = (read_end, write_end, os.dup(2))
+            watch = threading.Thread(
+                target=_watch, args=(read_end, pipe[2], prog, grace, stop),
+                name="petal-signals", daemon=True,
+            )  # fmt: skip
+            watch.start()
+            previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            _watch_pipe[0] = (read_end, write_end)
+        for signum in _NAMES:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handlers[signum] = handler
+                signal.signal(signum, _noting(handler))
+        watched = True
+    except (OSError, RuntimeError, ValueError):  # no descriptor or thread to spare
+        _end_watch(watch, stop, pipe, previous_fd, handlers)
+        watched = False
+    except BaseException:
+        _end_watch(watch, stop, pipe, previous_fd, handlers)
+        raise
+    if not watched:  # as above
+        yield
+        return
     try:
         yield
     finally:
+        _end_watch(watch, stop, pipe, previous_fd, handlers)
+
+
+def _end_watch(watch, stop, pipe, previous_fd, handlers) -> None:
+    """Undoes what :func:`signals_watched` set up, as far as it got; a signal meanwhile
+    waits until it is done. ``pipe``: (read end, write end, copy of stderr or -1). The
+    thread closes the first and the last (their numbers are not free for other files while
+    it may still use them)."""
+    read_end, write_end, err = pipe
+    for signum, handler in handlers.items():
+        if getattr(signal.getsignal(signum), "__wrapped__", None) is handler:
+            signal.signal(signum, handler)
+    with signals_held():
         if previous_fd is not None:
             signal.set_wakeup_fd(previous_fd)
+        _watch_pipe[0] = None
         stop.set()
         with contextlib.suppress(OSError):
             os.write(write_end, b"\0")  # wakes the watch
-        watch.join(5)
-        _watch_pipe[0] = None
-        for end in (read_end, write_end):
-            with contextlib.suppress(OSError):
-                os.close(end)
-        for signum, handler in handlers.items():
-            if getattr(signal.getsignal(signum), "__wrapped__", None) is handler:
-                signal.signal(signum, handler)
+        with contextlib.suppress(OSError):
+            os.close(write_end)
+        if watch is None or watch.ident is None:  # never started
+            for fd in (read_end, err):
+                with contextlib.suppress(OSError):
+                    if fd >= 0:
+                        os.close(fd)
+        else:
+            watch.join(5)
 
 
 def _noting(handler: Callable) -> Callable:
@@ -249,9 +285,20 @@ def _noting(handler: Callable) -> Callable:
     return noting
 
 
-def _watch(read_end: int, prog: str, grace: float, stop: threading.Event) -> None:
+def _watch(read_end: int, err: int, prog: str, grace: float, stop: threading.Event) -> None:
     """The thread of :func:`signals_watched`: reads the numbers of the signals that arrive
-    from ``read_end`` until ``stop`` is set."""
+    from ``read_end`` until ``stop`` is set, writing to ``err`` (a copy of stderr); closes
+    both when it ends."""
+    try:
+        _read_signals(read_end, err, prog, grace, stop)
+    finally:
+        for fd in (read_end, err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _read_signals(read_end: int, err: int, prog: str, grace: float, stop) -> None:
+    """:func:`_watch`'s loop."""
     waiting = None  # (when, number) of the oldest signal the main thread has not taken
     said = False
     poll = select.poll()  # not select(): the pipe's number may be above FD_SETSIZE
@@ -271,32 +318,35 @@ def _watch(read_end: int, prog: str, grace: float, stop: threading.Event) -> Non
                 continue
             if waiting is None:
                 waiting = (now, signum) if _taken_at[0] < now - 0.5 else None
-            elif now - waiting[0] >= MIN_WAIT_S:
-                first = _NAMES[waiting[1]]
-                _say(
-                    f"{prog}: quit at once on {_NAMES[signum]}, without clean-up ({first} before "
-                    f"it had waited {now - waiting[0]:.0f} s for the call in progress)"
-                )
-                os._exit(128 + signum)
+            elif said:
+                try:
+                    _say(err, f"{prog}: quit at once on {_NAMES[signum]}, without clean-up")
+                finally:
+                    os._exit(128 + signum)
         if waiting is not None and not said and now - waiting[0] >= grace:
             said = True
             name = _NAMES[waiting[1]]
             again = "press Ctrl-C again" if waiting[1] == signal.SIGINT else "send SIGTERM again"
             _say(
+                err,
                 f"{prog}: {name} has waited {now - waiting[0]:.0f} s for the call in progress "
                 f"(in TensorFlow, most likely) to return; {again} to quit at once, without "
-                "clean-up"
+                "clean-up",
             )
 
 
-def _say(line: str) -> None:
-    """Writes ``line`` to stderr from :func:`_watch`'s thread."""
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
+def _say(err: int, line: str) -> None:
+    """Writes ``line`` to ``err``, giving up after a second (a pipe nobody reads, a
+    stopped terminal) so that the process can still quit."""
+
+    def write(data: bytes) -> None:
         with contextlib.suppress(OSError):
-            os.write(2, (line + "\n").encode())
+            while data:
+                data = data[os.write(err, data) :]
+
+    writer = threading.Thread(target=write, args=((line + "\n").encode(),), daemon=True)
+    writer.start()
+    writer.join(1.0)
 
 
 def _forget_watch() -> None:
@@ -313,4 +363,5 @@ def _forget_watch() -> None:
                 os.close(end)
 
 
-os.register_at_fork(after_in_child=_forget_watch)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_watch)
