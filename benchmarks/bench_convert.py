@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import platform
 import statistics
@@ -80,16 +81,28 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def parallel(src: Path, out: Path, size: tuple[int, int], workers: int) -> tuple[float, int, float]:
+def parallel(
+    src: Path, out: Path, size: tuple[int, int], workers: int
+) -> tuple[float, int, float, dict]:
     """`convert` with `workers` processes, timed around the call.
 
-    Returns (seconds, images, CPU seconds of the main process and its workers; NaN where
-    /proc is missing).
+    Returns (seconds, images, CPU seconds of the main process and its workers -- NaN where
+    /proc is missing --, phases): phases holds "start_s", the seconds before the first
+    chunk of files goes to the workers (import, scan, duplicates, split, the workers'
+    start), and "work_s", from then until the last chunk's result; both NaN with one
+    worker (no chunks).
     """
     from petal.data import convert, writer
 
     worker_cpu = [0.0]
     close = writer._Mapper.close
+    imap = writer._Mapper._imap
+    marks: dict[str, float] = {}
+
+    def timed_imap(mapper, *args):
+        marks.setdefault("first", time.perf_counter())
+        yield from imap(mapper, *args)
+        marks["last"] = time.perf_counter()
 
     def close_and_count(mapper):
         # The workers are alive until the mapper closes: read their CPU time first.
@@ -101,6 +114,7 @@ def parallel(src: Path, out: Path, size: tuple[int, int], workers: int) -> tuple
         close(mapper)
 
     writer._Mapper.close = close_and_count
+    writer._Mapper._imap = timed_imap
     try:
         cpu = time.process_time()
         start = time.perf_counter()
@@ -111,7 +125,11 @@ def parallel(src: Path, out: Path, size: tuple[int, int], workers: int) -> tuple
         cpu = time.process_time() - cpu + worker_cpu[0]
     finally:
         writer._Mapper.close = close
-    return seconds, summary.written, cpu
+        writer._Mapper._imap = imap
+    phases = {"start_s": float("nan"), "work_s": float("nan")}
+    if "last" in marks:
+        phases = {"start_s": marks["first"] - start, "work_s": marks["last"] - marks["first"]}
+    return seconds, summary.written, cpu, phases
 
 
 def _loop_share(paths: list[str], size: tuple[int, int], parent: int) -> tuple[int, float]:
@@ -174,8 +192,11 @@ def main() -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf  # imported once up front: its start-up is not conversion work
+    from petal.cli import start_tensorflow_quietly
+
+    # Once up front, as `petal convert` starts it: its start-up is not conversion work.
+    start_tensorflow_quietly()
+    import tensorflow as tf
 
     from petal.data import writer
     from petal.data.folders import find_images
@@ -206,7 +227,7 @@ def _run(args: argparse.Namespace) -> None:
             # Rotate the order, so a change of load hits each measurement alike.
             order = list(runs)[r % 3 :] + list(runs)[: r % 3]
             result = {name: runs[name]() for name in order}
-            (l_s, l_n, l_cpu), (c_s, c_n, c_cpu) = result["loop"], result["convert"]
+            (l_s, l_n, l_cpu), (c_s, c_n, c_cpu, phases) = result["loop"], result["convert"]
             i_s, i_n, i_cpu = result["independent"]
             rows.append(
                 {
@@ -224,6 +245,11 @@ def _run(args: argparse.Namespace) -> None:
                     "convert_cpu_s": c_cpu,
                     "independent_cpu_s": i_cpu,
                     "cpu_overhead": c_cpu / i_cpu - 1,
+                    # Where convert's time goes: its start, and its rate once the workers
+                    # have files (against the loop's and the independent loops').
+                    "convert_start_s": phases["start_s"],
+                    "convert_work_s": phases["work_s"],
+                    "work_speedup": (c_n / phases["work_s"]) / (l_n / l_s),
                 }
             )
     load_after = os.getloadavg()
@@ -257,6 +283,18 @@ def _run(args: argparse.Namespace) -> None:
         f"\nconvert reaches {median['speedup'] / median['ceiling']:.0%} of what "
         f"{args.workers} uncoordinated processes reach on this machine now"
     )
+    start_s = statistics.median(row["convert_start_s"] for row in rows)
+    work_speedup = statistics.median(row["work_speedup"] for row in rows)
+    start_share = statistics.median(
+        row["convert_start_s"] / (row["images"] / row["convert_images_per_s"]) for row in rows
+    )
+    if not math.isnan(start_s):  # one worker hands out no chunks
+        print(
+            f"convert's start (scan, duplicates, split, workers' start) took {start_s:.2f} s, "
+            f"{start_share:.0%} of its time; from the workers' first files to their last it "
+            f"ran {work_speedup:.2f}x the loop, {work_speedup / median['ceiling']:.0%} of the "
+            "ceiling (medians)"
+        )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
@@ -277,6 +315,8 @@ def _run(args: argparse.Namespace) -> None:
                 "median_speedup": median["speedup"],
                 "median_ceiling": median["ceiling"],
                 "median_cpu_overhead": overhead,
+                "median_convert_start_s": start_s,
+                "median_work_speedup": work_speedup,
             },
             indent=2,
         )

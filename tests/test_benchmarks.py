@@ -33,6 +33,12 @@ def test_bench_convert_runs(tmp_path):
     result = json.loads(out.read_text())
     assert result["images"] == 15 and len(result["rounds"]) == 1
     assert result["median_speedup"] > 0 and result["median_ceiling"] > 0
+    # Where convert's time went: its start and its work fit in its time.
+    [row] = result["rounds"]
+    total = row["images"] / row["convert_images_per_s"]
+    assert row["convert_start_s"] > 0 and row["convert_work_s"] > 0
+    assert row["convert_start_s"] + row["convert_work_s"] < total
+    assert result["median_work_speedup"] == row["work_speedup"] > 0
 
 
 def test_bench_input_runs(small_flowers, tmp_path):
