@@ -74,7 +74,9 @@ def main() -> None:
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from petal.cli import _check_output_file
+    from petal.cli import _check_output_file, start_tensorflow_quietly
+
+    start_tensorflow_quietly()  # as `petal bench input` does: without its start-up lines
     from petal.data import bench, convert
     from petal.errors import PetalError
 
