@@ -95,13 +95,19 @@ def test_ctrl_c_again_quits_a_main_thread_stuck_in_tensorflow():
         run.send(signal.SIGINT)
         assert run.proc.wait(30) == 130
         run.wait_for("quit at once", run.err, 5)
+    _said(run, "Ctrl-C", "press Ctrl-C again", waited="[34]")
+    assert run.out == ["ready\n"]
+
+
+def _said(run: _Process, name: str, again: str, waited: str) -> None:
+    """The watch's two lines: the wait of ``name`` said after ``waited`` (a pattern) seconds,
+    then the quit."""
     said = [line.strip() for line in run.err if line.startswith("prog:")]
     assert len(said) == 2 and re.fullmatch(
-        r"prog: Ctrl-C has waited [34] s for the call in progress \(in TensorFlow, most "
-        r"likely\) to return; press Ctrl-C again to quit at once, without clean-up", said[0]
+        rf"prog: {name} has waited {waited} s for the call in progress \(in TensorFlow, most "
+        rf"likely\) to return; {again} to quit at once, without clean-up", said[0]
     ), said
-    assert said[1] == "prog: quit at once on Ctrl-C, without clean-up"
-    assert run.out == ["ready\n"]
+    assert said[1] == f"prog: quit at once on {name}, without clean-up"
 
 
 # The main thread takes no signal while it sleeps (the kernel gives them to another thread),
@@ -118,12 +124,7 @@ def test_sigterm_again_quits_once_the_wait_is_said():
         run.send(signal.SIGTERM)
         assert run.proc.wait(30) == 128 + signal.SIGTERM
         run.wait_for("quit at once", run.err, 5)
-    said = [line.strip() for line in run.err if line.startswith("prog:")]
-    assert len(said) == 2 and re.fullmatch(
-        r"prog: SIGTERM has waited [12] s for the call in progress \(in TensorFlow, most "
-        r"likely\) to return; send SIGTERM again to quit at once, without clean-up", said[0]
-    ), said
-    assert said[1] == "prog: quit at once on SIGTERM, without clean-up"
+    _said(run, "SIGTERM", "send SIGTERM again", waited="[12]")
 
 
 def test_a_full_stderr_does_not_keep_the_process_from_quitting():
