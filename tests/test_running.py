@@ -61,9 +61,10 @@ class _Process:
         self.proc.wait()
 
 
-def _script(body: str, grace: float, prelude: str = "") -> str:
-    """A script that runs ``body`` under signals_watched("prog", grace) after "ready", and
-    exits 130 when it is interrupted. SIGTERM's handler raises KeyboardInterrupt."""
+def _script(body: str, grace: float, prelude: str = "", held_grace: float = 30.0) -> str:
+    """A script that runs ``body`` under signals_watched("prog", grace, held_grace) after
+    "ready", and exits 130 when it is interrupted. SIGTERM's handler raises
+    KeyboardInterrupt."""
     return (
         textwrap.dedent(prelude)
         + "import os, signal, sys, time\n"
@@ -71,7 +72,7 @@ def _script(body: str, grace: float, prelude: str = "") -> str:
         + "def term(signum, frame):\n    raise KeyboardInterrupt\n"
         + "signal.signal(signal.SIGTERM, term)\n"
         + "try:\n"
-        + f"    with signals_watched('prog', grace={grace}):\n"
+        + f"    with signals_watched('prog', grace={grace}, held_grace={held_grace}):\n"
         + "        print('ready', flush=True)\n"
         + textwrap.indent(textwrap.dedent(body), " " * 8)
         + "except KeyboardInterrupt:\n"
@@ -199,6 +200,29 @@ def test_a_signal_the_main_thread_takes_stops_it_as_before(body):
         run.wait_for("interrupted", run.out, 5)
     assert run.out == ["ready\n", "interrupted\n"]
     assert not [line for line in run.err if line.startswith("prog:")], run.err
+
+
+def test_a_signal_held_over_a_wait_that_does_not_end_is_said_later():
+    """A signal held over a write or clean-up that waited for ever (in Python, so that the
+    handler holding it ran) was held for ever: only SIGKILL ended the process."""
+    body = "with signals_held():\n    threading.Event().wait(60)\n"
+    code = _script(body, grace=0.3, held_grace=1.5, prelude="import threading\n")
+    with _Process(code) as run:
+        assert run.wait_for("ready", run.out, 60), run.err
+        time.sleep(0.3)
+        run.send(signal.SIGINT)
+        time.sleep(0.8)  # past grace, not held_grace: not said yet
+        assert not [line for line in run.err if line.startswith("prog:")]
+        assert run.wait_for("prog: Ctrl-C waits", run.err, 30), run.err
+        run.send(signal.SIGINT)
+        assert run.proc.wait(30) == 130
+        run.wait_for("quit at once", run.err, 5)
+    said = [line.strip() for line in run.err if line.startswith("prog:")]
+    assert len(said) == 2 and re.fullmatch(
+        r"prog: Ctrl-C waits for the write or clean-up in progress to end \([23] s so far\); "
+        r"press Ctrl-C again to quit at once, without clean-up", said[0]
+    ), said
+    assert said[1] == "prog: quit at once on Ctrl-C, without clean-up"
 
 
 def test_a_forked_childs_signals_are_not_the_parents():

@@ -154,7 +154,7 @@ def signals_held() -> Iterator[None]:
     caught: list[int] = []
 
     def hold(signum, frame) -> None:
-        _taken()
+        _held_at[0] = time.monotonic()
         caught.append(signum)
 
     previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -168,11 +168,14 @@ def signals_held() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT)
 
 
-# How long a signal waits on the main thread before :func:`signals_watched` says so; another
-# signal then ends the process.
+# How long a signal waits on the main thread before :func:`signals_watched` says so (once
+# :func:`signals_held` holds it: HELD_GRACE_S); another signal then ends the process.
 SIGNAL_GRACE_S = 5.0
-# When the main thread last ran a handler of Ctrl-C or SIGTERM (time.monotonic()).
+HELD_GRACE_S = 30.0
+# When the main thread last ran a handler of Ctrl-C or SIGTERM, and when it last held one
+# (time.monotonic()).
 _taken_at = [float("-inf")]
+_held_at = [float("-inf")]
 # The pipe of the watch in progress: (read end, write end), or None.
 _watch_pipe: list[tuple[int, int] | None] = [None]
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -184,17 +187,20 @@ def _taken() -> None:
 
 
 @contextlib.contextmanager
-def signals_watched(prog: str, grace: float = SIGNAL_GRACE_S) -> Iterator[None]:
+def signals_watched(
+    prog: str, grace: float = SIGNAL_GRACE_S, held_grace: float = HELD_GRACE_S
+) -> Iterator[None]:
     """When the main thread has not run the handler of a Ctrl-C or SIGTERM for ``grace``
     seconds, ``prog`` says so on stderr, and another one ends the process at once (exit
-    128 + its number, without clean-up).
+    128 + its number, without clean-up). A signal that :func:`signals_held` holds is said
+    after ``held_grace`` seconds (a write that never ends held Ctrl-C for ever).
 
     Python runs signal handlers in the main thread between two of its instructions, so a
     main thread inside one long call of compiled code (TensorFlow waiting for input that
     does not come, a TPU that does not answer) took no signal: Ctrl-C and SIGTERM did
     nothing, and only SIGKILL ended the process. The signal's arrival is written to a pipe
     (``signal.set_wakeup_fd``) that a thread reads; the handlers in place when the block
-    starts, and those :func:`signals_held` sets, note when they run. The thread writes to
+    starts note when they run, and :func:`signals_held`'s when it holds one. The thread writes to
     the stderr of the block's start (TensorFlow's start points stderr at a file a while).
     Outside the main thread, off POSIX systems, and without a file descriptor to spare, the
     block runs as it is.
@@ -220,7 +226,7 @@ def signals_watched(prog: str, grace: float = SIGNAL_GRACE_S) -> Iterator[None]:
             os.set_blocking(write_end, False)
             pipe = (read_end, write_end, os.dup(2))
             watch = threading.Thread(
-                target=_watch, args=(read_end, pipe[2], prog, grace, stop),
+                target=_watch, args=(read_end, pipe[2], prog, (grace, held_grace), stop),
                 name="petal-signals", daemon=True,
             )  # fmt: skip
             watch.start()
@@ -285,20 +291,20 @@ def _noting(handler: Callable) -> Callable:
     return noting
 
 
-def _watch(read_end: int, err: int, prog: str, grace: float, stop: threading.Event) -> None:
+def _watch(read_end: int, err: int, prog: str, graces: tuple, stop: threading.Event) -> None:
     """The thread of :func:`signals_watched`: reads the numbers of the signals that arrive
     from ``read_end`` until ``stop`` is set, writing to ``err`` (a copy of stderr); closes
     both when it ends."""
     try:
-        _read_signals(read_end, err, prog, grace, stop)
+        _read_signals(read_end, err, prog, graces, stop)
     finally:
         for fd in (read_end, err):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-def _read_signals(read_end: int, err: int, prog: str, grace: float, stop) -> None:
-    """:func:`_watch`'s loop."""
+def _read_signals(read_end: int, err: int, prog: str, graces: tuple, stop) -> None:
+    """:func:`_watch`'s loop; ``graces``: (grace, held_grace) of :func:`signals_watched`."""
     waiting = None  # (when, number) of the oldest signal the main thread has not taken
     said = False
     poll = select.poll()  # not select(): the pipe's number may be above FD_SETSIZE
@@ -323,16 +329,22 @@ def _read_signals(read_end: int, err: int, prog: str, grace: float, stop) -> Non
                     _say(err, f"{prog}: quit at once on {_NAMES[signum]}, without clean-up")
                 finally:
                     os._exit(128 + signum)
-        if waiting is not None and not said and now - waiting[0] >= grace:
-            said = True
-            name = _NAMES[waiting[1]]
-            again = "press Ctrl-C again" if waiting[1] == signal.SIGINT else "send SIGTERM again"
-            _say(
-                err,
-                f"{prog}: {name} has waited {now - waiting[0]:.0f} s for the call in progress "
-                f"(in TensorFlow, most likely) to return; {again} to quit at once, without "
-                "clean-up",
+        if waiting is None or said:
+            continue
+        held = _held_at[0] >= waiting[0] - 0.5
+        if now - waiting[0] < graces[held]:
+            continue
+        said = True
+        name, seconds = _NAMES[waiting[1]], now - waiting[0]
+        again = "press Ctrl-C again" if waiting[1] == signal.SIGINT else "send SIGTERM again"
+        if held:
+            why = f"waits for the write or clean-up in progress to end ({seconds:.0f} s so far)"
+        else:
+            why = (
+                f"has waited {seconds:.0f} s for the call in progress (in TensorFlow, most "
+                "likely) to return"
             )
+        _say(err, f"{prog}: {name} {why}; {again} to quit at once, without clean-up")
 
 
 def _say(err: int, line: str) -> None:
