@@ -84,6 +84,19 @@ def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end(signame, status, 
     assert out.stderr.rstrip().endswith(f"petal models: {said}")
 
 
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+def test_an_error_keeps_its_exit_status_when_stderr_cannot_take_its_line(stderr):
+    """The failed write of the error line ended the command with 1 (and a traceback that
+    could not be written either)."""
+    if stderr.endswith("/dev/full") and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    out = subprocess.run(
+        ["sh", "-c", f'"$0" -m petal models --num-classes 1 {stderr}', sys.executable],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (2, "")
+
+
 def test_listing_presets_does_not_start_tensorflow():
     out = subprocess.run(
         [sys.executable, "-c", "import sys; from petal.cli import main; main(['train', "

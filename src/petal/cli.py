@@ -951,7 +951,10 @@ def _import_tensorflow() -> None:
     try:
         sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError):  # no real stderr (embedded, redirected to an object)
+    except (OSError, ValueError, AttributeError):  # no real stderr (None when closed)
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
         return
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
@@ -1228,14 +1231,14 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
             text = _STDOUT_FULL
         # A URL's user and password are never shown, whatever message carries them.
         shown = re.sub(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text, flags=re.I)
-        print(f"petal {args.command}: error: {shown}", file=sys.stderr)
+        _tell(f"petal {args.command}: error: {shown}")
         return 2
     except KeyboardInterrupt as err:
         kept.append(err)
         if isinstance(err, _Terminated):
-            print(f"petal {args.command}: terminated", file=sys.stderr)
+            _tell(f"petal {args.command}: terminated")
             return 128 + signal.SIGTERM
-        print(f"petal {args.command}: interrupted{_KEPT.get(args.command, '')}", file=sys.stderr)
+        _tell(f"petal {args.command}: interrupted{_KEPT.get(args.command, '')}")
         if args.command == "demo":
             _print_resume_hint(str(args.workdir), "demo")
         return 130
@@ -1243,6 +1246,16 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         sys.unraisablehook = previous_hook
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+
+
+def _tell(line: str) -> None:
+    """Writes ``line`` to stderr. A stderr that cannot take it (closed, on a full disk)
+    loses the line, not the command's exit status: the failed write ended the command
+    with 1 and a traceback nobody saw."""
+    if sys.stderr is None:  # closed when Python started: print() would write to stdout
+        return
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":
