@@ -943,15 +943,14 @@ def _use_tensorflow_backend() -> None:
 
 
 def _import_tensorflow() -> None:
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
-
-        return
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real stderr (None when closed)
+    saved = None
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL") != "0":
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no real stderr (None when closed)
+            pass
+    if saved is None:  # everything is to be shown, or there is no stderr to capture
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
 

@@ -181,11 +181,6 @@ _watch_pipe: list[tuple[int, int] | None] = [None]
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
-def _taken() -> None:
-    """Notes that the main thread ran a handler of a signal (:func:`signals_watched`)."""
-    _taken_at[0] = time.monotonic()
-
-
 @contextlib.contextmanager
 def signals_watched(
     prog: str, grace: float = SIGNAL_GRACE_S, held_grace: float = HELD_GRACE_S
@@ -281,10 +276,10 @@ def _end_watch(watch, stop, pipe, previous_fd, handlers) -> None:
 
 
 def _noting(handler: Callable) -> Callable:
-    """``handler``, noting when it runs (:func:`_taken`)."""
+    """``handler``, noting when it runs (in ``_taken_at``, for :func:`signals_watched`)."""
 
     def noting(signum, frame):
-        _taken()
+        _taken_at[0] = time.monotonic()
         return handler(signum, frame)
 
     noting.__wrapped__ = handler
