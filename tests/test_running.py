@@ -14,17 +14,24 @@ import time
 
 import pytest
 
-# A dataset whose source waits for ever: next() keeps the main thread inside TensorFlow.
+# A dataset whose source waits for ever: next() keeps the main thread inside TensorFlow. The
+# source says "stuck" once next() has called it, so the main thread is inside by then.
 STUCK = """
 import threading
 import tensorflow as tf
 never = threading.Event()
 def source():
+    print("stuck", flush=True)
     never.wait()
     yield 1
 spec = tf.TensorSpec([], tf.int32)
 stuck = iter(tf.data.Dataset.from_generator(source, output_signature=spec))
 """
+
+
+# The watch's last line, which the process writes just before it ends (the hint before it
+# says "to quit at once" too).
+QUIT = ": quit at once on"
 
 
 class _Process:
@@ -86,8 +93,7 @@ def test_ctrl_c_again_quits_a_main_thread_stuck_in_tensorflow():
     """Ctrl-C did nothing while the main thread waited in TensorFlow for input that never
     came; the process had to be killed with SIGKILL."""
     with _Process(_script("next(stuck)\n", grace=3.0, prelude=STUCK)) as run:
-        assert run.wait_for("ready", run.out, 120), run.err
-        time.sleep(0.5)
+        assert run.wait_for("stuck", run.out, 120), run.err
         run.send(signal.SIGINT)
         time.sleep(1.2)
         run.send(signal.SIGINT)  # before the wait is said: the process may still end itself
@@ -95,9 +101,9 @@ def test_ctrl_c_again_quits_a_main_thread_stuck_in_tensorflow():
         assert run.proc.poll() is None
         run.send(signal.SIGINT)
         assert run.proc.wait(30) == 130
-        run.wait_for("quit at once", run.err, 5)
+        assert run.wait_for(QUIT, run.err, 10), run.err
     _said(run, "Ctrl-C", "press Ctrl-C again", waited="[34]")
-    assert run.out == ["ready\n"]
+    assert run.out == ["ready\n", "stuck\n"]
 
 
 def _said(run: _Process, name: str, again: str, waited: str) -> None:
@@ -124,7 +130,7 @@ def test_sigterm_again_quits_once_the_wait_is_said():
         assert run.wait_for("prog: SIGTERM has waited", run.err, 30), run.err
         run.send(signal.SIGTERM)
         assert run.proc.wait(30) == 128 + signal.SIGTERM
-        run.wait_for("quit at once", run.err, 5)
+        assert run.wait_for(QUIT, run.err, 10), run.err
     _said(run, "SIGTERM", "send SIGTERM again", waited="[12]")
 
 
@@ -176,7 +182,7 @@ def test_the_command_line_says_the_wait_while_tensorflow_starts(tmp_path):
         assert run.wait_for("petal models: Ctrl-C has waited", run.err, 30), run.err
         run.send(signal.SIGINT)
         assert run.proc.wait(30) == 130
-        run.wait_for("quit at once", run.err, 5)
+        assert run.wait_for(QUIT, run.err, 10), run.err
     assert run.err[-1] == "petal models: quit at once on Ctrl-C, without clean-up\n"
 
 
@@ -216,7 +222,7 @@ def test_a_signal_held_over_a_wait_that_does_not_end_is_said_later():
         assert run.wait_for("prog: Ctrl-C waits", run.err, 30), run.err
         run.send(signal.SIGINT)
         assert run.proc.wait(30) == 130
-        run.wait_for("quit at once", run.err, 5)
+        assert run.wait_for(QUIT, run.err, 10), run.err
     said = [line.strip() for line in run.err if line.startswith("prog:")]
     assert len(said) == 2 and re.fullmatch(
         r"prog: Ctrl-C waits for the write or clean-up in progress to end \([34] s so far\); "
