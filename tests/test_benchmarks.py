@@ -790,3 +790,38 @@ def test_bench_input_on_fewer_images_than_a_batch_names_the_batch_size_that_fits
         "pass --batch-size N (at most 6). Received: batch_size=64"
     )
     assert main([*argv, "--batch-size", "6"]) == 0
+
+
+def test_profile_convert_times_every_part_and_lists_what_it_skipped(tmp_path):
+    """benchmarks/profile_convert.py: where convert's CPU goes, per part; a file convert
+    would skip is listed, not timed, and the counts add up."""
+    if not FLOWERS.is_dir():
+        pytest.skip(f"sample data not found at {FLOWERS}")
+    src = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (src / cls).mkdir(parents=True)
+        for f in sorted((FLOWERS / cls).iterdir())[:3]:
+            (src / cls / f.name).symlink_to(f)
+    (src / "roses" / "broken.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "parts.json"
+    done = _run("profile_convert.py", "--data", str(src), "--image-size", "32",
+                "--out", str(out))  # fmt: skip
+    result = json.loads(out.read_text())
+    assert (result["images"], result["written"]) == (7, 6)
+    assert [s["file"] for s in result["skipped"]] == ["roses/broken.jpg"]
+    assert "skipped roses/broken.jpg: " in done.stdout
+    parts = result["parts"]
+    assert list(parts) == ["read", "convert", "serialise", "frame", "write", "append", "hash"]
+    assert parts["convert"]["cpu_s"] > 0 and all(p["cpu_s"] >= 0 for p in parts.values())
+    assert sum(p["share"] for p in parts.values()) == pytest.approx(1.0)
+    assert {p["process"] for p in parts.values()} == {"worker", "main"}
+    for part in parts:
+        assert f"| {part} | " in done.stdout
+    # --per-class: the first N of each class.
+    _run("profile_convert.py", "--data", str(src), "--per-class", "1", "--image-size", "32",
+         "--out", str(out))  # fmt: skip
+    assert json.loads(out.read_text())["images"] == 2
+    line = _refused("profile_convert.py", "--data", str(src), "--per-class", "0")
+    assert line.endswith("error: --per-class must be at least 1. Received: 0"), line
+    line = _refused("profile_convert.py", "--data", str(tmp_path / "none"))
+    assert line.startswith(f"profile_convert.py: error: --data {tmp_path / 'none'}: "), line

@@ -382,6 +382,12 @@ def _worker_setup(converter: int) -> None:
     TensorFlow's import changes this in the main process; the workers never import it.
     """
     threading.Thread(target=_exit_with, args=(converter,), daemon=True).start()
+    _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """Makes glibc's allocator keep freed blocks of up to 64 MB for reuse (see
+    :func:`_worker_setup`); nothing where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
