@@ -97,6 +97,28 @@ def test_an_error_keeps_its_exit_status_when_stderr_cannot_take_its_line(stderr)
     assert (out.returncode, out.stdout) == (2, "")
 
 
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+def test_unwritten_help_and_a_scripts_interruption_keep_their_status_without_stderr(stderr):
+    """The twins of the test above: `petal --version` with stdout full, and a benchmark
+    script's "interrupted" or "terminated" (`run_script`), ended with 1 when their one line
+    could not be written to stderr either."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    out = subprocess.run(
+        ["sh", "-c", f'"$0" -m petal --version >/dev/full {stderr}', sys.executable],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2
+    for raised, status in (("KeyboardInterrupt", 130), ("cli._Terminated", 143)):
+        code = (f"from petal import cli\ndef work():\n    raise {raised}\n"
+                "cli.run_script('bench.py', work)")  # fmt: skip
+        out = subprocess.run(
+            ["sh", "-c", f'"$0" -c "$1" {stderr}', sys.executable, code],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (out.returncode, out.stdout) == (status, ""), raised
+
+
 def test_listing_presets_does_not_start_tensorflow():
     out = subprocess.run(
         [sys.executable, "-c", "import sys; from petal.cli import main; main(['train', "

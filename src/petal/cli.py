@@ -996,10 +996,10 @@ def run_script(prog: str, work) -> None:
         with signals_watched(prog):
             work()
     except _Terminated:
-        print(f"{prog}: terminated", file=sys.stderr)
+        _tell(f"{prog}: terminated")
         sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        _tell(f"{prog}: interrupted")
         sys.exit(130)
 
 
@@ -1131,7 +1131,7 @@ def _unwritten(err: OSError) -> int:
     if disk_full(err) and _stdout_full():
         text = _STDOUT_FULL
     _stdout_nowhere()
-    print(f"petal: error: {text}", file=sys.stderr)
+    _tell(f"petal: error: {text}")
     return 2
 
 
@@ -1249,8 +1249,8 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
 
 def _tell(line: str) -> None:
     """Writes ``line`` to stderr. A stderr that cannot take it (closed, on a full disk)
-    loses the line, not the command's exit status: the failed write ended the command
-    with 1 and a traceback nobody saw."""
+    loses the line, not the command's (or benchmark script's) exit status: the failed
+    write ended it with 1 and a traceback nobody saw."""
     if sys.stderr is None:  # closed when Python started: print() would write to stdout
         return
     with contextlib.suppress(OSError, ValueError):
