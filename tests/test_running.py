@@ -342,3 +342,29 @@ def test_a_signal_while_the_watch_ends_waits_until_it_has_ended(monkeypatch):
         pass
     monkeypatch.undo()
     assert _state() == before and set(os.listdir("/proc/self/fd")) <= fds
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs POSIX resource limits")
+def test_a_marker_whose_write_fails_is_not_left_behind(tmp_path):
+    """On a full disk the running marker was created, its write failed, and the empty file
+    stayed: every later conversion into that folder was refused ("an unknown process is
+    converting into it") once space was freed. A file-size limit of 0 makes the write fail
+    as a full disk does."""
+    code = textwrap.dedent(f"""
+        import resource, sys
+        from pathlib import Path
+        from petal.errors import PetalError
+        from petal.running import mark_reading, mark_running
+        folder = Path({str(tmp_path)!r})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+        try:
+            mark_running(folder, PetalError, "converting into it")
+        except OSError as err:
+            print("refused:", err.strerror)
+        mark_reading(folder, "training from it")
+        print(sorted(p.name for p in folder.iterdir()))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["refused: File too large", "[]"], done.stdout

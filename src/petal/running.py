@@ -91,8 +91,14 @@ def mark_running(
                 raise in_use(who) from None
             path.unlink(missing_ok=True)  # left by a process that died: take it over
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(mine)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(mine)
+        except BaseException:
+            # A full disk: an empty marker left behind refused every later run ("an
+            # unknown process is ...") once space was freed.
+            path.unlink(missing_ok=True)
+            raise
         break
     else:
         raise in_use(f"another process is {doing}")
@@ -117,6 +123,8 @@ def mark_reading(folder: Path, doing: str) -> Callable[[], None]:
             json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "doing": doing})
         )
     except OSError:
+        with contextlib.suppress(OSError):  # created, then its write failed (a full disk)
+            path.unlink(missing_ok=True)
         return lambda: None
 
     def unmark() -> None:
