@@ -1,6 +1,7 @@
 """The command line's own behaviour (commands themselves are tested with their modules)."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -455,7 +456,9 @@ def test_names_the_locale_cannot_encode_are_escaped_and_convert_draws_no_bar_int
     assert "verify" not in capsys.readouterr().err
 
 
-def test_ctrl_c_in_the_demo_says_how_to_finish_its_run(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_in_the_demo_says_how_to_finish_its_run(monkeypatch, capsys, tmp_path, signum):
+    """SIGTERM said only "terminated": not the commands that finish the run."""
     import petal.demo
 
     run = tmp_path / "demo"
@@ -464,12 +467,14 @@ def test_ctrl_c_in_the_demo_says_how_to_finish_its_run(monkeypatch, capsys, tmp_
         run.mkdir()
         (run / "config.json").write_text("{}")
         (run / "state.json").write_text('{"epoch": 4}')
-        raise KeyboardInterrupt
+        signal.raise_signal(signum)
 
     monkeypatch.setattr(petal.demo, "run_demo", interrupted)
-    assert cli.main(["demo", "--data", str(tmp_path), "--workdir", str(run)]) == 130
+    argv = ["demo", "--data", str(tmp_path), "--workdir", str(run)]
+    assert cli.main(argv) == 128 + signum
+    said = "interrupted" if signum == signal.SIGINT else "terminated"
     assert capsys.readouterr().err.splitlines() == [
-        "petal demo: interrupted",
+        f"petal demo: {said}",
         f"petal demo: epoch 4 is saved; continue with `petal train --resume --workdir {run}`, "
         f"then `petal evaluate {run}` and `petal report {run}` (the demo run again starts over)",
     ]
@@ -557,6 +562,26 @@ def test_predict_takes_a_dash_file_after_double_dash_among_options():
     parser = cli.build_parser()
     args = cli._parse(parser, ["predict", "RUN", "a.jpg", "--top-k", "1", "--", "-x.jpg"])
     assert (args.images, args.top_k) == (["a.jpg", "-x.jpg"], 1)
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_sigterm_says_what_was_kept_as_ctrl_c_does(monkeypatch, capsys, tmp_path, command):
+    """The README says Ctrl-C and SIGTERM both say what was kept; SIGTERM said only
+    "terminated"."""
+    import petal.data
+    import petal.evaluation.export
+
+    def terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+
+    module = petal.data if command == "convert" else petal.evaluation.export
+    monkeypatch.setattr(module, command, terminated)
+    src = tmp_path / "src"
+    src.mkdir()
+    argv = [command, str(src), *([str(tmp_path / "out")] if command == "convert" else [])]
+    assert cli.main(argv) == 143
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == f"petal {command}: terminated{cli._KEPT[command]}", lines
 
 
 def test_ctrl_c_in_the_demo_before_an_epoch_says_to_run_it_again(monkeypatch, capsys, tmp_path):

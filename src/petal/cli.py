@@ -1234,13 +1234,12 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         return 2
     except KeyboardInterrupt as err:
         kept.append(err)
-        if isinstance(err, _Terminated):
-            _tell(f"petal {args.command}: terminated")
-            return 128 + signal.SIGTERM
-        _tell(f"petal {args.command}: interrupted{_KEPT.get(args.command, '')}")
+        # SIGTERM says what was kept as Ctrl-C does (it said only "terminated").
+        said = "terminated" if isinstance(err, _Terminated) else "interrupted"
+        _tell(f"petal {args.command}: {said}{_KEPT.get(args.command, '')}")
         if args.command == "demo":
             _print_resume_hint(str(args.workdir), "demo")
-        return 130
+        return 128 + signal.SIGTERM if isinstance(err, _Terminated) else 130
     finally:
         sys.unraisablehook = previous_hook
         if previous is not None and threading.current_thread() is threading.main_thread():
