@@ -1934,3 +1934,27 @@ def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_reco
         f"Split 'validation' of {records}: no image of tulips was scored (none in the split); "
         "the macro averages are over the other 4 classes"
     ]
+
+
+def test_a_plot_whose_write_fails_leaves_the_earlier_one(tmp_path, monkeypatch):
+    """Ctrl-C during `petal report` left a plot cut short over the earlier one."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from petal.evaluation import plots
+
+    out = tmp_path / "loss.png"
+    out.write_bytes(b"earlier")
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"cut short")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    fig = plt.figure()
+    with pytest.raises(KeyboardInterrupt):
+        plots._save(fig, out)
+    assert not plt.fignum_exists(fig.number)  # closed all the same
+    assert out.read_bytes() == b"earlier"
+    assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]

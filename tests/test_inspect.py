@@ -763,3 +763,24 @@ def test_grid_titles_fit_their_columns_and_the_title_its_row(make_records, tmp_p
     monkeypatch.setattr(Figure, "savefig", check)
     inspect_records(folder, grid=tmp_path / "grid.png", grid_per_class=2, progress=False)
     assert drawn and drawn[0].startswith("a_long_") and "…" in drawn[0], drawn
+
+
+def test_a_grid_whose_write_fails_leaves_the_earlier_grid(small_records, tmp_path,
+                                                         monkeypatch):
+    """Ctrl-C while the grid was written left a PNG cut short over the earlier one."""
+    from matplotlib.figure import Figure
+
+    out = tmp_path / "grid.png"
+    inspect_records(small_records, grid=out, grid_per_class=1, progress=False)
+    earlier = out.read_bytes()
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"cut short")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    with pytest.raises(KeyboardInterrupt):
+        inspect_records(small_records, grid=out, grid_per_class=1, progress=False)
+    assert out.read_bytes() == earlier
+    assert [p.name for p in tmp_path.iterdir()] == ["grid.png"]

@@ -1254,3 +1254,35 @@ def test_train_takes_a_numpy_seed_as_the_int(records):
     for bad in (np.int64(-1), True, 1.0):
         with pytest.raises(PetalError, match=r"^seed must be a non-negative int or None"):
             train_dataset(str(records), batch_size=4, seed=bad)
+
+
+def test_bench_json_and_png_keep_an_earlier_file_when_their_write_fails(monkeypatch, tmp_path):
+    """Written in place, a failed write (a full disk, Ctrl-C) left an empty or cut-short
+    file, over the earlier one; now the earlier file stays and no temporary file is left."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    from petal.data import bench
+
+    result = bench.BenchResult(records="r", batch_size=4, seconds=1.0, cpus=1, decoder="")
+    result.cases.append(bench.Case("jpeg", "r", "none", 100.0, 25.0, 1.0, 1, 1.0))
+    json_out, png_out = tmp_path / "b.json", tmp_path / "b.png"
+    json_out.write_text("earlier")
+    png_out.write_bytes(b"earlier")
+    # json.dump wrote the first keys, then met a value it cannot write.
+    monkeypatch.setattr(bench.BenchResult, "to_dict", lambda self: {"a": 1, "b": object()})
+    with pytest.raises(TypeError):
+        bench.write_json(result, str(json_out))
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"cut short")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    with pytest.raises(OSError) as caught:
+        bench.write_png(result, str(png_out))
+    assert caught.value.filename == str(png_out)  # the message names the file
+    assert (json_out.read_text(), png_out.read_bytes()) == ("earlier", b"earlier")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.png"]

@@ -31,9 +31,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from petal.data import folders
 from petal.errors import PetalError, first_line, tf_message
+from petal.jsonfile import save_atomically
 
 log = logging.getLogger(__name__)
 
@@ -1216,9 +1218,10 @@ def format_table(result: BenchResult) -> str:
 
 
 def write_json(result: BenchResult, path: str) -> None:
+    """The result as JSON, through a temporary file: a full disk left an empty file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result.to_dict(), f, indent=2)
+    text = json.dumps(result.to_dict(), indent=2)
+    save_atomically(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
 def chart_scale(values) -> tuple[str, float]:
@@ -1278,6 +1281,8 @@ def write_png(result: BenchResult, path: str) -> str:
         ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:  # through a temporary file, as write_json
+        save_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120))
+    finally:
+        plt.close(fig)
     return path

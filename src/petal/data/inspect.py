@@ -18,11 +18,13 @@ import os
 import posixpath
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
 from petal.display import can_draw, columns, fit_text, literal, ljust, plot_labels
 from petal.errors import PetalError, is_int_at_least, printable, tf_message
+from petal.jsonfile import save_atomically
 
 _MB = 1_000_000
 _LIST_SHARDS = 12  # shards listed one per line; more are summarised
@@ -926,5 +928,7 @@ def _draw_grid(
     parent = os.path.dirname(out)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    # Through a temporary file: Ctrl-C or a full disk left a PNG cut short (an earlier
+    # grid too, which it had begun to overwrite), or an empty one.
+    save_atomically(Path(out), lambda tmp: fig.savefig(tmp, dpi=100))
     return out, problems

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from petal.display import fit_text, plot_labels  # noqa: E402
+from petal.jsonfile import save_atomically  # noqa: E402
 from petal.training.callbacks import read_history  # noqa: E402
 
 _DPI = 110
@@ -30,7 +31,8 @@ def _save(fig, out: str | Path) -> Path:
     out = Path(out)
     try:  # closed however it ends: a notebook's failed plots kept their figures open
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=_DPI, bbox_inches="tight")
+        # Through a temporary file: Ctrl-C during `petal report` left a plot cut short.
+        save_atomically(out, lambda tmp: fig.savefig(tmp, dpi=_DPI, bbox_inches="tight"))
     finally:
         plt.close(fig)
     return out

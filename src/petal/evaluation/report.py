@@ -32,6 +32,7 @@ from petal.evaluation.workdir import (
     still_training,
     unfinished_resume,
 )
+from petal.jsonfile import save_atomically
 from petal.training.callbacks import read_history
 from petal.training.loop import RUN_DIR_FILES
 
@@ -409,7 +410,8 @@ def build_report(
     ]
     out = workdir / "report.html"
     try:
-        out.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        text = "\n".join(parts) + "\n"
+        save_atomically(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     except OSError as err:
         raise _cannot_write(workdir, err) from None
     return out
