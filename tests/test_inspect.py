@@ -784,3 +784,36 @@ def test_a_grid_whose_write_fails_leaves_the_earlier_grid(small_records, tmp_pat
         inspect_records(small_records, grid=out, grid_per_class=1, progress=False)
     assert out.read_bytes() == earlier
     assert [p.name for p in tmp_path.iterdir()] == ["grid.png"]
+
+
+def test_records_being_converted_say_so_not_that_their_conversion_failed(tmp_path):
+    """A folder a live conversion is writing into said "its conversion did not finish
+    (run petal convert again)"."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from petal.running import RUNNING_FILE
+
+    folder = tmp_path / "records"
+    folder.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / RUNNING_FILE).write_text(json.dumps(
+            {"pid": live.pid, "host": socket.gethostname(), "doing": "converting into it"}))
+        with pytest.raises(PetalError) as caught:
+            inspect_records(folder, progress=False)
+        assert str(caught.value) == (
+            f"{folder} holds no manifest.json yet: process {live.pid} on "
+            f"{socket.gethostname()} is converting into it; wait for it to end, then run "
+            "this again.")  # fmt: skip
+    finally:
+        live.kill()
+        live.wait()
+    # Once that process has gone, its marker is a conversion that did not finish.
+    with pytest.raises(PetalError, match=r"its conversion did not finish"):
+        read_manifest(folder)
+    os.remove(folder / RUNNING_FILE)
+    with pytest.raises(PetalError, match=r"its conversion did not finish"):
+        read_manifest(folder)

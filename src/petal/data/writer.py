@@ -75,6 +75,7 @@ from petal.running import (
     RUNNING_FILE,
     in_use_error,
     reading_elsewhere,
+    running_elsewhere,
     signals_held,
 )
 
@@ -1804,6 +1805,13 @@ def read_manifest(path: str | os.PathLike) -> dict:
     try:
         text = folders.read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
+        folder = os.path.dirname(path)
+        if not folders.is_remote(path) and (who := running_elsewhere(Path(folder or "."))):
+            # Said "its conversion did not finish (run petal convert again)".
+            raise PetalError(
+                f"{folder or '.'} holds no {schema.MANIFEST_NAME} yet: {who}; wait for it "
+                "to end, then run this again."
+            ) from None
         raise PetalError(
             f"No readable {schema.MANIFEST_NAME} at {path}: not a petal records folder, or "
             f"its conversion did not finish (run petal convert again). ({err})"
