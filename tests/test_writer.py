@@ -964,6 +964,11 @@ def test_an_output_that_is_a_file_or_under_one_names_the_fix(small_flowers, tmp_
     with pytest.raises(PetalError, match=r"^Cannot create the output folder /proc/petal/out "
                        r"\(nothing can be written in /proc \("):
         convert(small_flowers, "/proc/petal/out", workers=1, progress=False)
+    # A folder that exists but takes no files: its parents are not the fix.
+    with pytest.raises(PetalError, match=r"^Cannot write into the output folder /proc/sys "
+                       r"\(nothing can be written in /proc/sys \(.*\)\); make it writable, or "
+                       r"pass another DST\."):
+        convert(small_flowers, "/proc/sys", workers=1, progress=False)
     assert target.read_text() == "keep me"
 
 

@@ -793,6 +793,11 @@ def _check_writable(output: str) -> None:
             f"to, or pass another DST. Received: output={output}"
         )
     if not folders.is_remote(output) and (reason := cannot_write(output, folder=True)):
+        if os.path.isdir(output):  # said "Cannot create" it, and to mend its parents
+            raise PetalError(
+                f"Cannot write into the output folder {output} ({reason}); make it "
+                f"writable, or pass another DST. Received: output={output}"
+            )
         raise PetalError(
             f"Cannot create the output folder {output} ({reason}); pass a DST whose parents "
             f"are folders you can write. Received: output={output}"
