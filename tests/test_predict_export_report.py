@@ -1408,8 +1408,9 @@ def test_report_in_a_run_folder_it_cannot_write_says_to_make_it_writable(
     )
     monkeypatch.setattr(Path, "mkdir", mkdir)
 
-    def no_page(self, *args, **kwargs):
-        return refused(self) if self.name == "report.html" else write_text(self, *args, **kwargs)
+    def no_page(self, *args, **kwargs):  # written as .tmp-report.html, then renamed
+        refuse = self.name.endswith("report.html")
+        return refused(self) if refuse else write_text(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "write_text", no_page)
     assert main(["report", str(run)]) == 2

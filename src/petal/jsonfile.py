@@ -61,9 +61,10 @@ def save_atomically(path: Path, save) -> None:
 
 def failed_write(err: BaseException, path: Path, tmp: Path | None = None) -> None:
     """After ``err`` writing ``path``: remove its temporary file ``tmp``, and name ``path``
-    in an OSError that names no file (a write's, Keras' and h5py's on a full disk do not)."""
+    in an OSError that names no file (a write's, Keras' and h5py's on a full disk do not) or
+    names ``tmp``."""
     if tmp is not None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-    if isinstance(err, OSError) and err.filename is None:
-        err.filename = str(path)
+    if isinstance(err, OSError) and (err.filename is None or str(err.filename) == str(tmp)):
+        err.filename = str(path)  # the file meant, not its temporary name
