@@ -653,3 +653,18 @@ def test_help_and_version_with_stdout_closed_go_to_stderr(argv):
     assert done.returncode == (2 if not argv else 0), done.stderr
     assert done.stderr.startswith("petal 0" if argv == ["--version"] else "usage: petal")
     assert "Traceback" not in done.stderr
+
+
+def test_data_that_is_a_file_is_not_said_to_be_in_use(small_records, tmp_path, capsys):
+    """`--data SHARD` was refused as "in use: an unknown process is converting into it"
+    (the marker looked for under a file could not be read), with a fix that cannot be
+    done: delete SHARD/.petal-running."""
+    from petal.running import running_elsewhere
+
+    shard = next(small_records.glob("train-*.tfrec"))
+    assert running_elsewhere(shard) is None
+    argv = ["train", "--preset", "quick", "--data", str(shard), "--workdir", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "in use" not in err
+    assert f"Data source is a file, not a folder: {shard}; pass the folder that holds" in err

@@ -47,7 +47,7 @@ def _holder(marker: Path, doing: str) -> str | None:
         holder = json.loads(marker.read_text())
         pid, host = int(holder["pid"]), str(holder["host"])
         doing = str(holder.get("doing") or doing)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the latter: "folder" is a file
         return None
     except (ValueError, KeyError, TypeError, AttributeError, OSError):
         return f"an unknown process is {doing}"  # unreadable: assume someone holds it
