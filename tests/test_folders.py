@@ -561,3 +561,24 @@ def test_two_class_folders_in_two_unicode_forms_are_refused(tmp_path):
     (tmp_path / nfd).rmdir()
     assert find_images(tmp_path).classes == ("daisy", "rosé")
 
+
+
+def test_a_training_run_folder_is_refused_as_data(tmp_path):
+    """A run's folder as --data (or convert's SRC) was read as images: its eval/ and plots/
+    became classes, and a model trained on the plots."""
+    run = tmp_path / "run"
+    for sub, name in (("eval", "confusion_matrix.png"), ("plots", "curves.png")):
+        (run / sub).mkdir(parents=True)
+        (run / sub / name).write_bytes(b"\x89PNG\r\n\x1a\n")
+    (run / "config.json").write_text("{}")
+    (run / "history.csv").write_text("epoch,loss\n")
+    with pytest.raises(PetalError) as caught:
+        find_images(str(run))
+    assert str(caught.value) == (
+        f"{run} is the work directory of a `petal train` run (config.json, history.csv), not "
+        "data; pass a folder of class sub-folders of images (or, to train or evaluate, a "
+        "records folder)."
+    )
+    # A config.json alone is a data set's own file: the folder is read.
+    (run / "history.csv").unlink()
+    assert list(find_images(str(run)).classes) == ["eval", "plots"]

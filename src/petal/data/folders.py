@@ -632,6 +632,10 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
     )
 
 
+# Files only a `petal train` run folder holds beside its config.json.
+_RUN_FILES = frozenset({"state.json", "history.csv", "last.keras", "model.keras"})
+
+
 def find_images(
     root: str, classes: Sequence[str] | str | None = None, *, min_classes: int = 2
 ) -> ImageFolder:
@@ -690,6 +694,13 @@ def find_images(
                 "fix its permissions, or move it out of the source."
             ) from err
         raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
+    if "config.json" in ignored and _RUN_FILES & set(ignored):
+        # Its eval/ and plots/ were read as classes of a few PNGs, and a model trained on them.
+        raise PetalError(
+            f"{root} is the work directory of a `petal train` run (config.json, "
+            f"{sorted(_RUN_FILES & set(ignored))[0]}), not data; pass a folder of class "
+            "sub-folders of images (or, to train or evaluate, a records folder)."
+        )
 
     accepted = ", ".join(IMAGE_EXTENSIONS)
     if classes is None:
