@@ -529,3 +529,31 @@ def test_overwrite_removes_an_export_written_before_export_json(tmp_path):
         (run / "export" / name).write_text("x")
     prepare_workdir(run, resume=False, overwrite=True)
     assert [p.name for p in (run / "export").iterdir()] == ["NOTES.md"]
+
+
+def test_a_workdir_holding_records_or_photos_is_refused(small_records, small_flowers,
+                                                        tmp_path):
+    """`petal train --workdir` into a records folder or a folder of photos wrote the run's
+    files among them (a later convert of the photos read tensorboard/ as a class)."""
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    photos = tmp_path / "photos"
+    shutil.copytree(small_flowers, photos, symlinks=True)
+    daisy = photos / "daisy"
+    first = sorted(os.listdir(daisy))[0]
+    for workdir, holds in ((records, "records (manifest.json)"),
+                           (daisy, f"photos ({first})"),
+                           (photos, "class folders of photos (daisy/)")):  # fmt: skip
+        with pytest.raises(PetalError) as caught:
+            train(tiny_config(small_records), workdir, **QUIET)
+        assert str(caught.value) == (
+            f"Work directory {workdir} holds {holds}; pass a --workdir of its own (a new or "
+            "empty folder) so that the run's files do not mix with the data."
+        )
+        assert not (workdir / "config.json").exists()
+    # A run's own folder with an evaluation of PNGs beside it is no data.
+    (tmp_path / "run" / "eval-copy").mkdir(parents=True)
+    (tmp_path / "run" / "eval-copy" / "confusion_matrix.png").write_bytes(b"png")
+    (tmp_path / "run" / "config.json").write_text(PETAL_CONFIG)
+    prepare_workdir(tmp_path / "run", resume=False, overwrite=False, clear=False)
+    assert (tmp_path / "run" / "eval-copy" / "confusion_matrix.png").exists()

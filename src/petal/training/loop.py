@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from petal.data import schema
 from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
 from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
 from petal.errors import (
@@ -263,6 +264,36 @@ def _written_inside(workdir: Path) -> tuple[Path, str] | None:
     return None
 
 
+def _holds_data(workdir: Path) -> str | None:
+    """What data ``workdir`` holds ("records (manifest.json)", "photos (a.jpg)", "class
+    folders of photos (daisy/)"), or None: a run's folder (config.json: its evaluations
+    with ``--out`` hold PNGs) is none of these."""
+    from petal.data.folders import _has_image_extension, is_hidden
+
+    try:
+        entries = sorted(os.scandir(workdir), key=lambda e: e.name)
+    except OSError:  # missing (created later) or unreadable (said later)
+        return None
+    if any(entry.name == "config.json" for entry in entries):
+        return None
+    for entry in entries:
+        if entry.name == schema.MANIFEST_NAME or entry.name.endswith(".tfrec"):
+            return f"records ({entry.name})"
+    for entry in entries:
+        if not is_hidden(entry.name) and _has_image_extension(entry.name):
+            return f"photos ({entry.name})"
+    for entry in entries:
+        if entry.name in RUN_DIRS or is_hidden(entry.name) or not entry.is_dir():
+            continue
+        try:
+            names = os.listdir(entry.path)
+        except OSError:
+            continue
+        if any(_has_image_extension(n) and not is_hidden(n) for n in names):
+            return f"class folders of photos ({entry.name}/)"
+    return None
+
+
 def prepare_workdir(
     workdir: Path,
     resume: bool,
@@ -297,6 +328,13 @@ def prepare_workdir(
         raise PetalError(
             f"Work directory {workdir} cannot be written: {reason}; pass a --workdir whose "
             "parents are folders you can write."
+        )
+    if data_kind := _holds_data(workdir):
+        # The run's files went in among records or photos (a later convert of the photos
+        # read its tensorboard/ and plots/ as classes).
+        raise PetalError(
+            f"Work directory {workdir} holds {data_kind}; pass a --workdir of its own (a new "
+            "or empty folder) so that the run's files do not mix with the data."
         )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if who := _running_elsewhere(workdir):
