@@ -1286,3 +1286,26 @@ def test_bench_json_and_png_keep_an_earlier_file_when_their_write_fails(monkeypa
     assert caught.value.filename == str(png_out)  # the message names the file
     assert (json_out.read_text(), png_out.read_bytes()) == ("earlier", b"earlier")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.png"]
+
+
+def test_an_image_folder_dataset_names_the_file_that_does_not_decode(tmp_path):
+    """train_dataset and eval_dataset on an image folder with an empty file raised
+    TensorFlow's error with the reason ("empty file (0 bytes)") but not the file."""
+    from conftest import FLOWERS
+
+    if not FLOWERS.is_dir():
+        pytest.skip(f"sample data not found at {FLOWERS}")
+    src = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (src / cls).mkdir(parents=True)
+        for f in sorted((FLOWERS / cls).iterdir())[:4]:
+            (src / cls / f.name).symlink_to(f)
+    (src / "daisy" / "zero.jpg").write_bytes(b"")
+    named = re.escape(f"{src / 'daisy' / 'zero.jpg'}: empty file (0 bytes)")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        for _ in eval_dataset(str(src), batch_size=3, image_size=16, split="all"):
+            pass
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        for _ in train_dataset(str(src), batch_size=3, image_size=16, seed=0,
+                               split="all").take(10):  # fmt: skip
+            pass

@@ -66,6 +66,7 @@ from petal.errors import (
     first_line,
     is_int_at_least,
     need_bool,
+    printable,
     some_files,
     tf_message,
 )
@@ -437,7 +438,7 @@ def _load_image(path, image_size, resize) -> tf.Tensor:
     return fit_image(data, _as_size(image_size), resize)
 
 
-def fit_image(data: tf.Tensor, size, resize: str = "fill") -> tf.Tensor:
+def fit_image(data: tf.Tensor, size, resize: str = "fill", name=None) -> tf.Tensor:
     """Encoded image bytes (scalar string) -> uint8 ``[size[0], size[1], 3]``; ``size`` is
     ``(height, width)``, an int or ``"HxW"``, as :func:`load_image` takes it.
 
@@ -456,27 +457,43 @@ def fit_image(data: tf.Tensor, size, resize: str = "fill") -> tf.Tensor:
     whose pipelines ran on a remote host, cannot; records work everywhere).
 
     An undecodable file raises ``InvalidArgumentError`` with the reason
-    :func:`undecodable_files` gives.
+    :func:`undecodable_files` gives, after ``name`` (the file's path, a string tensor) when
+    given.
     """
     size = _as_size(size, "size")  # (0, 64) made a (0, 64, 3) image; 64 a TypeError
     resize = _check_choice("resize", resize, image_io.RESIZE_MODES)
     if resize == "none":
-        image = _decode_op(_decode_file, data)
+        image = _decode_op(_decode_file, data, name)
         return resize_fill(tf.ensure_shape(image, [None, None, 3]), size)
     fit = functools.partial(_fit_file, size=tuple(size), mode=resize)
-    return tf.ensure_shape(_decode_op(fit, data), [size[0], size[1], 3])
+    return tf.ensure_shape(_decode_op(fit, data, name), [size[0], size[1], 3])
 
 
-def _decode_op(fn, data) -> tf.Tensor:
+def _decode_op(fn, data, name=None) -> tf.Tensor:
     """``fn`` (a decoder of :func:`_decode_file`'s) on ``data`` in a ``numpy_function``,
     raising ``InvalidArgumentError`` for an undecodable file eagerly as in a graph: eagerly,
-    ``numpy_function`` calls ``fn`` itself, and its ``ValueError`` came out bare."""
+    ``numpy_function`` calls ``fn`` itself, and its ``ValueError`` came out bare. With
+    ``name``, the file's path starts the reason (an image folder's dataset did not say which
+    of its files failed)."""
+    inputs = [data]
+    if name is not None:
+        inputs.append(name)
+        fn = functools.partial(_named_decode, fn)
     if not tf.executing_eagerly():
-        return tf.numpy_function(fn, [data], tf.uint8, stateful=False)
+        return tf.numpy_function(fn, inputs, tf.uint8, stateful=False)
     try:
-        return tf.numpy_function(fn, [data], tf.uint8, stateful=False)
+        return tf.numpy_function(fn, inputs, tf.uint8, stateful=False)
     except ValueError as err:
         raise tf.errors.InvalidArgumentError(None, None, str(err)) from None
+
+
+def _named_decode(fn, data, name) -> np.ndarray:
+    try:
+        return fn(data)
+    except ValueError as err:
+        name = name.item() if isinstance(name, np.ndarray) else name
+        path = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        raise ValueError(f"{printable(path)}: {err}") from None
 
 
 def _decode_file(data) -> np.ndarray:
@@ -583,8 +600,9 @@ def _read(
             ds = ds.shuffle(max(1, len(files)), seed=seed, reshuffle_each_iteration=True)
         if skip_corrupt:
             return ds  # paths: the decoder reads each file, and names one it skips
+        # The path too: a file that does not decode is named in the error.
         return ds.map(
-            _graph(lambda p, y: (tf.io.read_file(p), y)),
+            _graph(lambda p, y: (tf.io.read_file(p), y, p)),
             num_parallel_calls=AUTOTUNE,
             deterministic=deterministic,
         )
@@ -886,10 +904,10 @@ def _decoder(
         return _skipping_file_decoder(src, size, resize, fit)
     if src.kind == "folder":
 
-        def decode_file(data, label):
+        def decode_file(data, label, path=None):  # path: local files (see _read)
             if fit is not None and tuple(fit) != tuple(size):
-                return resize_fill(fit_image(data, fit, resize), size), label
-            return fit_image(data, size, resize), label
+                return resize_fill(fit_image(data, fit, resize, path), size), label
+            return fit_image(data, size, resize, path), label
 
         return _graph(decode_file)
 
