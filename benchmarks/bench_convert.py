@@ -173,22 +173,31 @@ def main() -> None:
     for flag, value in flags:
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1. Received: {value}")
-    from petal.cli import _check_output_file, run_script
-    from petal.data.folders import find_images
-    from petal.errors import PetalError
+    from petal.cli import run_script
 
     # Before the warm-up and the rounds: a bad --data was find_images' traceback, a bad --out
     # an OSError after the whole run.
+    check_data_and_out(parser, args)
+    # SIGTERM unwinds as Ctrl-C does: the temporary folder and the processes go.
+    run_script(parser.prog, lambda: _run(args))
+
+
+def check_data_and_out(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The image folder of ``--data`` (``find_images``'), after checking that ``--out`` can
+    be written; either refused in one line (exit 2)."""
+    from petal.cli import _check_output_file
+    from petal.data.folders import find_images
+    from petal.errors import PetalError
+
     try:
-        find_images(str(args.data))
+        found = find_images(str(args.data))
     except PetalError as err:
         parser.error(f"--data {args.data}: {err}")
     try:
         _check_output_file(str(args.out), "--out")
     except PetalError as err:
         parser.error(str(err))
-    # SIGTERM unwinds as Ctrl-C does: the temporary folder and the processes go.
-    run_script(parser.prog, lambda: _run(args))
+    return found
 
 
 def _run(args: argparse.Namespace) -> None:

@@ -32,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_convert import DEFAULT_DATA, check_data_and_out
+
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "flowers"
 RESULTS = REPO / "benchmarks" / "results" / "profile_convert.json"
 WORKER_PARTS = ("read", "convert", "serialise", "frame", "write")
 MAIN_PARTS = ("append", "hash")
@@ -113,18 +114,9 @@ def main() -> None:
     for flag, value in (("--per-class", args.per_class), ("--image-size", args.image_size)):
         if value is not None and value < 1:
             parser.error(f"{flag} must be at least 1. Received: {value}")
-    from petal.cli import _check_output_file, run_script
-    from petal.data.folders import find_images
-    from petal.errors import PetalError
+    from petal.cli import run_script
 
-    try:
-        found = find_images(str(args.data))
-    except PetalError as err:
-        parser.error(f"--data {args.data}: {err}")
-    try:
-        _check_output_file(str(args.out), "--out")
-    except PetalError as err:
-        parser.error(str(err))
+    found = check_data_and_out(parser, args)
     run_script(parser.prog, lambda: _run(args, found))
 
 

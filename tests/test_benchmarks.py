@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FLOWERS
+from conftest import FLOWERS, link_photos
 from petal.cli import _STARTUP_NOISE
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -797,19 +797,15 @@ def test_profile_convert_times_every_part_and_lists_what_it_skipped(tmp_path):
     would skip is listed, not timed, and the counts add up."""
     if not FLOWERS.is_dir():
         pytest.skip(f"sample data not found at {FLOWERS}")
-    src = tmp_path / "src"
-    for cls in ("daisy", "roses"):
-        (src / cls).mkdir(parents=True)
-        for f in sorted((FLOWERS / cls).iterdir())[:3]:
-            (src / cls / f.name).symlink_to(f)
-    (src / "roses" / "broken.jpg").write_bytes(b"not a jpeg")
+    src = link_photos(FLOWERS, tmp_path / "src", 3, classes=2)  # daisy, dandelion
+    (src / "dandelion" / "broken.jpg").write_bytes(b"not a jpeg")
     out = tmp_path / "parts.json"
     done = _run("profile_convert.py", "--data", str(src), "--image-size", "32",
                 "--out", str(out))  # fmt: skip
     result = json.loads(out.read_text())
     assert (result["images"], result["written"]) == (7, 6)
-    assert [s["file"] for s in result["skipped"]] == ["roses/broken.jpg"]
-    assert "skipped roses/broken.jpg: " in done.stdout
+    assert [s["file"] for s in result["skipped"]] == ["dandelion/broken.jpg"]
+    assert "skipped dandelion/broken.jpg: " in done.stdout
     parts = result["parts"]
     assert list(parts) == ["read", "convert", "serialise", "frame", "write", "append", "hash"]
     assert parts["convert"]["cpu_s"] > 0 and all(p["cpu_s"] >= 0 for p in parts.values())

@@ -1291,15 +1291,11 @@ def test_bench_json_and_png_keep_an_earlier_file_when_their_write_fails(monkeypa
 def test_an_image_folder_dataset_names_the_file_that_does_not_decode(tmp_path):
     """train_dataset and eval_dataset on an image folder with an empty file raised
     TensorFlow's error with the reason ("empty file (0 bytes)") but not the file."""
-    from conftest import FLOWERS
+    from conftest import FLOWERS, link_photos
 
     if not FLOWERS.is_dir():
         pytest.skip(f"sample data not found at {FLOWERS}")
-    src = tmp_path / "photos"
-    for cls in ("daisy", "roses"):
-        (src / cls).mkdir(parents=True)
-        for f in sorted((FLOWERS / cls).iterdir())[:4]:
-            (src / cls / f.name).symlink_to(f)
+    src = link_photos(FLOWERS, tmp_path / "photos", 4, classes=2)
     (src / "daisy" / "zero.jpg").write_bytes(b"")
     named = re.escape(f"{src / 'daisy' / 'zero.jpg'}: empty file (0 bytes)")
     with pytest.raises(tf.errors.InvalidArgumentError, match=named):
