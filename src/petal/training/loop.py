@@ -329,13 +329,6 @@ def prepare_workdir(
             f"Work directory {workdir} cannot be written: {reason}; pass a --workdir whose "
             "parents are folders you can write."
         )
-    if data_kind := _holds_data(workdir):
-        # The run's files went in among records or photos (a later convert of the photos
-        # read its tensorboard/ and plots/ as classes).
-        raise PetalError(
-            f"Work directory {workdir} holds {data_kind}; pass a --workdir of its own (a new "
-            "or empty folder) so that the run's files do not mix with the data."
-        )
     found = [n for n in RUN_FILES if (workdir / n).exists()]
     if who := _running_elsewhere(workdir):
         # Two processes in one run: each rewrites the other's history and checkpoints.
@@ -1513,6 +1506,13 @@ def _train(
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
+    if data_kind := _holds_data(workdir):
+        # The run's files went in among records or photos (a later convert of the photos
+        # read its tensorboard/ and plots/ as classes).
+        raise PetalError(
+            f"Work directory {workdir} holds {data_kind}; pass a --workdir of its own (a new "
+            "or empty folder) so that the run's files do not mix with the data."
+        )
     if not is_remote(cfg.data) and (who := running_elsewhere(Path(cfg.data), "converting into it")):
         # A conversion replacing its shards: they vanish under the run, or the run trains on
         # the new split while its config.json records the old one.
