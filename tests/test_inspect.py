@@ -817,3 +817,19 @@ def test_records_being_converted_say_so_not_that_their_conversion_failed(tmp_pat
     os.remove(folder / RUNNING_FILE)
     with pytest.raises(PetalError, match=r"its conversion did not finish"):
         read_manifest(folder)
+
+
+def test_a_run_folder_or_an_unreadable_marker_is_no_conversion_in_progress(tmp_path):
+    """The "conversion in progress" line came for any live marker: a training run's too."""
+    from petal.running import RUNNING_FILE
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    # On another host: taken as live.
+    (folder / RUNNING_FILE).write_text(json.dumps(
+        {"pid": 1, "host": "elsewhere.example", "doing": "training in it"}))  # fmt: skip
+    with pytest.raises(PetalError, match=r"^No readable manifest.json at .*not a petal records"):
+        read_manifest(folder)
+    (folder / RUNNING_FILE).write_text("{not json")  # an unknown process
+    with pytest.raises(PetalError, match=r"^No readable manifest.json at "):
+        read_manifest(folder)

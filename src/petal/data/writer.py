@@ -1811,8 +1811,12 @@ def read_manifest(path: str | os.PathLike) -> dict:
         text = folders.read_bytes(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         folder = os.path.dirname(path)
-        if not folders.is_remote(path) and (who := running_elsewhere(Path(folder or "."))):
-            # Said "its conversion did not finish (run petal convert again)".
+        who = None
+        if isinstance(err, FileNotFoundError) and not folders.is_remote(path):
+            who = running_elsewhere(Path(folder or "."))
+        if who and who.endswith(" is converting into it") and not who.startswith("an "):
+            # Said "its conversion did not finish (run petal convert again)". (A training
+            # run's marker, or one that cannot be read, is no conversion.)
             raise PetalError(
                 f"{folder or '.'} holds no {schema.MANIFEST_NAME} yet: {who}; wait for it "
                 "to end, then run this again."
