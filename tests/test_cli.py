@@ -120,6 +120,24 @@ def test_unwritten_help_and_a_scripts_interruption_keep_their_status_without_std
         assert (out.returncode, out.stdout) == (status, ""), raised
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_the_demo_s_hint_keeps_the_exit_status_when_stderr_cannot_take_it(tmp_path, signum):
+    """The resume hint was printed with print(): with stderr full or closed, the demo
+    stopped by a signal ended with 1 and a traceback, not 130 or 143."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    code = (
+        "import signal, sys\nimport petal.demo\nfrom petal import cli\n"
+        f"petal.demo.run_demo = lambda *a, **k: signal.raise_signal({int(signum)})\n"
+        f"sys.exit(cli.main(['demo', '--data', {str(tmp_path)!r}, '--workdir', "
+        f"{str(tmp_path / 'demo')!r}]))"
+    )
+    for stderr in ("2>/dev/full", "2>&-"):
+        out = subprocess.run(["sh", "-c", f'"$0" -c "$1" {stderr}', sys.executable, code],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert (out.returncode, out.stdout) == (128 + signum, ""), stderr
+
+
 def test_listing_presets_does_not_start_tensorflow():
     out = subprocess.run(
         [sys.executable, "-c", "import sys; from petal.cli import main; main(['train', "

@@ -495,7 +495,8 @@ def _state_file(workdir: str) -> tuple | None:
 def _print_resume_hint(workdir: str, command: str = "train") -> None:
     """After Ctrl-C (or an error): say how to continue from the last saved epoch, if one was
     saved (or that the run is complete, when it was stopped after its last file). For
-    ``demo``: its run, which the demo run again would start over."""
+    ``demo``: its run, which the demo run again would start over. A stderr that cannot take
+    the line loses it, not the exit status (:func:`_tell`)."""
     import shlex
 
     from petal.training.loop import finished_epochs, saved_epoch
@@ -504,10 +505,7 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
 
     def nothing_saved() -> None:
         what = "demo" if demo else "run"
-        print(
-            f"petal {command}: no epoch was saved; the same command starts the {what} again",
-            file=sys.stderr,
-        )
+        _tell(f"petal {command}: no epoch was saved; the same command starts the {what} again")
 
     if demo and not os.path.isfile(os.path.join(workdir, "config.json")):
         nothing_saved()  # no run there yet: the demo was converting (it converts again)
@@ -515,19 +513,17 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
     quoted = shlex.quote(workdir)
     rest = f"`petal evaluate {quoted}` and `petal report {quoted}`"  # what the demo had left
     if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
-        print(
+        _tell(
             f"petal {command}: the run is complete: its {done} epochs, model.keras and "
-            f"metrics.json are saved in {workdir}" + (f"; {rest} finish the demo" if demo else ""),
-            file=sys.stderr,
+            f"metrics.json are saved in {workdir}" + (f"; {rest} finish the demo" if demo else "")
         )
         return
     epoch = saved_epoch(workdir)
     if epoch:
         then = f", then {rest} (the demo run again starts over)" if demo else ""
-        print(
+        _tell(
             f"petal {command}: epoch {epoch} is saved; continue with "
-            f"`petal train --resume --workdir {quoted}`{then}",
-            file=sys.stderr,
+            f"`petal train --resume --workdir {quoted}`{then}"
         )
     elif demo or (command == "train" and not os.path.exists(os.path.join(workdir, "state.json"))):
         nothing_saved()
