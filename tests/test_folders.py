@@ -570,7 +570,7 @@ def test_a_training_run_folder_is_refused_as_data(tmp_path):
     for sub, name in (("eval", "confusion_matrix.png"), ("plots", "curves.png")):
         (run / sub).mkdir(parents=True)
         (run / sub / name).write_bytes(b"\x89PNG\r\n\x1a\n")
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text('{"model": "squeezenet", "resolved": {"classes": ["a"]}}')
     (run / "history.csv").write_text("epoch,loss\n")
     with pytest.raises(PetalError) as caught:
         find_images(str(run))
@@ -579,6 +579,10 @@ def test_a_training_run_folder_is_refused_as_data(tmp_path):
         "data; pass a folder of class sub-folders of images (or, to train or evaluate, a "
         "records folder)."
     )
-    # A config.json alone is a data set's own file: the folder is read.
+    # A config.json alone, or one petal train did not write, is a data set's own file: the
+    # folder is read.
     (run / "history.csv").unlink()
+    assert list(find_images(str(run)).classes) == ["eval", "plots"]
+    (run / "history.csv").write_text("epoch,loss\n")
+    (run / "config.json").write_text('{"license": "CC-BY"}')
     assert list(find_images(str(run)).classes) == ["eval", "plots"]

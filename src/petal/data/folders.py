@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import json
 import os
 import re
 import stat
@@ -636,6 +637,17 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
 _RUN_FILES = frozenset({"state.json", "history.csv", "last.keras", "model.keras"})
 
 
+def _petal_run_config(root: str) -> bool:
+    """Whether ``root``'s config.json is one petal train wrote (it holds the run's classes
+    under ``resolved``), not a data set's own file of that name."""
+    try:
+        saved = json.loads(read_bytes(join(root, "config.json")))
+    except (OSError, ValueError):  # StoreError is an OSError; UnicodeDecodeError a ValueError
+        return False
+    resolved = saved.get("resolved") if isinstance(saved, dict) else None
+    return isinstance(resolved, dict) and "classes" in resolved
+
+
 def find_images(
     root: str, classes: Sequence[str] | str | None = None, *, min_classes: int = 2
 ) -> ImageFolder:
@@ -694,7 +706,7 @@ def find_images(
                 "fix its permissions, or move it out of the source."
             ) from err
         raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
-    if "config.json" in ignored and _RUN_FILES & set(ignored):
+    if "config.json" in ignored and _RUN_FILES & set(ignored) and _petal_run_config(root):
         # Its eval/ and plots/ were read as classes of a few PNGs, and a model trained on them.
         raise PetalError(
             f"{root} is the work directory of a `petal train` run (config.json, "
