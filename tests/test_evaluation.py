@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -1958,3 +1959,38 @@ def test_a_plot_whose_write_fails_leaves_the_earlier_one(tmp_path, monkeypatch):
     assert not plt.fignum_exists(fig.number)  # closed all the same
     assert out.read_bytes() == b"earlier"
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]
+
+
+def test_an_atomic_write_goes_through_a_link_and_into_a_device(tmp_path, monkeypatch):
+    """Written through a temporary file renamed over the path, a link became a file (the
+    file it named kept its old bytes) and a link to a device (/dev/stdout) would have
+    become one too; a plot named without an extension left its temporary file."""
+    import errno
+
+    import matplotlib.pyplot as plt
+
+    from petal.evaluation import plots
+    from petal.jsonfile import save_atomically, write_json
+
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    write_json(link, {"new": 1})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"new": 1}
+    device = tmp_path / "null"
+    device.symlink_to(os.devnull)
+    write_json(device, {"new": 1})
+    assert device.is_symlink() and os.readlink(device) == os.devnull
+    # A plot named without an extension: matplotlib writes PNG and names it so.
+    assert plots._save(plt.figure(), tmp_path / "cm") == tmp_path / "cm.png"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "cm.png", "link.json", "null", "target.json"]  # fmt: skip
+    # A failed rename names both files, not the path twice.
+    def refused(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "replace", refused)
+    with pytest.raises(OSError) as caught:
+        save_atomically(tmp_path / "x.json", lambda tmp: Path(tmp).write_text("{}"))
+    assert f"'{tmp_path / '.tmp-x.json'}' -> '{tmp_path / 'x.json'}'" in str(caught.value)
+    assert not (tmp_path / ".tmp-x.json").exists()

@@ -46,10 +46,21 @@ def save_atomically(path: Path, save) -> None:
     """``save(FILE)`` into a temporary file renamed to ``path`` once it is whole, so
     ``path`` is never a file cut short (by a kill, a full disk).
 
+    A link is written through (the file it names is replaced, the link stays), and a path
+    that is no regular file (``/dev/stdout``, a named pipe) is written as it is: renamed
+    over, the link or the device was replaced by a file.
+
     Raises:
         what ``save`` raised, once its temporary file is removed (a full disk kept it, and
         filled up again at the next try); an OSError naming no file names ``path``.
     """
+    path = Path(path)
+    if path.is_symlink() or path.exists():
+        real = Path(os.path.realpath(path))
+        if real.exists() and not real.is_file():
+            save(str(path))
+            return
+        path = real
     tmp = temporary_name(path)
     try:
         save(str(tmp))
@@ -66,5 +77,7 @@ def failed_write(err: BaseException, path: Path, tmp: Path | None = None) -> Non
     if tmp is not None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-    if isinstance(err, OSError) and (err.filename is None or str(err.filename) == str(tmp)):
+    if not isinstance(err, OSError) or err.filename2 is not None:  # a rename's: both named
+        return
+    if err.filename is None or str(err.filename) == str(tmp):
         err.filename = str(path)  # the file meant, not its temporary name

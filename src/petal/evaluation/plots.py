@@ -29,6 +29,8 @@ _DPI = 110
 
 def _save(fig, out: str | Path) -> Path:
     out = Path(out)
+    if not out.suffix:  # as matplotlib names it (it added .png to the temporary name)
+        out = out.with_name(out.name + ".png")
     try:  # closed however it ends: a notebook's failed plots kept their figures open
         out.parent.mkdir(parents=True, exist_ok=True)
         # Through a temporary file: Ctrl-C during `petal report` left a plot cut short.
