@@ -123,6 +123,7 @@ def main() -> None:
 def _run(args: argparse.Namespace, found) -> None:
     from petal.data import writer
     from petal.data.writer import _progress
+    from petal.errors import PetalError
 
     if not args.glibc_default:
         writer._keep_freed_memory()
@@ -145,6 +146,12 @@ def _run(args: argparse.Namespace, found) -> None:
         spent, skipped = profile(files, tuple(found.classes), size, tmp, progress)
     seconds = time.perf_counter() - start
     written = len(files) - len(skipped)
+    if not written:  # nothing to divide by (a ZeroDivisionError)
+        relpath, reason = skipped[0]
+        raise PetalError(
+            f"none of the {len(files)} files of --data {args.data} could be converted "
+            f"(e.g. {relpath}: {reason}); pass a folder of photos."
+        )
     total = sum(spent.values())
     allocator = "glibc default" if args.glibc_default else "as convert's workers"
     print(f"\nconvert's CPU per part: {written} of {len(files)} images from {args.data}, "

@@ -821,3 +821,14 @@ def test_profile_convert_times_every_part_and_lists_what_it_skipped(tmp_path):
     assert line.endswith("error: --per-class must be at least 1. Received: 0"), line
     line = _refused("profile_convert.py", "--data", str(tmp_path / "none"))
     assert line.startswith(f"profile_convert.py: error: --data {tmp_path / 'none'}: "), line
+    # No file converts: one line, not a ZeroDivisionError.
+    bad = tmp_path / "bad"
+    for cls in ("a", "b"):
+        (bad / cls).mkdir(parents=True)
+        (bad / cls / "x.jpg").write_bytes(b"not a jpeg")
+    line = _refused("profile_convert.py", "--data", str(bad), "--out", str(out))
+    assert line == (
+        f"profile_convert.py: error: none of the 2 files of --data {bad} could be converted "
+        "(e.g. a/x.jpg: not an image (no known image format in the file)); pass a folder of "
+        "photos."
+    ), line

@@ -986,11 +986,15 @@ def _terminate(signum, frame):
 
 def run_script(prog: str, work) -> None:
     """``work()`` for a benchmark script named ``prog``: SIGTERM unwinds as Ctrl-C does (its
-    temporary files go), and either ends in one line and the shell's exit status."""
+    temporary files go), and either ends in one line and the shell's exit status; so does a
+    PetalError (exit 2, as argparse's errors)."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
         with signals_watched(prog):
             work()
+    except PetalError as err:
+        _tell(f"{prog}: error: {err}")
+        sys.exit(2)
     except _Terminated:
         _tell(f"{prog}: terminated")
         sys.exit(128 + signal.SIGTERM)
