@@ -34,23 +34,28 @@ RUNNING_FILE = ".petal-running"
 READING_PREFIX = ".petal-reading-"
 
 
-def running_elsewhere(folder: Path, doing: str = "using it") -> str | None:
+def running_elsewhere(folder: Path, doing: str = "using it", *, only: bool = False) -> str | None:
     """Who else holds ``folder`` and what it does there (``"process PID on HOST is training
     in it"``; ``doing`` when its marker does not say), when another live process (or one on
-    another host) does; None otherwise."""
-    return _holder(folder / RUNNING_FILE, doing)
+    another host) does; None otherwise. ``only``: a holder whose marker does not say it is
+    ``doing`` (or cannot be read) counts as none."""
+    return _holder(folder / RUNNING_FILE, doing, only)
 
 
-def _holder(marker: Path, doing: str) -> str | None:
+def _holder(marker: Path, doing: str, only: bool = False) -> str | None:
     """:func:`running_elsewhere` of one marker file."""
     try:
         holder = json.loads(marker.read_text())
         pid, host = int(holder["pid"]), str(holder["host"])
-        doing = str(holder.get("doing") or doing)
+        said = holder.get("doing")
     except (FileNotFoundError, NotADirectoryError):  # the latter: "folder" is a file
         return None
     except (ValueError, KeyError, TypeError, AttributeError, OSError):
-        return f"an unknown process is {doing}"  # unreadable: assume someone holds it
+        # Unreadable: assume someone holds it.
+        return None if only else f"an unknown process is {doing}"
+    if only and said != doing:
+        return None
+    doing = str(said or doing)
     who = f"process {pid} on {host} is {doing}"
     if host != socket.gethostname():
         return who

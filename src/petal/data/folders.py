@@ -90,10 +90,7 @@ class ImageFolder:
         return [
             n
             for n in self.ignored
-            if "/" not in n
-            and _has_image_extension(n)
-            and not is_hidden(n)
-            and n not in self.broken
+            if "/" not in n and is_image_name(n) and n not in self.broken
         ]
 
     def other_files(self) -> list[str]:
@@ -486,6 +483,12 @@ def _has_image_extension(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def is_image_name(name: str) -> bool:
+    """Whether discovery reads a file of this name as an image: an accepted extension, and
+    not hidden."""
+    return _has_image_extension(name) and not is_hidden(name)
+
+
 def _dangling(path: str) -> bool:
     """Whether ``path`` is a link whose target is missing (or cannot be reached)."""
     return os.path.islink(path) and not os.path.exists(path)
@@ -623,7 +626,7 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
     """The error for a folder whose images lie directly in it, not in class sub-folders;
     None when ``names`` (the folder's file names) hold no image. ``what`` precedes the
     folder's name ("Data source ")."""
-    found = sorted(n for n in names if _has_image_extension(n) and not is_hidden(n))
+    found = sorted(n for n in names if is_image_name(n))
     if not found:
         return None
     return PetalError(
@@ -637,15 +640,20 @@ def flat_folder_error(root: str, names: Sequence[str], what: str = "") -> PetalE
 _RUN_FILES = frozenset({"state.json", "history.csv", "last.keras", "model.keras"})
 
 
-def _petal_run_config(root: str) -> bool:
-    """Whether ``root``'s config.json is one petal train wrote (it holds the run's classes
-    under ``resolved``), not a data set's own file of that name."""
-    try:
-        saved = json.loads(read_bytes(join(root, "config.json")))
-    except (OSError, ValueError):  # StoreError is an OSError; UnicodeDecodeError a ValueError
-        return False
+def is_run_config(saved) -> bool:
+    """Whether ``saved`` (a parsed config.json) is one petal train wrote: it always holds the
+    run's classes under ``resolved``. Another program's settings file of that name does not."""
     resolved = saved.get("resolved") if isinstance(saved, dict) else None
     return isinstance(resolved, dict) and "classes" in resolved
+
+
+def _petal_run_config(root: str) -> bool:
+    """Whether ``root``'s config.json is petal train's (:func:`is_run_config`), not a data
+    set's own file of that name."""
+    try:
+        return is_run_config(json.loads(read_bytes(join(root, "config.json"))))
+    except (OSError, ValueError):  # StoreError is an OSError; UnicodeDecodeError a ValueError
+        return False
 
 
 def find_images(

@@ -1813,10 +1813,10 @@ def read_manifest(path: str | os.PathLike) -> dict:
         folder = os.path.dirname(path)
         who = None
         if isinstance(err, FileNotFoundError) and not folders.is_remote(path):
-            who = running_elsewhere(Path(folder or "."))
-        if who and who.endswith(" is converting into it") and not who.startswith("an "):
-            # Said "its conversion did not finish (run petal convert again)". (A training
-            # run's marker, or one that cannot be read, is no conversion.)
+            # A training run's marker, or one that cannot be read, is no conversion.
+            who = running_elsewhere(Path(folder or "."), "converting into it", only=True)
+        if who:
+            # Said "its conversion did not finish (run petal convert again)".
             raise PetalError(
                 f"{folder or '.'} holds no {schema.MANIFEST_NAME} yet: {who}; wait for it "
                 "to end, then run this again."

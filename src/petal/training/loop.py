@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from petal.data import schema
-from petal.data.folders import absolute_data, is_remote, refuse_url, same_place
+from petal.data.folders import (
+    absolute_data,
+    is_hidden,
+    is_image_name,
+    is_remote,
+    is_run_config,
+    refuse_url,
+    same_place,
+)
 from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
 from petal.errors import (
     PetalError,
@@ -161,8 +169,7 @@ def _config_kind(workdir: Path) -> str:
         saved = json.loads((workdir / "config.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return "damaged"
-    resolved = saved.get("resolved") if isinstance(saved, dict) else None
-    return "petal" if isinstance(resolved, dict) and "classes" in resolved else "other"
+    return "petal" if is_run_config(saved) else "other"
 
 
 def _failed_start(workdir: Path, found: list[str]) -> bool:
@@ -268,8 +275,6 @@ def _holds_data(workdir: Path) -> str | None:
     """What data ``workdir`` holds ("records (manifest.json)", "photos (a.jpg)", "class
     folders of photos (daisy/)"), or None: a run's folder (config.json: its evaluations
     with ``--out`` hold PNGs) is none of these."""
-    from petal.data.folders import _has_image_extension, is_hidden
-
     try:
         entries = sorted(os.scandir(workdir), key=lambda e: e.name)
     except OSError:  # missing (created later) or unreadable (said later)
@@ -277,10 +282,10 @@ def _holds_data(workdir: Path) -> str | None:
     if any(entry.name == "config.json" for entry in entries):
         return None
     for entry in entries:
-        if entry.name == schema.MANIFEST_NAME or entry.name.endswith(".tfrec"):
+        if entry.name == schema.MANIFEST_NAME or entry.name.endswith(schema.SHARD_SUFFIX):
             return f"records ({entry.name})"
     for entry in entries:
-        if not is_hidden(entry.name) and _has_image_extension(entry.name):
+        if is_image_name(entry.name):
             return f"photos ({entry.name})"
     for entry in entries:
         if entry.name in RUN_DIRS or is_hidden(entry.name) or not entry.is_dir():
@@ -289,7 +294,7 @@ def _holds_data(workdir: Path) -> str | None:
             names = os.listdir(entry.path)
         except OSError:
             continue
-        if any(_has_image_extension(n) and not is_hidden(n) for n in names):
+        if any(is_image_name(n) for n in names):
             return f"class folders of photos ({entry.name}/)"
     return None
 
