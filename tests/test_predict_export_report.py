@@ -1316,9 +1316,12 @@ def test_evaluating_a_folder_of_more_classes_names_the_classes_that_read_the_oth
         class_index(["x"], run, "photos", "folder")
 
 
-def test_a_file_skipped_over_http_is_said_how_to_name(trained, small_flowers, tmp_path, caplog):
-    """The warning sent CLI users to "undecodable_files", a Python function they could not
-    run as named."""
+def test_a_file_that_does_not_decode_over_http_is_named(
+    trained, small_flowers, tmp_path, caplog, capsys
+):
+    """Read over http, an image folder's file that did not decode was named nowhere: the
+    error gave the decoder's reason alone, and --skip-corrupt's warning said to run without
+    it to name the file."""
     import logging
 
     from conftest import link_photos
@@ -1331,12 +1334,14 @@ def test_a_file_skipped_over_http_is_said_how_to_name(trained, small_flowers, tm
     with remote.ObjectServer({"photos": folder}) as server:
         url = server.url("photos")
         out = str(tmp_path / "eval")
+        assert main(["evaluate", str(trained), "--data", url, "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert f"{url}/daisy/zz-bad.jpg: not an image" in err, err
         assert main(["evaluate", str(trained), "--data", url, "--skip-corrupt", "--out", out]) == 0
-    said = [r.getMessage() for r in caplog.records if "skipped a file" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "petal: skipped" in r.getMessage()]
     assert said == [
-        "petal: skipped a file (read over http, so not named here; run without --skip-corrupt, "
-        f"or call petal.data.pipeline.undecodable_files, to name it) of {url}: it cannot be "
-        "decoded (not an image (no known image format in the file)); 1 file(s) skipped so far"
+        f"petal: skipped {url}/daisy/zz-bad.jpg of {url}: it cannot be decoded (not an image "
+        "(no known image format in the file)); 1 file(s) skipped so far"
     ]
 
 

@@ -449,6 +449,37 @@ def test_undecodable_http_records_and_files_say_what_was_not_searched(
         assert any("undecodable ones are dropped without a count" in line for line in lines)
 
 
+def test_an_http_folder_s_datasets_name_a_file_that_does_not_decode(
+    small_flowers, tmp_path, caplog
+):
+    """Over http, train_dataset and eval_dataset of an image folder stopped on a file that
+    did not decode naming no file (local folders name it), and with skip_corrupt warned
+    of "a file (read over http, so not named here ...)"."""
+    import logging
+
+    import tensorflow as tf
+
+    folder = link_photos(small_flowers, tmp_path / "photos", 2)
+    (folder / "roses" / "broken.jpg").write_bytes(b"not a JPEG")
+    caplog.set_level(logging.WARNING, logger="petal")
+    with remote.ObjectServer({"photos": folder}) as server:
+        url = server.url("photos")
+        named = rf"{url}/roses/broken\.jpg: not an image"
+        with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+            for _ in eval_dataset(url, batch_size=4, image_size=32, split="all"):
+                pass
+        with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+            for _ in train_dataset(url, batch_size=11, image_size=32, split="all", cache="off"):
+                pass
+        batches = eval_dataset(url, batch_size=4, image_size=32, split="all", skip_corrupt=True)
+        assert sum(len(labels) for _, labels in batches) == 10
+    said = [r.getMessage() for r in caplog.records if "petal: skipped" in r.getMessage()]
+    assert said == [
+        f"petal: skipped {url}/roses/broken.jpg of {url}: it cannot be decoded (not an image "
+        "(no known image format in the file)); 1 file(s) skipped so far"
+    ]
+
+
 def test_http_records_keep_the_static_shapes_of_local_ones(make_records, tmp_path):
     """The staged-file cleanup (a py_function) made the records' shape unknown: batched
     labels had no rank, and training with the cache off (codelab-xception) stopped in Keras

@@ -583,13 +583,15 @@ def _read(
         if src.remote:
             from petal.data import remote
 
-            # One request per file, a fixed number in flight, a new order every epoch.
+            # One request per file, a fixed number in flight, a new order every epoch;
+            # the URL too, to name a file that does not decode.
             return remote.files_dataset(
                 files,
                 labels,
                 shuffle_seed=seed if training else None,
                 repeat=endless,
                 reshuffle_each_iteration=reshuffle,
+                with_urls=True,
             )
         # Typed: a pipeline whose share of fewer files than pipelines is none reads nothing.
         ds = tf.data.Dataset.from_tensor_slices(
@@ -904,7 +906,7 @@ def _decoder(
         return _skipping_file_decoder(src, size, resize, fit)
     if src.kind == "folder":
 
-        def decode_file(data, label, path=None):  # path: local files (see _read)
+        def decode_file(data, label, path):  # path: the file's, or URL (see _read)
             if fit is not None and tuple(fit) != tuple(size):
                 return resize_fill(fit_image(data, fit, resize, path), size), label
             return fit_image(data, size, resize, path), label
@@ -1131,26 +1133,17 @@ class _FileSkips:
         self.seen: set = set()
         self.lock = threading.Lock()
 
-    def skip(self, path: str | None, data: bytes, reason: str) -> None:
-        # A file read over http comes as its bytes alone: known again by their hash.
-        key = path if path is not None else hashlib.sha1(data).hexdigest()
+    def skip(self, path: str, reason: str) -> None:
         with self.lock:
-            if key in self.seen:
+            if path in self.seen:
                 return
-            self.seen.add(key)
+            self.seen.add(path)
             n = len(self.seen)
         if path in _NAMED_UP_FRONT:
             return
-        if path is None:
-            what = (
-                "a file (read over http, so not named here; run without --skip-corrupt, or "
-                "call petal.data.pipeline.undecodable_files, to name it)"
-            )
-        else:
-            what = path
         log.warning(
             "petal: skipped %s of %s: it cannot be decoded (%s); %d file(s) skipped so far",
-            what, self.src.path, reason, n,
+            path, self.src.path, reason, n,
         )
 
 
@@ -1160,16 +1153,20 @@ def _skipping_file_decoder(src: Source, size, resize: str, fit):
     :class:`_FileSkips`) and comes out as a blank image with ``decoded`` False, which
     :func:`_ignore_decode_errors` drops. Its error is caught here, in Python: raised
     inside the pipeline, TensorFlow printed its traceback (naming no file) every epoch.
-    Local files come as paths (:func:`_read`), read here; over http, as their bytes."""
+    Local files come as paths (:func:`_read`), read here; over http, as their bytes and
+    URL."""
     skips = _FileSkips(src)
     target = tuple(fit or size)
     shape = (1, 1, 3) if resize == "none" else (*target, 3)
 
-    def load(element) -> tuple[np.ndarray, bool]:
+    def load(element, url=None) -> tuple[np.ndarray, bool]:
         element = element.item() if isinstance(element, np.ndarray) else element
-        path, data = (None, element) if src.remote else (element.decode("utf-8"), b"")
+        url = url.item() if isinstance(url, np.ndarray) else url
+        remote = url is not None
+        path = (url if remote else element).decode("utf-8")
+        data = element if remote else b""
         try:
-            if path is not None:
+            if not remote:
                 with tf.io.gfile.GFile(path, "rb") as f:  # local or gs://
                     data = f.read()
             if resize == "none":
@@ -1179,11 +1176,12 @@ def _skipping_file_decoder(src: Source, size, resize: str, fit):
             reason = f"unreadable: {first_line(err)}"
         except ValueError as err:  # _decode_file's, for an image_io.ImageError
             reason = str(err)
-        skips.skip(path, data, reason)
+        skips.skip(path, reason)
         return np.zeros(shape, np.uint8), False
 
-    def decode_file(element, label):
-        image, decoded = tf.numpy_function(load, [element], [tf.uint8, tf.bool], stateful=True)
+    def decode_file(element, label, url=None):
+        inputs = [element] if url is None else [element, url]
+        image, decoded = tf.numpy_function(load, inputs, [tf.uint8, tf.bool], stateful=True)
         image = tf.ensure_shape(image, [None, None, 3] if resize == "none" else [*target, 3])
         if resize == "none" or target != tuple(size):
             image = resize_fill(image, size)

@@ -1086,8 +1086,10 @@ def files_dataset(
     parallel: int = PARALLEL_REQUESTS,
     repeat: bool = False,
     reshuffle_each_iteration: bool = False,
+    with_urls: bool = False,
 ):
-    """``(file bytes, label)`` for each URL, one request per file: the per-file path.
+    """``(file bytes, label)`` for each URL, one request per file: the per-file path;
+    ``(file bytes, label, URL)`` with ``with_urls`` (a file that does not decode is named).
 
     ``parallel`` requests are in flight at once; with ``shuffle_seed`` the order changes
     every pass; ``repeat`` and ``reshuffle_each_iteration`` as in :func:`records_dataset`.
@@ -1097,14 +1099,23 @@ def files_dataset(
     global GENERATORS_MADE
     GENERATORS_MADE = True
     items = list(zip(list(urls), [int(v) for v in labels], strict=True))
+    signature = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32))
+    if with_urls:
+        signature += (tf.TensorSpec([], tf.string),)
+
+    def fetch(item):
+        url, label = item
+        data = get_bytes(url)
+        return (data, label, url) if with_urls else (data, label)
+
     return tf.data.Dataset.from_generator(
         _prefetched(
             items,
-            lambda item: (get_bytes(item[0]), item[1]),
+            fetch,
             parallel=parallel,
             shuffle_seed=shuffle_seed,
             repeat=repeat,
             reshuffle=reshuffle_each_iteration,
         ),
-        output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int32)),
+        output_signature=signature,
     )
