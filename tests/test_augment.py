@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -277,3 +279,48 @@ def test_crop_size_and_color_jitter_take_numpy_values_and_no_hue(batch):
     for hue_delta in (0, None):
         assert len(augment.color_jitter(hue_delta=hue_delta).ops) == 2
     assert augment.color_jitter(contrast_range=[1, 1])(batch, SEED).shape == batch.shape
+
+
+def test_a_function_s_output_is_checked_against_the_batch_it_was_given(small_records):
+    """A user function's output went on as it came: a 5-D "batch" or half-width images lost
+    the pipeline's static shapes silently, and a string dtype failed inside tf.data."""
+    from petal.data.pipeline import train_dataset
+
+    def pair(images, seed):
+        return images, images
+
+    def half(images, seed):
+        return images[:, :32]
+
+    def text(images, seed):
+        return tf.strings.as_string(images)
+
+    def unknown(images, seed):  # a py_function's output has no static shape
+        return tf.py_function(lambda x: x, [images], tf.uint8)
+
+    def darker(images, seed):
+        return tf.cast(images, tf.float32) * 0.5
+
+    def mixes(images, labels, seed):
+        return images
+
+    mixes.takes_labels = True
+    batch = "a batch shaped as it was given, [4, 64, 64, 3] (pixels 0..255, uint8 or float"
+    for fn, got in (
+        (pair, "images of shape [2, 4, 64, 64, 3], dtype uint8"),
+        (half, "images of shape [4, 32, 64, 3], dtype uint8"),
+        (text, "images of shape [4, 64, 64, 3], dtype string"),
+    ):
+        with pytest.raises(PetalError, match=rf"^augment function .*{fn.__name__} returned "
+                           rf"{re.escape(got)}; it must return {re.escape(batch)}"):
+            train_dataset(small_records, batch_size=4, augment=fn, seed=1)
+    with pytest.raises(PetalError, match=r"takes labels \(takes_labels=True\), so it must "
+                       r"return \(images, labels\)\. Received: "):
+        train_dataset(small_records, batch_size=4, augment=mixes, seed=1)
+    for fn in (unknown, darker):
+        ds = train_dataset(small_records, batch_size=4, augment=fn, seed=1, normalization="raw")
+        assert ds.element_spec[0].shape == (4, 64, 64, 3)
+        images, _ = next(iter(ds))
+        assert images.shape == (4, 64, 64, 3) and float(tf.reduce_min(images)) >= 0
+    eager = augment.build(darker)(tf.fill([2, 5, 5, 3], tf.constant(200, tf.uint8)), None, SEED)
+    assert np.allclose(eager[0].numpy(), 100.0)

@@ -2109,3 +2109,77 @@ def test_the_exported_decoder_looks_up_bmp_colour_tables_as_predict_does():
     rle[30] = 1  # BI_RLE8: read as uncompressed rows, it was served as noise
     with pytest.raises(tf.errors.InvalidArgumentError, match="RLE-compressed BMP is not"):
         decode_like_predict(tf.constant(bytes(rle)))
+
+
+def test_the_library_s_flags_take_true_or_false_only(trained, small_records, small_flowers,
+                                                     tmp_path):
+    """progress="no" drew progress bars, skip_corrupt="no" skipped, verify="no" verified and
+    tflite="no" converted: any other value was taken by its truth, as overwrite no longer is."""
+    from petal.data import convert
+    from petal.data.inspect import inspect_records
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.export import export
+    from petal.evaluation.predict import predict
+
+    photo = next(small_flowers.glob("*/*.jpg"))
+    run = _copy_run(trained, tmp_path / "run")
+    for call, name in (
+        (lambda v: convert(small_flowers, tmp_path / "out", progress=v), "progress"),
+        (lambda v: evaluate(run, small_records, progress=v), "progress"),
+        (lambda v: evaluate(run, small_records, skip_corrupt=v), "skip_corrupt"),
+        (lambda v: predict(run, [photo], progress=v), "progress"),
+        (lambda v: predict(run, [photo], skip_corrupt=v), "skip_corrupt"),
+        (lambda v: inspect_records(small_records, progress=v), "progress"),
+        (lambda v: inspect_records(small_records, verify=v), "verify"),
+        (lambda v: export(run, tflite=v), "tflite"),
+    ):
+        with pytest.raises(PetalError, match=rf"^{name} must be True or False\. Received: "
+                           rf"{name}='no'$"):
+            call("no")
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in trained.iterdir())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, monkeypatch,
+                                            capsys):
+    """Only weights expanded ~: a shell leaves --workdir=~/runs (and a config file
+    "data": "~/records") as written, and petal made a folder named ~ in the current one, or
+    said a source was not found at a path under it."""
+    from conftest import tiny_config
+    from petal.cli import main
+    from petal.data import convert, read_manifest
+    from petal.data.inspect import inspect_records
+    from petal.data.pipeline import train_dataset
+    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.predict import predict
+    from petal.evaluation.report import build_report
+    from petal.training.config import read_config_file
+    from petal.training.loop import train
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    shutil.copytree(trained, home / "run")
+    (home / "photos").symlink_to(small_flowers)
+    (home / "config.json").write_text('{"epochs": 1}')
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    convert("~/photos", "~/records", image_size=32, workers=1, progress=False)
+    assert read_manifest("~/records")["image_size"] == [32, 32]
+    assert inspect_records("~/records", grid="~/grid.png").grid == str(home / "grid.png")
+    next(iter(train_dataset("~/records", batch_size=8, cache="~/cache")))
+    assert (home / "cache").is_dir()
+    train(tiny_config("~/records", epochs=1, steps_per_epoch=1, model="dense"), "~/run2",
+          log=lambda line: None)  # fmt: skip
+    assert (home / "run2" / "model.keras").is_file()
+    evaluate("~/run", "~/records", out_dir="~/eval", log=lambda line: None, warn=lambda _: None)
+    assert (home / "eval" / "eval.json").is_file()
+    assert build_report("~/run", eval_dir="~/eval") == home / "run" / "report.html"
+    photo = sorted(small_flowers.glob("daisy/*.jpg"))[0]
+    assert predict("~/run", [f"~/photos/daisy/{photo.name}"])[0]["file"] == str(
+        home / "photos" / "daisy" / photo.name
+    )
+    assert read_config_file("~/config.json") == {"epochs": 1}
+    assert main(["inspect", "--grid=~/grid2.png", "~/records"]) == 0
+    assert (home / "grid2.png").is_file()
+    capsys.readouterr()
+    assert list(cwd.iterdir()) == []

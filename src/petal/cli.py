@@ -849,6 +849,19 @@ def refuse_empty_paths(args: argparse.Namespace) -> None:
             raise PetalError(f"{option} is empty (an unset shell variable?); pass {what}.")
 
 
+def expand_homes(args: argparse.Namespace) -> None:
+    """Expand a leading ``~`` in ``args``' path arguments (and inspect's ``--grid``): a shell
+    leaves ``--workdir=~/runs`` as it is, and petal made a folder named ``~``."""
+    from petal.data.folders import expand_home
+
+    for attr in [attr for attr, _, _ in _PATHS.get(args.command, ())] + ["grid"]:
+        value = getattr(args, attr, None)
+        if isinstance(value, list):
+            setattr(args, attr, [expand_home(v) for v in value])
+        elif value is not None:
+            setattr(args, attr, expand_home(value))
+
+
 def refuse_urls(args: argparse.Namespace) -> None:
     """Raise a PetalError naming the first URL among ``args``' local-only arguments."""
     from petal.data.folders import refuse_url
@@ -1209,6 +1222,7 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         sys.unraisablehook = _interrupting(previous_hook)
     try:
         refuse_empty_paths(args)
+        expand_homes(args)
         refuse_urls(args)
         with signals_watched(f"petal {args.command}"):
             if _needs_tensorflow(args):

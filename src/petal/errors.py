@@ -35,6 +35,11 @@ def need_bool(value, name: str) -> bool:
     return bool(value)
 
 
+def need_bool_or_none(value, name: str) -> bool | None:
+    """:func:`need_bool`, or None (a default: ``progress=None`` draws on a terminal only)."""
+    return None if value is None else need_bool(value, name)
+
+
 def need_folder(value, name: str, what: str, empty: bool = True) -> None:
     """Refuse a ``value`` that is not a path (str or os.PathLike): ``Path()`` met None or a
     number with a bare TypeError. ``what`` says which folder is meant. ``empty=False``: an

@@ -27,6 +27,7 @@ one :class:`Augment` callable as ``fn(images, labels, seed) -> (images, labels)`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Callable
@@ -561,8 +562,46 @@ class _Custom(Augment):
 
     def __call__(self, images, labels, seed):
         if getattr(self.fn, "takes_labels", False):
-            return self.fn(images, labels, seed)
-        return _float(self.fn(images, seed)), labels
+            out = self.fn(images, labels, seed)
+            if not isinstance(out, tuple | list) or len(out) != 2:
+                raise PetalError(
+                    f"augment function {self._name()} takes labels (takes_labels=True), so it "
+                    f"must return (images, labels). Received: {type(out).__name__}"
+                )
+            out_images, out_labels = out
+            out_labels = self._checked(out_labels, labels, "labels")
+        else:
+            out_images, out_labels = self.fn(images, seed), labels
+        return _float(self._checked(out_images, images, "images")), out_labels
+
+    def _name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+    def _checked(self, out, given: tf.Tensor, what: str) -> tf.Tensor:
+        """``out`` as a tensor, refused unless shaped as ``given`` and of real numbers: a
+        batch of another shape came out of the pipeline as it was (static shapes lost, a
+        5-D "batch"), and a dtype the cast cannot take failed deep inside tf.data. A shape
+        unknown (a ``py_function``'s) is checked when the batch comes."""
+        tensor = None
+        with contextlib.suppress(TypeError, ValueError):
+            tensor = tf.convert_to_tensor(out)
+        real = tensor is not None and (tensor.dtype.is_floating or tensor.dtype.is_integer)
+        if real and tensor.shape.rank is None:
+            return tf.ensure_shape(tensor, given.shape)
+        if not real or tensor.shape.rank != given.shape.rank or not (
+            tensor.shape.is_compatible_with(given.shape)
+        ):
+            got = type(out).__name__
+            if tensor is not None:
+                got = f"shape {tensor.shape.as_list()}, dtype {tensor.dtype.name}"
+            want = f"a batch shaped as it was given, {given.shape.as_list()}"
+            if what == "images":
+                want += " (pixels 0..255, uint8 or float; the pipeline normalises them after)"
+            raise PetalError(
+                f"augment function {self._name()} returned {what} of {got}; it must return "
+                f"{want}."
+            )
+        return tensor
 
 
 def names() -> list[str]:
@@ -593,7 +632,10 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
             ``strong``); op names joined by ``+`` or ``,`` (``"flip+crop+mixup"``): image ops
             applied in order, then mixing ops; an :class:`Augment`; or a function
             ``fn(images, seed)`` (or ``fn(images, labels, seed)`` with
-            ``fn.takes_labels = True``).
+            ``fn.takes_labels = True``, returning both): ``images`` a uint8 batch
+            ``[B, H, W, 3]`` of pixels 0..255, ``seed`` as the ops take it; it returns a
+            batch of that shape, uint8 or float in 0..255 (normalised after it), and
+            labels of their shape.
         size: output (height, width) of the random resized crop, to train at a lower
             resolution than the records (and evaluate at theirs); needs ``crop`` in ``spec``.
     """

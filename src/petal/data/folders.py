@@ -256,15 +256,30 @@ def refuse_url(
     )
 
 
+def expand_home(path):
+    """``path`` with a leading ``~`` or ``~user`` expanded to that home folder, as a shell
+    expands it; of the type given (str or Path); any other value unchanged.
+
+    A shell leaves ``--workdir=~/runs`` as it is, and a config file's ``"data": "~/records"``
+    comes as written: petal made a folder named ``~`` in the current one (which ``rm -rf ~``
+    would then take for the home folder), and said a source was not found at a path nobody
+    typed. A path with a scheme has none.
+    """
+    if isinstance(path, str | os.PathLike) and str(path).startswith("~"):
+        expanded = os.path.expanduser(os.fspath(path))
+        return expanded if isinstance(path, str) else type(path)(expanded)
+    return path
+
+
 def absolute_data(data: str | None) -> str | None:
-    """A local data path made absolute, so a run folder (and what it wrote) works from any
-    directory.
+    """A local data path made absolute (``~`` expanded), so a run folder (and what it wrote)
+    works from any directory.
 
     URLs (``gs://``, ``http(s)://``, anything with a scheme) are returned unchanged.
     """
     if not data or is_remote(data):
         return data
-    return os.path.abspath(data)
+    return os.path.abspath(expand_home(data))
 
 
 def is_http(path: str) -> bool:

@@ -23,7 +23,14 @@ from pathlib import Path
 from petal.data import folders, schema
 from petal.data.writer import read_manifest
 from petal.display import can_draw, columns, fit_text, literal, ljust, plot_labels
-from petal.errors import PetalError, is_int_at_least, printable, tf_message
+from petal.errors import (
+    PetalError,
+    is_int_at_least,
+    need_bool,
+    need_bool_or_none,
+    printable,
+    tf_message,
+)
 from petal.jsonfile import save_atomically
 
 _MB = 1_000_000
@@ -101,7 +108,9 @@ def inspect_records(
         PetalError: no manifest (not a records folder or an unfinished conversion), a
             folder of images, or a grid path whose extension is not an image format.
     """
-    manifest_path = path = str(path)
+    manifest_path = path = str(folders.expand_home(path))
+    verify = need_bool(verify, "verify")
+    progress = need_bool_or_none(progress, "progress")
     if progress is None:
         progress = sys.stderr.isatty()
     if folders.is_http(path):
@@ -116,7 +125,7 @@ def inspect_records(
     given_manifest = path.rstrip("/").endswith(".json")  # a file, as read_manifest takes it
     if given_manifest:
         path = os.path.dirname(path.rstrip("/")) or "."  # its shards lie beside it
-    grid = image_path(str(grid)) if grid is not None else None
+    grid = image_path(str(folders.expand_home(grid))) if grid is not None else None
     counted: list[str] = []
     uncounted: list[str] = []
     source = None if given_manifest else _codelab_source(path)

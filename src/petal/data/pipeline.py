@@ -1640,7 +1640,7 @@ def _resolve_cache(
         key = f"{_cache_key(src, split, size, input_context, how)}-{secrets.token_hex(4)}"
     elif isinstance(cache, str | os.PathLike):
         _refuse_misspelt_mode(cache)
-        folder = os.fspath(cache)
+        folder = os.fspath(folders.expand_home(cache))
         key = _cache_key(src, split, size, input_context, how)
         if skip_corrupt:
             # The skipped records are counted as they are read, and a kept cache is not read

@@ -189,7 +189,7 @@ def open_source(
             "The data source must be one folder, glob or URL (a str or os.PathLike). "
             f"Received: path={path!r}"
         )
-    path = str(path)
+    path = str(folders.expand_home(path))
     if not path:
         raise PetalError("Data source path is empty. Received: path=''")
     if val_fraction is not None and not 0.0 <= _fraction(val_fraction) < 1.0:

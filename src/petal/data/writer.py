@@ -67,6 +67,7 @@ from petal.errors import (
     dangling_link,
     is_int_at_least,
     need_bool,
+    need_bool_or_none,
     need_folder,
     printable,
 )
@@ -1155,6 +1156,7 @@ def convert(
             that could be converted, or an empty train split. Nothing is left half-written.
     """
     started = time.perf_counter()
+    source, output = folders.expand_home(source), folders.expand_home(output)
     for name, value, what in (("source", source, "a folder of class sub-folders"),
                               ("output", output, "the records folder to write")):
         need_folder(value, name, what, empty=False)
@@ -1169,6 +1171,7 @@ def convert(
             f"Received: output={printable(folders.utf8_name(output))}"
         )
     overwrite = need_bool(overwrite, "overwrite")
+    progress = need_bool_or_none(progress, "progress")
     # A file:// DST is the local folder it names, written as one: the workers write pieces
     # of its shards (TensorFlow's file system layer wrote every record in this process).
     output = folders.local_path(output) or output
@@ -1801,7 +1804,7 @@ def read_manifest(path: str | os.PathLike) -> dict:
             "read_manifest needs path as a records folder or its manifest.json (str or Path). "
             f"Received: path={path!r}"
         )
-    path = str(path)
+    path = str(folders.expand_home(path))
     if not path.endswith(".json"):
         path = folders.join(path, schema.MANIFEST_NAME)
     if folders.is_remote(path):

@@ -20,6 +20,7 @@ import numpy as np
 
 from petal.data.folders import (
     absolute_data,
+    expand_home,
     find_images,
     held_output,
     is_http,
@@ -28,7 +29,13 @@ from petal.data.folders import (
     same_place,
 )
 from petal.data.reader import FOLDER_SPLIT
-from petal.errors import PetalError, is_int_at_least, write_failed
+from petal.errors import (
+    PetalError,
+    is_int_at_least,
+    need_bool,
+    need_bool_or_none,
+    write_failed,
+)
 from petal.evaluation import plots
 from petal.evaluation.metrics import classification_report
 from petal.evaluation.workdir import (
@@ -129,6 +136,8 @@ def evaluate(
     for name, value in (("num_samples", num_samples), ("max_misclassified", max_misclassified)):
         if not is_int_at_least(value, 0):
             raise PetalError(f"{name} must be an integer >= 0. Received: {name}={value!r}")
+    skip_corrupt = need_bool(skip_corrupt, "skip_corrupt")
+    progress = need_bool_or_none(progress, "progress")
     if isinstance(split, str) and split.lower() in ("train", "validation", "all"):
         split = split.lower()  # in any case, as the data library takes it
     elif split is not None:
@@ -136,6 +145,7 @@ def evaluate(
             f"split (--split) must be 'train', 'validation' or 'all'. Received: {split!r}"
         )
     warnings: list[str] = []
+    data = expand_home(data)
     run = open_run(workdir, warn=warnings.append)  # a stale model: said, and in eval.json
     if not isinstance(data, (str, os.PathLike)) or not str(data):
         # A Path of None or of a list failed deep in pathlib; '' was the current folder.

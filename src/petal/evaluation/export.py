@@ -726,6 +726,7 @@ def export(
     from petal.data.pipeline import normalize
 
     overwrite = need_bool(overwrite, "overwrite")
+    tflite = need_bool(tflite, "tflite")
     warn = warn or _warn
     # Before the model is read (open_run refuses a URL workdir): a Path made the local
     # folder gs:/b/exp of gs://b/exp.

@@ -17,8 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
-from petal.data.folders import blurs_in_list, is_utf8, read_bytes, utf8_name
-from petal.errors import PetalError, is_int_at_least, printable, some_files
+from petal.data.folders import blurs_in_list, expand_home, is_utf8, read_bytes, utf8_name
+from petal.errors import (
+    PetalError,
+    is_int_at_least,
+    need_bool,
+    need_bool_or_none,
+    printable,
+    some_files,
+)
 from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
 
@@ -110,6 +117,7 @@ def _expand(
         # A Path would make it the current folder, and every image under it would be read.
         raise PetalError("An image path is empty (an unset shell variable?); pass image files "
                          "or folders of them.")
+    paths = [expand_home(p) for p in paths]
     if urls := [str(p) for p in paths if "://" in str(p)]:
         # A Path would have mangled it ("http:/host/..."), then called it not found.
         raise PetalError(
@@ -261,6 +269,8 @@ def predict(
         PetalError: no images, missing or unreadable images (all of them named; without
             ``skip_corrupt``), or a run without a model.
     """
+    skip_corrupt = need_bool(skip_corrupt, "skip_corrupt")
+    progress = need_bool_or_none(progress, "progress")
     if not images:
         raise PetalError("No images given; pass one or more image files.")
     if not is_int_at_least(batch_size, 1):

@@ -19,7 +19,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from petal.data.folders import same_place
+from petal.data.folders import expand_home, same_place
 from petal.errors import PetalError, damage_reason, disk_full, first_line, need_folder
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
@@ -170,7 +170,7 @@ def build_report(
         )
     if eval_dir is not None:
         need_folder(eval_dir, "eval_dir", "the folder `petal evaluate --out` wrote")
-        eval_dir = Path(eval_dir)
+        eval_dir = Path(expand_home(eval_dir))
         if not (eval_dir / "eval.json").is_file():
             what = "holds no eval.json" if eval_dir.is_dir() else "is not a folder"
             raise PetalError(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petal.data.folders import nfc, refuse_url
+from petal.data.folders import expand_home, nfc, refuse_url
 from petal.errors import (
     PetalError,
     cannot_write,
@@ -117,7 +117,7 @@ def check_output_folder(out: str | Path, what: str, name: str = "out") -> Path:
     refuse_url(out, "--out", f"{what}s")  # Path() made gs://b/x the local folder gs:/b/x
     if str(out) == "":  # Path() made it the current folder
         raise PetalError(f"--out is empty; pass a folder path for the {what} (new or not).")
-    out = Path(out)
+    out = Path(expand_home(out))
     if out.exists() and not out.is_dir():
         raise PetalError(
             f"{what.capitalize()} folder {out} is a file; pass --out a folder path (new or not)."
@@ -279,7 +279,7 @@ def run_folder(workdir: str | Path) -> Path:
     refuse_url(workdir, "workdir", "run folders", reads=True)
     if str(workdir) == "":
         raise PetalError("workdir is empty; pass the work directory of a `petal train` run.")
-    return Path(workdir)
+    return Path(expand_home(workdir))
 
 
 def no_model(workdir: Path, config: dict) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from petal.data.folders import parse_classes, refuse_url
+from petal.data.folders import expand_home, parse_classes, refuse_url
 from petal.errors import PetalError, first_line, is_int_at_least
 from petal.jsonfile import write_json
 
@@ -624,7 +624,7 @@ def read_config_file(
 ) -> dict:
     """The JSON object of a config file; ``fix`` ends the error for a file that is no JSON."""
     refuse_url(path, "Config file", "config files", reads=True, folder=False)
-    path = Path(path)
+    path = Path(expand_home(path))
     if path.is_dir():
         raise PetalError(f"Config file {path} is a directory, not a file. {fix}")
     if not path.is_file():

@@ -42,6 +42,7 @@ from pathlib import Path
 from petal.data import schema
 from petal.data.folders import (
     absolute_data,
+    expand_home,
     is_hidden,
     is_image_name,
     is_remote,
@@ -386,7 +387,7 @@ def resume_config(workdir: str | Path) -> TrainConfig:
             ``config.json`` petal train did not write.
     """
     refuse_url(workdir, "workdir", "run folders", reads=True)
-    workdir = Path(workdir)
+    workdir = Path(expand_home(workdir))
     if not (workdir / "config.json").is_file():
         raise _not_a_run(workdir)
     if _config_kind(workdir) == "other":
@@ -1500,10 +1501,12 @@ def _train(
             "train needs a TrainConfig (from get_preset(...), load_config(...) or "
             f"TrainConfig(...)). Received: config of type {type(config).__name__}"
         )
+    workdir = expand_home(workdir)
     need_folder(workdir, "workdir", "the run folder to write or resume", empty=False)
     refuse_url(workdir, "workdir", "run folders")
     resume, overwrite = need_bool(resume, "resume"), need_bool(overwrite, "overwrite")
     cfg = config.validate()
+    cfg = cfg.replace(data=expand_home(cfg.data), cache=expand_home(cfg.cache))
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
     if cfg.tensorboard:
