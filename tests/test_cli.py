@@ -686,3 +686,22 @@ def test_data_that_is_a_file_is_not_said_to_be_in_use(small_records, tmp_path, c
     err = capsys.readouterr().err
     assert "in use" not in err
     assert f"Data source is a file, not a folder: {shard}; pass the folder that holds" in err
+
+
+def test_evaluate_s_table_keeps_a_class_named_with_a_newline_on_one_row(
+    monkeypatch, capsys, tmp_path
+):
+    """The per-class table printed a class folder named "new\\nline" over two lines, where
+    labels.txt, predict and the report write it as its escape."""
+    import petal.evaluation.evaluate
+
+    scores = {"precision": 0.5, "recall": 1.0, "f1": 0.667, "support": 2}
+    report = {"classes": ["daisy", "new\nline"], "per_class": {"daisy": scores,
+                                                                "new\nline": scores}}
+    monkeypatch.setattr(petal.evaluation.evaluate, "evaluate", lambda *a, **k: report)
+    assert cli.main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "class      precision  recall     f1  support",
+        "daisy          0.500   1.000  0.667        2",
+        "new\\nline      0.500   1.000  0.667        2",
+    ]

@@ -2183,3 +2183,21 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
     assert (home / "grid2.png").is_file()
     capsys.readouterr()
     assert list(cwd.iterdir()) == []
+
+
+def test_predictions_cut_short_by_a_closed_pipe_exit_141(trained, small_flowers, tmp_path):
+    """`petal predict ... --json | head -1` exited 0: CPython took the kernel's partial write
+    of the whole JSON (larger than the pipe's buffer) for the end, and no error came."""
+    import subprocess
+    import sys
+
+    photo = str(sorted(small_flowers.glob("daisy/*.jpg"))[0])
+    (tmp_path / "photos.txt").write_text("\n".join([photo] * 600))  # about 280 kB of JSON
+    petal = f"{sys.executable} -c 'import sys; from petal.cli import main; sys.exit(main())'"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {petal} predict {trained} --json $(cat photos.txt) "
+         "| head -1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.stdout == "[\n" and done.returncode == 141, done.stderr[-2000:]
+    assert "error" not in done.stderr

@@ -599,14 +599,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         log=quiet,
     )
     if args.json:
-        print(json_text(report), end="")
+        _print_all(json_text(report))
     else:
-        width = max(5, *(columns(c) for c in report["classes"]))
+        # A control character in a class name (a newline) written as its escape, as
+        # labels.txt and predict write it: one row a class.
+        width = max(5, *(columns(printable(c)) for c in report["classes"]))
         print(f"{ljust('class', width)}  precision  recall     f1  support")
         for name, m in report["per_class"].items():
             print(
-                f"{ljust(name, width)}  {m['precision']:9.3f}  {m['recall']:6.3f}  {m['f1']:5.3f}  "
-                f"{m['support']:7d}"
+                f"{ljust(printable(name), width)}  {m['precision']:9.3f}  {m['recall']:6.3f}  "
+                f"{m['f1']:5.3f}  {m['support']:7d}"
             )
     return 0
 
@@ -645,9 +647,9 @@ def _run_predict(args: argparse.Namespace) -> int:
         max_pixels=DEFAULT_MAX_PIXELS if args.max_pixels is None else args.max_pixels,
     )
     if args.json:
-        print(json_text(results), end="")  # strict JSON: NaN probabilities as null
+        _print_all(json_text(results))  # strict JSON: NaN probabilities as null
     else:
-        print(format_predictions(results))
+        _print_all(format_predictions(results) + "\n")
     return 0
 
 
@@ -1181,6 +1183,15 @@ def _stdout_nowhere() -> None:
     flush of what is left in its buffer fails no more."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _print_all(text: str, chunk: int = 8192) -> None:
+    """Writes ``text`` to stdout in pieces: written whole, a text larger than a pipe's buffer
+    whose reader went away (``| head -1``) was cut short without an error (CPython took the
+    kernel's partial write for the end), and the command exited 0, not 141."""
+    for start in range(0, len(text), chunk):
+        sys.stdout.write(text[start : start + chunk])
+    sys.stdout.flush()
 
 
 def _stdout_gone() -> bool:

@@ -745,13 +745,22 @@ def export(
     classes = list(run.classes)
     h, w = run.image_size
 
+    def probabilities(images):
+        # No images, no probabilities: TensorFlow's CPU convolution of an empty batch gave
+        # BatchNorm a tensor of the wrong shape ("Incompatible shapes: [32] vs. [0,64,64,3]").
+        return tf.cond(
+            tf.shape(images)[0] > 0,
+            lambda: model(images, training=False),
+            lambda: tf.zeros([0, len(classes)], tf.float32),
+        )
+
     def serve(image_bytes):
         images = tf.map_fn(
             preprocess,
             image_bytes,
             fn_output_signature=tf.TensorSpec((h, w, 3), tf.float32),
         )
-        probs = model(images, training=False)
+        probs = probabilities(images)
         best = tf.argmax(probs, axis=-1)
         return {
             "probabilities": probs,
@@ -760,7 +769,7 @@ def export(
         }
 
     def serve_pixels(images):
-        return {"probabilities": model(normalize(images, run.normalization), training=False)}
+        return {"probabilities": probabilities(normalize(images, run.normalization))}
 
     archive = keras.export.ExportArchive()
     archive.track(model)
