@@ -75,13 +75,12 @@ def main() -> None:
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from petal.cli import _check_output_file, start_tensorflow_quietly
-
-    start_tensorflow_quietly()  # as `petal bench input` does: without its start-up lines
-    from petal.data import bench, convert
+    from petal.data import bench
     from petal.errors import PetalError
 
     # Before converting (a minute or more) or measuring: bench.run would refuse them only
-    # then, and the results' paths only after the whole run.
+    # then, and the results' paths only after the whole run. The settings and paths before
+    # TensorFlow starts (seconds), the records after it.
     png = str(Path(args.out).with_suffix(".png"))
     try:
         cases = bench.check_settings(
@@ -97,10 +96,12 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "pass a path ending in .json."
             )
         _check_output_file(png, "--out's chart")
+        start_tensorflow_quietly()  # as `petal bench input` does: without its start-up lines
         if args.records is not None:
             _check_records(args.records, args.image_size)
     except PetalError as err:
         parser.error(str(err))
+    from petal.data import convert
     if args.remote_latency_ms is not None and not 0 <= args.remote_latency_ms < float("inf"):
         parser.error(f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
                      f"Received: {args.remote_latency_ms}")  # fmt: skip
