@@ -96,15 +96,17 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "pass a path ending in .json."
             )
         _check_output_file(png, "--out's chart")
+        if args.remote_latency_ms is not None and not 0 <= args.remote_latency_ms < float("inf"):
+            raise PetalError(
+                f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
+                f"Received: {args.remote_latency_ms}"
+            )
         start_tensorflow_quietly()  # as `petal bench input` does: without its start-up lines
         if args.records is not None:
             _check_records(args.records, args.image_size)
     except PetalError as err:
         parser.error(str(err))
     from petal.data import convert
-    if args.remote_latency_ms is not None and not 0 <= args.remote_latency_ms < float("inf"):
-        parser.error(f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
-                     f"Received: {args.remote_latency_ms}")  # fmt: skip
 
     wanted = set(cases or bench.CASES)
     # An option left out is passed on only to a case that uses it: bench.run warns about an

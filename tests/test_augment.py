@@ -298,6 +298,9 @@ def test_a_function_s_output_is_checked_against_the_batch_it_was_given(small_rec
     def unknown(images, seed):  # a py_function's output has no static shape
         return tf.py_function(lambda x: x, [images], tf.uint8)
 
+    def random_crop(images, seed):  # a height known only when it runs
+        return images[:, : tf.random.stateless_uniform([], seed, 20, 40, tf.int32)]
+
     def darker(images, seed):
         return tf.cast(images, tf.float32) * 0.5
 
@@ -305,15 +308,20 @@ def test_a_function_s_output_is_checked_against_the_batch_it_was_given(small_rec
         return images
 
     mixes.takes_labels = True
-    batch = "a batch shaped as it was given, [4, 64, 64, 3] (pixels 0..255, uint8 or float"
+    batch = "images shaped as it was given, [4, 64, 64, 3] (pixels 0..255, uint8 or float"
     for fn, got in (
-        (pair, "images of shape [2, 4, 64, 64, 3], dtype uint8"),
-        (half, "images of shape [4, 32, 64, 3], dtype uint8"),
-        (text, "images of shape [4, 64, 64, 3], dtype string"),
+        (pair, "images of shape [2, 4, 64, 64, 3]"),
+        (half, "images of shape [4, 32, 64, 3]"),
+        (text, "images of dtype string, not numbers"),
     ):
         with pytest.raises(PetalError, match=rf"^augment function .*{fn.__name__} returned "
                            rf"{re.escape(got)}; it must return {re.escape(batch)}"):
             train_dataset(small_records, batch_size=4, augment=fn, seed=1)
+    # A shape known in part: checked when the batch comes.
+    ds = train_dataset(small_records, batch_size=4, augment=random_crop, seed=1)
+    assert ds.element_spec[0].shape == (4, 64, 64, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Shape of tensor"):
+        next(iter(ds))
     with pytest.raises(PetalError, match=r"takes labels \(takes_labels=True\), so it must "
                        r"return \(images, labels\)\. Received: "):
         train_dataset(small_records, batch_size=4, augment=mixes, seed=1)

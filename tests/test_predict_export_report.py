@@ -2150,9 +2150,11 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
     from petal.data import convert, read_manifest
     from petal.data.inspect import inspect_records
     from petal.data.pipeline import train_dataset
+    from petal.demo import run_demo
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.predict import predict
     from petal.evaluation.report import build_report
+    from petal.models import create_model
     from petal.training.config import read_config_file
     from petal.training.loop import train
 
@@ -2168,9 +2170,17 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
     assert inspect_records("~/records", grid="~/grid.png").grid == str(home / "grid.png")
     next(iter(train_dataset("~/records", batch_size=8, cache="~/cache")))
     assert (home / "cache").is_dir()
-    train(tiny_config("~/records", epochs=1, steps_per_epoch=1, model="dense"), "~/run2",
-          log=lambda line: None)  # fmt: skip
+    create_model("dense", 5, 32).save_weights(home / "w.weights.h5")
+    said = []
+    train(tiny_config("~/records", epochs=1, steps_per_epoch=1, model="dense",
+                      weights="~/w.weights.h5"), "~/run2", log=said.append)  # fmt: skip
     assert (home / "run2" / "model.keras").is_file()
+    assert any(f"weights from {home / 'w.weights.h5'}" in line for line in said), said
+    # The demo's checks of whose run WORKDIR holds look where it writes (a run that no demo
+    # wrote is refused, not replaced).
+    with pytest.raises(PetalError, match=rf"^{re.escape(str(home / 'run2'))} holds a petal "
+                       "train run that petal demo did not write"):
+        run_demo("~/photos", "~/run2", log=lambda line: None)
     evaluate("~/run", "~/records", out_dir="~/eval", log=lambda line: None, warn=lambda _: None)
     assert (home / "eval" / "eval.json").is_file()
     assert build_report("~/run", eval_dir="~/eval") == home / "run" / "report.html"

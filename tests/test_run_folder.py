@@ -498,8 +498,9 @@ def test_overwrite_keeps_the_users_files_in_eval_and_export(tmp_path):
     (run / "eval").mkdir()
     (run / "config.json").write_text(PETAL_CONFIG)
     (run / "metrics.json").write_text("{}")
+    # A plot a kill cut short stays under its temporary name (it stayed for good).
     petals = ["eval/eval.json", "eval/confusion_matrix.png", "eval/.pending-eval.json",
-              "export/labels.txt", "export/saved_model/saved_model.pb",
+              "eval/.tmp-misclassified.png", "plots/.tmp-curves.png", "export/labels.txt", "export/saved_model/saved_model.pb",
               "export/saved_model/variables/variables.index", "export/.export-1234/x"]
     mine = ["eval/mynotes.txt", "export/NOTES.md", "export/model.tflite"]  # tflite: not listed
     for name in petals + mine:

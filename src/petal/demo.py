@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from petal.data.folders import expand_home
 from petal.errors import PetalError, cannot_write, first_line
 from petal.running import in_use_error, reading_elsewhere, running_elsewhere
 
@@ -30,7 +31,7 @@ DEMO_PRESET = "quick"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PETAL_CACHE", Path.home() / ".cache" / "petal"))
+    return Path(expand_home(os.environ.get("PETAL_CACHE", Path.home() / ".cache" / "petal")))
 
 
 def download_flowers(log: Callable[[str], None] = print, timeout: float = 30.0) -> Path:
@@ -118,7 +119,7 @@ def resolve_data(data: str | Path | None, log: Callable[[str], None] = print) ->
         log(f"petal demo: using $PETAL_DATA={data}")
     if data is None:
         return download_flowers(log)
-    data = Path(data)
+    data = Path(expand_home(data))
     where, fix = f"{data}", "pass --data a folder of class sub-folders"
     if from_env:
         where = f"{data} (from $PETAL_DATA)"
@@ -150,7 +151,9 @@ def run_demo(
         ``{"metrics": ..., "evaluation": ..., "report": path}``.
     """
     try:
-        return _run_demo(data, Path(workdir), preset, overrides, log)
+        # Expanded here: convert and train expand a ~ themselves, and the checks of
+        # whose run and records WORKDIR holds must look where they write.
+        return _run_demo(expand_home(data), Path(expand_home(workdir)), preset, overrides, log)
     except PetalError as err:
         # Train's messages name its options, which petal demo lacks: the demo's --set instead.
         err.args = (demo_options(str(err)),)

@@ -578,29 +578,31 @@ class _Custom(Augment):
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
     def _checked(self, out, given: tf.Tensor, what: str) -> tf.Tensor:
-        """``out`` as a tensor, refused unless shaped as ``given`` and of real numbers: a
+        """``out`` as a tensor, refused unless of real numbers and shaped as ``given``: a
         batch of another shape came out of the pipeline as it was (static shapes lost, a
         5-D "batch"), and a dtype the cast cannot take failed deep inside tf.data. A shape
-        unknown (a ``py_function``'s) is checked when the batch comes."""
+        known in part (a ``py_function``'s, a slice of a random size) is checked when the
+        batch comes."""
         tensor = None
         with contextlib.suppress(TypeError, ValueError):
             tensor = tf.convert_to_tensor(out)
-        real = tensor is not None and (tensor.dtype.is_floating or tensor.dtype.is_integer)
-        if real and tensor.shape.rank is None:
-            return tf.ensure_shape(tensor, given.shape)
-        if not real or tensor.shape.rank != given.shape.rank or not (
-            tensor.shape.is_compatible_with(given.shape)
-        ):
-            got = type(out).__name__
-            if tensor is not None:
-                got = f"shape {tensor.shape.as_list()}, dtype {tensor.dtype.name}"
-            want = f"a batch shaped as it was given, {given.shape.as_list()}"
-            if what == "images":
-                want += " (pixels 0..255, uint8 or float; the pipeline normalises them after)"
+        given_shape = given.shape.as_list()
+        want = f"{what} shaped as it was given, {given_shape}"
+        if what == "images":
+            want += " (pixels 0..255, uint8 or float; the pipeline normalises them after)"
+        if tensor is None or not (tensor.dtype.is_floating or tensor.dtype.is_integer):
+            got = type(out).__name__ if tensor is None else f"dtype {tensor.dtype.name}"
             raise PetalError(
-                f"augment function {self._name()} returned {what} of {got}; it must return "
-                f"{want}."
+                f"augment function {self._name()} returned {what} of {got}, not numbers; it "
+                f"must return {want}."
             )
+        if not tensor.shape.is_compatible_with(given.shape):
+            raise PetalError(
+                f"augment function {self._name()} returned {what} of shape "
+                f"{tensor.shape.as_list()}; it must return {want}."
+            )
+        if tensor.shape.rank is None or tensor.shape.as_list() != given_shape:
+            return tf.ensure_shape(tensor, given.shape)
         return tensor
 
 

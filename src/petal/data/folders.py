@@ -265,10 +265,13 @@ def expand_home(path):
     would then take for the home folder), and said a source was not found at a path nobody
     typed. A path with a scheme has none.
     """
-    if isinstance(path, str | os.PathLike) and str(path).startswith("~"):
-        expanded = os.path.expanduser(os.fspath(path))
-        return expanded if isinstance(path, str) else type(path)(expanded)
-    return path
+    if not isinstance(path, str | os.PathLike):
+        return path
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.startswith("~"):
+        return path  # bytes paths as they are
+    expanded = os.path.expanduser(text)
+    return expanded if isinstance(path, str) else Path(expanded)
 
 
 def absolute_data(data: str | None) -> str | None:

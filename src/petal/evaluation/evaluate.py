@@ -706,8 +706,18 @@ _OUTPUTS = ("samples.npz", "misclassified.npz", "confusion_matrix.png", "misclas
 EVAL_JSON = "eval.json"
 PENDING_JSON = ".pending-eval.json"
 # Every file an evaluation writes in its folder (a folder in the way of one is refused
-# before the evaluation), eval.json first: it is removed first.
-WRITTEN = (EVAL_JSON, *_OUTPUTS, PENDING_JSON, temporary_name(Path(PENDING_JSON)).name)
+# before the evaluation), eval.json first: it is removed first. The temporary names too: a
+# plot or the pending JSON cut short by a kill (SIGKILL, a power cut) stayed for good.
+WRITTEN = (
+    EVAL_JSON,
+    *_OUTPUTS,
+    PENDING_JSON,
+    *(
+        temporary_name(Path(name)).name
+        for name in (PENDING_JSON, *_OUTPUTS)
+        if name.endswith((".json", ".png"))  # written through save_atomically
+    ),
+)
 
 
 def _write_outputs(out: Path, report: dict, samples: dict, wrong: dict, run, title: str) -> None:

@@ -748,6 +748,8 @@ def export(
     def probabilities(images):
         # No images, no probabilities: TensorFlow's CPU convolution of an empty batch gave
         # BatchNorm a tensor of the wrong shape ("Incompatible shapes: [32] vs. [0,64,64,3]").
+        # Not in serve_pixels, which model.tflite is converted from: the branch became an IF
+        # op there, and the output lost its shape ([-1, classes]) until a first invoke.
         return tf.cond(
             tf.shape(images)[0] > 0,
             lambda: model(images, training=False),
@@ -769,7 +771,7 @@ def export(
         }
 
     def serve_pixels(images):
-        return {"probabilities": probabilities(normalize(images, run.normalization))}
+        return {"probabilities": model(normalize(images, run.normalization), training=False)}
 
     archive = keras.export.ExportArchive()
     archive.track(model)

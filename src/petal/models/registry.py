@@ -25,6 +25,7 @@ from pathlib import Path
 
 import keras
 
+from petal.data.folders import expand_home
 from petal.errors import PetalError, first_line
 
 NORMALIZATIONS = ("unit", "symmetric", "imagenet", "raw")
@@ -265,6 +266,7 @@ def create_model(
         builder_weights = "imagenet"
     else:
         # Before the model is built: a file that is no weights file is named at once.
+        weights = expand_home(weights)
         check_weights_file(weights, ", 'imagenet', or None: `--weights none` on the "
                            "command line")
         weights_file = Path(weights)
@@ -391,7 +393,7 @@ def load_weights_file(
         f"weights={str(path)!r}))",
     )  # fmt: skip
     check_weights_file(path)  # else Keras would say it does not fit
-    path = Path(path)
+    path = Path(expand_home(path))
     with _named_for_keras(path) as keras_path:
         return _load_weights_file(model, path, keras_path, rebuild, fresh_head)
 
@@ -644,7 +646,7 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
             f"weights is empty and names no file; pass the path of a .weights.h5 "
             f"file{others}. {received}"
         )
-    path = Path(path)
+    path = Path(expand_home(path))
     if path.is_dir():
         raise PetalError(
             f"Weights file {path} is a folder; pass a .weights.h5 file{others}. {received}"

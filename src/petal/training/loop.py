@@ -60,7 +60,7 @@ from petal.errors import (
     need_bool,
     need_folder,
 )
-from petal.jsonfile import save_atomically
+from petal.jsonfile import save_atomically, temporary_name
 from petal.running import (
     RUNNING_FILE,
     in_use_error,
@@ -257,7 +257,9 @@ def _petals_files_in(folder: Path) -> list[str]:
         staging = [p.name for p in folder.glob(".export-*")] if folder.is_dir() else []
         # Without export.json: an export by a petal before the marker, whose names are these.
         return [*sorted(exported_names(folder) or EXPORT_OUTPUTS), *staging]
-    return list(RUN_DIR_FILES[folder.name])
+    names = RUN_DIR_FILES[folder.name]
+    # A plot cut short by a kill stays under its temporary name (jsonfile.save_atomically).
+    return [*names, *(temporary_name(Path(name)).name for name in names if "." in name)]
 
 
 def _written_inside(workdir: Path) -> tuple[Path, str] | None:
@@ -1506,7 +1508,9 @@ def _train(
     refuse_url(workdir, "workdir", "run folders")
     resume, overwrite = need_bool(resume, "resume"), need_bool(overwrite, "overwrite")
     cfg = config.validate()
-    cfg = cfg.replace(data=expand_home(cfg.data), cache=expand_home(cfg.cache))
+    cfg = cfg.replace(
+        data=expand_home(cfg.data), cache=expand_home(cfg.cache), weights=expand_home(cfg.weights)
+    )
     workdir = Path(workdir)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
     if cfg.tensorboard:
