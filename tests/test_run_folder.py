@@ -500,8 +500,9 @@ def test_overwrite_keeps_the_users_files_in_eval_and_export(tmp_path):
     (run / "metrics.json").write_text("{}")
     # A plot a kill cut short stays under its temporary name (it stayed for good).
     petals = ["eval/eval.json", "eval/confusion_matrix.png", "eval/.pending-eval.json",
-              "eval/.tmp-misclassified.png", "plots/.tmp-curves.png", "export/labels.txt", "export/saved_model/saved_model.pb",
-              "export/saved_model/variables/variables.index", "export/.export-1234/x"]
+              "eval/.tmp-misclassified.png", "plots/.tmp-curves.png", "export/labels.txt",
+              "export/saved_model/saved_model.pb", "export/saved_model/variables/variables.index",
+              "export/.export-1234/x"]
     mine = ["eval/mynotes.txt", "export/NOTES.md", "export/model.tflite"]  # tflite: not listed
     for name in petals + mine:
         (run / name).parent.mkdir(parents=True, exist_ok=True)
