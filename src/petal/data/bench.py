@@ -94,17 +94,23 @@ def time_dataset(
     figure of the two.
     """
     it = iter(dataset)
-    for _ in range(warmup_batches):
-        next(it)
-    n, images = 0, 0
-    cpu, start = time.process_time(), time.perf_counter()
-    while True:
-        x, _ = next(it)
-        images += int(x.shape[0])
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds and n >= min_batches:
-            break
+    try:
+        for _ in range(warmup_batches):
+            next(it)
+        n, images = 0, 0
+        cpu, start = time.process_time(), time.perf_counter()
+        while True:
+            x, _ = next(it)
+            images += int(x.shape[0])
+            n += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds and n >= min_batches:
+                break
+    finally:
+        # The pipeline and its threads go now: an error's traceback kept them (this frame)
+        # until a later garbage collection, which, once a shard had been renamed, waited for
+        # ever on a thread looping on the missing file.
+        del it
     cpu = time.process_time() - cpu
     return images / elapsed, n / elapsed, cpu / images * 1e3
 
