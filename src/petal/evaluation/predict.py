@@ -104,8 +104,9 @@ def _expand(
     """:func:`expand_images`, each file with its name as given: a path given as written
     (``./a.jpg``; a leading ``~`` expanded, as a shell does), a file found in a folder as
     that folder's path as written joined to its path there; a Path would drop the ``./``
-    and a doubled ``/``, and a script would not find its own paths among the results. ``workdir``: the run predicting, for the command
-    that evaluates it on a folder of records (``WORKDIR`` when not known)."""
+    and a doubled ``/``, and a script would not find its own paths among the results.
+    ``workdir``: the run predicting, for the command that evaluates it on a folder of
+    records (``WORKDIR`` when not known)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]  # one path, not a sequence of its characters
     if bad := [p for p in paths if not isinstance(p, (str, os.PathLike))]:

@@ -230,7 +230,7 @@ def _remove_run(workdir: Path) -> None:
     """Delete the files and folders a run writes (and their temporary files), nothing else."""
     for name in RUN_FILES:
         (workdir / name).unlink(missing_ok=True)
-        (workdir / f".tmp-{name}").unlink(missing_ok=True)
+        temporary_name(workdir / name).unlink(missing_ok=True)
     for name in RUN_DIRS:
         folder = workdir / name
         for entry in _petals_files_in(folder):
