@@ -598,7 +598,7 @@ _STEPS_PER_EXECUTION_SCRIPT = _ON_TWO_CPUS + textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # 9-23 s in the full suite (session 34): `pytest -m slow` runs it
+@pytest.mark.slow  # 7-23 s in full suites (session 34): `pytest -m slow` runs it
 def test_several_replicas_run_one_step_per_execution(make_records, tmp_path):
     """Keras' loop of several steps per execution fails under MirroredStrategy ("You must
     feed a value for placeholder tensor ... multi_step_on_iterator"), which petal blamed on
@@ -634,7 +634,7 @@ _SKIPPED_VALIDATION_SCRIPT = _ON_TWO_CPUS + textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # 9-23 s in the full suite (session 34): `pytest -m slow` runs it
+@pytest.mark.slow  # 7-23 s in full suites (session 34): `pytest -m slow` runs it
 def test_several_replicas_validate_with_corrupt_records_skipped(make_records, tmp_path):
     """A CRC failure at record 7 of 10 leaves 7 to validate; the batches were sized for 10
     (5 per replica: [4] and [3]) and Keras stopped ("Inputs to operation AddN ... must have

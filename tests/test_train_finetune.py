@@ -155,7 +155,7 @@ def _tiny_backbone_weights(name: str, tmp_path: Path):
     return str(path), model
 
 
-@pytest.mark.slow  # 9-23 s in the full suite (session 34): `pytest -m slow` runs it
+@pytest.mark.slow  # 7-23 s in full suites (session 34): `pytest -m slow` runs it
 def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
     small_records, tmp_path, tiny_backbone_model
 ):
