@@ -1453,16 +1453,50 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
         f"with `petal evaluate WORKDIR --data {small_records}`, or pass image files or a "
         "folder of them."
     )
+    # `petal predict RUN RUN` said the run "holds no image files" and told the user to pass
+    # its TensorBoard events files by name (or, once exported, that it "holds a model
+    # export").
     run = tmp_path / "run"
-    run.mkdir()
-    for name in ("config.json", "history.csv", "best.weights.h5", "model.keras"):
+    (run / "tensorboard" / "train").mkdir(parents=True)
+    for name in ("config.json", "history.csv", "best.weights.h5", "model.keras",
+                 "tensorboard/train/events.out.tfevents.1765000000.host.123.0.v2"):
         (run / name).write_text("x")
+    for export in (False, True):
+        if export:
+            (run / "export" / "saved_model").mkdir(parents=True)
+            (run / "export" / "saved_model" / "saved_model.pb").write_text("x")
+        with pytest.raises(PetalError) as caught:
+            expand_images([run])
+        assert str(caught.value) == (
+            f"Folder {run} is a training run, not a folder of images: the run comes first, "
+            f"then the images (`petal predict {run} IMAGE...`)."
+        )
+    # Without its config.json, the folder's files are named; TensorBoard's are no photos.
+    (run / "config.json").unlink()
+    with pytest.raises(PetalError, match="holds a model export") as caught:
+        expand_images([run])
+    shutil.rmtree(run / "export")
     with pytest.raises(PetalError, match="holds no image files") as caught:
         expand_images([run])
     assert "by name" not in str(caught.value)
     (run / "scan").write_text("x")  # a photo saved without an extension, perhaps
     with pytest.raises(PetalError, match="; pass them by name to predict them;"):
         expand_images([run])
+
+
+def test_predict_refuses_a_file_named_as_a_folder(tmp_path):
+    # `petal predict RUN photo.jpg/` predicted photo.jpg (a Path drops the '/'), where
+    # `cat photo.jpg/` fails: a script that meant a folder went on with a file.
+    from petal.evaluation.predict import expand_images
+
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(b"not read")
+    with pytest.raises(PetalError) as caught:
+        expand_images([f"{photo}/"])
+    assert str(caught.value) == (
+        f"{photo}/ ends with '/' but is a file, not a folder: drop the '/' to predict the file."
+    )
+    assert expand_images([str(photo)]) == [photo]
 
 
 def test_predict_names_each_file_as_it_was_given(trained, small_flowers, tmp_path, monkeypatch):

@@ -27,7 +27,14 @@ from petal.errors import (
     some_files,
 )
 from petal.evaluation.metrics import top_k as best_k
-from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
+from petal.evaluation.workdir import (
+    CONFIG_FILE,
+    RunInfo,
+    load_model,
+    open_run,
+    progress_bar,
+    top_k_for,
+)
 
 
 class _Unreadable(Exception):
@@ -132,6 +139,12 @@ def _expand(
     for given in paths:
         path, written = Path(given), os.fspath(given)
         if not path.is_dir():
+            if written.endswith(("/", os.sep)) and path.exists():
+                # A Path drops the "/" and would read the file; a shell's `cat x.jpg/` fails.
+                raise PetalError(
+                    f"{printable(utf8_name(written))} ends with '/' but is a file, not a "
+                    "folder: drop the '/' to predict the file."
+                )
             files.append((path, written))
             continue
         # Links to folders are followed, as petal convert does; a link back to a folder on
@@ -178,6 +191,12 @@ def _no_images(path: Path, other: list[str], notes: list[str], workdir) -> Petal
     from petal.data.folders import IMAGE_EXTENSIONS
 
     folder = printable(utf8_name(str(path)))
+    if (path / CONFIG_FILE).is_file():
+        # A run's files (model.keras, events.out.tfevents.*) are no photos to pass by name.
+        return PetalError(
+            f"Folder {folder} is a training run, not a folder of images: the run comes first, "
+            f"then the images (`petal predict {shlex.quote(folder)} IMAGE...`)."
+        )
     if _records(path, other):
         run = "WORKDIR" if workdir is None else shlex.quote(str(workdir))
         return PetalError(
@@ -209,7 +228,9 @@ _NOT_PHOTOS = frozenset(
 def _photos(files: list[str]) -> bool:
     """Whether some of ``files`` (not image files by extension) may be photos all the same."""
     return any(
-        (ext := os.path.splitext(f)[1].lower()) not in _NOT_PHOTOS and not ext.startswith(".data-")
+        (ext := os.path.splitext(f)[1].lower()) not in _NOT_PHOTOS
+        and not ext.startswith(".data-")
+        and ".tfevents." not in os.path.basename(f)  # TensorBoard's events.out.tfevents.*
         for f in files
     )
 
