@@ -185,6 +185,14 @@ def train_dataset(
 
     Returns:
         ``tf.data.Dataset`` of ``(images [B, H, W, 3] of dtype, labels)``.
+
+    Raises:
+        PetalError: (when called) an argument is invalid, or ``source`` cannot be opened.
+        tf.errors.OpError: (while iterating) a corrupt record or a file that does not decode,
+            as TensorFlow words it. :func:`petal.data.reader.input_error` (the error, the
+            source, and what you were doing) turns it into a one-line
+            :class:`~petal.errors.PetalError` naming the shard and record or the file, as
+            petal's commands say it; ``skip_corrupt`` skips such input instead.
     """
     src = _open(source)
     _check_context(input_context, skip_corrupt)
@@ -295,6 +303,10 @@ def eval_dataset(
 
     Returns:
         finite ``tf.data.Dataset`` of ``(images [b, H, W, 3] of dtype, labels)``.
+
+    Raises:
+        PetalError: (when called) an argument is invalid, or ``source`` cannot be opened.
+        tf.errors.OpError: (while iterating) as :func:`train_dataset`'s.
     """
     src = _open(source)
     _check_context(input_context, skip_corrupt)
