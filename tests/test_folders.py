@@ -563,6 +563,32 @@ def test_two_class_folders_in_two_unicode_forms_are_refused(tmp_path):
 
 
 
+def test_a_records_folder_is_refused_as_images(tmp_path):
+    """`petal convert RECORDS OUT` (or `petal demo --data RECORDS`) said "No images found
+    under RECORDS: expected class sub-folders": the folder is converted already."""
+    records = tmp_path / "records"
+    records.mkdir()
+    for name in ("train-00000-of-00002-10.tfrec", "train-00001-of-00002-10.tfrec",
+                 "validation-00000-of-00001-5.tfrec", "manifest.json"):
+        (records / name).write_bytes(b"x")
+    fix = ("not images: it is converted already; train, evaluate or inspect it, or pass a "
+           "folder of class sub-folders of images.")
+    with pytest.raises(PetalError) as caught:
+        find_images(str(records))
+    assert str(caught.value) == f"{records} holds records (manifest.json and 3 shard(s)), {fix}"
+    (records / "manifest.json").unlink()  # the codelab's shards: no manifest
+    (records / "train-00001-of-00002-10.tfrec").rename(records / "flowers00-230.TFRecord")
+    with pytest.raises(PetalError) as caught:
+        find_images(str(records))
+    assert str(caught.value) == f"{records} holds records (3 shard(s)), {fix}"
+    # Beside class folders of images, they are the data set's own files: the folder is read.
+    (records / "daisy").mkdir()
+    (records / "daisy" / "1.jpg").write_bytes(b"x")
+    (records / "tulips").mkdir()
+    (records / "tulips" / "1.jpg").write_bytes(b"x")
+    assert find_images(str(records)).classes == ("daisy", "tulips")
+
+
 def test_a_training_run_folder_is_refused_as_data(tmp_path):
     """A run's folder as --data (or convert's SRC) was read as images: its eval/ and plots/
     became classes, and a model trained on the plots."""

@@ -814,6 +814,14 @@ def find_images(
     )
     if not any(by_class.get(c) for c in chosen):
         top = [n for n in ignored if "/" not in n]  # the root's own files
+        shards = [n for n in top if os.path.splitext(n)[1].lower() in (".tfrec", ".tfrecord")]
+        if shards:
+            # petal convert's own output (or codelab shards), given back to it.
+            held = "manifest.json and " * ("manifest.json" in top) + f"{len(shards)} shard(s)"
+            raise PetalError(
+                f"{root} holds records ({held}), not images: it is converted already; train, "
+                "evaluate or inspect it, or pass a folder of class sub-folders of images."
+            )
         if not by_class and (flat := flat_folder_error(root, top)):
             raise flat
         raise PetalError(
