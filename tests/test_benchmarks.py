@@ -681,6 +681,13 @@ def test_bench_input_refuses_one_file_for_json_and_png(small_records, tmp_path, 
             f"petal bench: error: --json and --png both name {same}; pass two file paths."
         ], err
     assert not same.parent.exists()
+    # A folder: --json refused it, --png wrote FOLDER.png beside it.
+    code, err, _ = _bench([str(small_records), "--cases", "jpeg", "--png", str(tmp_path)], capsys)
+    assert code == 2 and err == [
+        f"petal bench: error: --png {tmp_path} is a folder; pass a file name, such as "
+        f"{tmp_path}/chart.png."
+    ], err
+    assert not Path(f"{tmp_path}.png").exists()
 
 
 def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path):

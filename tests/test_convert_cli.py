@@ -239,6 +239,12 @@ def test_inspect_grid_paths(small_records, tmp_path, capsys):
     assert main(["inspect", str(small_records), "--grid", ""]) == 2
     assert _error_line(capsys) == ("petal inspect: error: --grid needs a file name, such as "
                                    "grid.png. Received: --grid ''")
+    # An existing folder, named without its '/': "--grid plots" wrote plots.png beside it.
+    (tmp_path / "plots").mkdir()
+    assert main(["inspect", str(small_records), "--grid", str(tmp_path / "plots")]) == 2
+    assert _error_line(capsys) == (f"petal inspect: error: --grid {tmp_path}/plots is a folder; "
+                                   f"pass a file name, such as {tmp_path}/plots/grid.png.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "gnoext.png", "plots"]
 
 
 def test_inspect_missing_shard_without_verify(small_records, tmp_path, capsys):

@@ -850,7 +850,8 @@ def _image(ex: dict, format: str):
 
 
 def image_path(out: str, option: str = "--grid") -> str:
-    """Where a plot named ``out`` is written: ``.png`` added when it has no extension.
+    """Where a plot named ``out`` is written: ``.png`` added when it has no extension (an
+    existing folder is refused).
 
     One rule for every plot a user names (``inspect --grid``, ``bench input --png``).
 
@@ -863,6 +864,11 @@ def image_path(out: str, option: str = "--grid") -> str:
     if not out.strip() or out.endswith(("/", os.sep)):
         raise PetalError(
             f"{option} needs a file name, such as grid.png. Received: {option} {out!r}"
+        )
+    if os.path.isdir(out):  # not out + ".png" beside it: --json refuses a folder too
+        example = os.path.join(out, "grid.png" if option == "--grid" else "chart.png")
+        raise PetalError(
+            f"{option} {out} is a folder; pass a file name, such as {example}."
         )
     ext = os.path.splitext(out)[1].lower()
     if not ext:
