@@ -272,6 +272,23 @@ def test_a_folder_of_images_says_convert_it_first(small_flowers):
         inspect_records(small_flowers, progress=False)
 
 
+def test_a_run_folder_is_named_as_one(tmp_path):
+    # `petal inspect RUN` said "No readable manifest.json at RUN/manifest.json: not a petal
+    # records folder, or its conversion did not finish (run petal convert again)".
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "confusion_matrix.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (run / "config.json").write_text('{"model": "squeezenet", "resolved": {"classes": ["a"]}}')
+    (run / "history.csv").write_text("epoch,loss\n")
+    with pytest.raises(PetalError) as caught:
+        inspect_records(run, progress=False)
+    assert str(caught.value) == (
+        f"{run} is the work directory of a `petal train` run, not records; pass a records "
+        "folder (petal convert writes one) or codelab shards (their folder, or a glob such as "
+        "DIR/*.tfrec)."
+    )
+
+
 def test_petal_shards_without_their_manifest_are_not_codelab_shards(make_records):
     folder = make_records(counts={"train": [4], "validation": [2]}, manifest=False)
     # Said as training and evaluate say it: what is missing and how to get it back.

@@ -1458,9 +1458,10 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
     # export").
     run = tmp_path / "run"
     (run / "tensorboard" / "train").mkdir(parents=True)
-    for name in ("config.json", "history.csv", "best.weights.h5", "model.keras",
+    for name in ("history.csv", "best.weights.h5", "model.keras",
                  "tensorboard/train/events.out.tfevents.1765000000.host.123.0.v2"):
         (run / name).write_text("x")
+    (run / "config.json").write_text('{"model": "squeezenet", "resolved": {"classes": ["a"]}}')
     for export in (False, True):
         if export:
             (run / "export" / "saved_model").mkdir(parents=True)
@@ -1471,8 +1472,8 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
             f"Folder {run} is a training run, not a folder of images: the run comes first, "
             f"then the images (`petal predict {run} IMAGE...`)."
         )
-    # Without its config.json, the folder's files are named; TensorBoard's are no photos.
-    (run / "config.json").unlink()
+    # Without petal's config.json, the folder's files are named; TensorBoard's are no photos.
+    (run / "config.json").write_text('{"license": "CC-BY"}')  # a data set's own file
     with pytest.raises(PetalError, match="holds a model export") as caught:
         expand_images([run])
     shutil.rmtree(run / "export")

@@ -665,9 +665,9 @@ def is_run_config(saved) -> bool:
     return isinstance(resolved, dict) and "classes" in resolved
 
 
-def _petal_run_config(root: str) -> bool:
+def holds_run_config(root: str) -> bool:
     """Whether ``root``'s config.json is petal train's (:func:`is_run_config`), not a data
-    set's own file of that name."""
+    set's own file of that name: ``root`` is a run's folder."""
     try:
         return is_run_config(json.loads(read_bytes(join(root, "config.json"))))
     except (OSError, ValueError):  # StoreError is an OSError; UnicodeDecodeError a ValueError
@@ -732,7 +732,7 @@ def find_images(
                 "fix its permissions, or move it out of the source."
             ) from err
         raise PetalError(f"Cannot list the source folder ({err}). Received: source={root}") from err
-    if "config.json" in ignored and _RUN_FILES & set(ignored) and _petal_run_config(root):
+    if "config.json" in ignored and _RUN_FILES & set(ignored) and holds_run_config(root):
         # Its eval/ and plots/ were read as classes of a few PNGs, and a model trained on them.
         raise PetalError(
             f"{root} is the work directory of a `petal train` run (config.json, "

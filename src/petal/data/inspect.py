@@ -191,6 +191,10 @@ def _codelab_source(path: str):
             raise PetalError(f"{path} is a file, not a records folder; {what}.") from None
         if any(schema.is_shard_file(name) for name in _names(path)):
             raise  # shards that training cannot read either: its reason is the precise one
+        if folders.holds_run_config(path):  # not "no readable manifest.json"
+            raise PetalError(
+                f"{path} is the work directory of a `petal train` run, not records; {what}."
+            ) from None
         return None  # read_manifest says what is missing
     if source.kind == "folder":
         raise PetalError(

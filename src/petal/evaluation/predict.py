@@ -28,7 +28,6 @@ from petal.errors import (
 )
 from petal.evaluation.metrics import top_k as best_k
 from petal.evaluation.workdir import (
-    CONFIG_FILE,
     RunInfo,
     load_model,
     open_run,
@@ -188,10 +187,10 @@ def _no_images(path: Path, other: list[str], notes: list[str], workdir) -> Petal
     """Why the folder ``path`` (its non-image files ``other``) gives predict nothing: it holds
     records (evaluate the run on them), an export, or no image files (what is there but
     not read is the fix: said in the one line of the error)."""
-    from petal.data.folders import IMAGE_EXTENSIONS
+    from petal.data.folders import IMAGE_EXTENSIONS, holds_run_config
 
     folder = printable(utf8_name(str(path)))
-    if (path / CONFIG_FILE).is_file():
+    if holds_run_config(str(path)):
         # A run's files (model.keras, events.out.tfevents.*) are no photos to pass by name.
         return PetalError(
             f"Folder {folder} is a training run, not a folder of images: the run comes first, "
