@@ -1152,6 +1152,19 @@ def test_evaluate_refuses_an_out_folder_inside_the_data(trained, tmp_path):
     assert [p.name for p in photos.iterdir()] == ["daisy"]
 
 
+def test_evaluate_on_a_run_folder_names_it_as_a_run(trained):
+    # `petal evaluate RUN --data RUN` said "The evaluation folder RUN/eval is inside the data
+    # RUN; pass --out a folder outside it"; with --out elsewhere, the run was named.
+    from petal.evaluation.evaluate import evaluate
+
+    with pytest.raises(PetalError) as caught:
+        evaluate(trained, trained, log=lambda line: None)
+    assert str(caught.value) == (
+        f"--data {trained} is the work directory of a `petal train` run, not data; pass --data "
+        "a records folder, codelab shards or a folder of class sub-folders of images."
+    )
+
+
 def test_evaluate_cli_names_a_missing_training_data_path_and_the_fix(trained, tmp_path, capsys):
     import shutil
 

@@ -23,6 +23,7 @@ from petal.data.folders import (
     expand_home,
     find_images,
     held_output,
+    holds_run_config,
     is_http,
     is_remote,
     is_within,
@@ -162,6 +163,12 @@ def evaluate(
     for name in WRITTEN:
         check_not_in_the_way(out / name, False, f"the evaluation writes its {name}",
                              "move it away or pass --out another folder.")
+    if not is_remote(str(data)) and holds_run_config(str(data)):
+        # Before the check below, which said the run's own eval/ is "inside the data".
+        raise PetalError(
+            f"--data {data} is the work directory of a `petal train` run, not data; pass "
+            "--data a records folder, codelab shards or a folder of class sub-folders of images."
+        )
     if is_within(out, data):
         # In an image folder, a folder of plots would be read as a class of its own.
         raise PetalError(
