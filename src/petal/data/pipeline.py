@@ -152,7 +152,9 @@ def train_dataset(
             as ``"rams"``, is refused as misspelt: ``"./rams"``), or ``"off"``/None.
         shuffle_buffer: elements in the shuffle buffer. (Uncached data read over http is an
             endless stream: a pass no larger than the buffer is shuffled whole instead.)
-        seed: makes shuffling and augmentation reproducible; None draws one.
+        seed: makes shuffling and augmentation reproducible; None draws one. Every cache
+            (RAM, disk, a folder) gives the same batches; ``cache="off"`` others (it shuffles
+            the order of the shards too, as it reads them).
         deterministic: keep element order fixed; default True when ``seed`` is given.
         label_mode: ``"one_hot"`` (float32 ``[B, C]``) or ``"sparse"`` (int32 ``[B]``).
         normalization: ``"unit"`` (0..1), ``"symmetric"`` (-1..1), ``"imagenet"`` (mean/std)
