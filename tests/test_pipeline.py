@@ -202,6 +202,16 @@ def test_cache_modes_yield_the_same_images(records, tmp_path):
         seen[cache] = [sorted(_ids(x)) for x, _ in ds.take(2)]
     assert seen["off"] == seen["ram"] == seen[str(tmp_path / "cache")]
     assert any(p.name.startswith("train-") for p in (tmp_path / "cache").iterdir())
+    # Every cache gives a seed's batches, order and augmentation (train_dataset's docstring);
+    # "off" shuffles the shards' order too.
+    batches = {
+        cache: [np.asarray(x) for x, _ in train_dataset(
+            str(records), batch_size=4, seed=3, cache=cache, normalization="raw").take(6)]
+        for cache in ["ram", "disk", str(tmp_path / "cache"), "off"]
+    }  # fmt: skip
+    ram, disk, folder, off = (np.stack(b) for b in batches.values())
+    assert np.array_equal(ram, disk) and np.array_equal(ram, folder)
+    assert not np.array_equal(ram, off)
 
 
 def test_a_folder_cache_holds_pixels_of_one_fitting_and_one_version_of_the_photos(
