@@ -191,6 +191,41 @@ def test_exif_orientation_is_applied():
     assert (encoded.height, encoded.width) == (40, 20) and encoded.data != data
 
 
+def _data_ending_early(jpeg: bytes) -> bytes:
+    """``jpeg`` with an end-of-image marker over its scan's middle: libjpeg decodes the rest
+    as grey, with a warning only ("premature end of data segment")."""
+    scan = jpeg.index(b"\xff\xda")
+    cut = scan + (len(jpeg) - scan) // 2
+    return jpeg[:cut] + b"\xff\xd9" + jpeg[cut + 2 :]
+
+
+def test_a_jpeg_whose_data_end_early_is_refused_not_half_grey():
+    # PIL decoded it without a word, the lower half grey, and convert wrote it.
+    damaged = _data_ending_early(_jpeg(_photo(64, 64, seed=5)))
+    grey = np.asarray(Image.open(io.BytesIO(damaged)).convert("RGB"))
+    assert (grey[-8:] == 128).all()  # what PIL gives
+    with pytest.raises(images.ImageError) as caught:
+        images.decode_rgb(damaged)
+    assert str(caught.value) == (
+        "corrupt or truncated image: Corrupt JPEG data: premature end of data segment"
+    )
+
+
+@pytest.mark.parametrize(
+    "options", [{"subsampling": 0}, {"subsampling": 1}, {"subsampling": 2, "optimize": True},
+                {"progressive": True}, {"grey": True}, {"quality": 40, "subsampling": 2}],
+)  # fmt: skip
+def test_plain_jpegs_decode_to_pils_pixels(options):
+    """Plain JPEGs decode through simplejpeg (half PIL's time): PIL's pixels, every sampling."""
+    options = dict(options)
+    pixels = _photo(37, 53, seed=9)
+    image = Image.fromarray(pixels).convert("L") if options.pop("grey", False) else None
+    data = _encode(image or Image.fromarray(pixels), "JPEG", **{"quality": 90, **options})
+    decoded, opened, plain = images.decode_rgb(data)
+    assert plain and decoded.shape == (37, 53, 3) and decoded.dtype == np.uint8
+    assert np.array_equal(decoded, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+
+
 def test_jpeg_without_chroma_subsampling_and_plain_jpeg_kept():
     data = images.encode_jpeg(_photo(16, 16))
     assert JpegImagePlugin.get_sampling(Image.open(io.BytesIO(data))) == 0  # 4:4:4
@@ -811,6 +846,7 @@ def zoo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     good = _jpeg(_photo(40, 48, seed=30))
     (b / "empty.jpg").write_bytes(b"")
     (b / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (b / "half grey.jpg").write_bytes(_data_ending_early(good))
     (b / "random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
     (b / "text.JPG").write_text("hello, I am not a photo\n")
     Image.new("L", (1500, 1000)).save(b / "bomb.png")
@@ -820,6 +856,7 @@ def zoo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     reasons = {
         "b/empty.jpg": "empty file",
         "b/truncated.jpg": "corrupt or truncated",
+        "b/half grey.jpg": "corrupt or truncated",
         "b/random.jpg": "not an image",
         "b/text.JPG": "not an image",
         "b/bomb.png": "too many pixels",
@@ -845,8 +882,8 @@ def test_bad_inputs_are_skipped_with_reasons(zoo, tmp_path):
         "too many pixels (HxW 1000x1500 = 1,500,000 > max_pixels 1,000,000, a guard against "
         "decompression bombs): --max-pixels N accepts larger images"
     )
-    assert m["images_found"] == 20 == m["written"] + len(m["skipped"])
-    assert summary.written == 12 and summary.skipped == 8 and m["ignored_files"] == 1
+    assert m["images_found"] == 21 == m["written"] + len(m["skipped"])
+    assert summary.written == 12 and summary.skipped == 9 and m["ignored_files"] == 1
     by_name = {r["filename"]: r for r in _records(tmp_path / "out")}
     assert "a/été en fleur ü.jpg" in by_name
     anim = _pixels(by_name["a/anim.gif"], "raw")
