@@ -912,6 +912,26 @@ def test_nothing_readable(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_records_of_one_class_are_refused(tmp_path):
+    # Every file of one class skipped: exit 0 with a warning, and records of one class that
+    # no classifier trains on; a source of one class folder is refused.
+    source = tmp_path / "src"
+    for c in ("cats", "dogs"):
+        (source / c).mkdir(parents=True)
+    for i in range(4):
+        (source / "cats" / f"{i}.jpg").write_bytes(_jpeg(_photo(20, 20, seed=i)))
+    (source / "dogs" / "d1.jpg").write_bytes(b"")
+    (source / "dogs" / "d2.jpg").write_text("no")
+    with pytest.raises(PetalError) as caught:
+        convert(source, tmp_path / "out", workers=1, progress=False)
+    assert str(caught.value) == (
+        f"Only class 'cats' of the 2 under {source} has images that could be converted: every "
+        "file of dogs was skipped (e.g. dogs/d1.jpg: empty file (0 bytes)), and a classifier "
+        "needs two classes; replace those files, or add a class, then convert again."
+    )
+    assert not (tmp_path / "out").exists()
+
+
 # --- refused operations: one line, nothing written ---------------------------------------------------
 
 

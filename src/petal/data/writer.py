@@ -1479,6 +1479,21 @@ def _nothing_usable(source: str, skipped: list[dict]) -> str:
     )
 
 
+def _one_class_left(source: str, splits, kept: set[int], skipped: list[dict]) -> str:
+    """The error for a conversion whose records would hold one class (labels ``kept``):
+    every file of the others was skipped, so no classifier can train on them."""
+    label = {item.file.relpath: item.file.label for items in splits.values() for item in items}
+    name = {item.file.label: item.file.relpath.split("/", 1)[0] for items in splits.values() for item in items}
+    lost = sorted(set(name) - kept)
+    example = min((s for s in skipped if label.get(s["file"]) in lost), key=lambda s: s["file"])
+    return (
+        f"Only class {name[min(kept)]!r} of the {len(name)} under {source} has images that "
+        f"could be converted: every file of {some_names([name[c] for c in lost])} was skipped "
+        f"(e.g. {printable(example['file'])}: {example['reason']}), and a classifier needs two "
+        "classes; replace those files, or add a class, then convert again."
+    )
+
+
 def _write(
     source: str,
     output: str,
@@ -1519,6 +1534,8 @@ def _write(
             shards = write(source, output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
+        if len(kept := set().union(*(s["per_class"] for s in shards.values()))) < 2:
+            raise PetalError(_one_class_left(source, splits, kept, skipped))
         if not any(split == "train" for split, _ in shards):
             train_files = {item.file.relpath for item in splits["train"]}
             example = next(s for s in skipped if s["file"] in train_files)
