@@ -814,9 +814,19 @@ def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):
 def test_empty_train_split_is_refused(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 2)
-    with pytest.raises(PetalError, match="The train split would be empty: val_fraction=0.9"):
-        convert(src, tmp_path / "out", image_size=8, val_fraction=0.9, workers=1, progress=False)
-    assert not (tmp_path / "out").exists()
+    for extra in ("", ", and 1 more cannot be read"):
+        # It said "all 4 readable images" of files none of which was yet decoded.
+        with pytest.raises(PetalError) as caught:
+            convert(src, tmp_path / "out", image_size=8, val_fraction=0.9, workers=1,
+                    progress=False)  # fmt: skip
+        assert str(caught.value) == (
+            f"The train split would be empty: val_fraction=0.9 sends all 4 image files under "
+            f"{src} to validation (each class's share is rounded){extra}; lower --val-fraction "
+            "or add images."
+        )
+        assert not (tmp_path / "out").exists()
+        if not extra:
+            (src / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")  # not read: skipped
 
 
 # --- bad input -------------------------------------------------------------------------------------

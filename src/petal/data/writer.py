@@ -1257,8 +1257,10 @@ def convert(
             if not splits["train"]:
                 raise PetalError(
                     f"The train split would be empty: val_fraction={val_fraction} sends all "
-                    f"{len(probed)} readable images under {source} to validation (each class's "
-                    "share is rounded); lower --val-fraction or add images."
+                    f"{len(probed)} image files under {source} to validation (each class's "
+                    "share is rounded)" + (f", and {len(skipped)} more cannot be read"
+                                           if skipped else "")
+                    + "; lower --val-fraction or add images."
                 )
             shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
 
