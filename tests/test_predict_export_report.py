@@ -672,6 +672,14 @@ def test_class_names_with_dollars_are_drawn_as_written(trained, tmp_path, capsys
     assert "price_$1_to_$5" in page
 
 
+def test_a_class_name_holding_a_control_character_is_drawn_escaped(capsys):
+    # A newline in a class name: plots drew "class 0" and told the user to install CJK fonts.
+    from petal.display import plot_labels
+
+    assert plot_labels(["new\nline", "tab\there", "ok"]) == ["new\\nline", "tab\\there", "ok"]
+    assert capsys.readouterr().err == ""
+
+
 def test_report_does_not_call_eval_json_damaged_for_a_plot_it_cannot_draw(
     trained, tmp_path, capsys, monkeypatch
 ):

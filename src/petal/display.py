@@ -90,10 +90,12 @@ def literal(text: str) -> str:
 
 
 def plot_labels(classes: Sequence[str]) -> list[str]:
-    """The class names to draw (:func:`literal`): each name, or ``class N`` for one the
-    installed fonts cannot draw (said once per set of names on stderr)."""
-    labels = [c if can_draw(c) else f"class {i}" for i, c in enumerate(classes)]
-    missing = tuple(c for c, label in zip(classes, labels, strict=True) if c != label)
+    """The class names to draw (:func:`literal`): each name (a control character in it
+    escaped, as ``\\n``: no font draws one), or ``class N`` for one the installed fonts
+    cannot draw (said once per set of names on stderr)."""
+    shown = [printable(c) for c in classes]
+    labels = [s if can_draw(s) else f"class {i}" for i, s in enumerate(shown)]
+    missing = tuple(c for c, s, label in zip(classes, shown, labels, strict=True) if s != label)
     if missing:
         _warn_once(missing, tuple(labels[list(classes).index(c)] for c in missing))
     return [literal(label) for label in labels]
