@@ -262,8 +262,12 @@ def test_workdir_rules(tmp_path):
         (run / name).write_text("x")
     prepare_workdir(run, resume=True, overwrite=False)  # leaves everything alone
     assert (run / "last.keras").exists()
-    prepare_workdir(run, resume=False, overwrite=True)
+    said = []
+    prepare_workdir(run, resume=False, overwrite=True, log=said.append)
     assert not (run / "config.json").exists() and not (run / "eval").exists()
+    # It deleted the run without a word: a new run stopped in its first epoch left neither.
+    assert said == [f"petal train: --overwrite: deleting the run in {run} (config.json, "
+                    "history.csv, last.keras)"]
     assert (run / "records" / "manifest.json").exists()  # not ours: kept
     (tmp_path / "file").write_text("x")
     with pytest.raises(PetalError, match="is a file"):

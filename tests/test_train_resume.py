@@ -577,3 +577,28 @@ def test_a_finished_run_given_a_checkpoint_change_is_not_sent_to_more_epochs(
     )
     with pytest.raises(PetalError, match=r"batch_size 10 -> 5\. Pass --epochs 2 or more"):
         train(cfg.replace(batch_size=5), workdir, resume=True, **QUIET)
+
+
+def test_a_resume_stopped_before_it_saved_an_epoch_leaves_config_json_as_it_was(
+    small_records, tmp_path, monkeypatch
+):
+    """`--resume --epochs 40` stopped in its first epoch rewrote config.json all the same:
+    a plain `--resume` later trained the 39 epochs the user had given up."""
+    from petal.training.callbacks import Checkpointer
+
+    workdir = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, workdir, **QUIET)
+    before = (workdir / "config.json").read_bytes()
+
+    def stopped(self, epoch, logs):
+        raise Interrupt("Ctrl-C before the epoch is saved")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "_save", stopped)
+        with pytest.raises(Interrupt):
+            train(cfg.replace(epochs=40, learning_rate=0.5), workdir, resume=True, **QUIET)
+    assert (workdir / "config.json").read_bytes() == before
+    train(cfg.replace(epochs=2), workdir, resume=True, **QUIET)  # saved with its epoch
+    assert json.loads((workdir / "config.json").read_text())["epochs"] == 2
+    assert json.loads((workdir / "state.json").read_text())["epoch"] == 2

@@ -324,6 +324,8 @@ class Checkpointer(keras.callbacks.Callback):
         nan_guard: epochs with a non-finite loss are not checkpointed.
         saved: called once an epoch is saved (to print its line), before a Ctrl-C or
             SIGTERM that came meanwhile stops training.
+        before_state: called before each ``state.json`` is written (a resume's
+            ``config.json``, with its first saved epoch).
     """
 
     def __init__(
@@ -333,6 +335,7 @@ class Checkpointer(keras.callbacks.Callback):
         clock: Callable[[], float] | None = None,
         nan_guard: NanGuard | None = None,
         saved: Callable[[], None] | None = None,
+        before_state: Callable[[], None] | None = None,
     ):
         super().__init__()
         self.workdir = Path(workdir)
@@ -340,6 +343,7 @@ class Checkpointer(keras.callbacks.Callback):
         self.clock = clock
         self.nan_guard = nan_guard
         self.saved = saved
+        self.before_state = before_state
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -370,6 +374,8 @@ class Checkpointer(keras.callbacks.Callback):
             state["wall_seconds"] = round(self.clock(), 2)
         try:
             save_atomically(self.workdir / "last.keras", self.model.save)
+            if self.before_state is not None:
+                self.before_state()
             write_json(self.workdir / "state.json", state)
         except BaseException as err:
             # The epoch is not saved: its best weights are not kept either.

@@ -366,6 +366,9 @@ def prepare_workdir(
     if overwrite or failed_start:
         if failed_start and log is not None:
             log(f"petal train: {workdir} held a run that completed no epoch; starting it again")
+        elif found and log is not None:
+            # Said: a new run stopped before its first epoch leaves neither run.
+            log(f"petal train: --overwrite: deleting the run in {workdir} ({', '.join(found)})")
         _remove_run(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
@@ -1938,6 +1941,13 @@ def _train(
         # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
         # the checkpoint does not fit must not replace the one it does.
         config_saved = finished and not ended_early
+
+        def save_config_once() -> None:
+            nonlocal config_saved
+            if not config_saved:
+                save_config(cfg, workdir / "config.json", **resolved)
+                config_saved = True
+
         if resume:
             truncate_history(history_path, start_epoch)
         loaded = False
@@ -1981,9 +1991,10 @@ def _train(
                         counted = keras.ops.convert_to_numpy(model.optimizer.iterations)
                         skipped = max(0, epochs_in * was_steps - int(counted))
                     model.optimizer.iterations.assign(max(0, epochs_in * steps - skipped))
-            if not config_saved:
-                save_config(cfg, workdir / "config.json", **resolved)
-                config_saved = True
+            if not resume:
+                save_config_once()  # marks the folder as this run's before it trains
+            # A resume's settings, at its first saved epoch: one stopped before then left
+            # config.json with its --epochs and --set (a plain --resume took them up).
             state["phase"] = phase.name
             # This session's (or phase's) first epoch includes tracing and compilation.
             first = max(phase.start, start_epoch) + 1
@@ -2012,7 +2023,8 @@ def _train(
                 # none to resume from). An epoch a non-finite loss stopped is not saved, and
                 # gets no line.
                 Checkpointer(
-                    workdir, state, clock=clock, nan_guard=nan_guard, saved=writer.announce
+                    workdir, state, clock=clock, nan_guard=nan_guard, saved=writer.announce,
+                    before_state=save_config_once,
                 ),
             ]
             if phase.name == "full":
@@ -2070,8 +2082,7 @@ def _train(
                 compile_for(last)
                 model.optimizer.build(model.trainable_variables)
                 _load_checkpoint(model, workdir)
-            if not config_saved:  # ended early: the epochs it ended at
-                save_config(cfg, workdir / "config.json", **resolved)
+            save_config_once()  # ended early: the epochs it ended at
     except BaseException:
         if unmark is not None:
             unmark()
