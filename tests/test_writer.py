@@ -769,6 +769,7 @@ def test_skipped_copies_under_two_classes_are_not_a_contradiction(tmp_path):
     summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
     assert [s["file"] for s in summary.manifest["skipped"]] == ["a/broken.jpg", "b/broken.jpg"]
     assert summary.manifest["duplicates_across_classes"] == []
+    assert summary.manifest["duplicates"] == 0  # was 1: a copy never written
     assert summary.warnings == []
     from petal.data.inspect import inspect_records
 

@@ -1743,14 +1743,16 @@ def _manifest(
     copies: dict[str, list[folders.ImageFile]] = {}
     for p in probed:
         copies.setdefault(p.content, []).append(p.file)
-    duplicates = len(probed) - len(copies)
     # The same photo under two classes is written once per class, each time with its own
     # label: the records then contradict themselves. Listed, so the user can keep one.
-    # Copies that were skipped (the same unreadable bytes twice) wrote no label.
+    # Copies that were skipped (the same unreadable bytes twice) wrote no label, nor count
+    # among the duplicates written.
     not_written = {s["file"] for s in skipped}
     conflicting = []
+    duplicates = 0
     for group in copies.values():
         group = [f for f in group if f.relpath not in not_written]
+        duplicates += max(len(group) - 1, 0)
         if len({f.label for f in group}) > 1:
             conflicting.append(sorted(f.relpath for f in group))
     conflicting.sort()
