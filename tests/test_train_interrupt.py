@@ -252,3 +252,46 @@ def test_weights_to_a_path_keras_counts_as_remote_are_saved_by_keras(tmp_path, m
     again.load_weights(tmp_path / "a.weights.h5")
     pairs = zip(model.get_weights(), again.get_weights(), strict=True)
     assert all((a == b).all() for a, b in pairs)
+
+
+def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
+    small_records, tmp_path, monkeypatch
+):
+    """--overwrite deleted the finished run first: a new run stopped in its first epoch (a
+    corrupt record, Ctrl-C, a NaN loss) left neither, only its own config.json and
+    history.csv."""
+    from petal.training.callbacks import Checkpointer
+    from petal.training.loop import train
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1,
+                      tensorboard=True)  # fmt: skip
+    train(cfg, run, log=lambda line: None)
+    (run / "eval").mkdir()
+    (run / "eval" / "eval.json").write_text("{}")  # an evaluation's
+    (run / "eval" / "notes.txt").write_text("mine")  # the user's: stays where it is
+    kept = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+    def stopped(self, epoch, logs):
+        raise Interrupt("Ctrl-C before the epoch is saved")
+
+    said = []
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "_save", stopped)
+        with pytest.raises(Interrupt):
+            train(cfg.replace(learning_rate=0.5), run, overwrite=True, log=said.append)
+    back = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert back == kept and not (run / ".petal-replaced").exists()
+    assert (f"petal train: --overwrite: replacing the run in {run} (config.json, history.csv, "
+            "state.json, metrics.json, best.weights.h5, last.keras, model.keras)") in said
+    assert said[-1] == (f"petal train: no epoch was saved: the run --overwrite replaced is back "
+                        f"in {run}")
+    with pytest.raises(PetalError, match="NaN/inf at epoch 1/1"):  # stopped before a save too
+        train(cfg.replace(learning_rate=1e30, optimizer="sgd", schedule="constant",
+                          schedule_options={}), run, overwrite=True, log=lambda line: None)
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
+    # Once the new run saves an epoch, the old one is gone.
+    train(cfg.replace(learning_rate=0.5), run, overwrite=True, log=lambda line: None)
+    assert json.loads((run / "config.json").read_text())["learning_rate"] == 0.5
+    assert not (run / ".petal-replaced").exists() and not (run / "eval" / "eval.json").exists()
+    assert (run / "eval" / "notes.txt").read_text() == "mine"

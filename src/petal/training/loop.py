@@ -242,6 +242,57 @@ def _remove_run(workdir: Path) -> None:
             folder.rmdir()
 
 
+# Where --overwrite keeps the run it replaces until the new one saves its first epoch: one
+# stopped before then (a corrupt record, Ctrl-C, a NaN loss) puts it back.
+REPLACED_DIR = ".petal-replaced"
+
+
+def _set_aside_run(workdir: Path) -> None:
+    """Move the files and folders a run writes (:func:`_remove_run`'s) into
+    ``workdir/.petal-replaced``, keeping their places there; the user's files stay."""
+    aside = workdir / REPLACED_DIR
+    if aside.exists():  # an earlier --overwrite's, which a kill left: replaced too
+        shutil.rmtree(aside)
+    for name in RUN_FILES:
+        temporary_name(workdir / name).unlink(missing_ok=True)
+        if (workdir / name).exists() or (workdir / name).is_symlink():
+            aside.mkdir(exist_ok=True)
+            os.replace(workdir / name, aside / name)
+    for name in RUN_DIRS:
+        folder = workdir / name
+        for entry in _petals_files_in(folder):
+            if (folder / entry).exists() or (folder / entry).is_symlink():
+                (aside / name / entry).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(folder / entry, aside / name / entry)
+        with contextlib.suppress(OSError):  # left in place while it holds the user's files
+            folder.rmdir()
+
+
+def _restore_run(workdir: Path, log: Callable[[str], None]) -> None:
+    """Put back the run an --overwrite set aside (:func:`_set_aside_run`), in place of the
+    new run's files, when the new run saved no epoch; nothing when none is set aside."""
+    aside = workdir / REPLACED_DIR
+    if not aside.is_dir():
+        return
+    _remove_run(workdir)
+    for name in RUN_FILES:
+        if (aside / name).exists() or (aside / name).is_symlink():
+            os.replace(aside / name, workdir / name)
+    for name in RUN_DIRS:
+        if (aside / name).is_dir():
+            (workdir / name).mkdir(exist_ok=True)
+            for entry in os.listdir(aside / name):
+                os.replace(aside / name / entry, workdir / name / entry)
+    shutil.rmtree(aside, ignore_errors=True)
+    log(f"petal train: no epoch was saved: the run --overwrite replaced is back in {workdir}")
+
+
+def _drop_replaced(workdir: Path) -> None:
+    """Delete the run an --overwrite set aside, once the new run saved an epoch."""
+    if (workdir / REPLACED_DIR).is_dir():
+        shutil.rmtree(workdir / REPLACED_DIR, ignore_errors=True)
+
+
 def _petals_files_in(folder: Path) -> list[str]:
     """The names petal wrote in the run's sub-folder ``folder`` (:data:`RUN_DIRS`): a run's
     and its report's (:data:`RUN_DIR_FILES`), an evaluation's, or what the export's
@@ -308,6 +359,7 @@ def prepare_workdir(
     overwrite: bool,
     clear: bool = True,
     log: Callable[[str], None] | None = None,
+    set_aside: bool = False,
 ) -> None:
     """Refuse to mix runs: a work directory holding a run needs ``resume`` or ``overwrite``.
 
@@ -319,7 +371,10 @@ def prepare_workdir(
         resume: continue the run it holds.
         overwrite: delete the files of the run it holds (other files are kept).
         clear: ``False`` only checks, changing nothing (so later errors leave it intact).
-        log: told when the files of a failed start are deleted.
+        log: told when the files of a failed start, or of the run ``overwrite`` replaces,
+            are deleted (set aside).
+        set_aside: ``overwrite`` moves the run into ``.petal-replaced`` instead of deleting
+            it (:func:`train` puts it back when the new run saves no epoch).
     """
     if resume and overwrite:
         raise PetalError(
@@ -367,9 +422,12 @@ def prepare_workdir(
         if failed_start and log is not None:
             log(f"petal train: {workdir} held a run that completed no epoch; starting it again")
         elif found and log is not None:
-            # Said: a new run stopped before its first epoch leaves neither run.
-            log(f"petal train: --overwrite: deleting the run in {workdir} ({', '.join(found)})")
-        _remove_run(workdir)
+            done = "replacing" if set_aside else "deleting"
+            log(f"petal train: --overwrite: {done} the run in {workdir} ({', '.join(found)})")
+        if overwrite and set_aside:
+            _set_aside_run(workdir)
+        else:
+            _remove_run(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
 
@@ -1936,7 +1994,7 @@ def _train(
             raise _no_backbone(cfg)
         total_params, _ = count_params(model)
         # Everything checked and built: only now touch the work directory.
-        prepare_workdir(workdir, resume, overwrite, log=log)
+        prepare_workdir(workdir, resume, overwrite, log=log, set_aside=True)
         unmark = _mark_running(workdir)
         # A resumed run's config.json is rewritten once its checkpoint has loaded: a config
         # the checkpoint does not fit must not replace the one it does.
@@ -2023,7 +2081,9 @@ def _train(
                 # none to resume from). An epoch a non-finite loss stopped is not saved, and
                 # gets no line.
                 Checkpointer(
-                    workdir, state, clock=clock, nan_guard=nan_guard, saved=writer.announce,
+                    workdir, state, clock=clock, nan_guard=nan_guard,
+                    # The epoch saved: an --overwrite's old run is let go (its line first).
+                    saved=lambda announce=writer.announce: (announce(), _drop_replaced(workdir)),
                     before_state=save_config_once,
                 ),
             ]
@@ -2085,6 +2145,8 @@ def _train(
             save_config_once()  # ended early: the epochs it ended at
     except BaseException:
         if unmark is not None:
+            if not state.get("epoch"):  # before the marker goes: no second run meanwhile
+                _restore_run(workdir, log)
             unmark()
         raise
     finally:
@@ -2136,6 +2198,10 @@ def _train(
         with signals_held():
             save_atomically(workdir / "model.keras", model.save)
             write_json(workdir / "metrics.json", metrics)
+    except BaseException:
+        if not state.get("epoch"):  # a NaN loss in the first epoch: none saved
+            _restore_run(workdir, log)
+        raise
     finally:
         unmark()
     earlier = [name for name in ("eval", "export") if resume and (workdir / name).is_dir()]
