@@ -940,6 +940,15 @@ def test_records_of_one_class_are_refused(tmp_path):
         "file of dogs was skipped (e.g. dogs/d1.jpg: empty file (0 bytes)), and a classifier "
         "needs two classes; replace those files, or add a class, then convert again."
     )
+    # A class whose files were skipped before the split (a link that leads nowhere) counts.
+    (source / "ants").mkdir()
+    (source / "ants" / "a.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    with pytest.raises(PetalError) as caught:
+        convert(source, tmp_path / "out", workers=2, progress=False)
+    assert str(caught.value).startswith(
+        f"Only class 'cats' of the 3 under {source} has images that could be converted: every "
+        "file of ants, dogs was skipped (e.g. ants/a.jpg: unreadable"
+    )
     assert not (tmp_path / "out").exists()
 
 

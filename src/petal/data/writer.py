@@ -1289,7 +1289,7 @@ def convert(
                 with contextlib.ExitStack() as finish:
                     written = _write(
                         source, output, splits, shard_counts, options, mapper, progress,
-                        skipped, resplit, finish,
+                        skipped, resplit, finish, folder,
                     )  # fmt: skip
                     manifest = _manifest(
                         source, folder, recorded, classes, written, skipped, probed
@@ -1481,18 +1481,21 @@ def _nothing_usable(source: str, skipped: list[dict]) -> str:
     )
 
 
-def _one_class_left(source: str, splits, kept: set[int], skipped: list[dict]) -> str:
-    """The error for a conversion whose records would hold one class (labels ``kept``):
-    every file of the others was skipped, so no classifier can train on them."""
-    label = {item.file.relpath: item.file.label for items in splits.values() for item in items}
-    name = {item.file.label: item.file.relpath.split("/", 1)[0] for items in splits.values() for item in items}
-    lost = sorted(set(name) - kept)
-    example = min((s for s in skipped if label.get(s["file"]) in lost), key=lambda s: s["file"])
+def _one_class_left(source: str, folder, kept: set[int], skipped: list[dict]) -> str:
+    """The error for a conversion whose records would hold one class of ``folder``'s (labels
+    ``kept``): every file of the others was skipped, so no classifier can train on them."""
+    classes = folder.classes
+    label = {f.relpath: f.label for f in folder.files}
+    lost = [i for i in range(len(classes)) if i not in kept]
+    example = min(
+        (s for s in skipped if label.get(s["file"]) in lost), key=lambda s: s["file"], default=None
+    )
+    why = f" (e.g. {printable(example['file'])}: {example['reason']})" if example else ""
     return (
-        f"Only class {name[min(kept)]!r} of the {len(name)} under {source} has images that "
-        f"could be converted: every file of {some_names([name[c] for c in lost])} was skipped "
-        f"(e.g. {printable(example['file'])}: {example['reason']}), and a classifier needs two "
-        "classes; replace those files, or add a class, then convert again."
+        f"Only class {classes[min(kept)]!r} of the {len(classes)} under {source} has images "
+        f"that could be converted: every file of {some_names([classes[i] for i in lost])} was "
+        f"skipped{why}, and a classifier needs two classes; replace those files, or add a "
+        "class, then convert again."
     )
 
 
@@ -1507,6 +1510,7 @@ def _write(
     skipped: list[dict],
     resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
     finish: contextlib.ExitStack | None = None,
+    folder: folders.ImageFolder | None = None,
 ) -> dict[str, list[dict]]:
     """Pass 2: converts and writes every shard; returns per split its shards' entries.
 
@@ -1536,8 +1540,9 @@ def _write(
             shards = write(source, output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
-        if len(kept := set().union(*(s["per_class"] for s in shards.values()))) < 2:
-            raise PetalError(_one_class_left(source, splits, kept, skipped))
+        kept = set().union(*(s["per_class"] for s in shards.values()))
+        if folder is not None and len(kept) < 2:
+            raise PetalError(_one_class_left(source, folder, kept, skipped))
         if not any(split == "train" for split, _ in shards):
             train_files = {item.file.relpath for item in splits["train"]}
             example = next(s for s in skipped if s["file"] in train_files)
