@@ -577,10 +577,17 @@ def test_a_records_folder_is_refused_as_images(tmp_path):
         find_images(str(records))
     assert str(caught.value) == f"{records} holds records (manifest.json and 3 shard(s)), {fix}"
     (records / "manifest.json").unlink()  # the codelab's shards: no manifest
-    (records / "train-00001-of-00002-10.tfrec").rename(records / "flowers00-230.TFRecord")
+    (records / "train-00001-of-00002-10.tfrec").rename(records / "flowers00-230.tfrec")
     with pytest.raises(PetalError) as caught:
         find_images(str(records))
     assert str(caught.value) == f"{records} holds records (3 shard(s)), {fix}"
+    # Only files the readers take: "train or inspect it" did not hold for these.
+    for name in ("train-00000-of-00002-10.tfrec", "validation-00000-of-00001-5.tfrec"):
+        (records / name).unlink()
+    (records / "flowers00-230.tfrec").rename(records / "data.tfrecord")
+    (records / "other.TFREC").write_bytes(b"x")
+    with pytest.raises(PetalError, match="^No images found under"):
+        find_images(str(records))
     # Beside class folders of images, they are the data set's own files: the folder is read.
     (records / "daisy").mkdir()
     (records / "daisy" / "1.jpg").write_bytes(b"x")

@@ -814,7 +814,9 @@ def find_images(
     )
     if not any(by_class.get(c) for c in chosen):
         top = [n for n in ignored if "/" not in n]  # the root's own files
-        shards = [n for n in top if os.path.splitext(n)[1].lower() in (".tfrec", ".tfrecord")]
+        from petal.data.schema import is_shard_file
+
+        shards = [n for n in top if is_shard_file(n)]  # as the readers take them
         if shards:
             # petal convert's own output (or codelab shards), given back to it.
             held = "manifest.json and " * ("manifest.json" in top) + f"{len(shards)} shard(s)"

@@ -5,10 +5,11 @@ TensorFlow import would cost seconds and hundreds of MB per worker.
 
 Loading applies the EXIF orientation, converts every mode to RGB (alpha composited on
 white), takes the first frame of animations and refuses images over a pixel limit before
-decoding them, and JPEGs whose data end early (which PIL decodes half grey). Resizing reproduces ``tf.image.resize`` (bilinear, half-pixel centres, no
-antialiasing, float32 arithmetic) followed by the truncating ``tf.cast`` to uint8, which
-is what the Keras-on-TPU codelab's converter does, so petal's ``fill`` records match the
-codelab's pixel for pixel before JPEG encoding.
+decoding them, and JPEGs whose data end early (which PIL decodes part grey). Resizing
+reproduces ``tf.image.resize`` (bilinear, half-pixel centres, no antialiasing, float32
+arithmetic) followed by the truncating ``tf.cast`` to uint8, which is what the
+Keras-on-TPU codelab's converter does, so petal's ``fill`` records match the codelab's
+pixel for pixel before JPEG encoding.
 """
 
 from __future__ import annotations
