@@ -1474,6 +1474,8 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
         if export:
             (run / "export" / "saved_model").mkdir(parents=True)
             (run / "export" / "saved_model" / "saved_model.pb").write_text("x")
+            (run / "eval").mkdir()  # evaluated: its plots were predicted, with a warning
+            (run / "eval" / "confusion_matrix.png").write_bytes(b"\x89PNG\r\n\x1a\n")
         with pytest.raises(PetalError) as caught:
             expand_images([run])
         assert str(caught.value) == (
@@ -1482,6 +1484,7 @@ def test_predict_on_records_or_a_run_folder_is_not_told_to_pass_those_files_by_n
         )
     # Without petal's config.json, the folder's files are named; TensorBoard's are no photos.
     (run / "config.json").write_text('{"license": "CC-BY"}')  # a data set's own file
+    shutil.rmtree(run / "eval")
     with pytest.raises(PetalError, match="holds a model export") as caught:
         expand_images([run])
     shutil.rmtree(run / "export")
@@ -1500,11 +1503,13 @@ def test_predict_refuses_a_file_named_as_a_folder(tmp_path):
 
     photo = tmp_path / "photo.jpg"
     photo.write_bytes(b"not read")
-    with pytest.raises(PetalError) as caught:
-        expand_images([f"{photo}/"])
-    assert str(caught.value) == (
-        f"{photo}/ ends with '/' but is a file, not a folder: drop the '/' to predict the file."
-    )
+    for given in (f"{photo}/", f"{photo}/."):
+        with pytest.raises(PetalError) as caught:
+            expand_images([given])
+        assert str(caught.value) == (
+            f"{given} ends with '/' but is a file, not a folder: drop the '/' to predict the "
+            "file."
+        )
     assert expand_images([str(photo)]) == [photo]
 
 

@@ -131,14 +131,20 @@ def _expand(
             f"petal predict reads local files; {urls[0]} is a URL: download the images and "
             "pass their paths."
         )
-    from petal.data.folders import IMAGE_EXTENSIONS, hidden_entries, is_hidden_entry, walk_tree
+    from petal.data.folders import (
+        IMAGE_EXTENSIONS,
+        hidden_entries,
+        holds_run_config,
+        is_hidden_entry,
+        walk_tree,
+    )
 
     warn = warn or _warn
     files: list[tuple[Path, str]] = []
     for given in paths:
         path, written = Path(given), os.fspath(given)
         if not path.is_dir():
-            if written.endswith(("/", os.sep)) and path.exists():
+            if (written.endswith(("/", os.sep)) or written.endswith("/.")) and path.exists():
                 # A Path drops the "/" and would read the file; a shell's `cat x.jpg/` fails.
                 raise PetalError(
                     f"{printable(utf8_name(written))} ends with '/' but is a file, not a "
@@ -146,6 +152,13 @@ def _expand(
                 )
             files.append((path, written))
             continue
+        if holds_run_config(str(path)):
+            # Its plots (eval/, plots/) were predicted, with a warning naming its other files.
+            folder = printable(utf8_name(written))
+            raise PetalError(
+                f"Folder {folder} is a training run, not a folder of images: the run comes "
+                f"first, then the images (`petal predict {shlex.quote(folder)} IMAGE...`)."
+            )
         # Links to folders are followed, as petal convert does; a link back to a folder on
         # its own path is not (listed among the other files, with a trailing /).
         image_names, other_names = walk_tree(str(path))
@@ -187,15 +200,9 @@ def _no_images(path: Path, other: list[str], notes: list[str], workdir) -> Petal
     """Why the folder ``path`` (its non-image files ``other``) gives predict nothing: it holds
     records (evaluate the run on them), an export, or no image files (what is there but
     not read is the fix: said in the one line of the error)."""
-    from petal.data.folders import IMAGE_EXTENSIONS, holds_run_config
+    from petal.data.folders import IMAGE_EXTENSIONS
 
     folder = printable(utf8_name(str(path)))
-    if holds_run_config(str(path)):
-        # A run's files (model.keras, events.out.tfevents.*) are no photos to pass by name.
-        return PetalError(
-            f"Folder {folder} is a training run, not a folder of images: the run comes first, "
-            f"then the images (`petal predict {shlex.quote(folder)} IMAGE...`)."
-        )
     if _records(path, other):
         run = "WORKDIR" if workdir is None else shlex.quote(str(workdir))
         return PetalError(
