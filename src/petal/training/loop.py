@@ -2188,6 +2188,9 @@ def _train(
                 f" (step {nan_guard.nan_step})" if nan_guard.nan_step else ""
             )
             metrics["stopped"] = f"non-finite {nan_guard.nan_what} at {where}"
+            # A resume so stopped keeps its settings (--epochs): its error says to go on with
+            # them, changed. One stopped otherwise before it saved an epoch does not.
+            save_config_once()
             write_json(workdir / "metrics.json", metrics)
             raise _non_finite_loss(
                 workdir, where, cfg, resolved, int(state["epoch"]), nan_guard.nan_what
