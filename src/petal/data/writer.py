@@ -1258,8 +1258,10 @@ def convert(
                 raise PetalError(
                     f"The train split would be empty: val_fraction={val_fraction} sends all "
                     f"{len(probed)} image files under {source} to validation (each class's "
-                    "share is rounded)" + (f", and {len(skipped)} more cannot be read"
-                                           if skipped else "")
+                    "share is rounded)"
+                    + (f", and {len(skipped)} more are skipped (e.g. "
+                       f"{printable(skipped[0]['file'])}: {skipped[0]['reason']})" if skipped
+                       else "")
                     + "; lower --val-fraction or add images."
                 )
             shard_counts = _shard_counts(splits, options, shards, shard_mb, estimate)
