@@ -242,15 +242,15 @@ def _libjpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
     marker, an odd progression).
 
     Raises:
-        ImageError: the image data end early (a scan cut off by a marker, the file by its
-            end). PIL decoded the first silently, the missing part grey.
+        ImageError: a scan's data end early, cut off by a marker, which PIL decoded without
+            a word, the rest grey. (A file cut off by its end: PIL refuses it, in its words.)
     """
     import simplejpeg
 
     try:
         out = simplejpeg.decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB")
     except ValueError as err:  # strict: libjpeg's warnings raise too
-        if "premature end" in str(err).lower():
+        if "premature end of data segment" in str(err).lower():
             raise ImageError(f"corrupt or truncated image: {err}") from None
         return None
     return np.repeat(out, 3, axis=2) if mode == "L" else out
