@@ -852,3 +852,31 @@ def test_a_run_folder_or_an_unreadable_marker_is_no_conversion_in_progress(tmp_p
     (folder / RUNNING_FILE).write_text("{not json")  # an unknown process
     with pytest.raises(PetalError, match=r"^No readable manifest.json at "):
         read_manifest(folder)
+
+
+def test_verify_names_a_record_whose_jpeg_data_end_early(make_records):
+    """A scan cut off by a marker decodes part grey, with a line on stderr that names no
+    record: --verify said OK (convert now refuses such photos; others' shards may hold one)."""
+    import io
+
+    import numpy as np
+
+    folder = make_records("codelab", counts={"all": [3, 3]}, codelab=True, fmt="jpeg")
+    shard = folder / "flowers01-3.tfrec"
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(shard))]
+    noise = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(noise).save(buffer, "JPEG", quality=90)
+    jpeg = buffer.getvalue()
+    cut = jpeg.index(b"\xff\xda") + (len(jpeg) - jpeg.index(b"\xff\xda")) // 2
+    examples[1].features.feature["image"].bytes_list.value[0] = (
+        jpeg[:cut] + b"\xff\xd9" + jpeg[cut + 2 :]
+    )
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+    report = inspect_records(folder, verify=True, progress=False)
+    assert report.problems == [
+        "flowers01-3.tfrec: record 1: its JPEG data end early (Corrupt JPEG data: premature end "
+        "of data segment): it decodes part grey"
+    ]
