@@ -245,6 +245,29 @@ def test_evaluate_stops_at_a_failed_request_even_when_skipping_corrupt(trained, 
                          warn=lambda line: None)
 
 
+def test_eval_dataset_skipping_corrupt_data_stops_at_a_failed_request(small_records):
+    """Through the Python API, skip_corrupt took a request that failed for a corrupt shard:
+    the evaluation counted the others' images, without a word (petal evaluate checks)."""
+    import tensorflow as tf
+
+    from petal.data import read_manifest
+
+    with remote.ObjectServer({"records": small_records}) as server:
+        url = server.url("records")
+        gone = sorted(small_records.glob("validation-*.tfrec"))[0]
+        served = server.resolve
+        server.resolve = lambda key: served(key) + (".gone" if key.endswith(gone.name) else "")
+        batches = eval_dataset(url, batch_size=4, skip_corrupt=True)
+        with pytest.raises(tf.errors.OpError, match=rf"Reading the store failed: HTTP 404 "
+                           rf"\(Not found: {url}/{gone.name}\)"):
+            for _ in batches:
+                pass
+        server.resolve = served  # the store answers again: a new dataset reads it all
+        count = sum(int(x.shape[0]) for x, _ in eval_dataset(url, batch_size=4,
+                                                              skip_corrupt=True))
+        assert count == read_manifest(str(small_records))["splits"]["validation"]["count"]
+
+
 def test_an_undecodable_file_of_a_folder_over_http_is_named_alone(trained, small_flowers,
                                                                    tmp_path):
     """The culprit was looked for with tf.io.read_file, which cannot read http: every file

@@ -153,8 +153,8 @@ def train_dataset(
         shuffle_buffer: elements in the shuffle buffer. (Uncached data read over http is an
             endless stream: a pass no larger than the buffer is shuffled whole instead.)
         seed: makes shuffling and augmentation reproducible; None draws one. Every cache
-            (RAM, disk, a folder) gives the same batches; ``cache="off"`` others (it shuffles
-            the order of the shards too, as it reads them).
+            (RAM, disk, a folder) gives the same batches; ``cache="off"`` others where the
+            data are in several shards (it shuffles their order too, as it reads them).
         deterministic: keep element order fixed; default True when ``seed`` is given.
         label_mode: ``"one_hot"`` (float32 ``[B, C]``) or ``"sparse"`` (int32 ``[B]``).
         normalization: ``"unit"`` (0..1), ``"symmetric"`` (-1..1), ``"imagenet"`` (mean/std)
@@ -354,8 +354,39 @@ def eval_dataset(
         num_parallel_calls=AUTOTUNE,
         deterministic=True,
     )
-    ds = ds.prefetch(AUTOTUNE)
+    ds = _store_checked(ds, src, skip_corrupt).prefetch(AUTOTUNE)
     return ds.with_options(_options(True, input_context))
+
+
+def _store_checked(ds, src: Source, skip_corrupt: bool) -> tf.data.Dataset:
+    """``ds``, ending with an error when a request to the store failed since it was built.
+
+    Over http, a request that fails (a connection closed part-way, a store gone) ends its
+    file's stream; ``skip_corrupt`` then dropped the rest as corrupt data, and an evaluation
+    counted fewer images (none, for a store that answers nothing) without a word. petal's
+    commands check :data:`petal.data.remote.STORE_ERRORS` themselves; this does it for any
+    caller, at the end of the data."""
+    if not (skip_corrupt and src.remote):
+        return ds
+    from petal.data.remote import STORE_ERRORS, store_error
+
+    mark = STORE_ERRORS.mark()
+
+    def failed() -> bytes:
+        error = store_error(mark, "read it")
+        return b"" if error is None else f"[petal: {error}]".encode()
+
+    def check(_):
+        message = tf.numpy_function(failed, [], tf.string)
+        ok = tf.equal(tf.strings.length(message), 0)
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message], summarize=1)]):
+            return tf.nest.map_structure(
+                lambda s: tf.zeros([0, *(d or 0 for d in s.shape[1:])], s.dtype),
+                ds.element_spec,
+            )
+
+    end = tf.data.Dataset.from_tensors(0).map(_graph(check))
+    return ds.concatenate(end.filter(_graph(lambda *element: False)))
 
 
 def _open(source) -> Source:
