@@ -332,3 +332,11 @@ def test_a_function_s_output_is_checked_against_the_batch_it_was_given(small_rec
         assert images.shape == (4, 64, 64, 3) and float(tf.reduce_min(images)) >= 0
     eager = augment.build(darker)(tf.fill([2, 5, 5, 3], tf.constant(200, tf.uint8)), None, SEED)
     assert np.allclose(eager[0].numpy(), 100.0)
+
+
+def test_rotation_takes_its_fill_mode_in_any_case(batch):
+    # "Reflect" was refused, where augment names, normalization and resize take any case.
+    ours = augment.rotation(30.0, fill_mode=" Reflect")(batch, SEED)
+    np.testing.assert_array_equal(ours, augment.rotation(30.0, fill_mode="reflect")(batch, SEED))
+    with pytest.raises(PetalError, match=r"Received: 'Mirror'$"):
+        augment.rotation(fill_mode="Mirror")

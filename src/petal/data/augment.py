@@ -279,10 +279,12 @@ def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
     """Rotate each image by an angle uniform in [-max_degrees, max_degrees), bilinear;
     ``fill_mode`` (as ``keras.layers.RandomRotation``'s) fills the corners."""
     max_degrees = _number("rotation max_degrees", max_degrees, 0.0)
+    given = fill_mode
+    # Any case, as the other choices (augment names, normalization, resize) take it.
+    fill_mode = fill_mode.strip().lower() if isinstance(fill_mode, str) else fill_mode
     if fill_mode not in FILL_MODES:
         raise PetalError(
-            f"rotation fill_mode must be one of {', '.join(FILL_MODES)}. "
-            f"Received: {fill_mode!r}"
+            f"rotation fill_mode must be one of {', '.join(FILL_MODES)}. Received: {given!r}"
         )
 
     def apply(x, p):
