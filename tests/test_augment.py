@@ -340,3 +340,17 @@ def test_rotation_takes_its_fill_mode_in_any_case(batch):
     np.testing.assert_array_equal(ours, augment.rotation(30.0, fill_mode="reflect")(batch, SEED))
     with pytest.raises(PetalError, match=r"Received: 'Mirror'$"):
         augment.rotation(fill_mode="Mirror")
+
+
+def test_ops_called_eagerly_name_a_bad_seed_or_image_shape(batch):
+    # TensorFlow's errors: "seed must have shape [2], not []", and ReverseV2's axis.
+    for op, args in ((augment.flip_left_right(), (batch,)),
+                     (augment.mixup(), (tf.cast(batch, tf.float32), tf.one_hot([0, 1, 2, 3], 5)))):
+        with pytest.raises(PetalError, match=r"takes a seed of two integers, such as "
+                           r"tf\.constant\(\[1, 2\]\)\. Received: a int32 seed of shape \(\)$"):
+            op(*args, tf.constant(3))
+    with pytest.raises(PetalError, match=r"^ImageOp\(flip\) takes a batch of images \[batch, "
+                       r"height, width, channels\] or one image \[height, width, channels\]\. "
+                       r"Received: images of shape \(8, 8\)$"):
+        augment.flip_left_right()(tf.zeros([8, 8]), SEED)
+    assert augment.flip_left_right()(batch[0], [1, 2]).shape == batch.shape[1:]  # a list

@@ -37,10 +37,27 @@ import tensorflow as tf
 from petal.errors import PetalError
 
 
-def _as_batch(images) -> tuple[tf.Tensor, bool]:
+def _as_batch(images, name: str = "augment") -> tuple[tf.Tensor, bool]:
     images = tf.convert_to_tensor(images)
+    if images.shape.rank is not None and images.shape.rank not in (3, 4):
+        # TensorFlow's own error named an axis of ReverseV2 or a transform's input.
+        raise PetalError(
+            f"{name} takes a batch of images [batch, height, width, channels] or one image "
+            f"[height, width, channels]. Received: images of shape {images.shape}"
+        )
     single = images.shape.rank == 3
     return (images[None] if single else images), single
+
+
+def _check_seed(seed, name: str) -> tf.Tensor:
+    """``seed`` as a tensor, refused unless a pair of integers (a stateless op's seed)."""
+    seed = tf.convert_to_tensor(seed)
+    if not seed.dtype.is_integer or (seed.shape.rank is not None and seed.shape != (2,)):
+        raise PetalError(
+            f"{name} takes a seed of two integers, such as tf.constant([1, 2]). Received: "
+            f"a {seed.dtype.name} seed of shape {seed.shape}"
+        )
+    return seed
 
 
 def _float(images) -> tf.Tensor:
@@ -123,7 +140,8 @@ class ImageOp:
         raise NotImplementedError
 
     def __call__(self, images, seed) -> tf.Tensor:
-        batch, single = _as_batch(images)
+        batch, single = _as_batch(images, repr(self))
+        seed = _check_seed(seed, repr(self))
         out = self.apply(batch, self.draw(tf.shape(batch)[0], seed))
         return out[0] if single else out
 
@@ -390,6 +408,7 @@ class MixOp:
     def __call__(self, images, labels, seed):
         images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
         _check_mix(self.name, images, labels)
+        seed = _check_seed(seed, repr(self))
         return self.apply(images, labels, self.draw(tf.shape(images)[0], seed))
 
     def __repr__(self):
