@@ -250,10 +250,16 @@ def _libjpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
     try:
         out = simplejpeg.decode_jpeg(data, colorspace="GRAY" if mode == "L" else "RGB")
     except ValueError as err:  # strict: libjpeg's warnings raise too
-        if "premature end of data segment" in str(err).lower():
+        if jpeg_cut_short(err):
             raise ImageError(f"corrupt or truncated image: {err}") from None
         return None
     return np.repeat(out, 3, axis=2) if mode == "L" else out
+
+
+def jpeg_cut_short(err: ValueError) -> bool:
+    """Whether simplejpeg's (strict) ``err`` says a scan's data end early, cut off by a
+    marker: libjpeg decodes the rest grey, with a warning only."""
+    return "premature end of data segment" in str(err).lower()
 
 
 def _lerp_weights(

@@ -747,10 +747,12 @@ def _cut_short(jpeg: bytes) -> str | None:
         return None
     import simplejpeg
 
+    from petal.data.images import jpeg_cut_short
+
     try:
         simplejpeg.decode_jpeg(jpeg, colorspace="RGB")  # strict: warnings raise
     except ValueError as err:
-        if "premature end of data segment" in str(err).lower():
+        if jpeg_cut_short(err):
             return f"its JPEG data end early ({err}): it decodes part grey"
     return None
 

@@ -1291,7 +1291,7 @@ def convert(
                 with contextlib.ExitStack() as finish:
                     written = _write(
                         source, output, splits, shard_counts, options, mapper, progress,
-                        skipped, resplit, finish, folder,
+                        skipped, folder, resplit, finish,
                     )  # fmt: skip
                     manifest = _manifest(
                         source, folder, recorded, classes, written, skipped, probed
@@ -1510,9 +1510,9 @@ def _write(
     mapper: _Mapper,
     progress: bool | None,
     skipped: list[dict],
+    folder: folders.ImageFolder,
     resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
     finish: contextlib.ExitStack | None = None,
-    folder: folders.ImageFolder | None = None,
 ) -> dict[str, list[dict]]:
     """Pass 2: converts and writes every shard; returns per split its shards' entries.
 
@@ -1520,7 +1520,8 @@ def _write(
     counts. Files that fail to convert are appended to ``skipped``. When they change the
     split, ``resplit(failed)`` gives the new one (splits and shard counts) and every shard
     is written again without them (converted again: a cost only conversions with such
-    files pay).
+    files pay). Shards that would hold one class of ``folder``'s are refused, naming the
+    classes whose files were all skipped.
 
     From the removal of the conversion it replaces on, Ctrl-C waits (held in ``finish``,
     which the caller closes once the manifest is written): an interruption leaves the
@@ -1543,7 +1544,7 @@ def _write(
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
         kept = set().union(*(s["per_class"] for s in shards.values()))
-        if folder is not None and len(kept) < 2:
+        if len(kept) < 2:
             raise PetalError(_one_class_left(source, folder, kept, skipped))
         if not any(split == "train" for split, _ in shards):
             train_files = {item.file.relpath for item in splits["train"]}

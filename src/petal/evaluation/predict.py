@@ -27,13 +27,7 @@ from petal.errors import (
     some_files,
 )
 from petal.evaluation.metrics import top_k as best_k
-from petal.evaluation.workdir import (
-    RunInfo,
-    load_model,
-    open_run,
-    progress_bar,
-    top_k_for,
-)
+from petal.evaluation.workdir import RunInfo, load_model, open_run, progress_bar, top_k_for
 
 
 class _Unreadable(Exception):

@@ -226,20 +226,34 @@ def _epoch_files(workdir: Path) -> list[str]:
     return held
 
 
-def _remove_run(workdir: Path) -> None:
-    """Delete the files and folders a run writes (and their temporary files), nothing else."""
+def _run_entries(workdir: Path) -> list[Path]:
+    """The files a run writes in ``workdir`` (:data:`RUN_FILES`), and what it, its report,
+    evaluation and export wrote in its sub-folders (:func:`_petals_files_in`), that are there;
+    the user's files beside them are not among them."""
+    found = [workdir / name for name in RUN_FILES]
+    for name in RUN_DIRS:
+        found += [workdir / name / entry for entry in _petals_files_in(workdir / name)]
+    return [path for path in found if path.exists() or path.is_symlink()]
+
+
+def _leave_run_dirs(workdir: Path) -> None:
+    """Delete the run files' temporaries (a write cut short by a kill), and the run's
+    sub-folders (:data:`RUN_DIRS`) that are now empty."""
     for name in RUN_FILES:
-        (workdir / name).unlink(missing_ok=True)
         temporary_name(workdir / name).unlink(missing_ok=True)
     for name in RUN_DIRS:
-        folder = workdir / name
-        for entry in _petals_files_in(folder):
-            if (folder / entry).is_dir() and not (folder / entry).is_symlink():
-                shutil.rmtree(folder / entry, ignore_errors=True)
-            else:
-                (folder / entry).unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # left in place while it holds the user's files
-            folder.rmdir()
+            (workdir / name).rmdir()
+
+
+def _remove_run(workdir: Path) -> None:
+    """Delete the files and folders a run writes (and their temporary files), nothing else."""
+    for path in _run_entries(workdir):
+        if path.parent != workdir and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)  # an export's saved_model/
+        else:
+            path.unlink(missing_ok=True)
+    _leave_run_dirs(workdir)
 
 
 # Where --overwrite keeps the run it replaces until the new one saves its first epoch: one
@@ -248,24 +262,16 @@ REPLACED_DIR = ".petal-replaced"
 
 
 def _set_aside_run(workdir: Path) -> None:
-    """Move the files and folders a run writes (:func:`_remove_run`'s) into
-    ``workdir/.petal-replaced``, keeping their places there; the user's files stay."""
+    """Move what :func:`_remove_run` deletes into ``workdir/.petal-replaced``, each in its
+    place there; the user's files stay."""
     aside = workdir / REPLACED_DIR
     if aside.exists():  # an earlier --overwrite's, which a kill left: replaced too
         shutil.rmtree(aside)
-    for name in RUN_FILES:
-        temporary_name(workdir / name).unlink(missing_ok=True)
-        if (workdir / name).exists() or (workdir / name).is_symlink():
-            aside.mkdir(exist_ok=True)
-            os.replace(workdir / name, aside / name)
-    for name in RUN_DIRS:
-        folder = workdir / name
-        for entry in _petals_files_in(folder):
-            if (folder / entry).exists() or (folder / entry).is_symlink():
-                (aside / name / entry).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(folder / entry, aside / name / entry)
-        with contextlib.suppress(OSError):  # left in place while it holds the user's files
-            folder.rmdir()
+    for path in _run_entries(workdir):
+        kept = aside / path.relative_to(workdir)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, kept)
+    _leave_run_dirs(workdir)
 
 
 def _restore_run(workdir: Path, log: Callable[[str], None]) -> None:
