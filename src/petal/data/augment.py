@@ -37,7 +37,7 @@ import tensorflow as tf
 from petal.errors import PetalError
 
 
-def _as_batch(images, name: str = "augment") -> tuple[tf.Tensor, bool]:
+def _as_batch(images, name: str) -> tuple[tf.Tensor, bool]:
     images = tf.convert_to_tensor(images)
     if images.shape.rank is not None and images.shape.rank not in (3, 4):
         # TensorFlow's own error named an axis of ReverseV2 or a transform's input.
