@@ -295,3 +295,61 @@ def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
     assert json.loads((run / "config.json").read_text())["learning_rate"] == 0.5
     assert not (run / ".petal-replaced").exists() and not (run / "eval" / "eval.json").exists()
     assert (run / "eval" / "notes.txt").read_text() == "mine"
+
+
+def test_an_overwrite_killed_before_its_first_epoch_gets_the_run_it_replaced_back(
+    small_records, tmp_path, monkeypatch, capsys
+):
+    """A SIGKILL (the out-of-memory killer) in an --overwrite's first epoch left the old run
+    in .petal-replaced: --resume continued the killed run from nothing, and a later save
+    deleted the old one, and evaluate told the user to resume."""
+    from petal import cli
+    from petal.evaluation.workdir import open_run
+    from petal.training import loop
+    from petal.training.callbacks import Checkpointer
+
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    kept = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+    def killed(self, epoch, logs):
+        raise Interrupt("SIGKILL before the epoch is saved")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpointer, "_save", killed)
+        patch.setattr(loop, "_restore_run", lambda *args, **kwargs: None)  # a kill: no clean-up
+        with pytest.raises(Interrupt):
+            train(cfg.replace(learning_rate=0.5), run, overwrite=True, **QUIET)
+    assert (run / ".petal-replaced" / "model.keras").is_file()
+    assert not (run / "model.keras").exists()
+    with pytest.raises(PetalError) as err:
+        open_run(run)
+    assert str(err.value) == (
+        f"{run} has no model.keras: an --overwrite was stopped before it saved an epoch, and "
+        f"left the run it replaced in {run / '.petal-replaced'}; `petal train --workdir {run} "
+        "--resume` puts that run back."
+    )
+    assert cli.main(["train", "--workdir", str(run), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert (f"petal train: an --overwrite was stopped before it saved an epoch, and left the run "
+            f"it replaced in {run / '.petal-replaced'}: that run is back in {run}") in said
+    assert f"{run} already completed 1 epoch" in said
+    back = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert back.keys() == kept.keys() and back[Path("config.json")] == kept[Path("config.json")]
+    assert not (run / ".petal-replaced").exists()
+
+    # Killed before its config.json, then a plain start: the old run is back, and refused.
+    loop._set_aside_run(run)
+    with pytest.raises(PetalError) as err:
+        open_run(run)
+    assert "holds no run (config.json): an --overwrite was stopped" in str(err.value)
+    with pytest.raises(PetalError, match="already holds a training run"):
+        train(cfg, run, **QUIET)
+    assert (run / "model.keras").is_file() and not (run / ".petal-replaced").exists()
+
+    # Killed after the new run saved its epoch, before it deleted the old one: it goes.
+    (run / ".petal-replaced").mkdir()
+    (run / ".petal-replaced" / "model.keras").write_bytes(b"old")
+    loop.recover_replaced(run, lambda line: pytest.fail(line))
+    assert not (run / ".petal-replaced").exists() and (run / "model.keras").is_file()

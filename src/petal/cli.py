@@ -425,8 +425,9 @@ def _run_train(args: argparse.Namespace) -> int:
                 "one: drop --preset (change fields with --set KEY=VALUE), or drop --resume and "
                 "pass --overwrite to start afresh."
             )
-        from petal.training.loop import resume_config
+        from petal.training.loop import recover_replaced, resume_config
 
+        recover_replaced(args.workdir, print)  # an --overwrite killed: the run it replaced
         base = resume_config(args.workdir)  # a --config file's fields apply on top
     elif args.preset:
         get_preset(args.preset)  # unknown preset: list the valid ones before anything else

@@ -295,9 +295,25 @@ def no_model(workdir: Path, config: dict) -> str:
         )
     if stopped := non_finite_stop(workdir, config):  # --resume alone stops again
         return f"{workdir} has no {MODEL_FILE}: {stopped}"
+    if replaced := _replaced_run(workdir):
+        return f"{workdir} has no {MODEL_FILE}: {replaced}"
     return (
         f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
         f"`petal train --workdir {shlex.quote(str(workdir))} --resume`."
+    )
+
+
+def _replaced_run(workdir: Path) -> str | None:
+    """What to do with the run an ``--overwrite`` killed before it saved an epoch left in
+    ``.petal-replaced`` (see ``petal.training.loop.recover_replaced``), or None."""
+    from petal.training.loop import REPLACED_DIR, saved_epoch
+
+    if not (workdir / REPLACED_DIR).is_dir() or saved_epoch(workdir):
+        return None
+    return (
+        f"an --overwrite was stopped before it saved an epoch, and left the run it replaced in "
+        f"{workdir / REPLACED_DIR}; `petal train --workdir {shlex.quote(str(workdir))} "
+        "--resume` puts that run back."
     )
 
 
@@ -327,6 +343,8 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
     workdir = run_folder(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
+        if replaced := _replaced_run(workdir):
+            raise PetalError(f"{workdir} holds no run ({CONFIG_FILE}): {replaced}")
         raise PetalError(
             f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "
             "pass the folder a `petal train --workdir` run wrote."

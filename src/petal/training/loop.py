@@ -274,7 +274,11 @@ def _set_aside_run(workdir: Path) -> None:
     _leave_run_dirs(workdir)
 
 
-def _restore_run(workdir: Path, log: Callable[[str], None]) -> None:
+def _restore_run(
+    workdir: Path,
+    log: Callable[[str], None],
+    said: str = "no epoch was saved: the run --overwrite replaced is back in {workdir}",
+) -> None:
     """Put back the run an --overwrite set aside (:func:`_set_aside_run`), in place of the
     new run's files, when the new run saved no epoch; nothing when none is set aside."""
     aside = workdir / REPLACED_DIR
@@ -290,7 +294,31 @@ def _restore_run(workdir: Path, log: Callable[[str], None]) -> None:
             for entry in os.listdir(aside / name):
                 os.replace(aside / name / entry, workdir / name / entry)
     shutil.rmtree(aside, ignore_errors=True)
-    log(f"petal train: no epoch was saved: the run --overwrite replaced is back in {workdir}")
+    log("petal train: " + said.format(workdir=workdir))
+
+
+def recover_replaced(workdir: str | Path, log: Callable[[str], None]) -> None:
+    """Settle what an --overwrite killed outright (SIGKILL, the kernel's out-of-memory
+    killer, a power cut) left in ``workdir/.petal-replaced``: the run it replaced is put back
+    when the new run saved no epoch (as a Ctrl-C would have), and deleted when it saved one.
+
+    Nothing happens when none is there, ``workdir`` is not a local folder, or a ``petal
+    train`` is running in it (whose own ``--overwrite`` that is).
+    """
+    if is_remote(str(workdir)):
+        return
+    workdir = Path(expand_home(workdir))
+    if not (workdir / REPLACED_DIR).is_dir() or _running_elsewhere(workdir):
+        return
+    if saved_epoch(workdir):
+        _drop_replaced(workdir)
+    else:
+        _restore_run(
+            workdir,
+            log,
+            f"an --overwrite was stopped before it saved an epoch, and left the run it replaced "
+            f"in {workdir / REPLACED_DIR}: that run is back in {{workdir}}",
+        )
 
 
 def _drop_replaced(workdir: Path) -> None:
@@ -1579,6 +1607,7 @@ def _train(
         data=expand_home(cfg.data), cache=expand_home(cfg.cache), weights=expand_home(cfg.weights)
     )
     workdir = Path(workdir)
+    recover_replaced(workdir, log)
     prepare_workdir(workdir, resume, overwrite, clear=False)  # checks only
     if cfg.tensorboard:
         _check_tensorboard_folder(workdir)
