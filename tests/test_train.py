@@ -832,6 +832,48 @@ def test_train_and_evaluate_take_the_classes_of_codelab_shards_that_name_none(
     assert json.loads(capsys.readouterr().out)["per_class"]["sixth"]["support"] == 36
 
 
+def test_another_listing_of_a_runs_codelab_shards_is_refused_to_resume_and_warned_of(
+    make_records, tmp_path, capsys
+):
+    """Codelab shards are split by file: a glob of some of them took shards the run trained
+    on for validation. A resume went on and validated on them; evaluate scored them, and
+    the train split of the run's own shards, as held out."""
+    from petal.cli import main
+
+    folder = make_records("shards", counts={"all": [6] * 13}, codelab=True, fmt="jpeg")
+    run = tmp_path / "run"
+    train(tiny_config(f"{folder}/*.tfrec", model="dense", epochs=1, image_size=16), run, **QUIET)
+    saved = json.loads((run / "config.json").read_text())["resolved"]
+    assert saved["train_shards"] == [str(folder / f"flowers{k:02d}-6.tfrec") for k in range(2, 13)]
+    some = f"{folder}/flowers*[1-9]-*.tfrec"  # 11 files, 01 and 02 validate: 02 trained
+    with pytest.raises(PetalError) as err:
+        train(tiny_config(some, model="dense", epochs=2, image_size=16), run, resume=True, **QUIET)
+    assert str(err.value).startswith(
+        f"{some} takes 1 of the shards {run} trained on (flowers02-6.tfrec) for validation "
+        "(codelab shards are split by file: the first 19% a folder or glob lists validate): "
+        "resuming on it would validate on photos the run trained on"
+    )
+    (folder / "flowers13-6.tfrec").write_bytes((folder / "flowers00-6.tfrec").read_bytes())
+    for name in ("flowers00-6.tfrec", "flowers01-6.tfrec"):  # the folder listed otherwise
+        (folder / name).rename(tmp_path / name)
+    with pytest.raises(PetalError, match="lists other shards than when .* trained on it, and "
+                       r"now takes 2 of the shards .* \(flowers02-6.tfrec, ...\) for validation"):
+        train(tiny_config(f"{folder}/*.tfrec", model="dense", epochs=2, image_size=16), run,
+              resume=True, **QUIET)  # fmt: skip
+    for name in ("flowers00-6.tfrec", "flowers01-6.tfrec"):
+        (tmp_path / name).rename(folder / name)
+    (folder / "flowers13-6.tfrec").unlink()
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--data", some, "--out", str(tmp_path / "ev")]) == 0
+    assert ("warning: 1 of the 2 shards of the validation split scored (flowers02-6.tfrec; 6 of "
+            "its 12 images) are shards the run trained on") in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--split", "train", "--out", str(tmp_path / "ev")]) == 0
+    assert ("warning: 11 of the 11 shards of the train split scored (flowers02-6.tfrec, ...; 66 "
+            "of its 66 images) are shards the run trained on") in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--out", str(tmp_path / "ev")]) == 0
+    assert "shards the run trained on" not in capsys.readouterr().err
+
+
 def test_resume_checks_the_split_of_every_data_the_run_trained_on(
     small_flowers, small_records, make_records, tmp_path
 ):

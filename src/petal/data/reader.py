@@ -279,6 +279,39 @@ class ShardsWithoutManifest(PetalError):
     """Shards petal convert named, in a folder without their manifest."""
 
 
+def codelab_split_files(path: str, split: str = "train") -> list[str] | None:
+    """The shards of ``split`` that the codelab shards at ``path`` (a folder or glob, opened
+    as training opens them: validation = the first ``int(n * 0.19)`` files in name order)
+    give now, listed without reading them, each as :func:`shard_identity` has it; None where
+    ``path`` is not codelab shards or cannot be listed (gone, unreachable)."""
+    split = check_split(split)
+    try:
+        path = str(folders.expand_home(path))
+        fs = _fs_for(path)
+        if is_pattern(path):
+            shards = sorted(
+                m for m in fs.glob(path) if not posixpath.basename(m).startswith(schema.TEMP_PREFIX)
+            )
+        elif fs.isdir(path) and not fs.exists(_join(path, schema.MANIFEST_NAME)):
+            root = path.rstrip("/")
+            shards = [_join(root, n) for n in sorted(fs.listdir(root)) if schema.is_shard_file(n)]
+        else:
+            return None
+    except (PetalError, OSError, ValueError):
+        return None
+    if not shards or any(schema.is_split_shard(posixpath.basename(s)) for s in shards):
+        return None  # nothing, or a petal conversion's shards (read with their manifest)
+    n_val = int(len(shards) * CODELAB_VAL_FRACTION)
+    chosen = {"validation": shards[:n_val], "train": shards[n_val:], "all": shards}[split]
+    return [shard_identity(s) for s in chosen]
+
+
+def shard_identity(path: str) -> str:
+    """A shard's file as two listings of it compare: its real path (a local file reached
+    through another glob, folder or link), or its URL."""
+    return path if folders.is_remote(path) else os.path.realpath(path)
+
+
 def _refuse_split_shards(fs, path: str, shards: list[str]) -> None:
     """Shards that petal convert named are read through their folder's manifest only.
 

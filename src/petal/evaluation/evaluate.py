@@ -216,6 +216,7 @@ def evaluate(
                 _own_resplit_warning(source, run, split) if own_data else None,
                 _resplit_warning(source, run, split, trained_on),
                 None if own_data else _copy_warning(source, run, trained_on, split),
+                _trained_shards_warning(source, run, split),
             )
             if w
         ]
@@ -518,6 +519,34 @@ def _own_split_warning(source, run, split: str) -> str | None:
         f"{trained} of its {scored} images the model trained on, so the score overstates how "
         "it does on new photos. For a held-out score evaluate on the validation split (omit "
         "--split)."
+    )
+
+
+def _trained_shards_warning(source, run, split: str) -> str | None:
+    """A warning when the ``split`` scored of codelab shards holds shards the run trained on:
+    the train split (or all) of its own shards, or another listing of them (a glob of some
+    of them, the folder with shards added since) whose validation shards are not its."""
+    from petal.data.reader import shard_identity
+    from petal.training.loop import trained_shards
+
+    if source.kind != "codelab":
+        return None
+    resolved = run.config.get("resolved") or {}
+    entries = resolved.get("trained_on")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        entries = [{"data": run.config.get("data"), "data_kind": resolved.get("data_kind")}]
+    trained = set().union(*(trained_shards(entry) for entry in entries))
+    files = source.files(split)
+    hit = [(f, n) for f, n in zip(files, source.counts(split), strict=True)
+           if shard_identity(f) in trained]  # fmt: skip
+    if not hit:
+        return None
+    first = f"{os.path.basename(hit[0][0])}{', ...' if len(hit) > 1 else ''}"
+    return (
+        f"{len(hit)} of the {len(files)} shards of the {split} split scored ({first}; "
+        f"{sum(n for _, n in hit)} of its {source.count(split)} images) are shards the run "
+        "trained on, so the score overstates how it does on new photos. For a held-out score "
+        f"evaluate on the validation split of the shards it trained on ({run.config.get('data')})."
     )
 
 

@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import posixpath
 import shlex
 import shutil
 import statistics
@@ -50,7 +51,13 @@ from petal.data.folders import (
     refuse_url,
     same_place,
 )
-from petal.data.reader import CODELAB_VAL_FRACTION, FOLDER_SPLIT, FOLDER_VAL_FRACTION
+from petal.data.reader import (
+    CODELAB_VAL_FRACTION,
+    FOLDER_SPLIT,
+    FOLDER_VAL_FRACTION,
+    codelab_split_files,
+    shard_identity,
+)
 from petal.errors import (
     PetalError,
     cannot_write,
@@ -686,7 +693,7 @@ def records_split(manifest: dict | None) -> dict | None:
 
 
 # What says how the data of a training session split its photos (``trained_on``).
-_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split")
+_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split", "train_shards")
 
 
 def _trained_on(workdir: Path, saved_resolved: dict) -> list[dict]:
@@ -730,6 +737,9 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
         "would score them as held out)"
     )
     origin = saved_resolved.get("records_source")
+    if source.kind == "codelab":
+        _check_codelab_split(workdir, source, was, saved_resolved, harm, fix)
+        return
     if same_place(was, source.path):
         _check_split_in_place(workdir, source, saved_resolved, harm, fix)
         return
@@ -766,6 +776,42 @@ def _check_split_against(workdir: Path, source, was: str, saved_resolved: dict) 
                 f"{source.manifest.get('seed')}, not by each file's name): {harm}. Resume on "
                 f"{was}, or {fix}."
             )
+
+
+def trained_shards(entry: dict) -> set[str]:
+    """The codelab shards (:func:`~petal.data.reader.shard_identity`) a run trained on from
+    one entry of its ``trained_on``: as it saved them, or (a run saved before it kept
+    them) as its data's listing splits them now; empty for other data."""
+    if entry.get("data_kind") not in ("codelab", None) or not entry.get("data"):
+        return set()
+    if isinstance(saved := entry.get("train_shards"), list):
+        return set(saved)
+    return set(codelab_split_files(entry["data"], "train") or ())
+
+
+def _check_codelab_split(
+    workdir: Path, source, was: str, saved_resolved: dict, harm: str, fix: str
+) -> None:
+    """:func:`_check_split_against` for codelab shards, split by file: a listing of them
+    (another glob, the folder with shards added or removed since) whose validation shards
+    include some the run trained on."""
+    trained = trained_shards({"data": was, **saved_resolved})
+    taken = [f for f in source.files("validation") if shard_identity(f) in trained]
+    if not taken:
+        return
+    shards = f"{len(taken)} of the shards {workdir} trained on ({posixpath.basename(taken[0])}"
+    shards += ", ...)" if len(taken) > 1 else ")"
+    rule = "codelab shards are split by file: the first 19% a folder or glob lists validate"
+    if same_place(was, source.path):
+        raise PetalError(
+            f"{source.path} lists other shards than when {workdir} trained on it, and now takes "
+            f"{shards} for validation ({rule}): {harm}. Put its shards back as they were, or "
+            f"{fix}."
+        )
+    raise PetalError(
+        f"{source.path} takes {shards} for validation ({rule}): {harm}. Resume on {was}, or "
+        f"{fix}."
+    )
 
 
 def _check_split_in_place(
@@ -1804,6 +1850,11 @@ def _train(
         # resume on records split otherwise is refused).
         "records_source": (source.manifest or {}).get("source"),
         "records_split": records_split(source.manifest),
+        # Codelab shards are split by file: the ones it trains on (evaluate and a resume on
+        # another listing of them that takes some for validation warn and refuse).
+        "train_shards": [shard_identity(f) for f in source.files("train")]
+        if source.kind == "codelab"
+        else None,
         "train_count": train_count,
         "val_count": val_count,
         "strategy": sinfo["name"],
