@@ -739,6 +739,53 @@ def test_codelab_shards_that_name_no_classes_are_said_to_have_assumed_names(make
     assert "classes from the records" in named and "warning" not in named and "daisy" in named
 
 
+def _label_records(shard, label, which) -> None:
+    """Rewrite codelab ``shard`` giving the records ``which(k, class)`` picks ``label``."""
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(shard))]
+    with tf.io.TFRecordWriter(str(shard)) as writer:
+        for k, example in enumerate(examples):
+            feature = example.features.feature
+            if which(k, feature["class"].int64_list.value[0]):
+                feature["label"].bytes_list.value[:] = [label]
+            writer.write(example.SerializeToString())
+
+
+def test_one_wrong_label_does_not_rename_its_class_and_two_classes_of_one_name_are_refused(
+    make_records,
+):
+    """One record labelled with another class's name, first of its class in its shard,
+    named the whole class: two classes were called 'dandelion' (inspect showed one twice,
+    train wrote both, evaluate's per-class rows lost one), --verify blamed every correct
+    record of the class, and --classes with the true names was refused."""
+    from conftest import CLASSES
+    from petal.data.reader import open_source
+
+    folder = make_records("cl", counts={"all": [10] * 6}, codelab=True, fmt="jpeg")
+    shard = folder / "flowers00-10.tfrec"
+    first = [int(tf.train.Example.FromString(r.numpy()).features.feature["class"].int64_list
+                 .value[0]) for r in tf.data.TFRecordDataset(str(shard))].index(0)  # fmt: skip
+    _label_records(shard, b"dandelion", lambda k, c: k == first)
+    source = open_source(str(folder))
+    assert source.classes == tuple(CLASSES)
+    assert source.notes == (
+        f"the records of class index 0 in the shards at {folder} do not agree on its name "
+        "(every record): 'daisy' by 11, 'dandelion' by 1; it is called 'daisy'. petal inspect "
+        "--verify names the records whose label disagrees with their class",
+    )
+    assert open_source(str(folder), classes=CLASSES).classes == tuple(CLASSES)
+    report = inspect_records(str(folder), verify=True, progress=False)
+    assert report.problems == [
+        f"flowers00-10.tfrec: record {first}: label 'dandelion' does not match class 0 ('daisy')"
+    ]
+    assert f"warning: {source.notes[0]}" in str(report).splitlines()
+    for k in range(6):  # now every record of class 1 says daisy
+        _label_records(folder / f"flowers{k:02d}-10.tfrec", b"daisy", lambda k, c: c == 1)
+    with pytest.raises(PetalError, match=(
+        f"^The records of the shards at {folder} name class indices 0 and 1 both 'daisy' "
+        r"\(their label field, read in every record; petal inspect --verify names")):
+        open_source(str(folder))  # fmt: skip
+
+
 def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_records, monkeypatch):
     """The library drew its bar into a log file or a pipe by default (evaluate's default,
     and the CLI's, is a terminal only)."""

@@ -251,8 +251,10 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         "splits": splits,
         "origin": "codelab",
     }
-    if source.notes:  # shards that name no classes: class_0, ... are assumed names
+    if not source.classes_named:  # class_0, ... are assumed names
         manifest["unnamed_classes"] = True
+    elif source.notes:  # records that disagree on a class's name
+        manifest["class_notes"] = list(source.notes)
     return folder or ".", _complete(manifest), problems
 
 
@@ -367,6 +369,7 @@ def _format(report: InspectReport) -> list[str]:
                 printable(report.path), tuple(classes), "petal train and evaluate"
             )
             lines.append(f"warning: {note}")
+        lines += [f"warning: {note}" for note in m.get("class_notes", ())]
         lines.append("")
     else:
         lines = _conversion_lines(printable(report.path), m, size, quality)

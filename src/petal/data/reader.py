@@ -37,6 +37,7 @@ import posixpath
 import stat
 import threading
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 
 from petal.data import folders, schema
@@ -77,6 +78,8 @@ class Source:
         size_recorded: False for codelab shards whose records carry no ``size`` feature
             (``image_size`` is None then, though they may all have one size).
         classes_from: how the classes were found, for messages (codelab shards).
+        classes_named: False for codelab shards whose records name no classes (called
+            ``class_0``, ... or as ``classes=`` names them).
     """
 
     path: str
@@ -88,6 +91,7 @@ class Source:
     notes: tuple[str, ...] = ()
     size_recorded: bool = True
     classes_from: str = ""
+    classes_named: bool = True
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -532,6 +536,7 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     if _scan_classes_at_open(shards):
         names, seen = _scan_codelab(shards, names, seen)
         read = "every record"
+    names, disagree = _names_by_vote(root, names, read)
     if classes is not None:
         if len(classes) < seen:
             raise PetalError(
@@ -554,11 +559,48 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
         format=schema.FORMAT_JPEG,
         size_recorded=bool(sizes),
         classes_from=how,
-        notes=() if classes is not None or names else (unnamed_classes_note(root, found),),
+        classes_named=bool(names),
+        notes=(() if classes is not None or names else (unnamed_classes_note(root, found),))
+        + ((disagree,) if disagree else ()),
     )
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
     return source
+
+
+def _names_by_vote(
+    root: str, votes: dict[int, Counter], read: str
+) -> tuple[dict[int, str], str | None]:
+    """Each class index's name: the label most of its records read give (one record
+    labelled wrongly, first in its shard, named its whole class after another); with a
+    note on the first index whose records disagree, or None.
+
+    Raises:
+        PetalError: two indices are named alike (a class would be two of the model's
+            outputs).
+    """
+    names = {i: votes[i].most_common(1)[0][0] for i in sorted(votes) if votes[i]}
+    by_name: dict[str, int] = {}
+    for i, name in names.items():
+        if (j := by_name.setdefault(name, i)) != i:
+            raise PetalError(
+                f"The records of the shards at {root} name class indices {j} and {i} both "
+                f"{name!r} (their label field, read in {read}; petal inspect --verify names the "
+                "records whose label disagrees with their class): write them again with one "
+                "name per class index."
+            )
+    mixed = [i for i in names if len(votes[i]) > 1]
+    if not mixed:
+        return names, None
+    (top, n), *rest = votes[mixed[0]].most_common()
+    others = ", ".join(f"{label!r} by {k}" for label, k in rest[:2])
+    more = f"; the records of {len(mixed) - 1} other class(es) disagree too" if mixed[1:] else ""
+    return names, (
+        f"the records of class index {mixed[0]} in the shards at {root.rstrip('/')} do not agree "
+        f"on its name ({read}): {top!r} by {n}, {others}{', ...' if len(rest) > 2 else ''}; "
+        f"it is called {top!r}{more}. petal inspect --verify names the records whose label "
+        "disagrees with their class"
+    )
 
 
 def _check_named_classes(root: str, names: dict[int, str], classes, read: str) -> None:
@@ -581,11 +623,11 @@ def _check_named_classes(root: str, names: dict[int, str], classes, read: str) -
 
 def _peek_codelab(
     shards: list[str],
-) -> tuple[dict[int, str], set[tuple[int, int]], int, tuple[str, list[str]] | None]:
-    """Class names by index, the image sizes recorded, the number of classes seen (the
-    highest index + 1, or a one-hot's length), and the first shard whose first record has
-    no ``class`` (with that record's features; else None), from the first records of each
-    shard (one small read each)."""
+) -> tuple[dict[int, Counter], set[tuple[int, int]], int, tuple[str, list[str]] | None]:
+    """Class names by index (each label read, counted), the image sizes recorded, the
+    number of classes seen (the highest index + 1, or a one-hot's length), and the first
+    shard whose first record has no ``class`` (with that record's features; else None), from
+    the first records of each shard (one small read each)."""
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
@@ -595,7 +637,7 @@ def _peek_codelab(
         schema.SIZE: tf.io.FixedLenFeature([2], tf.int64, default_value=[0, 0]),
         schema.ONE_HOT: tf.io.VarLenFeature(tf.float32),
     }
-    names: dict[int, str] = {}
+    names: dict[int, Counter] = {}  # each index's labels, counted
     num_classes, sizes = 0, set()
     classless = None
     # A few records from the start of each shard, until every class index has a name.
@@ -622,7 +664,7 @@ def _peek_codelab(
                 ex[schema.LABEL].numpy().decode("utf-8", "replace"),
             )
             if index >= 0 and label:
-                names.setdefault(index, label)
+                names.setdefault(index, Counter())[label] += 1
             num_classes = max(num_classes, int(ex[schema.ONE_HOT].dense_shape[0]), index + 1)
             h, w = (int(v) for v in ex[schema.SIZE].numpy())
             if h > 0 and w > 0:
@@ -671,19 +713,18 @@ def _scan_classes_at_open(shards: list[str]) -> bool:
 
 # (shard, size, mtime) of each shard -> (names, classes seen): a source opened again (its
 # error paths open it once more) is not read again while its shards are unchanged.
-_SCANNED: dict[tuple, tuple[dict[int, str], int]] = {}
+_SCANNED: dict[tuple, tuple[dict[int, Counter], int]] = {}
 
 
 def _scan_codelab(
-    shards: list[str], names: dict[int, str], seen: int
-) -> tuple[dict[int, str], int]:
-    """:func:`_peek_codelab`'s names and classes seen, completed from every record's
+    shards: list[str], names: dict[int, Counter], seen: int
+) -> tuple[dict[int, Counter], int]:
+    """:func:`_peek_codelab`'s names (labels counted) and classes seen, from every record's
     ``class`` and ``label`` (one vectorised parse per block of records; images are read
     from disk but not decoded). A class whose first records come late in a shard (a rare
     class, shards sorted by class) is counted: with the peek alone its records had a class
     index past the last class. A shard that stops on a damaged record counts what it
     read (reading it names the record later)."""
-    import numpy as np
     import tensorflow as tf
 
     stamp = []
@@ -697,7 +738,7 @@ def _scan_codelab(
             schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=-1),
             schema.LABEL: tf.io.FixedLenFeature([], tf.string, default_value=""),
         }
-        found: dict[int, str] = {}
+        pairs: Counter = Counter()  # (index, label) of every record that names its class
         top = 0
         for shard in shards:
             blocks = tf.data.TFRecordDataset(shard, buffer_size=1 << 20).batch(1024)
@@ -707,15 +748,16 @@ def _scan_codelab(
                     top = max(top, int(ids.max(initial=-1)) + 1)
                     labels = block[schema.LABEL].numpy()
                     named = (ids >= 0) & (labels != b"")
-                    for i in np.unique(ids[named]):
-                        if int(i) not in found:
-                            label = labels[np.argmax(named & (ids == i))]
-                            found[int(i)] = label.decode("utf-8", "replace")
+                    pairs.update(zip(ids[named].tolist(), labels[named].tolist(), strict=True))
             except tf.errors.OpError:
                 continue
+        found: dict[int, Counter] = {}
+        for (i, label), n in sorted(pairs.items()):
+            found.setdefault(i, Counter())[label.decode("utf-8", "replace")] += n
         _SCANNED[key] = (found, top)
     found, top = _SCANNED[key]
-    return {**found, **names}, max(seen, top)
+    # Every record counted: its counts replace the peek's (the same records among them).
+    return {**names, **found}, max(seen, top)
 
 
 def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
