@@ -289,7 +289,9 @@ def eval_dataset(
     resize: str = "fill",
     fit_size=None,
 ) -> tf.data.Dataset:
-    """The evaluation dataset: each image of ``split`` exactly once, in file order.
+    """The evaluation dataset: each image of ``split`` exactly once, in the same order on
+    every call (a few shards read in turn, their records interleaved; an image folder's
+    files in order).
 
     No shuffle, no repeat, no augmentation; the last batch may be smaller. Arguments are
     those of :func:`train_dataset`; ``cache`` (default off) may be ``"ram"``/``"auto"`` to
@@ -331,7 +333,7 @@ def eval_dataset(
     if input_context is not None and input_context.num_input_pipelines > 1:
         how += "|by-record"  # a kept cache of an earlier build's share of whole files differs
     cache_to = _resolve_cache(cache, src, split, size, input_context, how, skip_corrupt)
-    # Read in file order, decode, batch without dropping anything.
+    # Read in a fixed order (shards interleaved), decode, batch without dropping anything.
     ds = _read(
         src,
         split,
