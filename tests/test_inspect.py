@@ -786,6 +786,40 @@ def test_one_wrong_label_does_not_rename_its_class_and_two_classes_of_one_name_a
         open_source(str(folder))  # fmt: skip
 
 
+def test_tfrecord_files_and_a_glob_matching_other_files_are_named_for_what_they_are(
+    make_records, tmp_path
+):
+    """A folder of .tfrecord files was "No readable manifest.json" (inspect) or "empty"
+    (train); a glob of them or one matching a README said the file "carries no record count
+    in its name", and told to rename it 'flowers00-6.tf-<count>.tfrec'."""
+    from petal.data.reader import open_source
+
+    folder = make_records("cl", counts={"all": [6] * 6}, codelab=True, fmt="jpeg")
+    other = tmp_path / "other"
+    other.mkdir()
+    for shard in sorted(folder.glob("*.tfrec")):
+        shutil.copy(shard, other / f"{shard.stem}.tfrecord")
+    (other / "partA.TFRECORDS").write_bytes(b"")  # no count: the count is asked for
+    said = (f"{other}/flowers00-6.tfrecord is named .tfrecord, and codelab shards (no "
+            "manifest.json) are read by the name NAME-<count>.tfrec, <count> their number of "
+            "records: rename each (this one flowers00-6.tfrec).")  # fmt: skip
+    for path in (str(other), f"{other}/*.tfrecord"):
+        for read in (open_source, lambda p: inspect_records(p, progress=False)):
+            with pytest.raises(PetalError) as err:
+                read(path)
+            assert str(err.value) == said
+    with pytest.raises(PetalError, match=r"partA.TFRECORDS is named .TFRECORDS, .* \(this one "
+                       r"partA-<count>.tfrec\)\.$"):  # fmt: skip
+        open_source(f"{other}/part*")
+    (folder / "README.txt").write_text("the flowers")
+    with pytest.raises(PetalError) as err:
+        open_source(f"{folder}/*")
+    assert str(err.value) == (
+        f"{folder}/* matches {folder}/README.txt, which is not a codelab shard "
+        f"(NAME-<count>.tfrec): pass a glob of the shards alone (such as {folder}/*.tfrec)."
+    )
+
+
 def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_records, monkeypatch):
     """The library drew its bar into a log file or a pipe by default (evaluate's default,
     and the CLI's, is a terminal only)."""

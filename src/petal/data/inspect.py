@@ -166,7 +166,12 @@ def _codelab_source(path: str):
     Raises:
         PetalError: ``path`` is a folder of images.
     """
-    from petal.data.reader import ShardsWithoutManifest, is_pattern, open_source
+    from petal.data.reader import (
+        OTHER_RECORD_SUFFIXES,
+        ShardsWithoutManifest,
+        is_pattern,
+        open_source,
+    )
 
     pattern = is_pattern(path)
     if not pattern and folders.exists(folders.join(path, schema.MANIFEST_NAME)):
@@ -189,7 +194,10 @@ def _codelab_source(path: str):
             raise
         if not folders.isdir(path):
             raise PetalError(f"{path} is a file, not a records folder; {what}.") from None
-        if any(schema.is_shard_file(name) for name in _names(path)):
+        if any(
+            schema.is_shard_file(name) or name.lower().endswith(OTHER_RECORD_SUFFIXES)
+            for name in _names(path)
+        ):
             raise  # shards that training cannot read either: its reason is the precise one
         if folders.holds_run_config(path):  # not "no readable manifest.json"
             raise PetalError(

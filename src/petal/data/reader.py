@@ -235,6 +235,8 @@ def open_source(
             f"{root} holds only the temporary files of a petal convert that did not finish "
             f"({schema.TEMP_PREFIX}*); run the conversion again (petal convert SRC {root})."
         )
+    if others := [n for n in names if n.lower().endswith(OTHER_RECORD_SUFFIXES)]:
+        raise _not_a_shard(root, _join(root, others[0]))
     if flat := folders.flat_folder_error(root, names, "Data source "):
         raise flat
     raise PetalError(
@@ -511,6 +513,8 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
         try:
             counts.append(schema.count_from_name(shard))
         except ValueError as err:
+            if not shard.endswith(schema.SHARD_SUFFIX):  # a glob's: a .tfrecord, a README
+                raise _not_a_shard(root, shard) from err
             # petal convert reads images, not shards: renaming is the fix for shards alone.
             stem = posixpath.basename(shard)[: -len(schema.SHARD_SUFFIX)]
             raise PetalError(
@@ -566,6 +570,29 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
     source._files["validation"], source._counts["validation"] = shards[:n_val], counts[:n_val]
     source._files["train"], source._counts["train"] = shards[n_val:], counts[n_val:]
     return source
+
+
+# TFRecord files as other tools name them: the codelab's reader takes ".tfrec" alone.
+OTHER_RECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr", ".record", ".records")
+
+
+def _not_a_shard(root: str, file: str) -> PetalError:
+    """For a glob ``root`` matching ``file``, which is not named as a codelab shard."""
+    name = posixpath.basename(file)
+    stem, dot, suffix = name.rpartition(".")
+    if dot and f".{suffix.lower()}" in OTHER_RECORD_SUFFIXES:
+        counted = bool(schema._COUNT_RE.search(stem + schema.SHARD_SUFFIX))
+        to = f"{stem}{schema.SHARD_SUFFIX}" if counted else f"{stem}-<count>{schema.SHARD_SUFFIX}"
+        return PetalError(
+            f"{file} is named .{suffix}, and codelab shards (no manifest.json) are read by the "
+            f"name NAME-<count>{schema.SHARD_SUFFIX}, <count> their number of records: rename "
+            f"each (this one {to})."
+        )
+    return PetalError(
+        f"{root} matches {file}, which is not a codelab shard (NAME-<count>"
+        f"{schema.SHARD_SUFFIX}): pass a glob of the shards alone (such as "
+        f"{posixpath.join(posixpath.dirname(root), '*' + schema.SHARD_SUFFIX)})."
+    )
 
 
 def _names_by_vote(
