@@ -723,6 +723,8 @@ def test_codelab_shards_that_name_no_classes_are_said_to_have_assumed_names(make
 
     folder = keep_only(make_records("cl", counts={"all": [6, 6]}, codelab=True, fmt="jpeg"))
     text = str(inspect_records(str(folder), progress=False)).splitlines()
+    # Not "original sizes": these records were resized, and their size is not recorded.
+    assert text[0] == f"{folder}: 12 records, jpeg sizes not recorded, 5 classes"
     assert text[1:3] == [
         "no manifest.json (the codelab's shards): counts from the file names, classes by "
         "index (names assumed), split by file as petal train reads them",

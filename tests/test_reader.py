@@ -318,10 +318,18 @@ def test_mixed_image_sizes_need_image_size(make_records):
     folder = make_records(counts={"train": [6, 6], "validation": [6]}, size=None, sizes=sizes)
     src = open_source(str(folder))
     assert src.image_size is None
-    with pytest.raises(PetalError, match="mixed image sizes.*image_size"):
+    with pytest.raises(PetalError, match="mixed image sizes \\(converted with resize mode "):
         train_dataset(src, batch_size=4)
     images, _ = next(iter(eval_dataset(src, batch_size=6, image_size=10)))
     assert images.shape == (6, 10, 10, 3)
+    # Codelab shards were not converted by petal: no resize mode is theirs.
+    shards = make_records("cl", counts={"all": [3] * 6}, codelab=True, size=None, sizes=sizes)
+    with pytest.raises(PetalError) as err:
+        train_dataset(str(shards), batch_size=4)
+    assert str(err.value) == (
+        f"Records in {shards} have mixed image sizes; pass image_size to resize them to one "
+        "size (e.g. image_size=192). Received: image_size=None"
+    )
 
 
 def test_corrupt_record_is_named_or_skipped(make_records, caplog):

@@ -259,6 +259,8 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
         "splits": splits,
         "origin": "codelab",
     }
+    if not source.size_recorded:
+        manifest["sizes_unrecorded"] = True
     if not source.classes_named:  # class_0, ... are assumed names
         manifest["unnamed_classes"] = True
     elif source.notes:  # records that disagree on a class's name
@@ -360,6 +362,8 @@ def _format(report: InspectReport) -> list[str]:
         for split, info in m["splits"].items()
     }
     size = "x".join(map(str, m["image_size"])) if m.get("image_size") else "original sizes"
+    if not m.get("image_size") and m.get("origin") == "codelab":  # not known to be theirs
+        size = "sizes not recorded" if m.get("sizes_unrecorded") else "mixed sizes"
     quality = f", quality {m['quality']}" if m.get("quality") is not None else ""
     if m.get("origin") == "codelab":
         unnamed = m.get("unnamed_classes")

@@ -1559,7 +1559,9 @@ def _resolve_size(src: Source, image_size) -> tuple[int, int]:
             "Received: image_size=None"
         )
     raise PetalError(
-        f"Records in {src.path} have mixed image sizes (converted with resize mode 'none'); "
+        f"Records in {src.path} have mixed image sizes"
+        + (" (converted with resize mode 'none')" if src.kind == "records" else "")
+        + "; "
         "pass image_size to resize them to one size (e.g. image_size=192). "
         "Received: image_size=None"
     )
