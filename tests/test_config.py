@@ -206,6 +206,12 @@ def test_base_config_is_used_without_a_preset():
     ("values", "match"),
     [
         ({"epochs": 0}, "epochs must be a positive integer"),
+        # Past int64 a traceback from TensorFlow's tensor conversion.
+        ({"eval_batch_size": 10**20}, r"^eval_batch_size must be a positive integer \(at most "
+                                      r"2147483647\)\. Received: eval_batch_size=10{20}$"),
+        ({"shuffle_buffer": 10**12}, r"shuffle_buffer must be a positive integer \(at most"),
+        # --set augment= (its value left out) trained with no augmentation, without a word.
+        ({"augment": " "}, r"^augment is empty; pass a recipe .* or 'none' for no augmentation"),
         ({"epochs": "3"}, "epochs must be a whole number"),
         ({"batch_size": 2.5}, "batch_size must be a whole number"),
         ({"optimizer": "lion"}, "Unknown optimizer 'lion'; valid: adam, adamw"),

@@ -538,6 +538,13 @@ def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tm
     ("values", "match"),
     [
         ({"schedule_options": {"warmup_epochs": "2"}}, "warmup_epochs must be a finite number"),
+        # OverflowError: cannot convert float infinity to integer (a traceback).
+        ({"schedule": "warmup_cosine", "schedule_options": {"warmup_epochs": float("inf")}},
+         r"^Schedule option warmup_epochs must be a finite number\. Received: "),
+        # Epochs 2 and 3 trained at a rate of 0, without a word.
+        ({"schedule": "warmup_cosine", "epochs": 3, "schedule_options": {"total_epochs": 1}},
+         r"^schedule_options\.total_epochs=1 is shorter than the 3 epochs it schedules: the "
+         r"cosine reaches end_lr=0 there, and the epochs after it would train at a rate of 0"),
         ({"schedule_options": {"peak_lr": 0.1}}, "peak_lr is set by training from learning_rate"),
         # It silently won over learning_rate, which the log and config.json reported.
         ({"schedule": "codelab_ramp", "schedule_options": {"max_lr": 5e-4}},
@@ -558,6 +565,46 @@ def test_bad_settings_are_refused_before_the_data_is_opened(tmp_path, values, ma
     with pytest.raises(PetalError, match=match):
         train(cfg, tmp_path / "run", log=lambda line: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_skip_corrupt_yields_to_set_an_empty_preset_is_refused_and_momentum_unused_is_said(
+    small_records, tmp_path, capsys
+):
+    """--skip-corrupt won over --set skip_corrupt=false (every other flag yields to --set);
+    --preset '' (an unset variable) trained the default preset; momentum with adam was
+    ignored without a word."""
+    from petal.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "--preset", "quick", "--model", "dense", "--data", str(small_records),
+            "--workdir", str(run), "--epochs", "1", "--image-size", "16", "--batch-size", "8",
+            "--precision", "float32", "--set", "steps_per_epoch=1", "--set",
+            "tensorboard=false"]  # fmt: skip
+    assert main([*args, "--skip-corrupt", "--set", "skip_corrupt=false", "--set",
+                 "momentum=0.5"]) == 0  # fmt: skip
+    assert json.loads((run / "config.json").read_text())["skip_corrupt"] is False
+    assert ("petal train: warning: momentum=0.5 is not used by optimizer 'adam' (its own "
+            "momentum is fixed, beta_1 0.9): set optimizer='sgd' or 'rmsprop' to use it, or "
+            "leave momentum out\n") in capsys.readouterr().err  # fmt: skip
+    args[2] = ""
+    assert main([*args, "--overwrite"]) == 2
+    assert capsys.readouterr().err == (
+        "petal train: error: --preset is empty (an unset shell variable?); pass a preset "
+        "(petal train --list-presets), or leave --preset out.\n"
+    )
+
+
+def test_a_shuffle_buffer_past_the_split_is_the_split(small_records):
+    """tf.data sets a buffer's room aside: 1e9 images ran the machine out of memory, 1e12
+    crashed the process (a segmentation fault)."""
+    from petal.data import open_source, train_dataset
+
+    src = open_source(str(small_records))
+    whole = train_dataset(src, batch_size=4, shuffle_buffer=src.count("train"), seed=1,
+                          deterministic=True)  # fmt: skip
+    huge = train_dataset(src, batch_size=4, shuffle_buffer=10**12, seed=1, deterministic=True)
+    for a, b in zip(whole.take(3), huge.take(3), strict=True):
+        assert np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0])
 
 
 def test_a_seed_keras_cannot_take_is_one_line_on_the_command_line(tmp_path, capsys):

@@ -431,7 +431,8 @@ def _run_train(args: argparse.Namespace) -> int:
         base = resume_config(args.workdir)  # a --config file's fields apply on top
     elif args.preset:
         get_preset(args.preset)  # unknown preset: list the valid ones before anything else
-    overrides = list(args.overrides) + (["skip_corrupt=true"] if args.skip_corrupt else [])
+    # --set comes last, as it does over every flag.
+    overrides = (["skip_corrupt=true"] if args.skip_corrupt else []) + list(args.overrides)
     weights = args.weights
     if weights is not None and weights.lower() == "none":
         weights, overrides = None, ["weights=null", *overrides]
@@ -812,6 +813,8 @@ _PATHS = {
         ("workdir", "--workdir", "the run's folder, or leave --workdir out for runs/PRESET"),
         ("config", "--config", "a JSON file of config fields"),
         ("weights", "--weights", "'imagenet', a .weights.h5 file or 'none'"),
+        # Not a path, but as empty from a shell variable: it trained the default preset.
+        ("preset", "--preset", "a preset (petal train --list-presets), or leave --preset out"),
     ),
     "evaluate": (
         ("workdir", "WORKDIR", _RUN),

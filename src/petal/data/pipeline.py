@@ -250,7 +250,9 @@ def train_dataset(
         cache_to=cache_to,
         decode=decode,
         group_decode=group_decode,
-        shuffle_buffer=int(shuffle_buffer),
+        # No larger than the split: tf.data sets a larger buffer's room aside (a buffer of
+        # 1e9 images ran the machine out of memory; 1e12 crashed the process).
+        shuffle_buffer=min(int(shuffle_buffer), src.count(split)),
         per_replica=per_replica,
     )
     first_pass, skip = divmod(int(start_step), count // per_replica)

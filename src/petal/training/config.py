@@ -195,6 +195,12 @@ class TrainConfig:
             "lr_reference_batch",
             allow_none=True,
         )
+        if isinstance(self.augment, str) and not self.augment.strip():
+            # (--set augment= with its value left out trained with none, without a word.)
+            raise PetalError(
+                "augment is empty; pass a recipe (e.g. 'codelab' or 'flip+saturation'), or "
+                "'none' for no augmentation. Received: augment=''"
+            )
         for key, wanted in _FINITE.items():
             value = getattr(self, key)
             if isinstance(value, float) and not math.isfinite(value):
@@ -312,13 +318,20 @@ class TrainConfig:
         return self
 
 
+_MAX_COUNT = 2**31 - 1  # epochs, batches, steps, buffers and sizes: TensorFlow's int32
+
+
 def _check_positive(cfg: TrainConfig, *names: str, allow_none: bool = False) -> None:
     for name in names:
         value = getattr(cfg, name)
         if value is None and allow_none:
             continue
-        if not is_int_at_least(value, 1):
-            raise PetalError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        if not is_int_at_least(value, 1) or value > _MAX_COUNT:
+            # A count past int64 was a traceback from TensorFlow's tensor conversion.
+            raise PetalError(
+                f"{name} must be a positive integer (at most {_MAX_COUNT}). "
+                f"Received: {name}={value!r}"
+            )
 
 
 def _check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:

@@ -1312,8 +1312,29 @@ def _schedule(
     if cfg.schedule == "warmup_cosine":
         warmup = opts.get("warmup_epochs")
         # A warm-up as long as the phase ends at the peak: the cosine decay never starts.
-        if "total_epochs" not in opts and isinstance(warmup, (int, float)) and warmup >= epochs:
+        if (
+            "total_epochs" not in opts
+            and isinstance(warmup, (int, float))
+            and math.isfinite(warmup)  # (else refused by the schedule, by name)
+            and warmup >= epochs
+        ):
             raise _long_warmup(cfg, warmup, epochs, phase, need=math.floor(warmup) + 1)
+        total = opts.get("total_epochs")
+        if (
+            isinstance(total, (int, float))
+            and not isinstance(total, bool)
+            and 0 < total < epochs
+            and not opts.get("end_lr")
+        ):
+            # After total_epochs the rate stays at end_lr: whole epochs trained at 0.
+            where = "" if phase == "all" else f" ({phase} phase)"
+            raise PetalError(
+                f"schedule_options.total_epochs={total} is shorter than the {epochs} epochs it "
+                f"schedules{where}: the cosine reaches end_lr=0 there, and the epochs after it "
+                f"would train at a rate of 0. Drop total_epochs (the run's epochs), set it to "
+                f"{epochs} or more, or set schedule_options.end_lr above 0. "
+                f"Received: schedule_options.total_epochs={total}"
+            )
         opts.setdefault("total_epochs", epochs)
         return build_schedule("warmup_cosine", steps_per_epoch=steps, peak_lr=peak, **opts)
     # codelab_ramp. Each phase of head_then_all ramps up anew: a ramp that does not fit in one
@@ -1931,6 +1952,13 @@ def _train(
         log(f"petal train: cache=auto: the decoded training images are cached {where}")
     if slow := slow_precision_warning(cfg.precision, sinfo):
         log(f"petal train: warning: {slow}")
+    if cfg.optimizer in ("adam", "adamw") and cfg.momentum != TrainConfig.momentum:
+        # Said, not refused: a run saved with it (ignored, as ever) still resumes.
+        log(
+            f"petal train: warning: momentum={cfg.momentum} is not used by optimizer "
+            f"{cfg.optimizer!r} (its own momentum is fixed, beta_1 0.9): set optimizer='sgd' or "
+            "'rmsprop' to use it, or leave momentum out"
+        )
     if cfg.steps_per_execution > 1 and _multi_step_fails(strategy, replicas):
         log(
             f"petal train: steps_per_execution {cfg.steps_per_execution} -> 1: Keras' loop of "
