@@ -120,8 +120,9 @@ def test_unknown_schedule():
                        r"peak_lr \(petal train sets it from learning_rate\)\."):  # fmt: skip
         build_schedule("warmup_cosine", steps_per_epoch=2, peak_lr=1.0, total_epochs=2, gamma=1)
     with pytest.raises(PetalError, match=r"options are: start_lr, min_lr, rampup_epochs, "
-                       r"sustain_epochs, decay, replicas, interpolate, besides its rate max_lr "
-                       r"\(petal train sets it from learning_rate when that is set\)"):  # fmt: skip
+                       r"sustain_epochs, decay, interpolate, besides its rate max_lr \(petal "
+                       r"train sets it from learning_rate when that is set\) and replicas "
+                       r"\(from its strategy\)"):  # fmt: skip
         build_schedule("codelab_ramp", steps_per_epoch=2, gamma=0.1)
 
 

@@ -550,6 +550,9 @@ def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tm
         ({"schedule": "codelab_ramp", "schedule_options": {"max_lr": 5e-4}},
          "max_lr is set by training from learning_rate"),
         ({"schedule_options": {"steps_per_epoch": 5}}, "steps_per_epoch is set by training"),
+        # The codelab's rule for 8 replicas ran; the log and config.json said one's peak.
+        ({"schedule": "codelab_ramp", "learning_rate": None, "schedule_options": {"replicas": 8}},
+         r"^schedule_options\.replicas is set by training from the strategy's replicas"),
         ({"augment": "flip+sharpen"}, "Unknown augmentation 'sharpen'"),
         ({"seed": -1}, r"seed must be a whole number from 0 to 4294967295\. Received: seed=-1"),
         # Keras' set_random_seed refused it with a ValueError traceback.

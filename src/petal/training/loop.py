@@ -1297,7 +1297,10 @@ def _schedule(
     given = {"constant": "lr", "warmup_cosine": "peak_lr"}.get(cfg.schedule)
     if cfg.schedule == "codelab_ramp" and cfg.learning_rate is not None:
         given = "max_lr"  # else the codelab's rule for the replicas, or max_lr given here
-    for key, source in (("steps_per_epoch", "the data and batch size"), (given, "learning_rate")):
+    set_by = [("steps_per_epoch", "the data and batch size"), (given, "learning_rate")]
+    if cfg.schedule == "codelab_ramp":  # the log and config.json stated one replica's peak
+        set_by.append(("replicas", "the strategy's replicas"))
+    for key, source in set_by:
         if key in opts:
             raise PetalError(
                 f"schedule_options.{key} is set by training from {source}; remove it from "

@@ -379,9 +379,11 @@ def _options_line(name: str) -> str:
     the rate, which training sets (from the data and ``learning_rate``)."""
     rate = RATE_OPTIONS[name]
     chosen = [p for p in inspect.signature(SCHEDULES[name]).parameters
-              if p not in ("steps_per_epoch", rate)]  # fmt: skip
+              if p not in ("steps_per_epoch", rate, "replicas")]  # fmt: skip
     where = " when that is set" if name == "codelab_ramp" else ""
     besides = f"its rate {rate} (petal train sets it from learning_rate{where})"
+    if "replicas" in inspect.signature(SCHEDULES[name]).parameters:
+        besides += " and replicas (from its strategy)"
     if not chosen:
         return f"it has no options besides {besides}"
     return f"its options are: {', '.join(chosen)}, besides {besides}"
