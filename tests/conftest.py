@@ -238,6 +238,19 @@ def keep_only(folder: Path, keys=("image", "class")) -> Path:
     return folder
 
 
+def edit_record(path: Path, record: int, edit) -> None:
+    """Rewrite the TFRecord file ``path`` with ``edit(features)`` applied to record number
+    ``record`` (its ``tf.train.Example``'s feature map, changed in place): every frame is
+    sound, the record says something else."""
+    import tensorflow as tf
+
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))]
+    edit(examples[record].features.feature)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for example in examples:
+            writer.write(example.SerializeToString())
+
+
 def relabel_after(folder: Path, first: int, label: int) -> Path:
     """Rewrite every ``*.tfrec`` in ``folder`` giving record ``first`` and those after it in
     each shard class ``label`` (a class that the first records of a shard never show)."""

@@ -137,6 +137,27 @@ def test_bench_input_names_an_undecodable_record_at_once(case, make_records, cap
     assert "function_node" not in err[0] and "Iterator::" not in err[0]
 
 
+def test_bench_input_says_a_record_lacks_its_class_not_that_its_image_is_bad(
+    make_records, capsys
+):
+    """A record without 'class' was "the image of ...: record 5 cannot be decoded (Feature:
+    class (data type: int64) is required but could not be found)"."""
+    from conftest import edit_record
+
+    def drop_class(feature):
+        del feature["class"]
+
+    records = make_records("codelab", counts={"all": [8] * 6}, fmt="jpeg", codelab=True)
+    shard = records / "flowers02-8.tfrec"  # a training shard
+    edit_record(shard, 5, drop_class)
+    code, err, _ = _bench([str(records), "--cases", "jpeg"], capsys)
+    assert code == 2 and err == [
+        f"petal bench: error: {shard}: record 5: the record has no 'class' feature (the int64 "
+        "class index; it carries image, label, one_hot_class, size). "
+        f"Run `petal inspect --verify {records}` to list every bad record, and convert again."
+    ], err
+
+
 def test_bench_input_names_a_corrupt_record_and_the_fix(make_records, capsys):
     from conftest import corrupt_record
 

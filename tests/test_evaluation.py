@@ -511,6 +511,29 @@ def test_evaluate_counts_a_record_whose_image_does_not_decode(trained, make_reco
         r"classes", warnings[1])
 
 
+def test_evaluate_names_a_renamed_codelab_shard_with_or_without_skip_corrupt(
+    trained, make_records, tmp_path
+):
+    """A shard renamed to more records than it holds was corrupt ("record 4 could not be
+    read"), and skipped its missing records: "24 images ... 2 corrupt records skipped" of
+    24 records. It is sound: evaluate stops, naming it, the count it holds and its name."""
+    from petal.evaluation.evaluate import evaluate
+
+    shards = make_records("shards", counts={"all": [4] * 6}, codelab=True, fmt="jpeg")
+    (shards / "flowers03-4.tfrec").rename(shards / "flowers03-6.tfrec")
+    for skip_corrupt in (False, True):
+        out = tmp_path / f"eval-{skip_corrupt}"
+        with pytest.raises(PetalError) as caught:
+            evaluate(trained, shards, split="all", skip_corrupt=skip_corrupt, out_dir=out,
+                     log=lambda line: None, warn=lambda line: None)  # fmt: skip
+        assert str(caught.value) == (
+            f"Codelab shard {shards}/flowers03-6.tfrec holds 4 records, not the 6 its file "
+            "name says: it is not corrupt (every record reads, and the file ends after the "
+            "last); rename it to flowers03-4.tfrec (or copy it again, if it lost records)."
+        )
+        assert not (out / "eval.json").exists()
+
+
 def test_evaluate_cli_names_a_corrupt_record_or_skips_and_counts(
     trained, small_records, tmp_path, capsys, monkeypatch
 ):

@@ -963,6 +963,89 @@ def test_a_class_index_past_the_sources_classes_stops_in_one_line(make_records, 
     assert np.all(labels.sum(axis=1) == 1)
 
 
+def _set_class(value):
+    def edit(feature):
+        feature["class"].int64_list.value[:] = [value]
+
+    return edit
+
+
+def test_a_negative_class_index_names_its_record_and_says_no_classes_list_mends_it(
+    make_records,
+):
+    """Record 2 of a shard with class -1 said "holds class index -1 but the source has 5
+    classes (counted from every record): pass --classes NAME,NAME,... listing every class":
+    no list of classes makes -1 one, and it named neither shard nor record. Read, with
+    skip_corrupt too, or trained on; and an index past a records folder's classes."""
+    from conftest import edit_record
+    from petal.data import reader
+
+    folder = make_records("neg", counts={"all": [4] * 6}, codelab=True, fmt="jpeg")
+    shard = folder / "flowers01-4.tfrec"  # a training shard (validation: flowers00)
+    edit_record(shard, 2, _set_class(-1))
+    src = open_source(str(folder))
+    expected = (
+        f"{folder} holds class index -1 ({shard}: record 2) but class indices run from 0 to 4 "
+        "(5 classes): the record is wrong (no --classes names a negative index): write it "
+        "again with its class index, or convert the original images with petal convert."
+    )
+    for skip_corrupt in (False, True):
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            for _ in eval_dataset(src, batch_size=4, split="all", skip_corrupt=skip_corrupt):
+                pass
+        assert str(reader.input_error(caught.value, str(folder), "evaluate")) == expected
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        for _ in train_dataset(src, batch_size=4, seed=0, augment=None).take(12):
+            pass
+    assert str(reader.input_error(caught.value, src, "train")) == expected
+
+    records = make_records("records", counts={"train": [7, 6], "validation": [5]})
+    shard = records / "train-00001-of-00002-6.tfrec"
+    edit_record(shard, 3, _set_class(9))  # (the same bytes: the manifest still agrees)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        for _ in eval_dataset(str(records), batch_size=4, split="train"):
+            pass
+    assert str(reader.input_error(caught.value, records, "evaluate", split="train")) == (
+        f"{records} holds class index 9 ({shard}: record 3) but the source has 5 classes (its "
+        "manifest lists them): its shards were changed after petal convert wrote them; convert "
+        "again."
+    )
+
+
+def test_a_record_without_a_class_is_said_to_lack_it_not_to_hold_a_bad_image(make_records):
+    """Record 2 of a shard (not its first, which opening checks) without 'class' was "1
+    record(s) whose image cannot be decoded: ...: record 2: Feature: class (data type:
+    int64) is required but could not be found", and skip_corrupt said it "cannot be
+    decoded"."""
+    from conftest import edit_record
+    from petal.data import reader
+
+    def drop_class(feature):
+        del feature["class"]
+
+    folder = make_records("nocls", counts={"all": [4] * 6}, codelab=True, fmt="jpeg")
+    shard = folder / "flowers00-4.tfrec"  # the validation shard
+    edit_record(shard, 2, drop_class)
+    src = open_source(str(folder))
+    named = (
+        f"{shard}: record 2: the record has no 'class' feature (the int64 class index; it "
+        "carries image, label, one_hot_class, size)"
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(eval_dataset(src, batch_size=4, split="validation"))
+    assert str(reader.input_error(caught.value, str(folder), "evaluate", split="validation")) == (
+        f"1 record(s) of {folder} lack a feature the pipeline reads: {named}. Write them again "
+        "with it (codelab shards: image and class), or convert the original images with petal "
+        "convert; or evaluate with --skip-corrupt to skip and count them."
+    )
+    bad, line = pipeline.decode_skips(src, "validation", "eval.json")
+    assert bad == [(f"{shard}: record 2", named.split(": ", 2)[2])]
+    assert line == f"1 of 4 records lack a feature the pipeline reads and are skipped: {named}"
+    labels = np.concatenate([y for _, y in eval_dataset(src, batch_size=4, split="validation",
+                                                        skip_corrupt=True)])  # fmt: skip
+    assert len(labels) == 3
+
+
 def test_a_kept_cache_folder_gives_each_seed_the_batches_it_fills_itself(records, tmp_path):
     """The cache held the records in the order of the seed that filled it, and the key left
     the seed out: a run of seed 3 reading a cache that seed 5 (or an unseeded run) filled

@@ -350,6 +350,61 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     assert "validation-00000-of-00001-5.tfrec" in caplog.text
 
 
+def test_a_sound_shard_of_another_count_than_its_name_is_named_not_called_corrupt(
+    make_records, caplog
+):
+    """A codelab shard renamed to more records than it holds was "corrupt or truncated ...
+    record 4 could not be read (CRC failure or short file)", and skip_corrupt "skipped 2
+    record(s)" that never were; one renamed to fewer was "holds more records than the 3",
+    and skip_corrupt "skipped 0 record(s) ... record 4 is corrupt". Neither is corrupt: the
+    shard, the count it holds and its right name are said, with or without skip_corrupt
+    (nothing counted as skipped). A shard cut short inside a record still is corrupt."""
+    folder = make_records("cl", counts={"all": [4] * 6}, codelab=True, fmt="jpeg")
+    (folder / "flowers00-4.tfrec").rename(folder / "flowers00-3.tfrec")  # validation
+    (folder / "flowers02-4.tfrec").rename(folder / "flowers02-6.tfrec")  # train
+    src = open_source(str(folder))
+    sound = "it is not corrupt (every record reads, and the file ends after the last)"
+    fewer = (
+        f"Codelab shard {folder}/flowers00-3.tfrec holds 4 records, not the 3 its file name "
+        f"says: {sound}; rename it to flowers00-4.tfrec."
+    )
+    more = (
+        f"Codelab shard {folder}/flowers02-6.tfrec holds 4 records, not the 6 its file name "
+        f"says: {sound}; rename it to flowers02-4.tfrec (or copy it again, if it lost records)."
+    )
+    for split, expected, held in (("validation", fewer, 4), ("train", more, 20)):
+        with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+            list(eval_dataset(src, split=split, batch_size=4))
+        assert str(reader.input_error(caught.value, str(folder), "evaluate", split=split)) == (
+            expected
+        )
+        mark, skipped = len(reader.SKIPPED.miscounted), reader.SKIPPED.skipped
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="petal.data.reader"):
+            ids = image_ids(eval_dataset(src, split=split, batch_size=4, skip_corrupt=True))
+        # Every record read, none counted as skipped; the caller stops on the count.
+        assert len(ids) == held and reader.SKIPPED.skipped == skipped
+        assert str(reader.SKIPPED.miscount_since(mark)) == expected
+        assert expected in caplog.text and "corrupt (CRC" not in caplog.text
+
+    # Cut inside its last record: corrupt, as before, whatever its name says.
+    (folder / "flowers00-3.tfrec").rename(folder / "flowers00-4.tfrec")
+    shard = folder / "flowers00-4.tfrec"
+    shard.write_bytes(shard.read_bytes()[:-5])
+    src = open_source(str(folder))
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(eval_dataset(src, split="validation", batch_size=4))
+    assert str(reader.input_error(caught.value, str(folder), "evaluate", split="validation")) == (
+        f"Corrupt input in {folder}: corrupt or truncated shard {shard}: record 3 (0-based) could "
+        "not be read (CRC failure or short file; 3 of 4 records read). Run `petal inspect "
+        "--verify` on it, reconvert, or evaluate with --skip-corrupt to skip and count bad records."
+    )
+    mark, skipped = len(reader.SKIPPED.miscounted), reader.SKIPPED.skipped
+    ids = image_ids(eval_dataset(src, split="validation", batch_size=4, skip_corrupt=True))
+    assert len(ids) == 3 and reader.SKIPPED.skipped == skipped + 1
+    assert reader.SKIPPED.miscount_since(mark) is None
+
+
 def test_with_skip_corrupt_a_shard_removed_while_reading_is_named_as_gone(make_records, caplog):
     # It was skipped as "record 0 is corrupt (CRC failure or truncation)".
     folder = make_records(counts={"train": [7, 6], "validation": [5]})

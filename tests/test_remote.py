@@ -109,6 +109,29 @@ def test_corrupt_remote_shard_names_the_url(make_records):
             list(eval_dataset(src, batch_size=2))
 
 
+def test_a_sound_remote_shard_of_another_count_is_named_by_its_url(make_records):
+    """Read over http, as on disk: a shard renamed to fewer records than it holds is no
+    corrupt record, with skip_corrupt or without; its URL and right name are said."""
+    from petal.data import reader
+
+    folder = make_records(counts={"all": [5, 4, 3]}, codelab=True, fmt="jpeg")
+    (folder / "flowers01-4.tfrec").rename(folder / "flowers01-2.tfrec")
+    with remote.ObjectServer({"codelab": folder}) as server:
+        url = server.url("codelab")
+        expected = (
+            f"Codelab shard {url}/flowers01-2.tfrec holds 4 records, not the 2 its file name "
+            "says: it is not corrupt (every record reads, and the file ends after the last); "
+            "rename it to flowers01-4.tfrec."
+        )
+        src = open_source(url)
+        with pytest.raises(Exception) as caught:
+            list(eval_dataset(src, batch_size=2, split="train"))
+        assert str(reader.input_error(caught.value, url, "evaluate", split="train")) == expected
+        mark = len(reader.SKIPPED.miscounted)
+        ids = image_ids(eval_dataset(src, batch_size=2, split="train", skip_corrupt=True))
+        assert len(ids) == 12 and str(reader.SKIPPED.miscount_since(mark)) == expected
+
+
 def test_image_folder_over_http_one_request_per_file(small_flowers, tmp_path):
     # Hidden entries are not read over http either, as in a local folder.
     images = tmp_path / "images"

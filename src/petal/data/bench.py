@@ -532,6 +532,9 @@ def _input_failure(path: str, records: str, folder: str | None) -> PetalError | 
     bad = pipeline.undecodable_records(src, "train")
     if not bad:
         return None
+    if pipeline.lacks_feature(bad[0][1]):  # no image to blame: a record written without it
+        more = f" (and {len(bad) - 1} more bad record(s))" if len(bad) > 1 else ""
+        return PetalError(f"{bad[0][0]}: {bad[0][1]}{more}. {_fix(str(path))}")
     return PetalError(_undecodable(bad[0][0], bad[0][1], str(path), more=len(bad) - 1))
 
 

@@ -1241,7 +1241,9 @@ def _skipping_file_decoder(src: Source, size, resize: str, fit):
 
 def undecodable_records(source, split: str = "all") -> list[tuple[str, str]] | None:
     """``("SHARD: record I", reason)`` of each record whose frame is sound (its CRC checks)
-    but whose image the pipeline's decoder rejects, in shard and record order.
+    but whose image the pipeline's decoder rejects, in shard and record order; a record
+    that lacks a feature the decoder parses (``class``) has a reason that says so
+    (:func:`lacks_feature`), not the parser's "is required but could not be found".
 
     The reader counts CRC failures as it meets them (:func:`reader.guarded_records`); these
     records are dropped one by one inside tf.data with nothing counted, so a run with
@@ -1278,9 +1280,56 @@ def undecodable_records(source, split: str = "all") -> list[tuple[str, str]] | N
                 decode(record)
                 reason = "does not decode in the pipeline"  # not seen: it failed there
             except tf.errors.OpError as err:
-                reason = _op_reason(err)
+                reason = _lacking(record.numpy(), decode.parse_spec) or _op_reason(err)
             bad.append((f"{path}: record {int(i)}", reason))
     return bad
+
+
+# Opens the reason undecodable_records gives a record that lacks a feature the pipeline
+# parses: no image that does not decode, a record written without it (lacks_feature).
+LACKS = "the record has no '"
+
+
+def _lacking(record: bytes, spec: dict) -> str | None:
+    """Which feature of ``spec`` (the pipeline's parse) the example ``record`` lacks, as
+    a reason that starts with :data:`LACKS`; None when it holds them all (or is no
+    example)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        feature = tf.train.Example.FromString(record).features.feature
+    except DecodeError:
+        return None
+    missing = [key for key in spec if key not in feature]
+    if not missing:
+        return None
+    what = "the int64 class index" if missing[0] == schema.CLASS else "which the pipeline reads"
+    return (
+        f"{LACKS}{missing[0]}' feature ({what}; it carries "
+        f"{', '.join(sorted(feature)) or 'no feature'})"
+    )
+
+
+def lacks_feature(reason: str) -> bool:
+    """Whether :func:`undecodable_records`' ``reason`` is a record's missing feature."""
+    return reason.startswith(LACKS)
+
+
+def _bad_records_line(bad: list[tuple[str, str]], total: int, names: str) -> str:
+    """``"N of TOTAL records ... and are skipped: NAMES"`` for :func:`undecodable_records`'
+    ``bad``: records whose image cannot be decoded, that lack a feature, or both."""
+    lacking = sum(lacks_feature(reason) for _, reason in bad)
+    if not lacking:
+        return f"{len(bad)} of {total} records cannot be decoded and are skipped: {names}"
+    if lacking == len(bad):
+        return (
+            f"{len(bad)} of {total} records lack a feature the pipeline reads and are "
+            f"skipped: {names}"
+        )
+    return (
+        f"{len(bad)} of {total} records are skipped ({lacking} lack a feature the pipeline "
+        f"reads, {len(bad) - lacking} cannot be decoded): {names}"
+    )
 
 
 def _among(wanted: np.ndarray, i, _record):
@@ -1328,6 +1377,8 @@ def decode_skips(
     if folder:
         _NAMED_UP_FRONT.update(path for path, _ in bad)  # the pipeline need not name them
     names = some_files(bad, f"each listed in {listed_in} as {skip_list_key(src)}")
+    if not folder:
+        return bad, _bad_records_line(bad, total, names)
     return bad, f"{len(bad)} of {total} {what} cannot be decoded and are skipped: {names}"
 
 
@@ -1363,12 +1414,13 @@ def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32
     if USE_XLA and (aug is None or aug.xla):
         compiled = tf.function(transform, jit_compile=True, reduce_retracing=True)
 
-    head, tail = reader.class_range_message(src) if src is not None else ("", "")
+    head, tail, negative = reader.class_range_message(src) if src is not None else ("",) * 3
 
     def checked(labels):
         bad = tf.logical_or(labels < 0, labels >= num_classes)
         first = tf.gather(labels, tf.argmax(tf.cast(bad, tf.int32)))
-        message = tf.strings.join([head, tf.strings.as_string(first), tail])
+        after = tf.where(first < 0, negative, tail)
+        message = tf.strings.join([head, tf.strings.as_string(first), after])
         ok = tf.logical_not(tf.reduce_any(bad))
         with tf.control_dependencies([tf.debugging.Assert(ok, [message], summarize=1)]):
             return tf.identity(labels)

@@ -1003,12 +1003,27 @@ class SkipCounter:
         self.skipped = 0
         self.events: list[str] = []
         self.shards: list[tuple[str, int]] = []  # (shard, records lost), per event
+        # Sound shards that hold another count than they should: not skipped, an error
+        # (see miscount_since).
+        self.miscounted: list[str] = []
 
     def add(self, n: int, message: str, shard: str = "") -> None:
         with self._lock:
             self.skipped += n
             self.events.append(message)
             self.shards.append((shard, n))
+
+    def add_miscount(self, line: str) -> None:
+        with self._lock:
+            self.miscounted.append(line)
+
+    def miscount_since(self, mark: int) -> PetalError | None:
+        """The error for the first sound shard of another count read with
+        ``skip_corrupt`` since ``mark`` (``len(miscounted)`` taken before), or None: read
+        with ``skip_corrupt`` its count is only logged, the caller stops on it."""
+        with self._lock:
+            found = self.miscounted[mark:mark + 1]
+        return PetalError(found[0]) if found else None
 
     def lost_since(self, mark: int) -> dict[str, int]:
         """Records lost per shard in the events after the first ``mark`` (``len(shards)``
@@ -1042,6 +1057,13 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
     names the shard and the first record that could not be read. With ``skip_corrupt``
     the rest of that shard is skipped with a warning and counted in :data:`SKIPPED`.
 
+    A shard whose every record reads and whose file ends after its last record, but that
+    holds another count (a renamed codelab shard), is not corrupt, and skipping cannot
+    mend it: it stops the pipeline with :func:`miscount_error`'s line, which names the
+    count it holds and the fix; with ``skip_corrupt`` that line is logged and kept in
+    :data:`SKIPPED` instead (:meth:`SkipCounter.miscount_since`) for the caller to stop on
+    (an error raised would be dropped with the records that do not decode).
+
     Args:
         path: scalar string tensor, the shard.
         expected: scalar int64 tensor, the records it must hold.
@@ -1073,20 +1095,43 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
     blocks = blocks.map(graph(lambda b: (b, tf.constant(False))))
     end = tf.data.Dataset.from_tensors((tf.zeros([0], tf.string), tf.constant(True)))
 
-    def count(n, item):
+    def count(state, item):
+        # Records, and the bytes they take in the file (each framed by 16: length, CRCs).
         block, last = item
-        n = n + tf.cast(tf.size(block), tf.int64)
-        return n, (block, last, n)
+        n = state[0] + tf.cast(tf.size(block), tf.int64)
+        lengths = tf.cast(tf.strings.length(block), tf.int64) + 16
+        size = state[1] + tf.reduce_sum(lengths)
+        return (n, size), (block, last, n, size)
 
-    def check(block, last, n):
+    def miscounted(last, n, size):
+        # At its end, a shard that holds another count than it should: not corrupt when
+        # every record read and the file ends after the last (see _miscount_line).
+        def line():
+            said = tf.py_function(_miscount_line, [path, name, n, size, expected], tf.string)
+            return tf.ensure_shape(said, [])
+
+        wrong = tf.logical_and(last, tf.not_equal(n, expected))
+        return tf.cond(wrong, line, lambda: tf.constant(""))
+
+    def check(block, last, n, size):
+        # A sound shard of another count is no corrupt record: skip_corrupt does not skip it.
+        said = miscounted(last, n, size)
         if skip_corrupt:
+            # Reported, not asserted: the decoder's ignore_errors() downstream would drop the
+            # assertion's error as it drops a record that does not decode.
+            def report():
+                return tf.cond(
+                    tf.equal(said, ""),
+                    lambda: tf.py_function(_report_skip, [name, n, expected], tf.bool),
+                    lambda: tf.py_function(_report_miscount, [said], tf.bool),
+                )
+
             ok = tf.logical_or(tf.logical_not(last), tf.equal(n, expected))
-            warn = tf.cond(
-                ok,
-                lambda: tf.constant(True),
-                lambda: tf.py_function(_report_skip, [name, n, expected], tf.bool),
-            )
+            warn = tf.cond(ok, lambda: tf.constant(True), report)
             return tf.logical_and(tf.logical_not(last), warn)
+        sound = tf.debugging.Assert(tf.equal(said, ""), [said], summarize=1)
+        with tf.control_dependencies([sound]):
+            last = tf.identity(last)
         # tf.strings.join, not format: format would quote the path.
         message = tf.strings.join(
             [
@@ -1103,37 +1148,81 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
                 "(petal train/evaluate: --skip-corrupt).",
             ]
         )
-        # More records than promised means the manifest (or file name) disagrees.
-        too_many = tf.strings.join(
-            [
-                "petal: shard ",
-                name,
-                " holds more records than the ",
-                tf.strings.as_string(expected),
-                " its manifest or file name says.",
-            ]
-        )
         with tf.control_dependencies(
-            [
-                tf.debugging.Assert(
-                    tf.logical_or(tf.logical_not(last), n >= expected), [message], summarize=1
-                ),
-                tf.debugging.Assert(tf.less_equal(n, expected), [too_many], summarize=1),
-            ]
+            [tf.debugging.Assert(tf.logical_or(tf.logical_not(last), n >= expected), [message],
+                                 summarize=1)]
         ):
             return tf.logical_not(last)
 
+    zero = tf.constant(0, tf.int64)
     return (
         blocks.concatenate(end)
-        .scan(tf.constant(0, tf.int64), graph(count))
+        .scan((zero, zero), graph(count))
         .filter(graph(check))
-        .map(graph(lambda block, last, n: block))
+        .map(graph(lambda block, last, n, size: block))
         .unbatch()
     )
 
 
 def _plus_one(n, _):
     return n + 1
+
+
+# Opens the message of a shard that holds another count than it should, though sound
+# (see guarded_records and _miscount_line).
+MISCOUNT = "petal: miscounted shard: "
+
+
+def _miscount_line(path, name, n, size, expected) -> bytes:
+    """:data:`MISCOUNT`'s message for shard ``path`` (called ``name``), of which ``n``
+    records, ``size`` bytes in all with their frames, were read where ``expected`` were due;
+    b"" when it is corrupt instead (a record that could not be read ended it before its
+    end, or it is empty): the caller's corruption message then stands."""
+    import tensorflow as tf
+
+    path = path.numpy().decode("utf-8", "replace")
+    name = name.numpy().decode("utf-8", "replace")
+    n, size, expected = int(n), int(size), int(expected)
+    try:
+        whole = n > 0 and tf.io.gfile.stat(path).length == size
+    except tf.errors.OpError:  # gone since: not known to be sound
+        whole = False
+    if not whole and n < expected:
+        return b""
+    return f"{MISCOUNT}{miscount_message(name, n, expected, whole)}".encode()
+
+
+def miscount_message(shard: str, held: int, said: int, whole: bool = True) -> str:
+    """The one-line error for ``shard``, which holds ``held`` sound records where its name
+    (or manifest) says ``said``; ``whole``: it ends after them, else a record after them
+    could not be read (``held`` > ``said`` only)."""
+    local = not folders.is_http(shard)
+    base = posixpath.basename(shard if local else urllib.parse.urlsplit(shard).path)
+    if schema.is_split_shard(base):  # petal convert's: its manifest says the count too
+        what, told = "Shard", "manifest and file name say"
+        fix = "its shards were changed after petal convert wrote them: convert again"
+    else:
+        what, told = "Codelab shard", "file name says"
+        fix = f"rename it to {base.rsplit('-', 1)[0]}-{held}{schema.SHARD_SUFFIX}"
+        if held < said:
+            fix += " (or copy it again, if it lost records)"
+    if not whole:
+        return (
+            f"{what} {shard} holds more records than the {said} its {told} ({held} read), and "
+            f"record {held} (0-based) cannot be read (CRC failure or short file): copy or "
+            "convert it again."
+        )
+    return (
+        f"{what} {shard} holds {held} records, not the {said} its {told}: it is not corrupt "
+        f"(every record reads, and the file ends after the last); {fix}."
+    )
+
+
+def miscount_error(err) -> PetalError | None:
+    """The one-line error of :func:`guarded_records`' check that a sound shard holds the
+    count it should (:data:`MISCOUNT`) that stopped a run, else None."""
+    line = _asserted(err, MISCOUNT)
+    return None if line is None else PetalError(line)
 
 
 # Opens the message of the pipeline's check of every label (see class_range_message).
@@ -1143,10 +1232,12 @@ CLASS_RANGE = "petal: class index out of range: "
 SHORT_PASS = "petal: short pass: "
 
 
-def class_range_message(src: Source) -> tuple[str, str]:
+def class_range_message(src: Source) -> tuple[str, str, str]:
     """The error for a record of ``src`` whose class index is not one of its classes, as
-    the text before the index and the text after it: the pipeline checks every label, so
-    that no run trains on the all-zero one-hot label of such a class (``tf.one_hot``)."""
+    the text before the index, the text after an index past the classes and the text after
+    a negative one: the pipeline checks every label, so that no run trains on the all-zero
+    one-hot label of such a class (``tf.one_hot``). :func:`class_range_error` names the
+    record where it can."""
     n = src.num_classes
     if src.kind == "codelab" and src.classes_from.startswith("as classes="):
         fix = f"{src.classes_from}): pass classes listing every class in index order"
@@ -1161,14 +1252,82 @@ def class_range_message(src: Source) -> tuple[str, str]:
         fix += "them; convert again"
     else:
         fix = "one per class folder)"
-    return f"{CLASS_RANGE}{src.path} holds class index ", f" but the source has {n} classes ({fix}."
+    # No list of classes makes a negative index one: the record is wrong.
+    if src.kind == "records":
+        mend = "its shards were changed after petal convert wrote them; convert again"
+    else:
+        mend = (
+            "the record is wrong (no --classes names a negative index): write it again with "
+            "its class index, or convert the original images with petal convert"
+        )
+    negative = f" but class indices run from 0 to {n - 1} ({n} classes): {mend}."
+    return (
+        f"{CLASS_RANGE}{src.path} holds class index ",
+        f" but the source has {n} classes ({fix}.",
+        negative,
+    )
 
 
-def class_range_error(err) -> PetalError | None:
+def class_range_error(err, data=None, split: str = "all") -> PetalError | None:
     """The one-line error of the pipeline's label check (:func:`class_range_message`)
-    that stopped a run, else None."""
+    that stopped a run, else None; it names the first record of ``split`` of ``data`` that
+    holds the index, where :func:`_records_of_class` finds it."""
+    import re
+
     line = _asserted(err, CLASS_RANGE)
-    return None if line is None else PetalError(line)
+    if line is None:
+        return None
+    index = re.search(r" holds class index (-?\d+)", line)
+    if data is not None and index and (at := _records_of_class(data, split, int(index[1]))):
+        line = f"{line[: index.end()]} ({at}){line[index.end() :]}"
+    return PetalError(line)
+
+
+def _records_of_class(data, split: str, index: int) -> str | None:
+    """Where ``split`` of records ``data`` holds class index ``index`` (as the pipeline
+    reads it, an int32), ``"SHARD: record I"`` of the first such record (``"in N records,
+    the first SHARD: record I"`` for several); None when none does, or when not checked:
+    an image folder, shards not on a local disk or of more than
+    :data:`MAX_CLASS_SCAN_BYTES` in all, or a source that no longer opens."""
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        src = data if isinstance(data, Source) else open_source(str(data), verify=False)
+        files = src.files(split)
+    except PetalError:
+        return None
+    if src.kind == "folder" or not files or not _scan_classes_at_open(files):
+        return None
+    # A record without a class reads as another index; one that does not parse is passed
+    # over, its number kept (enumerated first).
+    other = index + 1 if index < np.iinfo(np.int32).max else index - 1
+    spec = {schema.CLASS: tf.io.FixedLenFeature([], tf.int64, default_value=other)}
+
+    graph = tf.autograph.experimental.do_not_convert
+
+    def holds(i, record):
+        cls = tf.cast(tf.io.parse_single_example(record, spec)[schema.CLASS], tf.int32)
+        return i, tf.equal(cls, index)
+
+    first, found = None, 0
+    for path in files:
+        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        matched = (
+            records.enumerate()
+            .map(graph(holds), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            .ignore_errors()
+            .filter(graph(lambda i, hit: hit))
+            .map(graph(lambda i, hit: i))
+            .batch(4096)
+        )
+        at = np.concatenate([np.zeros([0], np.int64), *(b.numpy() for b in matched)])
+        if at.size and first is None:
+            first = f"{path}: record {int(at[0])}"
+        found += at.size
+    if first is None:
+        return None
+    return first if found == 1 else f"in {found} records, the first {first}"
 
 
 def short_pass_error(err, data) -> PetalError | None:
@@ -1231,6 +1390,17 @@ def corrupt_input_error(err, data, action: str, split: str = "all") -> PetalErro
     reason = re.sub(r"^Error in user-defined function passed to .*? with iterator: \S+: ", "",
                     reason)
     bad = None if ours else _undecodable_records(data, split)
+    if bad and (lacking := _lacking_records(bad)):
+        # No image to blame: a record written without a feature the pipeline reads.
+        shown = some_files(lacking, f"{action} with --skip-corrupt lists each")
+        others = len(bad) - len(lacking)
+        also = f" ({others} more record(s) whose image cannot be decoded)" if others else ""
+        return PetalError(
+            f"{len(lacking)} record(s) of {data} lack a feature the pipeline reads: {shown}"
+            f"{also}. Write them again with it (codelab shards: image and class), or convert "
+            f"the original images with petal convert; or {action} with --skip-corrupt to skip "
+            "and count them."
+        )
     if bad:
         # A record whose frame is sound but whose image does not decode: TensorFlow's
         # error names neither its shard nor the record.
@@ -1280,7 +1450,9 @@ def input_error(
     """
     import tensorflow as tf
 
-    if (error := class_range_error(err)) is not None:
+    if (error := class_range_error(err, data, split)) is not None:
+        return error
+    if (error := miscount_error(err)) is not None:
         return error
     if store_mark is not None:
         from petal.data.remote import store_error
@@ -1319,6 +1491,13 @@ def _undecodable_records(data, split: str = "all") -> list[tuple[str, str]] | No
         return undecodable_records(data, split)
     except PetalError:
         return None
+
+
+def _lacking_records(bad: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Those of :func:`_undecodable_records`' records that lack a feature (not an image)."""
+    from petal.data.pipeline import lacks_feature
+
+    return [(where, reason) for where, reason in bad if lacks_feature(reason)]
 
 
 def unread_records(data, split: str = "all") -> int:
@@ -1394,6 +1573,15 @@ def _folder_decode_error(src: Source, data, action: str, bad=None) -> PetalError
         return PetalError(f"An image in {data} could not be decoded. {fix}")
     shown = some_files(bad, f"{action} with --skip-corrupt lists each")
     return PetalError(f"{len(bad)} image(s) in {data} cannot be decoded: {shown}. {fix}")
+
+
+def _report_miscount(line) -> bool:
+    """Logs and keeps (:attr:`SkipCounter.miscounted`) a :data:`MISCOUNT` line met with
+    ``skip_corrupt``."""
+    line = line.numpy().decode("utf-8", "replace")[len(MISCOUNT):]
+    log.warning("petal: %s", line)
+    SKIPPED.add_miscount(line)
+    return False
 
 
 def _report_skip(path, n, expected) -> bool:

@@ -257,6 +257,7 @@ def evaluate(
         model_sha256 = file_sha256(run.model_path)  # before it loads: the bytes it loads
         model = load_model(run)
         skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
+        miscount_mark = len(SKIPPED.miscounted)
         store_mark = STORE_ERRORS.mark()
 
         start = time.perf_counter()
@@ -283,6 +284,8 @@ def evaluate(
             raise error from err
         if (error := store_error(store_mark, "evaluate")) is not None:
             raise error  # a failed request ended the stream, and skip_corrupt took it quietly
+        if (error := SKIPPED.miscount_since(miscount_mark)) is not None:
+            raise error  # a sound shard of another count: skip_corrupt only logged it
         seconds = time.perf_counter() - start
         if not labels:
             raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")

@@ -445,6 +445,24 @@ class StoreGuard(keras.callbacks.Callback):
     on_train_batch_end = on_test_batch_end = on_epoch_end = _check
 
 
+class ShardCountGuard(keras.callbacks.Callback):
+    """Stops training on a sound shard that holds another count than its name (or manifest)
+    says, met since ``mark`` (:meth:`petal.data.reader.SkipCounter.miscount_since`): with
+    ``skip_corrupt`` the reader only logs it (it is no corrupt record to skip)."""
+
+    def __init__(self, mark: int):
+        super().__init__()
+        self.mark = mark
+
+    def _check(self, *_, **__):
+        from petal.data.reader import SKIPPED
+
+        if (error := SKIPPED.miscount_since(self.mark)) is not None:
+            raise error
+
+    on_train_batch_end = on_test_batch_end = on_epoch_end = _check
+
+
 class StepProgress(keras.callbacks.Callback):
     """A tqdm bar over the steps of each epoch, only when stderr is a terminal.
 

@@ -81,6 +81,7 @@ from petal.training.callbacks import (
     MetricsWriter,
     NanGuard,
     ScalarLogger,
+    ShardCountGuard,
     StepProgress,
     StoreGuard,
     read_history,
@@ -2074,6 +2075,7 @@ def _train(
     from petal.data.remote import STORE_ERRORS
 
     skip_mark = len(SKIPPED.shards)
+    miscount_mark = len(SKIPPED.miscounted)
     store_mark = STORE_ERRORS.mark()
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
@@ -2183,6 +2185,8 @@ def _train(
                 # Then: a failed request to the store ends training before the epoch that
                 # missed data is saved or reported.
                 *([StoreGuard(store_mark, "train")] if source.remote else []),
+                # A sound shard of another count, which skip_corrupt only logs: as early.
+                *([ShardCountGuard(miscount_mark)] if cfg.skip_corrupt else []),
                 # Before validation and the checkpoint: one set of BatchNormalization
                 # statistics, the replicas' mean, as the saved model keeps.
                 *([sync] if (sync := replica_stats_sync(model, replicas)) else []),
