@@ -238,8 +238,26 @@ def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, ca
     history.unlink()
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"petal report: error: {run} holds no training run (history.csv missing); "
-                   "run `petal train --workdir` first.")
+    # It said the run's folder held no run, to be trained first: petal train refused that.
+    assert err == (f"petal report: error: {history} is missing: the run's epoch history is "
+                   f"gone; the run is damaged: retrain it (`petal train --config "
+                   f"{run / 'config.json'} --workdir {run} --overwrite`).")
+    # '{}' made a report with an empty table (metrics.json) or none (config.json).
+    history.write_text(text)
+    metrics = (run / "metrics.json").read_text()
+    (run / "metrics.json").write_text("{}")
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err.strip().startswith(
+        f"petal report: error: {run / 'metrics.json'} is not petal's metrics (no "
+        "epochs_completed); the run is damaged: retrain it (`petal train --config ")
+    (run / "metrics.json").write_text(metrics)
+    (run / "config.json").write_text("{}")
+    assert main(["report", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"petal report: error: {run / 'config.json'} has no resolved classes; it was not "
+        "written by petal train: the run is damaged: retrain it with its preset and data "
+        f"(`petal train --preset PRESET --data DATA --workdir {run} --overwrite`).")
+    assert not (run / "report.html").exists()
     # A path that is no folder was "holds no training run (config.json ... missing)".
     for path, what in ((run / "gone", "does not exist; pass"),
                        (run / "config.json", "is a file, not")):

@@ -64,7 +64,8 @@ def _decode(
 def _error(path: Path, reason: str) -> PetalError:
     path = printable(utf8_name(str(path)))
     if reason == "not found":
-        return PetalError(f"Image not found: {path}")
+        return PetalError(f"Image not found: {path}; pass an image file or a folder of them "
+                          "that exists (check the path and its spelling).")  # fmt: skip
     return PetalError(f"Cannot read image {path}: {reason}")
 
 

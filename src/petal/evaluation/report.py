@@ -19,7 +19,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from petal.data.folders import expand_home, same_place
+from petal.data.folders import expand_home, is_run_config, same_place
 from petal.errors import PetalError, damage_reason, disk_full, first_line, need_folder
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
@@ -180,15 +180,26 @@ def build_report(
     else:
         eval_dir = workdir / EVAL_DIR
     config = _read_json(workdir / "config.json", _retrain(workdir, None))
+    if config is not None and not is_run_config(config):  # '{}': an empty report
+        raise PetalError(
+            f"{workdir / 'config.json'} has no resolved classes; it was not written by petal "
+            f"train: {_retrain(workdir, None)}"
+        )
     retrain = _retrain(workdir, config)
     metrics = _read_json(workdir / "metrics.json", retrain)
+    if metrics is not None and "epochs_completed" not in metrics:  # '{}': an empty table
+        raise PetalError(f"{workdir / 'metrics.json'} is not petal's metrics (no "
+                         f"epochs_completed); {retrain}")  # fmt: skip
     history = workdir / "history.csv"
-    missing = [p.name for p in (workdir / "config.json", history) if not p.is_file()]
-    if missing:
+    if config is None:
+        missing = " and ".join(p.name for p in (workdir / "config.json", history)
+                               if not p.is_file())  # fmt: skip
         raise PetalError(
-            f"{workdir} holds no training run ({' and '.join(missing)} missing); "
-            "run `petal train --workdir` first."
+            f"{workdir} holds no training run ({missing} missing); run `petal train --workdir` "
+            "first."
         )
+    if not history.is_file():  # a run's folder: training again would be refused
+        raise PetalError(f"{history} is missing: the run's epoch history is gone; {retrain}")
     plot_dir = workdir / PLOTS_DIR
     run_dir = shlex.quote(str(workdir))  # for the commands its messages suggest
     # Both places the report writes, checked before any plot is drawn.
