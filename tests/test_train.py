@@ -1049,11 +1049,13 @@ def test_a_schedule_shorter_than_half_an_epoch_is_checked_at_the_real_steps(
     records = make_records()
 
     def cfg(total_epochs, **kw):
+        # (A schedule shorter than the run needs an end_lr above 0: at 0 it is refused.)
         return tiny_config(records, model="dense", epochs=1, schedule="warmup_cosine",
-                           schedule_options={"total_epochs": total_epochs}, **kw)
+                           schedule_options={"total_epochs": total_epochs, "end_lr": 1e-5},
+                           **kw)  # fmt: skip
 
     train(cfg(0.4, steps_per_epoch=10), tmp_path / "run", **QUIET)  # 4 steps, then end_lr
-    assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == 0.0
+    assert read_history(tmp_path / "run" / "history.csv")[0]["lr_end"] == pytest.approx(1e-5)
     refused = re.escape("warmup_epochs must be shorter than total_epochs (the cosine decay "
                         "follows it), which must be positive. Received: warmup_epochs=0, "
                         "total_epochs=0.1")
