@@ -122,7 +122,7 @@ def test_unknown_schedule():
     with pytest.raises(PetalError, match=r"options are: start_lr, min_lr, rampup_epochs, "
                        r"sustain_epochs, decay, interpolate, besides its rate max_lr \(petal "
                        r"train sets it from learning_rate when that is set\) and replicas "
-                       r"\(from its strategy\)"):  # fmt: skip
+                       r"\(petal train sets them from its strategy\)"):  # fmt: skip
         build_schedule("codelab_ramp", steps_per_epoch=2, gamma=0.1)
 
 

@@ -940,6 +940,28 @@ def test_another_listing_of_a_runs_codelab_shards_is_refused_to_resume_and_warne
             "of its 66 images) are shards the run trained on") in capsys.readouterr().err
     assert main(["evaluate", str(run), "--out", str(tmp_path / "ev")]) == 0
     assert "shards the run trained on" not in capsys.readouterr().err
+    # Shards naming a class the model does not know, one record of which names its class
+    # otherwise: the records' disagreement was taken for shards that name no classes.
+    import tensorflow as tf
+
+    other, relabelled = tmp_path / "other", []
+    other.mkdir()
+    for shard in sorted(folder.glob("*.tfrec")):
+        examples = [tf.train.Example.FromString(r.numpy())
+                    for r in tf.data.TFRecordDataset(str(shard))]  # fmt: skip
+        with tf.io.TFRecordWriter(str(other / shard.name)) as writer:
+            for k, example in enumerate(examples):
+                feature = example.features.feature
+                index = feature["class"].int64_list.value[0]
+                if index == 4:
+                    feature["label"].bytes_list.value[:] = [b"lilies"]
+                elif index == 0 and not relabelled:
+                    feature["label"].bytes_list.value[:] = [b"roses"]
+                    relabelled.append(k)
+                writer.write(example.SerializeToString())
+    assert main(["evaluate", str(run), "--data", str(other), "--out", str(tmp_path / "ev")]) == 2
+    err = capsys.readouterr().err
+    assert relabelled and f"{other} holds classes the model in {run} does not know: lilies" in err
 
 
 def test_resume_checks_the_split_of_every_data_the_run_trained_on(

@@ -304,6 +304,7 @@ def test_an_overwrite_killed_before_its_first_epoch_gets_the_run_it_replaced_bac
     in .petal-replaced: --resume continued the killed run from nothing, and a later save
     deleted the old one, and evaluate told the user to resume."""
     from petal import cli
+    from petal.evaluation.report import build_report
     from petal.evaluation.workdir import open_run
     from petal.training import loop
     from petal.training.callbacks import Checkpointer
@@ -341,15 +342,31 @@ def test_an_overwrite_killed_before_its_first_epoch_gets_the_run_it_replaced_bac
 
     # Killed before its config.json, then a plain start: the old run is back, and refused.
     loop._set_aside_run(run)
-    with pytest.raises(PetalError) as err:
-        open_run(run)
-    assert "holds no run (config.json): an --overwrite was stopped" in str(err.value)
+    for read in (open_run, build_report):
+        with pytest.raises(PetalError) as err:
+            read(run)
+        assert "holds no run (config.json): an --overwrite was stopped" in str(err.value)
     with pytest.raises(PetalError, match="already holds a training run"):
         train(cfg, run, **QUIET)
-    assert (run / "model.keras").is_file() and not (run / ".petal-replaced").exists()
+    back = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert back == kept and not (run / ".petal-replaced").exists()
+
+    # Killed while setting it aside: its state.json was taken for the new run's, and the
+    # recovery deleted the rest of the old run (or put back only the files moved).
+    (run / ".petal-replacing").mkdir()
+    for name in ("config.json", "history.csv"):
+        (run / name).rename(run / ".petal-replacing" / name)
+    said = []
+    loop.recover_replaced(run, said.append)
+    assert said == [f"petal train: an --overwrite was stopped while it set aside the run it "
+                    f"replaced (in {run / '.petal-replacing'}): that run is back in {run}"]
+    back = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert back == kept and not (run / ".petal-replacing").exists()
 
     # Killed after the new run saved its epoch, before it deleted the old one: it goes.
     (run / ".petal-replaced").mkdir()
     (run / ".petal-replaced" / "model.keras").write_bytes(b"old")
-    loop.recover_replaced(run, lambda line: pytest.fail(line))
+    loop.recover_replaced(run, said.append)
+    assert said[-1] == (f"petal train: deleted {run / '.petal-replaced'}, the run an --overwrite "
+                        "replaced: the new run had saved an epoch")
     assert not (run / ".petal-replaced").exists() and (run / "model.keras").is_file()

@@ -195,8 +195,10 @@ def evaluate(
         if source.kind == "records" and not is_remote(source.path):
             # A conversion into these records is refused while this evaluation reads them.
             reading.callback(mark_reading(Path(source.path), "evaluating it"))
-        if source.kind == "codelab" and source.notes and not set(source.classes) <= set(
-            run.classes
+        if (
+            source.kind == "codelab"
+            and not source.classes_named
+            and not set(source.classes) <= set(run.classes)
         ):
             # Shards that name no classes are called class_0, ...: the model's names are
             # not theirs unless it was trained on such shards too.
@@ -545,11 +547,20 @@ def _trained_shards_warning(source, run, split: str) -> str | None:
     if not hit:
         return None
     first = f"{os.path.basename(hit[0][0])}{', ...' if len(hit) > 1 else ''}"
+    ours = run.config.get("data") or ""
+    fix = (
+        # The run's own data, listed otherwise since (shards added or removed): its
+        # validation split moved onto shards it trained on.
+        f"put back the shards {ours} listed when the run trained (shards added or removed "
+        "since move its validation split)"
+        if split == "validation" and same_place(str(source.path), ours)
+        else f"evaluate on the validation split of the shards it trained on ({ours})"
+    )
     return (
         f"{len(hit)} of the {len(files)} shards of the {split} split scored ({first}; "
         f"{sum(n for _, n in hit)} of its {source.count(split)} images) are shards the run "
-        "trained on, so the score overstates how it does on new photos. For a held-out score "
-        f"evaluate on the validation split of the shards it trained on ({run.config.get('data')})."
+        f"trained on, so the score overstates how it does on new photos. For a held-out score "
+        f"{fix}."
     )
 
 

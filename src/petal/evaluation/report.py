@@ -27,6 +27,7 @@ from petal.evaluation.workdir import (
     check_not_in_the_way,
     file_sha256,
     no_model,
+    replaced_run,
     retrain_command,
     run_folder,
     still_training,
@@ -192,6 +193,8 @@ def build_report(
                          f"epochs_completed); {retrain}")  # fmt: skip
     history = workdir / "history.csv"
     if config is None:
+        if replaced := replaced_run(workdir):
+            raise PetalError(f"{workdir} holds no run (config.json): {replaced}")
         missing = " and ".join(p.name for p in (workdir / "config.json", history)
                                if not p.is_file())  # fmt: skip
         raise PetalError(

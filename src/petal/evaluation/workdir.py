@@ -295,7 +295,7 @@ def no_model(workdir: Path, config: dict) -> str:
         )
     if stopped := non_finite_stop(workdir, config):  # --resume alone stops again
         return f"{workdir} has no {MODEL_FILE}: {stopped}"
-    if replaced := _replaced_run(workdir):
+    if replaced := replaced_run(workdir):
         return f"{workdir} has no {MODEL_FILE}: {replaced}"
     return (
         f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
@@ -303,17 +303,21 @@ def no_model(workdir: Path, config: dict) -> str:
     )
 
 
-def _replaced_run(workdir: Path) -> str | None:
+def replaced_run(workdir: Path) -> str | None:
     """What to do with the run an ``--overwrite`` killed before it saved an epoch left in
     ``.petal-replaced`` (see ``petal.training.loop.recover_replaced``), or None."""
-    from petal.training.loop import REPLACED_DIR, saved_epoch
+    from petal.running import running_elsewhere
+    from petal.training.loop import REPLACED_DIR, REPLACING_DIR, saved_epoch
 
-    if not (workdir / REPLACED_DIR).is_dir() or saved_epoch(workdir):
-        return None
+    kept = next(
+        (workdir / d for d in (REPLACED_DIR, REPLACING_DIR) if (workdir / d).is_dir()), None
+    )
+    if kept is None or saved_epoch(workdir) or running_elsewhere(workdir, "training in it"):
+        return None  # (a run still starting: its --overwrite is under way)
     return (
         f"an --overwrite was stopped before it saved an epoch, and left the run it replaced in "
-        f"{workdir / REPLACED_DIR}; `petal train --workdir {shlex.quote(str(workdir))} "
-        "--resume` puts that run back."
+        f"{kept}; `petal train --workdir {shlex.quote(str(workdir))} --resume` puts that run "
+        "back."
     )
 
 
@@ -343,7 +347,7 @@ def open_run(workdir: str | Path, need_model: bool = True, warn=None) -> RunInfo
     workdir = run_folder(workdir)
     cfg_path = workdir / CONFIG_FILE
     if not cfg_path.is_file():
-        if replaced := _replaced_run(workdir):
+        if replaced := replaced_run(workdir):
             raise PetalError(f"{workdir} holds no run ({CONFIG_FILE}): {replaced}")
         raise PetalError(
             f"{workdir} is not a petal work directory (no {CONFIG_FILE}); "

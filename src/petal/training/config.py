@@ -199,7 +199,7 @@ class TrainConfig:
             # (--set augment= with its value left out trained with none, without a word.)
             raise PetalError(
                 "augment is empty; pass a recipe (e.g. 'codelab' or 'flip+saturation'), or "
-                "'none' for no augmentation. Received: augment=''"
+                f"'none' for no augmentation. Received: augment={self.augment!r}"
             )
         for key, wanted in _FINITE.items():
             value = getattr(self, key)

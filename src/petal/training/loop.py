@@ -267,19 +267,39 @@ def _remove_run(workdir: Path) -> None:
 # Where --overwrite keeps the run it replaces until the new one saves its first epoch: one
 # stopped before then (a corrupt record, Ctrl-C, a NaN loss) puts it back.
 REPLACED_DIR = ".petal-replaced"
+# Where the files go one by one first: renamed REPLACED_DIR once all are in it, so that a
+# kill part-way leaves the run split between the two, to put back whole (recover_replaced).
+REPLACING_DIR = ".petal-replacing"
 
 
 def _set_aside_run(workdir: Path) -> None:
     """Move what :func:`_remove_run` deletes into ``workdir/.petal-replaced``, each in its
     place there; the user's files stay."""
-    aside = workdir / REPLACED_DIR
-    if aside.exists():  # an earlier --overwrite's, which a kill left: replaced too
-        shutil.rmtree(aside)
+    aside, staging = workdir / REPLACED_DIR, workdir / REPLACING_DIR
+    for earlier in (aside, staging):  # an earlier --overwrite's, which a kill left
+        if earlier.exists():
+            shutil.rmtree(earlier)
     for path in _run_entries(workdir):
-        kept = aside / path.relative_to(workdir)
+        kept = staging / path.relative_to(workdir)
         kept.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, kept)
+    staging.mkdir(exist_ok=True)  # (a folder without a run: nothing set aside, all the same)
+    os.replace(staging, aside)
     _leave_run_dirs(workdir)
+
+
+def _put_back(aside: Path, workdir: Path) -> None:
+    """Move the run's files kept in ``aside`` back to their places in ``workdir``, then
+    delete ``aside``."""
+    for name in RUN_FILES:
+        if (aside / name).exists() or (aside / name).is_symlink():
+            os.replace(aside / name, workdir / name)
+    for name in RUN_DIRS:
+        if (aside / name).is_dir():
+            (workdir / name).mkdir(exist_ok=True)
+            for entry in os.listdir(aside / name):
+                os.replace(aside / name / entry, workdir / name / entry)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _restore_run(
@@ -293,15 +313,7 @@ def _restore_run(
     if not aside.is_dir():
         return
     _remove_run(workdir)
-    for name in RUN_FILES:
-        if (aside / name).exists() or (aside / name).is_symlink():
-            os.replace(aside / name, workdir / name)
-    for name in RUN_DIRS:
-        if (aside / name).is_dir():
-            (workdir / name).mkdir(exist_ok=True)
-            for entry in os.listdir(aside / name):
-                os.replace(aside / name / entry, workdir / name / entry)
-    shutil.rmtree(aside, ignore_errors=True)
+    _put_back(aside, workdir)
     log("petal train: " + said.format(workdir=workdir))
 
 
@@ -316,10 +328,22 @@ def recover_replaced(workdir: str | Path, log: Callable[[str], None]) -> None:
     if is_remote(str(workdir)):
         return
     workdir = Path(expand_home(workdir))
-    if not (workdir / REPLACED_DIR).is_dir() or _running_elsewhere(workdir):
+    staging = workdir / REPLACING_DIR
+    if not (staging.is_dir() or (workdir / REPLACED_DIR).is_dir()) or _running_elsewhere(workdir):
+        return
+    if staging.is_dir():  # killed while setting it aside: what is left of it is in place
+        _put_back(staging, workdir)
+        log(
+            f"petal train: an --overwrite was stopped while it set aside the run it replaced "
+            f"(in {staging}): that run is back in {workdir}"
+        )
         return
     if saved_epoch(workdir):
         _drop_replaced(workdir)
+        log(
+            f"petal train: deleted {workdir / REPLACED_DIR}, the run an --overwrite replaced: "
+            "the new run had saved an epoch"
+        )
     else:
         _restore_run(
             workdir,
@@ -1904,9 +1928,14 @@ def _train(
         history = _check_resumed_split(workdir, source, saved_resolved)
     # Every data the run trained on, how each split its photos: a later --resume on any of
     # their photos split another way is refused (not only on the last one's).
+    entry = {"data": cfg.data, **{k: resolved[k] for k in _SPLIT_KEYS}}
+    if entry["train_shards"] is not None:  # codelab shards: those of every earlier session
+        earlier = [h.get("train_shards") or [] for h in history
+                   if same_place(h.get("data") or "", cfg.data)]  # fmt: skip
+        entry["train_shards"] = list(dict.fromkeys([*sum(earlier, []), *entry["train_shards"]]))
     resolved["trained_on"] = [
         *(h for h in history if not same_place(h.get("data") or "", cfg.data)),
-        {"data": cfg.data, **{k: resolved[k] for k in _SPLIT_KEYS}},
+        entry,
     ]
     train_size = tuple(resolved["train_image_size"])
     crops = ""

@@ -383,7 +383,7 @@ def _options_line(name: str) -> str:
     where = " when that is set" if name == "codelab_ramp" else ""
     besides = f"its rate {rate} (petal train sets it from learning_rate{where})"
     if "replicas" in inspect.signature(SCHEDULES[name]).parameters:
-        besides += " and replicas (from its strategy)"
+        besides += " and replicas (petal train sets them from its strategy)"
     if not chosen:
         return f"it has no options besides {besides}"
     return f"its options are: {', '.join(chosen)}, besides {besides}"
