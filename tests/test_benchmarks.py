@@ -113,7 +113,11 @@ def _bench(argv, capsys) -> tuple[int, list[str], str]:
     return code, err.strip().splitlines(), out
 
 
-@pytest.mark.parametrize("case", ["ceiling", "jpeg", "cached", "raw"])
+@pytest.mark.parametrize(
+    "case",
+    # The ceiling's decoding processes took 20 s of CI's time: with the slow tests.
+    [pytest.param("ceiling", marks=pytest.mark.slow), "jpeg", "cached", "raw"],
+)
 def test_bench_input_names_an_undecodable_record_at_once(case, make_records, capsys):
     import time
 

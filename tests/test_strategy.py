@@ -319,7 +319,7 @@ _OVERFLOW_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["agree", "keras"])
+@pytest.mark.parametrize("mode", ["agree", pytest.param("keras", marks=pytest.mark.slow)])
 def test_float16_loss_scaling_skips_a_step_any_replica_overflowed(tmp_path, mode):
     """Keras 3 looked at the first replica's gradients alone and applied the others' inf:
     mixed_float16 on two GPUs turned every weight NaN in the first epoch. With petal's
@@ -510,6 +510,7 @@ _UNEVEN_VALIDATION_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 12 s in CI; test_pipeline's two logical CPUs check the sharding there
 def test_replicas_validate_a_split_that_does_not_divide_evenly(make_records, tmp_path):
     """21 validation images on 2 replicas in batches of 5: batches dealt in turn from one
     pipeline ([5, 5, 1] and [5, 5]), or shares of whole shards (15 and 6), left a replica an
