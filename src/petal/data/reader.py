@@ -204,9 +204,7 @@ def open_source(
     is_glob = is_pattern(path)
     root = path if is_glob else path.rstrip("/")
     if is_glob:
-        matches = sorted(
-            m for m in fs.glob(root) if not posixpath.basename(m).startswith(schema.TEMP_PREFIX)
-        )
+        matches = _matching(fs, root)
         if not matches:
             raise PetalError(f"No files match the pattern {path}.")
         _refuse_split_shards(fs, path, matches)
@@ -295,9 +293,7 @@ def codelab_split_files(path: str, split: str = "train") -> list[str] | None:
         path = str(folders.expand_home(path))
         fs = _fs_for(path)
         if is_pattern(path):
-            shards = sorted(
-                m for m in fs.glob(path) if not posixpath.basename(m).startswith(schema.TEMP_PREFIX)
-            )
+            shards = _matching(fs, path)
         elif fs.isdir(path) and not fs.exists(_join(path, schema.MANIFEST_NAME)):
             root = path.rstrip("/")
             shards = [_join(root, n) for n in sorted(fs.listdir(root)) if schema.is_shard_file(n)]
@@ -307,9 +303,23 @@ def codelab_split_files(path: str, split: str = "train") -> list[str] | None:
         return None
     if not shards or any(schema.is_split_shard(posixpath.basename(s)) for s in shards):
         return None  # nothing, or a petal conversion's shards (read with their manifest)
-    n_val = int(len(shards) * CODELAB_VAL_FRACTION)
+    n_val = _codelab_validation(len(shards))
     chosen = {"validation": shards[:n_val], "train": shards[n_val:], "all": shards}[split]
     return [shard_identity(s) for s in chosen]
+
+
+def _matching(fs, pattern: str) -> list[str]:
+    """The files ``pattern`` matches, sorted, without a conversion's temporary files."""
+    return sorted(
+        m for m in fs.glob(pattern) if not posixpath.basename(m).startswith(schema.TEMP_PREFIX)
+    )
+
+
+def _codelab_validation(shards: int, val_fraction=None) -> int:
+    """How many of ``shards`` codelab shards (in name order) validate: as in the squeezenet
+    notebook, the first ``int(n * 0.19)`` files, by file."""
+    fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
+    return int(shards * fraction)
 
 
 def shard_identity(path: str) -> str:
@@ -524,9 +534,7 @@ def _open_codelab(root: str, shards: list[str], classes, val_fraction) -> Source
                 f"{stem}-<count>{schema.SHARD_SUFFIX}), or convert the original images with "
                 "petal convert."
             ) from err
-    fraction = CODELAB_VAL_FRACTION if val_fraction is None else float(val_fraction)
-    # As in the squeezenet notebook: validation = the first int(n * 0.19) files, by file.
-    n_val = int(len(shards) * fraction)
+    n_val = _codelab_validation(len(shards), val_fraction)
     names, sizes, seen, classless = _peek_codelab(shards)
     if classless is not None:
         shard, keys = classless

@@ -532,14 +532,11 @@ def _trained_shards_warning(source, run, split: str) -> str | None:
     the train split (or all) of its own shards, or another listing of them (a glob of some
     of them, the folder with shards added since) whose validation shards are not its."""
     from petal.data.reader import shard_identity
-    from petal.training.loop import trained_shards
+    from petal.training.loop import trained_on, trained_shards
 
     if source.kind != "codelab":
         return None
-    resolved = run.config.get("resolved") or {}
-    entries = resolved.get("trained_on")
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        entries = [{"data": run.config.get("data"), "data_kind": resolved.get("data_kind")}]
+    entries = trained_on(run.config.get("resolved") or {}, run.config.get("data"))
     trained = set().union(*(trained_shards(entry) for entry in entries))
     files = source.files(split)
     hit = [(f, n) for f, n in zip(files, source.counts(split), strict=True)

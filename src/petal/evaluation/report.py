@@ -180,11 +180,12 @@ def build_report(
             )
     else:
         eval_dir = workdir / EVAL_DIR
-    config = _read_json(workdir / "config.json", _retrain(workdir, None))
+    damaged = _retrain(workdir, None)
+    config = _read_json(workdir / "config.json", damaged)
     if config is not None and not is_run_config(config):  # '{}': an empty report
         raise PetalError(
             f"{workdir / 'config.json'} has no resolved classes; it was not written by petal "
-            f"train: {_retrain(workdir, None)}"
+            f"train: {damaged}"
         )
     retrain = _retrain(workdir, config)
     metrics = _read_json(workdir / "metrics.json", retrain)

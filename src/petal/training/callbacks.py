@@ -427,37 +427,20 @@ def save_weights(model, path: Path) -> None:
         f.write(buffer.getbuffer())
 
 
-class StoreGuard(keras.callbacks.Callback):
-    """Stops training when a request to a remote store failed since ``mark``
-    (:data:`petal.data.remote.STORE_ERRORS`): with ``skip_corrupt`` the stream ends quietly
-    and training would go on with what was read before."""
+class ErrorGuard(keras.callbacks.Callback):
+    """Stops training with the error ``error_since()`` returns once it returns one: what
+    the input pipeline meets without raising, with ``skip_corrupt`` (a failed request to a
+    remote store, which ends the stream quietly: :func:`petal.data.remote.store_error`; a
+    sound shard of another count, which the reader only logs:
+    :meth:`petal.data.reader.SkipCounter.miscount_since`), so that training does not go on
+    with what was read before."""
 
-    def __init__(self, mark: int, action: str):
+    def __init__(self, error_since: Callable[[], Exception | None]):
         super().__init__()
-        self.mark, self.action = mark, action
+        self.error_since = error_since
 
     def _check(self, *_, **__):
-        from petal.data.remote import store_error
-
-        if (error := store_error(self.mark, self.action)) is not None:
-            raise error
-
-    on_train_batch_end = on_test_batch_end = on_epoch_end = _check
-
-
-class ShardCountGuard(keras.callbacks.Callback):
-    """Stops training on a sound shard that holds another count than its name (or manifest)
-    says, met since ``mark`` (:meth:`petal.data.reader.SkipCounter.miscount_since`): with
-    ``skip_corrupt`` the reader only logs it (it is no corrupt record to skip)."""
-
-    def __init__(self, mark: int):
-        super().__init__()
-        self.mark = mark
-
-    def _check(self, *_, **__):
-        from petal.data.reader import SKIPPED
-
-        if (error := SKIPPED.miscount_since(self.mark)) is not None:
+        if (error := self.error_since()) is not None:
             raise error
 
     on_train_batch_end = on_test_batch_end = on_epoch_end = _check

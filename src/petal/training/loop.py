@@ -78,12 +78,11 @@ from petal.running import (
 )
 from petal.training.callbacks import (
     Checkpointer,
+    ErrorGuard,
     MetricsWriter,
     NanGuard,
     ScalarLogger,
-    ShardCountGuard,
     StepProgress,
-    StoreGuard,
     read_history,
     truncate_history,
     write_json,
@@ -718,17 +717,18 @@ def records_split(manifest: dict | None) -> dict | None:
 
 
 # What says how the data of a training session split its photos (``trained_on``).
-_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split", "train_shards")
+# (Each entry of codelab shards also lists its train_shards: trained_shards.)
+_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split")
 
 
-def _trained_on(workdir: Path, saved_resolved: dict) -> list[dict]:
-    """Every data the run in ``workdir`` trained on, with how each split its photos: its
-    ``config.json``'s ``trained_on`` list, or (a run saved before it was kept) its data."""
+def trained_on(saved_resolved: dict, data: str | None) -> list[dict]:
+    """Every data a run trained on, with how each split its photos: its ``config.json``'s
+    ``trained_on`` list (``saved_resolved``: its ``resolved``), or (a run saved before it
+    was kept) its ``data``."""
     history = saved_resolved.get("trained_on")
     if isinstance(history, list) and all(isinstance(h, dict) for h in history):
         return history
-    was = resume_config(workdir).data
-    return [{"data": was, **{k: saved_resolved.get(k) for k in _SPLIT_KEYS}}] if was else []
+    return [{"data": data, **{k: saved_resolved.get(k) for k in _SPLIT_KEYS}}] if data else []
 
 
 def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> list[dict]:
@@ -742,7 +742,7 @@ def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> list[di
     Returns:
         The data it trained on before (``trained_on`` of ``config.json``).
     """
-    history = _trained_on(workdir, saved_resolved)
+    history = trained_on(saved_resolved, resume_config(workdir).data)
     for entry in history:
         _check_split_against(workdir, source, entry["data"], entry)
     return history
@@ -1899,11 +1899,6 @@ def _train(
         # resume on records split otherwise is refused).
         "records_source": (source.manifest or {}).get("source"),
         "records_split": records_split(source.manifest),
-        # Codelab shards are split by file: the ones it trains on (evaluate and a resume on
-        # another listing of them that takes some for validation warn and refuse).
-        "train_shards": [shard_identity(f) for f in source.files("train")]
-        if source.kind == "codelab"
-        else None,
         "train_count": train_count,
         "val_count": val_count,
         "strategy": sinfo["name"],
@@ -1929,10 +1924,14 @@ def _train(
     # Every data the run trained on, how each split its photos: a later --resume on any of
     # their photos split another way is refused (not only on the last one's).
     entry = {"data": cfg.data, **{k: resolved[k] for k in _SPLIT_KEYS}}
-    if entry["train_shards"] is not None:  # codelab shards: those of every earlier session
+    if source.kind == "codelab":
+        # Codelab shards are split by file: the ones it trained on, in every session (a
+        # resume on another listing of them that validates on some is refused; evaluate
+        # warns of them).
         earlier = [h.get("train_shards") or [] for h in history
                    if same_place(h.get("data") or "", cfg.data)]  # fmt: skip
-        entry["train_shards"] = list(dict.fromkeys([*sum(earlier, []), *entry["train_shards"]]))
+        now = [shard_identity(f) for f in source.files("train")]
+        entry["train_shards"] = list(dict.fromkeys([*sum(earlier, []), *now]))
     resolved["trained_on"] = [
         *(h for h in history if not same_place(h.get("data") or "", cfg.data)),
         entry,
@@ -2101,7 +2100,7 @@ def _train(
         val_ds = eval_fn()
 
     from petal.data.reader import SKIPPED, input_error
-    from petal.data.remote import STORE_ERRORS
+    from petal.data.remote import STORE_ERRORS, store_error
 
     skip_mark = len(SKIPPED.shards)
     miscount_mark = len(SKIPPED.miscounted)
@@ -2213,9 +2212,10 @@ def _train(
                 StepProgress(steps),
                 # Then: a failed request to the store ends training before the epoch that
                 # missed data is saved or reported.
-                *([StoreGuard(store_mark, "train")] if source.remote else []),
+                *([ErrorGuard(lambda: store_error(store_mark, "train"))] if source.remote else []),
                 # A sound shard of another count, which skip_corrupt only logs: as early.
-                *([ShardCountGuard(miscount_mark)] if cfg.skip_corrupt else []),
+                *([ErrorGuard(lambda: SKIPPED.miscount_since(miscount_mark))]
+                  if cfg.skip_corrupt else []),  # fmt: skip
                 # Before validation and the checkpoint: one set of BatchNormalization
                 # statistics, the replicas' mean, as the saved model keeps.
                 *([sync] if (sync := replica_stats_sync(model, replicas)) else []),

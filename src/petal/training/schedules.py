@@ -378,11 +378,11 @@ def _options_line(name: str) -> str:
     """The options of schedule ``name`` one may choose, apart from the length of an epoch and
     the rate, which training sets (from the data and ``learning_rate``)."""
     rate = RATE_OPTIONS[name]
-    chosen = [p for p in inspect.signature(SCHEDULES[name]).parameters
-              if p not in ("steps_per_epoch", rate, "replicas")]  # fmt: skip
+    parameters = inspect.signature(SCHEDULES[name]).parameters
+    chosen = [p for p in parameters if p not in ("steps_per_epoch", rate, "replicas")]
     where = " when that is set" if name == "codelab_ramp" else ""
     besides = f"its rate {rate} (petal train sets it from learning_rate{where})"
-    if "replicas" in inspect.signature(SCHEDULES[name]).parameters:
+    if "replicas" in parameters:
         besides += " and replicas (petal train sets them from its strategy)"
     if not chosen:
         return f"it has no options besides {besides}"
