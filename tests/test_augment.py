@@ -127,6 +127,17 @@ def test_build_specs():
         augment.mixup(0.0)
 
 
+def test_none_joined_with_other_names_is_refused():
+    """'none+flip' trained with flip: 'none' (no augmentation) beside other names says two
+    things at once, so it is refused, naming the spec without it."""
+    for spec, rest in (("none+flip", "flip"), ("codelab+None", "codelab")):
+        given = re.escape(repr(spec))
+        with pytest.raises(PetalError, match=rf"^augment 'none' means no augmentation.*drop "
+                           rf"it \(augment={rest!r}\).*Received: augment={given}$"):  # fmt: skip
+            augment.build(spec)
+    assert augment.build(" None ") is None
+
+
 def test_build_with_size_crops_to_the_training_size(batch):
     for spec in ("crop+flip+saturation", "light"):
         images, _ = augment.build(spec, size=(6, 5))(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)

@@ -145,6 +145,19 @@ def test_precedence_preset_file_flags_set(tmp_path):
     assert load_config("quick", path).epochs == 4
 
 
+def test_weights_none_and_imagenet_are_read_in_any_case(tmp_path):
+    """`--weights none` meant no weights, but `--set weights=none` (or a config file's
+    "none") was taken for a file named none, and `--weights IMAGENET` for one named
+    IMAGENET: both failed as files not found."""
+    quick = get_preset("quick")
+    for value, meant in (("none", None), ("None", None), ("IMAGENET", "imagenet")):
+        assert apply_overrides(quick, {"weights": value}, "--set").weights == meant
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"weights": "NONE"}))
+    assert load_config(preset="quick", config_file=path).weights is None
+    assert load_config(preset="quick", weights="ImageNet").weights == "imagenet"  # a flag
+
+
 def test_set_preset_is_refused():
     with pytest.raises(PetalError, match=r"preset is chosen with --preset NAME, which sets every "
                        r"field; --set preset=\.\.\. would only rename the run"):

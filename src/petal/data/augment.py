@@ -695,6 +695,13 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
             f"{', '.join(names())}). Received: augment={spec!r}"
         )
     parts = [p for p in parts if p]
+    if "none" in parts and len(parts) > 1:
+        # "none+flip" trained with flip: no augmentation and some at once.
+        rest = "+".join(p for p in parts if p != "none")
+        raise PetalError(
+            f"augment 'none' means no augmentation, which other names beside it contradict: "
+            f"drop it (augment={rest!r}), or give 'none' alone. Received: augment={spec!r}"
+        )
     image_ops, mix_ops = [], []
     for part in parts:
         if part in PRESETS:

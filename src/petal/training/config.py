@@ -781,6 +781,9 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if option is str and isinstance(value, str):
+            if name == "weights" and value.strip().lower() in ("none", "imagenet"):
+                # as `--weights` takes them: no file named none or IMAGENET is meant
+                return None if value.strip().lower() == "none" else "imagenet"
             return value
         if option is str and name in ("data", "weights") and isinstance(value, os.PathLike):
             refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
