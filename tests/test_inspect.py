@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -820,6 +821,12 @@ def test_tfrecord_files_and_a_glob_matching_other_files_are_named_for_what_they_
         f"{folder}/* matches {folder}/README.txt, which is not a codelab shard "
         f"(NAME-<count>.tfrec): pass a glob of the shards alone (such as {folder}/*.tfrec)."
     )
+    # The suggestion keeps what the glob named: flowers* is not widened to every shard.
+    (folder / "flowers-notes.txt").write_text("picked in May")
+    (folder / "flowers00-6.tfrec.bak").write_bytes(b"")
+    for glob, alone in (("flowers*", "flowers*.tfrec"), ("flowers*.tfrec*", "flowers*.tfrec")):
+        with pytest.raises(PetalError, match=rf"\(such as {re.escape(f'{folder}/{alone}')}\)\.$"):
+            open_source(f"{folder}/{glob}")
 
 
 def test_inspect_draws_a_progress_bar_only_on_a_terminal_by_default(small_records, monkeypatch):

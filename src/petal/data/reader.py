@@ -596,10 +596,18 @@ def _not_a_shard(root: str, file: str) -> PetalError:
             f"name NAME-<count>{schema.SHARD_SUFFIX}, <count> their number of records: rename "
             f"each (this one {to})."
         )
+    # The glob narrowed to shards, keeping what it names of them (train* stays train*).
+    head, base = posixpath.split(root)
+    kept = base.rstrip("*")
+    if kept.endswith(schema.SHARD_SUFFIX):  # *.tfrec* matched a.tfrec.bak
+        alone = posixpath.join(head, kept)
+    elif base.endswith("*"):
+        alone = root + schema.SHARD_SUFFIX
+    else:
+        alone = posixpath.join(head, "*" + schema.SHARD_SUFFIX)
     return PetalError(
         f"{root} matches {file}, which is not a codelab shard (NAME-<count>"
-        f"{schema.SHARD_SUFFIX}): pass a glob of the shards alone (such as "
-        f"{posixpath.join(posixpath.dirname(root), '*' + schema.SHARD_SUFFIX)})."
+        f"{schema.SHARD_SUFFIX}): pass a glob of the shards alone (such as {alone})."
     )
 
 
