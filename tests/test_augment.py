@@ -142,6 +142,9 @@ def test_build_with_size_crops_to_the_training_size(batch):
     for spec in ("crop+flip+saturation", "light"):
         images, _ = augment.build(spec, size=(6, 5))(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
         assert images.shape == (4, 6, 5, 3)
+    # One int is a square, as image_size takes it (it was refused).
+    op = augment.random_resized_crop(size=5)
+    assert op.apply(batch, op.draw(4, SEED)).shape == (4, 5, 5, 3)
     with pytest.raises(PetalError, match="needs the 'crop' augmentation.*codelab"):
         augment.build("codelab", size=(6, 5))
 
@@ -260,10 +263,11 @@ def test_mixing_refuses_labels_of_another_batch_size(spec, batch):
     ("make", "message"),
     [
         (lambda: augment.random_resized_crop(size=(0, 4)), r"^crop size must be \(height, "
-                                                          r"width\), two ints >= 1, or None "
-                                                          r"\(the input's size\)\. "
+                                                          r"width\), two ints >= 1, one int "
+                                                          r"\(a square\), or None \(the "
+                                                          r"input's size\)\. "
                                                           r"Received: \(0, 4\)$"),
-        (lambda: augment.random_resized_crop(size=4), r"^crop size must be .*Received: 4$"),
+        (lambda: augment.random_resized_crop(size=0), r"^crop size must be .*Received: 0$"),
         (lambda: augment.random_resized_crop(size=(4.5, 4)), r"^crop size must be \(height, "),
         (lambda: augment.build("crop", size=(6, True)), r"^crop size must be \(height, "),
         (lambda: augment.color_jitter(contrast_range=1.0),

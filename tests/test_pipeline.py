@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -452,6 +453,9 @@ def test_bad_arguments(records):
     with pytest.raises(PetalError, match="Unknown augmentation 'blur'"):
         train_dataset(src, batch_size=2, augment="flip+blur")
     assert steps_per_epoch(src, 4) == 4
+    with pytest.raises(PetalError, match=r"has 19 images per input pipeline, fewer than one "
+                       r"batch of 64.*Received: batch_size=64$"):  # fmt: skip
+        steps_per_epoch(src, 64)  # it was 0: Keras' fit trained nothing
 
 
 def test_global_batch_must_divide_across_replicas(records):
@@ -493,6 +497,25 @@ def test_input_pipelines_share_the_data(records, pipelines):
     for a in range(pipelines):
         for b in range(a + 1, pipelines):
             assert not train_parts[a] & train_parts[b]
+
+
+def test_input_pipelines_given_shares_of_other_sizes_are_warned_of(make_records, caplog):
+    """Three shards read by two pipelines: one read 20 images, the other 10, each a batch
+    per step, so the 10 were seen twice as often, without a word."""
+    folder = make_records(counts={"train": [10, 10, 10], "validation": [4]})
+    for pipelines, said in ((2, True), (3, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="petal.data.pipeline"):
+            for index in range(pipelines):
+                ctx = tf.distribute.InputContext(pipelines, index, pipelines)
+                train_dataset(str(folder), batch_size=pipelines, input_context=ctx)
+        warned = [r.getMessage() for r in caplog.records if "input pipelines" in r.getMessage()]
+        assert warned == ([
+            f"Split 'train' of {folder}: its 3 shards give its 2 input pipelines 10 to 20 "
+            "images each (whole shards), and each pipeline gives a batch per step, so the "
+            "images of the smallest share are seen 2.0x as often as those of the largest; "
+            "convert with --shards a multiple of 2 for equal shares."
+        ] if said else [])  # fmt: skip
 
 
 _STRATEGY_SCRIPT = textwrap.dedent(

@@ -645,6 +645,59 @@ def test_a_records_folders_classes_are_its_manifests(make_records):
         open_source(str(folder), classes=["dandelion", "daisy"])
 
 
+def test_a_records_folders_split_is_its_manifests(make_records):
+    """val_fraction was ignored without a word for a records folder (its photos were split
+    when converted), as classes= was."""
+    folder = make_records(counts={"train": [4, 4], "validation": [2]})
+    assert open_source(str(folder), val_fraction=0.19).count("validation") == 2
+    with pytest.raises(PetalError, match=r"^.*records is a records folder whose photos petal "
+                       r"convert split already \(val_fraction 0\.19 in its manifest\); "
+                       r"val_fraction cannot split them again: drop it, or convert again with "
+                       r"--val-fraction\. Received: val_fraction=0\.5$"):  # fmt: skip
+        open_source(str(folder), val_fraction=0.5)
+
+
+def test_a_manifest_whose_image_size_format_or_classes_are_not_the_records_is_refused(
+    make_records,
+):
+    """A manifest edited, or another conversion's, giving another image size or format: the
+    folder opened, then every record failed to decode, named corrupt (its fix, skip_corrupt,
+    skipped them all: 0 images scored). A class no split counts was a model output that
+    nothing trained."""
+    jpeg = make_records("jpeg", fmt="jpeg", size=(16, 16))
+    raw = make_records("raw", fmt="raw", size=(16, 16))
+    for folder, edit, problem in (
+        (jpeg, {"image_size": [24, 24]}, "holds a 16x16 image, but the manifest's image_size "
+                                         "is 24x24"),
+        (jpeg, {"format": "raw"}, "holds an encoded image, but the manifest's format is 'raw'"),
+        (raw, {"format": "jpeg"}, "holds raw pixels, but the manifest's format is 'jpeg'"),
+    ):  # fmt: skip
+        good = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps({**good, **edit}))
+        shard = good["splits"]["train"]["shards"][0]["file"]
+        with pytest.raises(PetalError, match=(
+            rf"^Shard {folder}/{shard} does not belong to {folder}/manifest\.json: its record 0 "
+            rf"{problem} \(the manifest edited, or another conversion's\); convert the images "
+            r"again with petal convert\.$")):  # fmt: skip
+            open_source(str(folder))
+        (folder / "manifest.json").write_text(json.dumps(good))
+        assert open_source(str(folder)).format == good["format"]
+    good = json.loads((raw / "manifest.json").read_text())
+    counted = {split: {**info, "per_class": {c: 0 for c in good["classes"]}}
+               for split, info in good["splits"].items()}  # fmt: skip
+    for info in counted.values():
+        for i in range(info["count"]):
+            info["per_class"][good["classes"][i % len(good["classes"])]] += 1
+    (raw / "manifest.json").write_text(json.dumps({**good, "splits": counted}))
+    assert open_source(str(raw)).classes == tuple(good["classes"])
+    (raw / "manifest.json").write_text(
+        json.dumps({**good, "splits": counted, "classes": [*good["classes"], "orchid"]})
+    )
+    with pytest.raises(PetalError, match=r"^Manifest .*manifest\.json is damaged: 'classes' "
+                       r"names 'orchid', of which no split counts an image; convert"):  # fmt: skip
+        open_source(str(raw))
+
+
 def test_a_val_fraction_that_is_no_number_is_named(make_records):
     # float('abc') raised a bare ValueError.
     folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)

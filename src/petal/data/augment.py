@@ -101,9 +101,13 @@ def _range(what: str, pair, lo: float, hi: float = math.inf, open_lo: bool = Fal
 
 
 def _size(what: str, size) -> tuple[int, int] | None:
-    """``size``: None, or (height, width) of ints >= 1, else a PetalError naming ``what``."""
+    """``size``: None, (height, width) of ints >= 1 or one int (a square), else a PetalError
+    naming ``what``."""
     if size is None:
         return None
+    given = size
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        size = (size, size)  # a square, as image_size takes one int
     try:
         height, width = size
         ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in size)
@@ -112,8 +116,8 @@ def _size(what: str, size) -> tuple[int, int] | None:
     # A side of 0 failed in CropAndResize at the first batch, an int in a bare TypeError.
     if not (ok and height >= 1 and width >= 1):
         raise PetalError(
-            f"{what} must be (height, width), two ints >= 1, or None (the input's size). "
-            f"Received: {size!r}"
+            f"{what} must be (height, width), two ints >= 1, one int (a square), or None (the "
+            f"input's size). Received: {given!r}"
         )
     return int(height), int(width)
 

@@ -227,15 +227,8 @@ def train_dataset(
     count = _pipeline_count(src, split, input_context)
     if count < per_replica:
         pipelines = input_context.num_input_pipelines if input_context is not None else 1
-        fix = "Use a smaller batch_size"
-        if per_replica == 1:
-            # No smaller batch helps: this pipeline's share of the images is empty.
-            fix = f"Add images to the split or read it with fewer than {pipelines} input pipelines"
-        raise PetalError(
-            f"Split {split!r} of {src.path} has {count} images per input pipeline, fewer than "
-            f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
-            f"nothing. {fix}. Received: batch_size={batch_size}"
-        )
+        raise _fewer_than_a_batch(src, split, count, per_replica, batch_size, pipelines)
+    _warn_of_uneven_shares(src, split, input_context)
     cache_to = _resolve_cache(cache, src, split, size, input_context, resize, skip_corrupt)
 
     decode = _decoder(src, size, resize, skip_corrupt=skip_corrupt)
@@ -432,10 +425,52 @@ def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
 
 
 def steps_per_epoch(source, batch_size: int, split: str = "train") -> int:
-    """Full batches per pass over ``split`` (what training with drop_remainder sees)."""
+    """Full batches per pass over ``split`` (what training with drop_remainder sees).
+
+    Raises:
+        PetalError: the split holds fewer images than one batch (0 steps: Keras' fit would
+            train nothing), as :func:`train_dataset` refuses it.
+    """
     src = open_source(source)
     batch_size = _check_batch(batch_size)
+    split = _check_split(src, split)
+    if src.count(split) < batch_size:
+        raise _fewer_than_a_batch(src, split, src.count(split), batch_size, batch_size, 1)
     return src.count(split) // batch_size
+
+
+def _fewer_than_a_batch(src, split, count, per_replica, batch_size, pipelines) -> PetalError:
+    fix = "Use a smaller batch_size"
+    if per_replica == 1:
+        # No smaller batch helps: this pipeline's share of the images is empty.
+        fix = f"Add images to the split or read it with fewer than {pipelines} input pipelines"
+    return PetalError(
+        f"Split {split!r} of {src.path} has {count} images per input pipeline, fewer than "
+        f"one batch of {per_replica}; training drops incomplete batches, so it would yield "
+        f"nothing. {fix}. Received: batch_size={batch_size}"
+    )
+
+
+def _warn_of_uneven_shares(src: Source, split: str, input_context) -> None:
+    """Training's input pipelines read whole shards of their own when there are enough
+    (:func:`_read`): shares that differ by a shard, while every pipeline gives a batch per
+    step, so the images of a smaller share are seen more often. Said (by the first
+    pipeline) when one share is over a quarter larger than another, with the fix."""
+    if input_context is None or input_context.input_pipeline_id != 0 or src.kind == "folder":
+        return
+    n, counts = input_context.num_input_pipelines, src.counts(split)
+    if n <= 1 or len(counts) < n:
+        return  # one pipeline, or every pipeline reads every shard (by record)
+    shares = [sum(counts[i::n]) for i in range(n)]
+    if max(shares) > 1.25 * min(shares):
+        log.warning(
+            "Split %r of %s: its %d shards give its %d input pipelines %d to %d images "
+            "each (whole shards), and each pipeline gives a batch per step, so the images "
+            "of the smallest share are seen %.1fx as often as those of the largest; convert "
+            "with --shards a multiple of %d for equal shares.",
+            split, src.path, len(counts), n, min(shares), max(shares),
+            max(shares) / min(shares), n,
+        )  # fmt: skip
 
 
 def normalize(images, normalization: str = "unit") -> tf.Tensor:

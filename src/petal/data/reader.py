@@ -217,7 +217,7 @@ def open_source(
     if posixpath.basename(root) == schema.MANIFEST_NAME and not fs.isdir(root):
         root = posixpath.dirname(root) or "."  # a records folder's manifest: that folder
     if fs.exists(_join(root, schema.MANIFEST_NAME)):
-        return _records_classes(_open_records(root, verify=verify), classes)
+        return _records_classes(_open_records(root, verify=verify), classes, val_fraction)
     if not fs.isdir(root):
         raise _file_given(root)
     names = sorted(fs.listdir(root))
@@ -401,8 +401,9 @@ LABEL_CHECK_BYTES = 1 << 18
 def _check_labels(source: Source, fs) -> None:
     """The records' ``label`` must be the manifest's name for their ``class``: with the
     manifest of other shards (or classes swapped or renamed in it) a run would train and
-    score every record under another class's name. Checked: the records within the first
-    :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to
+    score every record under another class's name. Their images must be of the manifest's
+    ``image_size`` and ``format`` too (:func:`_check_image`). Checked: the records within the
+    first :data:`LABEL_CHECK_BYTES` (or the first record, up to 64 times that) of up to
     :data:`LABEL_CHECK_SHARDS` shards, taken from each split in turn; records without a label
     are not checked."""
     import itertools
@@ -429,6 +430,7 @@ def _check_labels(source: Source, fs) -> None:
                 feature = tf.train.Example.FromString(record).features.feature
             except DecodeError:
                 continue  # damaged: reading it names the record
+            _check_image(source, shard, index, feature)
             cls = feature[schema.CLASS].int64_list.value if schema.CLASS in feature else []
             label = feature[schema.LABEL].bytes_list.value if schema.LABEL in feature else []
             if not (cls and label and 0 <= cls[0] < source.num_classes):
@@ -442,6 +444,39 @@ def _check_labels(source: Source, fs) -> None:
                     "or another conversion's manifest); convert the images again with petal "
                     "convert."
                 )
+
+
+# How the encoded images petal convert stores begin (resize "none" keeps the photo's own
+# bytes): JPEG, PNG, GIF, BMP and WebP.
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"RIFF")
+
+
+def _check_image(source: Source, shard: str, index: int, feature) -> None:
+    """A record's image must be what the manifest says: of its ``image_size`` (the record's
+    ``size``) and its ``format``. A manifest edited or copied from another conversion was
+    read as its records: every record then failed to decode, named corrupt, and
+    ``--skip-corrupt`` skipped them all."""
+    size = list(feature[schema.SIZE].int64_list.value) if schema.SIZE in feature else []
+    image = feature[schema.IMAGE].bytes_list.value if schema.IMAGE in feature else []
+    said = f"{source.image_size[0]}x{source.image_size[1]}" if source.image_size else None
+    held = f"{size[0]}x{size[1]}" if len(size) == 2 else None
+    # (Bytes that are neither, a damaged image, are left to decoding, which names them
+    # undecodable and --skip-corrupt skips.)
+    encoded = bool(image) and image[0].startswith(_IMAGE_MAGIC)
+    pixels = bool(image) and len(size) == 2 and len(image[0]) == size[0] * size[1] * 3
+    problem = None
+    if said and held and held != said:
+        problem = f"holds a {held} image, but the manifest's image_size is {said}"
+    elif source.format == "raw" and encoded and not pixels:
+        problem = "holds an encoded image, but the manifest's format is 'raw'"
+    elif source.format == "jpeg" and pixels and not encoded:
+        problem = "holds raw pixels, but the manifest's format is 'jpeg'"
+    if problem:
+        raise PetalError(
+            f"Shard {shard} does not belong to {_join(source.path, schema.MANIFEST_NAME)}: "
+            f"its record {index} {problem} (the manifest edited, or another conversion's); "
+            "convert the images again with petal convert."
+        )
 
 
 def _head_records(data: bytes) -> list[bytes]:
@@ -505,9 +540,18 @@ def _verify_shards(root: str, manifest: dict, listed: set[str], fs=None) -> None
         )
 
 
-def _records_classes(src: Source, classes: list[str] | None) -> Source:
+def _records_classes(src: Source, classes: list[str] | None, val_fraction=None) -> Source:
     """A records folder's classes are its manifest's, in its order: ``classes`` naming
-    others is refused, not ignored (the class indices are written in the records)."""
+    others is refused, not ignored (the class indices are written in the records); so is a
+    ``val_fraction`` other than the one its photos were split by (it was ignored)."""
+    split_by = (src.manifest or {}).get("val_fraction")
+    if val_fraction is not None and _fraction(val_fraction) != split_by:
+        raise PetalError(
+            f"{src.path} is a records folder whose photos petal convert split already "
+            f"(val_fraction {split_by} in its manifest); val_fraction cannot split them "
+            "again: drop it, or convert again with --val-fraction. Received: "
+            f"val_fraction={val_fraction}"
+        )
     if classes is None or list(classes) == list(src.classes):
         return src
     raise PetalError(
