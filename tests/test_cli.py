@@ -623,6 +623,44 @@ def test_ctrl_c_in_the_demo_before_an_epoch_says_to_run_it_again(monkeypatch, ca
         ]
 
 
+def test_ctrl_c_in_an_overwrite_that_put_the_old_run_back_does_not_call_it_complete(
+    monkeypatch, capsys, tmp_path
+):
+    """A demo run again (or train --overwrite) stopped in its first epoch: the run it
+    replaced was put back, and the hint then called that run "complete", telling to
+    evaluate it: the old model, on the records the demo had just converted anew."""
+    import petal.demo
+    from petal.training import loop
+
+    run = tmp_path / "demo"
+    run.mkdir()
+    (run / "config.json").write_text("{}")  # the earlier, complete run, put back
+    (run / "model.keras").write_text("model")
+    (run / "metrics.json").write_text('{"epochs_completed": 1}')
+
+    def interrupted(*args, **kwargs):
+        err = KeyboardInterrupt()
+        loop._said_restored(err)
+        raise err
+
+    monkeypatch.setattr(petal.demo, "run_demo", interrupted)
+    monkeypatch.setattr(loop, "train", interrupted)
+    assert cli.main(["demo", "--data", str(tmp_path), "--workdir", str(run)]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "petal demo: interrupted",
+        f"petal demo: no epoch of the new run was saved (the run it replaced is back in {run}); "
+        "the same command starts the demo again",
+    ]
+    argv = ["train", "--preset", "quick", "--data", str(tmp_path), "--workdir", str(run),
+            "--overwrite"]  # fmt: skip
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"petal train: no epoch of the new run was saved (the run it replaced is back in {run}); "
+        "the same command starts it again",
+        "petal train: interrupted",
+    ]
+
+
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["convert", "--help"]])
 def test_help_and_version_say_when_they_could_not_be_written(argv):
     # argparse dropped the failed write and exited 0: `petal --version > /dev/full` said

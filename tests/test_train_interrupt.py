@@ -261,7 +261,7 @@ def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
     corrupt record, Ctrl-C, a NaN loss) left neither, only its own config.json and
     history.csv."""
     from petal.training.callbacks import Checkpointer
-    from petal.training.loop import train
+    from petal.training.loop import run_restored, train
 
     run = tmp_path / "run"
     cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1,
@@ -278,17 +278,19 @@ def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
     said = []
     with monkeypatch.context() as patch:
         patch.setattr(Checkpointer, "_save", stopped)
-        with pytest.raises(Interrupt):
+        with pytest.raises(Interrupt) as caught:
             train(cfg.replace(learning_rate=0.5), run, overwrite=True, log=said.append)
+    assert run_restored(caught.value)  # the CLI's hint names the run put back, not "complete"
     back = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert back == kept and not (run / ".petal-replaced").exists()
     assert (f"petal train: --overwrite: replacing the run in {run} (config.json, history.csv, "
             "state.json, metrics.json, best.weights.h5, last.keras, model.keras)") in said
     assert said[-1] == (f"petal train: no epoch was saved: the run --overwrite replaced is back "
                         f"in {run}")
-    with pytest.raises(PetalError, match="NaN/inf at epoch 1/1"):  # stopped before a save too
+    with pytest.raises(PetalError, match="NaN/inf at epoch 1/1") as caught:  # before a save
         train(cfg.replace(learning_rate=1e30, optimizer="sgd", schedule="constant",
                           schedule_options={}), run, overwrite=True, log=lambda line: None)
+    assert run_restored(caught.value)
     assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == kept
     # Once the new run saves an epoch, the old one is gone.
     train(cfg.replace(learning_rate=0.5), run, overwrite=True, log=lambda line: None)

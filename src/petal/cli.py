@@ -465,13 +465,13 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.workdir is None:  # the preset resolved: --preset's, else the --config file's
         args.workdir = str(Path("runs") / config.preset)
 
-    from petal.training.loop import train
+    from petal.training.loop import run_restored, train
 
     before = _state_file(args.workdir)
     try:
         train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
-    except KeyboardInterrupt:
-        _print_resume_hint(args.workdir)
+    except KeyboardInterrupt as err:
+        _print_resume_hint(args.workdir, restored=run_restored(err))
         raise
     except Exception as err:
         # An error once this run saved an epoch (a full disk, a corrupt record): say how to
@@ -494,11 +494,13 @@ def _state_file(workdir: str) -> tuple | None:
         return None
 
 
-def _print_resume_hint(workdir: str, command: str = "train") -> None:
+def _print_resume_hint(workdir: str, command: str = "train", restored: bool = False) -> None:
     """After Ctrl-C (or an error): say how to continue from the last saved epoch, if one was
     saved (or that the run is complete, when it was stopped after its last file). For
-    ``demo``: its run, which the demo run again would start over. A stderr that cannot take
-    the line loses it, not the exit status (:func:`_tell`)."""
+    ``demo``: its run, which the demo run again would start over. ``restored``: an
+    --overwrite (the demo's too) stopped before it saved an epoch, and the run it replaced is
+    back: that run is not the one to finish. A stderr that cannot take the line loses it, not
+    the exit status (:func:`_tell`)."""
     import shlex
 
     from petal.training.loop import finished_epochs, saved_epoch
@@ -509,6 +511,13 @@ def _print_resume_hint(workdir: str, command: str = "train") -> None:
         what = "demo" if demo else "run"
         _tell(f"petal {command}: no epoch was saved; the same command starts the {what} again")
 
+    if restored:
+        what = "the demo" if demo else "it"
+        _tell(
+            f"petal {command}: no epoch of the new run was saved (the run it replaced is back "
+            f"in {workdir}); the same command starts {what} again"
+        )
+        return
     if demo and not os.path.isfile(os.path.join(workdir, "config.json")):
         nothing_saved()  # no run there yet: the demo was converting (it converts again)
         return
@@ -1267,7 +1276,9 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         said = "terminated" if isinstance(err, _Terminated) else "interrupted"
         _tell(f"petal {args.command}: {said}{_KEPT.get(args.command, '')}")
         if args.command == "demo":
-            _print_resume_hint(str(args.workdir), "demo")
+            from petal.training.loop import run_restored
+
+            _print_resume_hint(str(args.workdir), "demo", restored=run_restored(err))
         return 128 + signal.SIGTERM if isinstance(err, _Terminated) else 130
     finally:
         sys.unraisablehook = previous_hook

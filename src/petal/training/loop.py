@@ -305,15 +305,28 @@ def _restore_run(
     workdir: Path,
     log: Callable[[str], None],
     said: str = "no epoch was saved: the run --overwrite replaced is back in {workdir}",
-) -> None:
+) -> bool:
     """Put back the run an --overwrite set aside (:func:`_set_aside_run`), in place of the
-    new run's files, when the new run saved no epoch; nothing when none is set aside."""
+    new run's files, when the new run saved no epoch; nothing when none is set aside.
+    Returns whether it put one back."""
     aside = workdir / REPLACED_DIR
     if not aside.is_dir():
-        return
+        return False
     _remove_run(workdir)
     _put_back(aside, workdir)
     log("petal train: " + said.format(workdir=workdir))
+    return True
+
+
+def run_restored(err: BaseException) -> bool:
+    """Whether ``err`` stopped an --overwrite that saved no epoch, and the run it replaced
+    is back in its folder: that run, not the one stopped, is the folder's now."""
+    return getattr(err, "petal_run_restored", False) is True
+
+
+def _said_restored(err: BaseException) -> None:
+    with contextlib.suppress(AttributeError, TypeError):  # (an exception without a dict)
+        err.petal_run_restored = True
 
 
 def recover_replaced(workdir: str | Path, log: Callable[[str], None]) -> None:
@@ -2293,10 +2306,11 @@ def _train(
                 model.optimizer.build(model.trainable_variables)
                 _load_checkpoint(model, workdir)
             save_config_once()  # ended early: the epochs it ended at
-    except BaseException:
+    except BaseException as err:
         if unmark is not None:
-            if not state.get("epoch"):  # before the marker goes: no second run meanwhile
-                _restore_run(workdir, log)
+            # before the marker goes: no second run meanwhile
+            if not state.get("epoch") and _restore_run(workdir, log):
+                _said_restored(err)
             unmark()
         raise
     finally:
@@ -2351,9 +2365,9 @@ def _train(
         with signals_held():
             save_atomically(workdir / "model.keras", model.save)
             write_json(workdir / "metrics.json", metrics)
-    except BaseException:
-        if not state.get("epoch"):  # a NaN loss in the first epoch: none saved
-            _restore_run(workdir, log)
+    except BaseException as err:
+        if not state.get("epoch") and _restore_run(workdir, log):  # a NaN loss in epoch 1
+            _said_restored(err)
         raise
     finally:
         unmark()
