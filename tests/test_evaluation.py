@@ -1822,6 +1822,15 @@ def test_a_run_on_shards_that_name_no_classes_warns_in_train_and_evaluate(
     assert json.loads((workdir / "metrics.json").read_text())["classes"] == classes
     assert main(["evaluate", str(workdir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == [note]
+    # --classes with names the model does not know was told to pass --classes.
+    given = "class_0,class_1,class_2,class_3,class_4,ant,elk"
+    assert main(["evaluate", str(workdir), "--classes", given]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"petal evaluate: error: --classes names ant, elk, not a class of the model: the shards "
+        f"at {folder} name no classes (no label in their records), and the model in {workdir} "
+        f"knows them by name ({', '.join(classes)}); pass --classes naming the shards' classes "
+        f"in index order with those names. Received: --classes {given}"
+    )
 
 
 def test_the_progress_bar_counts_the_images_scored_not_those_skipped(

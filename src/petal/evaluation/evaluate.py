@@ -202,10 +202,19 @@ def evaluate(
         ):
             # Shards that name no classes are called class_0, ...: the model's names are
             # not theirs unless it was trained on such shards too.
+            known = f"the model in {run.workdir} knows them by name ({', '.join(run.classes)})"
+            if picked:  # named by --classes, with a name the model does not know
+                unknown = [c for c in source.classes if c not in run.classes]
+                raise PetalError(
+                    f"--classes names {', '.join(unknown)}, not a class of the model: the "
+                    f"shards at {source.path} name no classes (no label in their records), and "
+                    f"{known}; pass --classes naming the shards' classes in index order with "
+                    f"those names. Received: --classes {','.join(source.classes)}"
+                )
             raise PetalError(
                 f"The shards at {source.path} name no classes (no label in their records) and "
-                f"the model in {run.workdir} knows them by name ({', '.join(run.classes)}): "
-                "pass --classes NAME,NAME,... naming the shards' classes in index order."
+                f"{known}: pass --classes NAME,NAME,... naming the shards' classes in index "
+                "order."
             )
         to_model = class_index(source.classes, run, str(data), source.kind)  # labels by name
         trained_on = None if own_data else _run_records(run)
