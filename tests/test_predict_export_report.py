@@ -2036,8 +2036,10 @@ def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(trained, run, ignore=shutil.ignore_patterns("export", "eval"))
     config = json.loads((run / "config.json").read_text())
-    # and a newline in a class's name split it over two lines of labels.txt
-    names = ["Gänseblümchen", "向日葵", "rose\nred", *config["resolved"]["classes"][3:]]
+    # and a newline in a class's name split it over two lines of labels.txt; a backslash
+    # was written as it is, so a name holding a backslash and an n read back as a newline
+    names = ["Gänseblümchen", "向日葵", "rose\nred", "tulip\\nred",
+             *config["resolved"]["classes"][4:]]  # fmt: skip
     config["resolved"]["classes"] = names
     (run / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
@@ -2047,7 +2049,7 @@ def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
                               text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     lines = (run / "export" / "labels.txt").read_text(encoding="utf-8").splitlines()
-    assert lines == [*names[:2], "rose\\nred", *names[3:]]
+    assert lines == [*names[:2], "rose\\nred", "tulip\\\\nred", *names[4:]]
     assert "向日葵" in (run / "report.html").read_text(encoding="utf-8")
 
 

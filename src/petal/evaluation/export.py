@@ -799,8 +799,10 @@ def export(
             # Tells a later export that this folder is not left over while this process lives.
             mark_running(staging, lambda who: PetalError(who), "exporting into it")
             archive.write_out(str(staging / "saved_model"), verbose=False)
-            # One class a line: a control character (a newline) written as an escape.
-            lines = "".join(f"{printable(name)}\n" for name in classes)
+            # One class a line: a control character (a newline) written as an escape, and so
+            # a backslash too (\\), or a name holding a backslash and an n would read back as
+            # a newline.
+            lines = "".join(printable(name.replace("\\", "\\\\")) + "\n" for name in classes)
             (staging / "labels.txt").write_text(lines, encoding="utf-8")
             if tflite:
                 _to_tflite(staging / "saved_model", staging / "model.tflite", run.model_path)
