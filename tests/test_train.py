@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -657,9 +658,16 @@ def test_resuming_a_run_without_a_saved_epoch_says_it_starts_over(small_records,
                for line in lines)
     assert ", mean of last 1 0." in lines[-1], lines[-1]  # it said "last 5" of one epoch
     lines.clear()
+    # The marker of a process killed in the folder (SIGKILL) stayed through resumes that had
+    # nothing to do: a later process given its pid would have been taken for it.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    (workdir / ".petal-running").write_text(json.dumps(
+        {"pid": int(gone.stdout), "host": socket.gethostname(), "doing": "training in it"}))
     train(cfg, workdir, resume=True, log=lines.append)
     assert lines == [f"petal train: {workdir} already completed 1 epoch; nothing to do (to "
                      "train it further, pass --epochs 2 or more)"]
+    assert not (workdir / ".petal-running").exists()
 
 
 _SIGNAL_IN_A_SAVE = """

@@ -1795,6 +1795,9 @@ def _train(
                 f"({first_line(err)[:200]}); writing it again from history.csv and state.json"
             )
         else:
+            # The marker a killed run left is taken over and removed (refused while another
+            # process trains here): a later process given its pid would pass for it.
+            _mark_running(workdir)()
             log(
                 f"petal train: {workdir} already completed {_epochs(start_epoch)}; nothing to "
                 f"do (to train it further, pass --epochs {start_epoch + 1} or more)"
