@@ -1533,6 +1533,11 @@ def test_a_class_folder_link_that_leads_nowhere_is_listed_and_warned_about(tmp_p
 
     text = str(inspect_records(str(tmp_path / "out"), progress=False))
     assert "skipped 0, broken links not followed 1\n" in text
+    # A photo that is such a link was skipped as "unreadable: No such file or directory".
+    (src / "a" / "x.jpg").symlink_to("/nonexistent/unmounted/x.jpg")
+    m = convert(src, tmp_path / "out2", image_size=8, workers=1, progress=False).manifest
+    assert m["skipped"] == [{"file": "a/x.jpg", "reason": "unreadable: a link whose target is "
+                             "missing (/nonexistent/unmounted/x.jpg): mount or fix it"}]
 
 
 def test_a_class_of_one_photo_is_told_to_add_images_not_to_raise_the_fraction(tmp_path):

@@ -192,7 +192,7 @@ def _read(path: str) -> bytes | str:
     except folders.StoreError as err:
         return f"{_STORE_FAILURE}{err}"
     except OSError as err:
-        return f"unreadable: {err.strerror or err}"
+        return _unreadable(path, err)
 
 
 def _size(path: str) -> int | str:
@@ -202,7 +202,17 @@ def _size(path: str) -> int | str:
     except folders.StoreError as err:
         return f"{_STORE_FAILURE}{err}"
     except OSError as err:
-        return f"unreadable: {err.strerror or err}"
+        return _unreadable(path, err)
+
+
+def _unreadable(path: str, err: OSError) -> str:
+    """Why a file cannot be read: a link to a missing target (an unmounted disk) says so, as
+    the links that are no photos are listed (``broken_links``)."""
+    if isinstance(err, FileNotFoundError) and not folders.is_remote(path):
+        with contextlib.suppress(OSError):
+            target = os.readlink(path)
+            return f"unreadable: a link whose target is missing ({target}): mount or fix it"
+    return f"unreadable: {err.strerror or err}"
 
 
 def _check_store(reason: str, source: str, relpath: str) -> None:
