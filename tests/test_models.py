@@ -576,23 +576,6 @@ def test_a_published_top_file_fills_the_backbone_whatever_its_layer_names(tmp_pa
         create_model("xception", 3, 71, weights=convnext)
 
 
-def test_convnext_pools_before_its_layernorm_as_its_imagenet_head_does(tmp_path):
-    """ConvNeXt's new head saw its backbone's LayerNorm applied to each pixel, then pooled
-    (Keras' no-top layout without pooling): at 64 pixels its features were about a third of
-    the scale of the ImageNet network's own (pool, then that LayerNorm, then the classifier),
-    the pre-logits a frozen backbone's head phase trains on."""
-    keras.utils.set_random_seed(0)  # Keras' initialisation: pixels unlike each other
-    source = keras.applications.ConvNeXtTiny(
-        include_preprocessing=True, weights=None, input_shape=(64, 64, 3))  # fmt: skip
-    top = tmp_path / "convnext_tiny_top.h5"
-    _save_legacy_h5(source, top)
-    model = create_model("convnext_tiny", 3, 64, weights=top)
-    images = np.random.default_rng(0).uniform(0, 255, (2, 64, 64, 3)).astype("float32")
-    theirs = keras.Model(source.input, source.get_layer("convnext_tiny_head_layernorm").output)
-    mine = keras.Model(model.input, model.get_layer("predictions").input)  # the head takes
-    np.testing.assert_allclose(mine(images), theirs(images), rtol=1e-4, atol=1e-4)
-
-
 def test_imagenet_weights_at_an_unpublished_size_print_no_keras_warning(monkeypatch):
     """MobileNetV2 at 32 pixels printed Keras' raw "input_shape is undefined or non-square
     ... will be loaded as the default" warning, with its source line, before petal's line."""

@@ -1,8 +1,7 @@
 """Pretrained ``keras.applications`` backbones with a new global-pooling + softmax head.
 
 Each model is ``image -> backbone -> GlobalAveragePooling -> [Dropout] -> Dense(softmax, float32)``,
-the codelab's fine-tune layout (ConvNeXt pools inside its backbone, before the LayerNorm that
-ends it, as its ImageNet head does). The backbone is a nested model named ``backbone`` so the
+the codelab's fine-tune layout. The backbone is a nested model named ``backbone`` so the
 registry's freeze helpers find it and a backbone-only weights file can be loaded into it.
 
 ``weights="imagenet"`` downloads the published weights through Keras (cached under
@@ -50,11 +49,7 @@ _BACKBONES = {
         keras.applications.EfficientNetV2B0, {"include_preprocessing": True}
     ),
     # The model normalises 0..255 with ImageNet mean/std itself (include_preprocessing).
-    # Pooled inside, before the LayerNorm that ends it, as the ImageNet head does (without
-    # pooling that LayerNorm would apply to each pixel, and the head see other features).
-    "convnext_tiny": _Backbone(
-        keras.applications.ConvNeXtTiny, {"include_preprocessing": True, "pooling": "avg"}
-    ),
+    "convnext_tiny": _Backbone(keras.applications.ConvNeXtTiny, {"include_preprocessing": True}),
 }
 
 
@@ -143,8 +138,7 @@ def build_application(
 
     inputs = image_input(image_size)
     x = backbone(inputs)
-    if len(x.shape) == 4:  # (ConvNeXt's backbone pools itself)
-        x = layers.GlobalAveragePooling2D(name="gap")(x)
+    x = layers.GlobalAveragePooling2D(name="gap")(x)
     return keras.Model(inputs, classifier_head(x, num_classes, dropout=dropout), name=arch)
 
 
