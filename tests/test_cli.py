@@ -640,7 +640,7 @@ def test_ctrl_c_in_an_overwrite_that_put_the_old_run_back_does_not_call_it_compl
 
     def interrupted(*args, **kwargs):
         err = KeyboardInterrupt()
-        loop._said_restored(err)
+        err.petal_run_restored = True  # as loop._restore_run marks it
         raise err
 
     monkeypatch.setattr(petal.demo, "run_demo", interrupted)

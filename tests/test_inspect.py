@@ -824,7 +824,8 @@ def test_tfrecord_files_and_a_glob_matching_other_files_are_named_for_what_they_
     # The suggestion keeps what the glob named: flowers* is not widened to every shard.
     (folder / "flowers-notes.txt").write_text("picked in May")
     (folder / "flowers00-6.tfrec.bak").write_bytes(b"")
-    for glob, alone in (("flowers*", "flowers*.tfrec"), ("flowers*.tfrec*", "flowers*.tfrec")):
+    for glob, alone in (("flowers*", "flowers*.tfrec"), ("flowers*.tfrec*", "flowers*.tfrec"),
+                        ("flowers*.tfrec.*", "flowers*.tfrec"), ("flowers*.tf*", "*.tfrec")):
         with pytest.raises(PetalError, match=rf"\(such as {re.escape(f'{folder}/{alone}')}\)\.$"):
             open_source(f"{folder}/{glob}")
 

@@ -516,6 +516,11 @@ def test_input_pipelines_given_shares_of_other_sizes_are_warned_of(make_records,
             "images of the smallest share are seen 2.0x as often as those of the largest; "
             "convert with --shards a multiple of 2 for equal shares."
         ] if said else [])  # fmt: skip
+    # A share of nothing (shards of no record) is refused by the count, not divided by.
+    empty = make_records("empty", counts={"train": [10, 0, 10, 0], "validation": [4]})
+    train_dataset(str(empty), batch_size=2, input_context=tf.distribute.InputContext(2, 0, 2))
+    with pytest.raises(PetalError, match=r"has 0 images per input pipeline"):
+        train_dataset(str(empty), batch_size=2, input_context=tf.distribute.InputContext(2, 1, 2))
 
 
 _STRATEGY_SCRIPT = textwrap.dedent(

@@ -462,7 +462,7 @@ def _warn_of_uneven_shares(src: Source, split: str, input_context) -> None:
     if n <= 1 or len(counts) < n:
         return  # one pipeline, or every pipeline reads every shard (by record)
     shares = [sum(counts[i::n]) for i in range(n)]
-    if max(shares) > 1.25 * min(shares):
+    if min(shares) and max(shares) > 1.25 * min(shares):  # (an empty share is refused)
         log.warning(
             "Split %r of %s: its %d shards give its %d input pipelines %d to %d images "
             "each (whole shards), and each pipeline gives a batch per step, so the images "

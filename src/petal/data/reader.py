@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import posixpath
 import stat
@@ -217,7 +218,7 @@ def open_source(
     if posixpath.basename(root) == schema.MANIFEST_NAME and not fs.isdir(root):
         root = posixpath.dirname(root) or "."  # a records folder's manifest: that folder
     if fs.exists(_join(root, schema.MANIFEST_NAME)):
-        return _records_classes(_open_records(root, verify=verify), classes, val_fraction)
+        return _records_as_given(_open_records(root, verify=verify), classes, val_fraction)
     if not fs.isdir(root):
         raise _file_given(root)
     names = sorted(fs.listdir(root))
@@ -463,7 +464,8 @@ def _check_image(source: Source, shard: str, index: int, feature) -> None:
     # (Bytes that are neither, a damaged image, are left to decoding, which names them
     # undecodable and --skip-corrupt skips.)
     encoded = bool(image) and image[0].startswith(_IMAGE_MAGIC)
-    pixels = bool(image) and len(size) == 2 and len(image[0]) == size[0] * size[1] * 3
+    dims = size if len(size) == 2 else source.image_size  # (a record without its size)
+    pixels = bool(image) and dims is not None and len(image[0]) == dims[0] * dims[1] * 3
     problem = None
     if said and held and held != said:
         problem = f"holds a {held} image, but the manifest's image_size is {said}"
@@ -540,17 +542,20 @@ def _verify_shards(root: str, manifest: dict, listed: set[str], fs=None) -> None
         )
 
 
-def _records_classes(src: Source, classes: list[str] | None, val_fraction=None) -> Source:
+def _records_as_given(src: Source, classes: list[str] | None, val_fraction=None) -> Source:
     """A records folder's classes are its manifest's, in its order: ``classes`` naming
     others is refused, not ignored (the class indices are written in the records); so is a
     ``val_fraction`` other than the one its photos were split by (it was ignored)."""
     split_by = (src.manifest or {}).get("val_fraction")
-    if val_fraction is not None and _fraction(val_fraction) != split_by:
+    same = isinstance(split_by, int | float) and math.isclose(
+        _fraction(val_fraction), split_by, abs_tol=1e-6
+    )
+    if val_fraction is not None and not same:
+        how = f"val_fraction {split_by}" if split_by is not None else "its shards by split"
         raise PetalError(
-            f"{src.path} is a records folder whose photos petal convert split already "
-            f"(val_fraction {split_by} in its manifest); val_fraction cannot split them "
-            "again: drop it, or convert again with --val-fraction. Received: "
-            f"val_fraction={val_fraction}"
+            f"{src.path} is a records folder, whose split its manifest gives ({how}); "
+            "val_fraction cannot split it again: drop it, or convert again with "
+            f"--val-fraction. Received: val_fraction={val_fraction}"
         )
     if classes is None or list(classes) == list(src.classes):
         return src
@@ -642,10 +647,9 @@ def _not_a_shard(root: str, file: str) -> PetalError:
         )
     # The glob narrowed to shards, keeping what it names of them (train* stays train*).
     head, base = posixpath.split(root)
-    kept = base.rstrip("*")
-    if kept.endswith(schema.SHARD_SUFFIX):  # *.tfrec* matched a.tfrec.bak
-        alone = posixpath.join(head, kept)
-    elif base.endswith("*"):
+    if schema.SHARD_SUFFIX in base:  # *.tfrec* matched a.tfrec.bak: cut after the suffix
+        alone = posixpath.join(head, base[: base.index(schema.SHARD_SUFFIX)] + schema.SHARD_SUFFIX)
+    elif base.endswith("*") and "." not in base:
         alone = root + schema.SHARD_SUFFIX
     else:
         alone = posixpath.join(head, "*" + schema.SHARD_SUFFIX)

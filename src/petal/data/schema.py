@@ -57,8 +57,7 @@ def check_manifest(manifest, path: str) -> dict:
     ``image_size`` (``[height, width]`` or null) and ``splits``, whose ``train`` and
     ``validation`` (either may be absent) list shards with a ``file`` name, a ``count`` and
     optionally their size in ``bytes``;
-    a split's ``count`` and its ``per_class`` counts (where given) add up to its shards', and
-    count an image of every class (where every split with shards gives them);
+    a split's ``count`` and its ``per_class`` counts (where given) add up to its shards';
     a shard's count is the one in its file name (``-<count>.tfrec``), where it has one;
     no shard is listed twice, nor in the split other than the one its petal name gives.
 
@@ -150,12 +149,6 @@ def check_manifest(manifest, path: str) -> dict:
                 f"the per_class counts of split {split!r} add up to "
                 f"{sum(per_class.values())}, but its shards hold {total}"
             )
-    # A class of no images (a name added to 'classes'): an output no record trains.
-    holding = [splits[s] for s in SPLITS if s in splits and splits[s].get("shards")]
-    if holding and all(info.get("per_class") for info in holding):
-        images = {c: sum(info["per_class"].get(c, 0) for info in holding) for c in classes}
-        if uncounted := [c for c in classes if not images[c]]:
-            raise wrong(f"'classes' names {uncounted[0]!r}, of which no split counts an image")
     skipped = manifest.get("skipped", [])
     if not isinstance(skipped, list) or not all(
         isinstance(item, dict) and "file" in item and "reason" in item for item in skipped

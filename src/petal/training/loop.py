@@ -305,28 +305,27 @@ def _restore_run(
     workdir: Path,
     log: Callable[[str], None],
     said: str = "no epoch was saved: the run --overwrite replaced is back in {workdir}",
-) -> bool:
+    stopped: BaseException | None = None,
+) -> None:
     """Put back the run an --overwrite set aside (:func:`_set_aside_run`), in place of the
     new run's files, when the new run saved no epoch; nothing when none is set aside.
-    Returns whether it put one back."""
+    ``stopped``: what stopped the new run, marked for :func:`run_restored` once the run is
+    back."""
     aside = workdir / REPLACED_DIR
     if not aside.is_dir():
-        return False
+        return
     _remove_run(workdir)
     _put_back(aside, workdir)
     log("petal train: " + said.format(workdir=workdir))
-    return True
+    if stopped is not None:
+        with contextlib.suppress(AttributeError, TypeError):  # (an exception without a dict)
+            stopped.petal_run_restored = True
 
 
 def run_restored(err: BaseException) -> bool:
     """Whether ``err`` stopped an --overwrite that saved no epoch, and the run it replaced
     is back in its folder: that run, not the one stopped, is the folder's now."""
     return getattr(err, "petal_run_restored", False) is True
-
-
-def _said_restored(err: BaseException) -> None:
-    with contextlib.suppress(AttributeError, TypeError):  # (an exception without a dict)
-        err.petal_run_restored = True
 
 
 def recover_replaced(workdir: str | Path, log: Callable[[str], None]) -> None:
@@ -2311,9 +2310,8 @@ def _train(
             save_config_once()  # ended early: the epochs it ended at
     except BaseException as err:
         if unmark is not None:
-            # before the marker goes: no second run meanwhile
-            if not state.get("epoch") and _restore_run(workdir, log):
-                _said_restored(err)
+            if not state.get("epoch"):  # before the marker goes: no second run meanwhile
+                _restore_run(workdir, log, stopped=err)
             unmark()
         raise
     finally:
@@ -2369,8 +2367,8 @@ def _train(
             save_atomically(workdir / "model.keras", model.save)
             write_json(workdir / "metrics.json", metrics)
     except BaseException as err:
-        if not state.get("epoch") and _restore_run(workdir, log):  # a NaN loss in epoch 1
-            _said_restored(err)
+        if not state.get("epoch"):  # a NaN loss in the first epoch: none saved
+            _restore_run(workdir, log, stopped=err)
         raise
     finally:
         unmark()
