@@ -555,6 +555,20 @@ def _write_class_tree(root: Path, per_class: int, classes=("a", "b")) -> None:
             (root / name / f"{i:02d}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=100 * c + i)))
 
 
+def test_records_with_a_class_whose_files_were_all_skipped_open(tmp_path):
+    """Convert keeps such a class (with a warning): a check of the manifest's classes against
+    its per-class counts refused the records it had just written as damaged."""
+    from petal.data.reader import open_source
+
+    src = tmp_path / "src"
+    _write_class_tree(src, 4, classes=("a", "b"))
+    (src / "c").mkdir()
+    (src / "c" / "x.jpg").write_bytes(b"no image")
+    summary = convert(src, tmp_path / "out", image_size=8, workers=1, progress=False)
+    assert any("no records for class c" in w for w in summary.warnings)
+    assert open_source(str(tmp_path / "out")).classes == ("a", "b", "c")
+
+
 def test_duplicates_stay_on_one_side(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 10)
