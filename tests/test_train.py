@@ -410,7 +410,9 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1
 
 
-def test_a_renamed_codelab_shard_stops_training_even_when_skipping_corrupt(make_records, tmp_path):
+def test_a_renamed_codelab_shard_stops_training_even_when_skipping_corrupt(
+    make_records, tmp_path, caplog
+):
     """With skip_corrupt a validation shard renamed to fewer records than it holds was
     trained on: "skipped 0 record(s) ... record 8 is corrupt" and a val_count of its name's
     while more were validated; one renamed to more, "skipped 2 record(s)" that never were.
@@ -418,8 +420,9 @@ def test_a_renamed_codelab_shard_stops_training_even_when_skipping_corrupt(make_
     shards = make_records("shards", counts={"all": [8] * 6}, codelab=True, fmt="jpeg")
     (shards / "flowers00-8.tfrec").rename(shards / "flowers00-5.tfrec")  # the validation shard
     cfg = tiny_config(shards, epochs=1, model="dense", skip_corrupt=True)
-    with pytest.raises(PetalError) as caught:
+    with pytest.raises(PetalError) as caught, caplog.at_level("WARNING"):
         train(cfg, tmp_path / "run", **QUIET)
+    assert "holds 8 records" not in caplog.text  # the reader's warning said it before the error
     assert str(caught.value) == (
         f"Codelab shard {shards}/flowers00-5.tfrec holds 8 records, not the 5 its file name "
         "says: it is not corrupt (every record reads, and the file ends after the last); "

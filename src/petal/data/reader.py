@@ -1070,6 +1070,24 @@ class SkipCounter:
         # Sound shards that hold another count than they should: not skipped, an error
         # (see miscount_since).
         self.miscounted: list[str] = []
+        self._stopping = 0  # callers inside stopping_on_miscounts()
+
+    @contextlib.contextmanager
+    def stopping_on_miscounts(self):
+        """While inside, a sound shard of another count met with ``skip_corrupt`` is kept
+        for :meth:`miscount_since`, not logged: the caller stops with that line (petal
+        train and evaluate printed it twice, as a warning and as their error)."""
+        with self._lock:
+            self._stopping += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stopping -= 1
+
+    @property
+    def callers_stop_on_miscounts(self) -> bool:
+        return self._stopping > 0
 
     def add(self, n: int, message: str, shard: str = "") -> None:
         with self._lock:
@@ -1643,7 +1661,8 @@ def _report_miscount(line) -> bool:
     """Logs and keeps (:attr:`SkipCounter.miscounted`) a :data:`MISCOUNT` line met with
     ``skip_corrupt``."""
     line = line.numpy().decode("utf-8", "replace")[len(MISCOUNT):]
-    log.warning("petal: %s", line)
+    if not SKIPPED.callers_stop_on_miscounts:
+        log.warning("petal: %s", line)
     SKIPPED.add_miscount(line)
     return False
 

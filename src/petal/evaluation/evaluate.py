@@ -269,6 +269,7 @@ def evaluate(
         model = load_model(run)
         skipped_before, events_before = SKIPPED.skipped, len(SKIPPED.events)
         miscount_mark = len(SKIPPED.miscounted)
+        reading.enter_context(SKIPPED.stopping_on_miscounts())  # stopped on after reading
         store_mark = STORE_ERRORS.mark()
 
         start = time.perf_counter()

@@ -2119,6 +2119,7 @@ def _train(
 
     skip_mark = len(SKIPPED.shards)
     miscount_mark = len(SKIPPED.miscounted)
+    releases.enter_context(SKIPPED.stopping_on_miscounts())  # ErrorGuard below stops on it
     store_mark = STORE_ERRORS.mark()
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
