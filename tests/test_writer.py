@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image, JpegImagePlugin
+from PIL import Image, ImageOps, JpegImagePlugin
 
 from conftest import interrupt_when_called, run_script
 from petal.data import convert, images, read_manifest, schema, writer
@@ -209,6 +209,33 @@ def test_a_jpeg_whose_data_end_early_is_refused_not_half_grey():
     assert str(caught.value) == (
         "corrupt or truncated image: Corrupt JPEG data: premature end of data segment"
     )
+
+
+def test_a_rotated_or_cmyk_jpeg_whose_data_end_early_is_refused_too():
+    """Only a JPEG with no rotation to apply was checked: a phone photo (EXIF orientation
+    6) or a CMYK JPEG whose data end early was written with its lower part grey, and
+    inspect --verify then passed the new, whole JPEG."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated = _data_ending_early(_jpeg(_photo(64, 64, seed=5), exif=exif.tobytes()))
+    cmyk = io.BytesIO()
+    Image.fromarray(_photo(64, 64, seed=6)).convert("CMYK").save(cmyk, "JPEG", quality=90)
+    for damaged in (rotated, _data_ending_early(cmyk.getvalue())):
+        Image.open(io.BytesIO(damaged)).load()  # what PIL gives: no error
+        with pytest.raises(images.ImageError, match="premature end of data segment"):
+            images.decode_rgb(damaged)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_rotated_jpegs_decode_upright_as_pil_turns_them(orientation):
+    """Rotated JPEGs decode through simplejpeg too (the cut-short check), turned as PIL's
+    exif_transpose turns them: the same pixels as before."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = _jpeg(_photo(20, 36, seed=orientation), exif=exif.tobytes())
+    decoded, _, plain = images.decode_rgb(data)
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+    assert np.array_equal(decoded, np.asarray(upright)) and plain == (orientation == 1)
 
 
 @pytest.mark.parametrize(
@@ -1525,6 +1552,38 @@ def test_16_bit_grey_png_colour_key_becomes_white():
     assert images.decode_rgb(data)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
     eight = _encode(Image.fromarray(np.array([[0, 4, 255]], np.uint8)), "PNG", transparency=0)
     assert images.decode_rgb(eight)[0][0].tolist() == [[255] * 3, [4] * 3, [255] * 3]
+
+
+def _png(width: int, height: int, depth: int, colour: int, rows: list[bytes], trns: bytes):
+    """A PNG written chunk by chunk (PIL writes neither 2-bit grey nor 16-bit RGB keys)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))  # fmt: skip
+
+    header = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
+    pixels = zlib.compress(b"".join(b"\0" + row for row in rows))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tRNS", trns)
+            + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))  # fmt: skip
+
+
+def test_colour_keys_of_2_bit_grey_and_16_bit_rgb_pngs():
+    """PIL scales 2- and 4-bit grey levels to 8 bits but not their tRNS key: the transparent
+    level stayed (transparency dropped). It cuts 16-bit RGB to 8 bits but not the key:
+    opaque pixels of the key's 8-bit value turned white, the transparent ones stayed."""
+    import struct
+
+    levels = _png(8, 1, 2, 0, [bytes([0b00011011, 0b00011011])], struct.pack(">H", 1))
+    assert images.decode_rgb(levels)[0][0, :, 0].tolist() == [0, 255, 170, 255] * 2
+    nibbles = _png(4, 1, 4, 0, [bytes([0x05, 0xAF])], struct.pack(">H", 5))  # 0, 5, 10, 15
+    assert images.decode_rgb(nibbles)[0][0, :, 0].tolist() == [0, 255, 170, 255]
+    rgb = np.full((2, 4, 3), 25700, ">u2")
+    rgb[:, :2] = 100  # the key, transparent; 25700 is 100 in its high byte
+    keyed = _png(4, 2, 16, 2, [row.tobytes() for row in rgb], struct.pack(">HHH", 100, 100, 100))
+    with pytest.raises(images.ImageError, match=r"^16-bit RGB PNG with a transparent colour"):
+        images.decode_rgb(keyed)
 
 
 def test_a_class_folder_link_that_leads_nowhere_is_listed_and_warned_about(tmp_path):

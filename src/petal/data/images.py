@@ -172,6 +172,29 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def _png_colour_key(image: Image.Image, data: bytes) -> None:
+    """Fits a PNG's colour key (tRNS) to the pixels PIL gives: a 2- or 4-bit grey image's
+    levels are scaled to 8 bits, its key was not (no pixel matched: the transparency was
+    dropped). A 16-bit RGB image's pixels are cut to 8 bits, its key not: pixels of other
+    colours matched it, turning white, and the transparent ones did not; those 8 bits
+    cannot tell the key from its neighbours, so such an image is refused.
+
+    Raises:
+        ImageError: a 16-bit RGB PNG with a colour key.
+    """
+    key = image.info.get("transparency")
+    if image.format != "PNG" or key is None or len(data) < 26 or data[12:16] != b"IHDR":
+        return
+    depth, colour = data[24], data[25]
+    if colour == 0 and depth in (2, 4) and isinstance(key, int):
+        image.info["transparency"] = key * 255 // (2**depth - 1)
+    elif colour == 2 and depth == 16:
+        raise ImageError(
+            "16-bit RGB PNG with a transparent colour (tRNS), which cannot be read exactly "
+            "at 8 bits: save it with an alpha channel, or as an 8-bit PNG"
+        )
+
+
 def _float_grey(values: np.ndarray) -> np.ndarray:
     """Float greyscale pixels (mode F, e.g. a float TIFF) -> the 0..255 scale.
 
@@ -216,12 +239,21 @@ def decode_rgb(
             warnings.simplefilter("ignore")
             image.seek(0)
             orientation = image.getexif().get(0x0112, 1)
-            plain_jpeg = (
-                image.format == "JPEG" and image.mode in ("RGB", "L") and orientation in (0, 1)
-            )
-            pixels = _libjpeg_pixels(data, image.mode) if plain_jpeg else None
+            jpeg = image.format == "JPEG"
+            plain_jpeg = jpeg and image.mode in ("RGB", "L") and orientation in (0, 1)
+            pixels = None
+            if jpeg and image.mode in ("RGB", "L"):
+                # Rotated too (most phone photos): libjpeg finds a scan cut short, which PIL
+                # decodes grey without a word; the rotation is applied to its pixels.
+                pixels = _libjpeg_pixels(data, image.mode)
+                if pixels is not None and orientation in _EXIF_TRANSPOSE:
+                    turned = Image.fromarray(pixels).transpose(_EXIF_TRANSPOSE[orientation])
+                    pixels = np.asarray(turned)
+            elif jpeg:
+                _refuse_cut_short(data)  # CMYK or YCCK, which PIL decodes
             if pixels is None:
                 image.load()
+                _png_colour_key(image, data)
                 oriented = ImageOps.exif_transpose(image) if orientation not in (0, 1) else image
                 pixels = np.asarray(_to_rgb(oriented), dtype=np.uint8)
     except ImageError:
@@ -236,9 +268,9 @@ def decode_rgb(
 
 
 def _libjpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
-    """A plain JPEG's (RGB or greyscale, no rotation) RGB pixels, decoded by libjpeg-turbo
-    through simplejpeg: PIL's pixels (the same library and settings), in half its time. Or
-    None, for PIL to decode: a warning that PIL lets pass (extraneous bytes before a
+    """An RGB or greyscale JPEG's RGB pixels (as stored, before any rotation), decoded by
+    libjpeg-turbo through simplejpeg: PIL's pixels (the same library and settings), in half
+    its time. Or None, for PIL to decode: a warning that PIL lets pass (extraneous bytes before a
     marker, an odd progression).
 
     Raises:
@@ -254,6 +286,30 @@ def _libjpeg_pixels(data: bytes, mode: str) -> np.ndarray | None:
             raise ImageError(f"corrupt or truncated image: {err}") from None
         return None
     return np.repeat(out, 3, axis=2) if mode == "L" else out
+
+
+# EXIF orientation -> the transpose that shows the photo upright (as ImageOps.exif_transpose).
+_EXIF_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def _refuse_cut_short(data: bytes) -> None:
+    """Raises ImageError for a JPEG (of any colour space) whose scan data end early, as
+    libjpeg finds it; decoded by PIL, the rest would be grey, without a word."""
+    import simplejpeg
+
+    try:
+        simplejpeg.decode_jpeg(data, colorspace="CMYK")
+    except ValueError as err:
+        if jpeg_cut_short(err):
+            raise ImageError(f"corrupt or truncated image: {err}") from None
 
 
 def jpeg_cut_short(err: ValueError) -> bool:
