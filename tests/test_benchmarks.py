@@ -130,8 +130,9 @@ def test_bench_input_names_an_undecodable_record_at_once(case, make_records, cap
     break_image(shard, 5)
     start = time.monotonic()
     code, err, _ = _bench([str(records), "--cases", case], capsys)
-    # It once waited a minute for the failed process, then printed a traceback.
-    assert time.monotonic() - start < 30
+    if case == "ceiling":  # (the other cases start no process to wait for)
+        # It once waited a minute for its failed process, then printed a traceback.
+        assert time.monotonic() - start < 30
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(
         f"petal bench: error: Corrupt input: the image of {shard}: record 5 cannot be decoded ("
