@@ -49,6 +49,20 @@ def test_top_k_accuracy():
     assert metrics.top_k_accuracy([0], [[0.4, 0.4, 0.2]], 1) == 1.0
 
 
+def test_accuracies_of_inputs_of_other_lengths_are_refused():
+    # NumPy broadcast one label over three: 1/3, where confusion_matrix refused them.
+    probs = np.array([[0.9, 0.1], [0.1, 0.9], [0.2, 0.8]])
+    for call, said in (
+        (lambda: metrics.accuracy([0, 1, 2], [0]), "y_pred differ in length. Received: 3 and 1"),
+        (lambda: metrics.accuracy([0, 1], [0, 1, 1]), "y_pred differ in length. Received: 2 and 3"),
+        (lambda: metrics.top_k_accuracy([0], probs, 1), "probs differ in length. Received: 1 "
+                                                        "and 3"),
+        (lambda: metrics.top_k_accuracy([0, 1, 1], probs[:1], 1), "Received: 3 and 1"),
+    ):  # fmt: skip
+        with pytest.raises(PetalError, match=rf"^y_true and .*{said}$"):
+            call()
+
+
 def test_per_class_precision_recall_f1():
     cm = np.array([[1, 1, 0], [0, 2, 0], [1, 0, 1]])
     got = metrics.per_class_metrics(cm, ["a", "b", "c"])

@@ -208,6 +208,19 @@ def test_history_keeps_a_warm_up_peak_inside_an_epoch_for_the_lr_plot(tmp_path):
     assert xs.tolist() == [0, 0.5, 0.75, 1, 1.75]
     assert ys == pytest.approx([0, 1e-2, last, schedule(4), schedule(7)])
     assert max(ys) == pytest.approx(1e-2)
+    # A peak under 1% above the epoch's last rate (a long cosine after it) was not kept: the
+    # plot drew the warm-up running to the epoch's end.
+    schedule = build_schedule(
+        "warmup_cosine", steps_per_epoch=7, peak_lr=3e-3, total_epochs=8, warmup_epochs=0.5
+    )
+    model.compile(keras.optimizers.SGD(learning_rate=schedule), "categorical_crossentropy")
+    writer = MetricsWriter(tmp_path / "long.csv", 1, 7, 2, log=lambda line: None)
+    model.fit(np.ones((14, 3), np.float32), np.eye(2, dtype=np.float32)[[0, 1] * 7],
+              batch_size=2, epochs=1, callbacks=[writer], verbose=0)  # fmt: skip
+    row = read_history(tmp_path / "long.csv")[0]
+    rates = [float(schedule(step)) for step in range(7)]
+    assert max(rates) < 1.01 * rates[-1]
+    assert (row["lr_max"], row["lr_max_at"]) == pytest.approx((max(rates), 4 / 7))
 
 
 def test_history_keeps_accuracies_as_the_epoch_line_shows_them(tmp_path):

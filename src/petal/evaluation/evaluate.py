@@ -356,7 +356,8 @@ def evaluate(
         top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
         skipped = report.get("skipped_corrupt_records")
         log(
-            f"petal evaluate: {len(y_true)} images of {data} ({split}): accuracy "
+            f"petal evaluate: {len(y_true)} image{'' if len(y_true) == 1 else 's'} of {data} "
+            f"({split}): accuracy "
             f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
             + (f", {skipped} corrupt {'files' if source.kind == 'folder' else 'records'} skipped"
                if skipped else "")

@@ -56,8 +56,7 @@ def confusion_matrix(y_true, y_pred, num_classes: int) -> np.ndarray:
     """Counts ``[num_classes, num_classes]``: row = true class, column = predicted class."""
     t = _labels(y_true, num_classes)
     p = _labels(y_pred, num_classes, "y_pred")
-    if t.shape != p.shape:
-        raise PetalError(f"y_true and y_pred differ in length. Received: {t.size} and {p.size}")
+    _same_length(t, p.size)
     cm = np.zeros((num_classes, num_classes), dtype=np.int64)
     np.add.at(cm, (t, p), 1)
     return cm
@@ -65,7 +64,14 @@ def confusion_matrix(y_true, y_pred, num_classes: int) -> np.ndarray:
 
 def accuracy(y_true, y_pred) -> float:
     t, p = _labels(y_true), _labels(y_pred, name="y_pred")
+    _same_length(t, p.size)
     return float(np.mean(t == p)) if t.size else 0.0
+
+
+def _same_length(t: np.ndarray, n: int, what: str = "y_pred") -> None:
+    """NumPy broadcast labels of one sample over many: an accuracy of other numbers."""
+    if t.size != n:
+        raise PetalError(f"y_true and {what} differ in length. Received: {t.size} and {n}")
 
 
 def top_k_accuracy(y_true, probs, k: int) -> float:
@@ -80,6 +86,7 @@ def top_k_accuracy(y_true, probs, k: int) -> float:
     k = _check_k(k)
     probs = np.asarray(probs, dtype=np.float64)
     t = _labels(y_true, probs.shape[1])
+    _same_length(t, probs.shape[0], "probs")
     k = min(k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     return float(np.mean(np.any(top == t[:, None], axis=1))) if t.size else 0.0

@@ -220,7 +220,8 @@ class MetricsWriter(keras.callbacks.Callback):
         row["lr_end"] = last_step_lr(self.model.optimizer)
         # A peak between them (a warm-up ending inside the epoch), for the lr plot.
         peak, at = highest_lr(self.model.optimizer, self._first_step)
-        if peak > 1.01 * max(row["lr"], row["lr_end"]):  # False for NaN
+        # (Above them by more than float rounding: a long cosine's peak is under 1% above.)
+        if peak > (1 + 1e-4) * max(row["lr"], row["lr_end"]):  # False for NaN
             row["lr_max"], row["lr_max_at"] = peak, at
         try:
             with self.path.open("a", newline="") as f:
