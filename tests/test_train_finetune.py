@@ -19,6 +19,18 @@ from petal.training.loop import class_weights, train
 QUIET = {"log": lambda line: None}
 
 
+def test_a_mixed_label_is_weighted_as_its_classes_mix():
+    """With mixup or cutmix, the class of a label's larger share gave the whole sample its
+    weight: a 0.45 daisy / 0.55 roses mix weighed as roses alone."""
+    import tensorflow as tf
+
+    from petal.training.loop import weighted_by_label
+
+    labels = tf.constant([[0.45, 0.55], [1.0, 0.0]])
+    _, _, weights = weighted_by_label([0.35, 1.87])(tf.zeros([2, 1]), labels)
+    assert weights.numpy() == pytest.approx([0.45 * 0.35 + 0.55 * 1.87, 0.35])
+
+
 def test_balanced_class_weights_golden():
     source = types.SimpleNamespace(
         manifest={"splits": {"train": {"per_class": {"a": 10, "b": 30}}}}, kind="records", path="x"
@@ -298,10 +310,16 @@ def test_the_speed_of_a_fine_tuning_run_is_its_full_phases():
     metrics = _metrics(rows, state, 1.0, resolved, cfg, 10)
     assert metrics["train_images_per_sec"] == 30.5
     assert metrics["train_images_per_sec_by_phase"] == {"head": 305.0, "full": 30.5}
-    # One phase: every steady epoch, as before.
-    metrics = _metrics(rows, state, 1.0, resolved, get_preset("quick").replace(epochs=6), 10)
-    assert metrics["train_images_per_sec"] == 165.5  # the median of 30, 31, 300, 310
+    # One phase, resumed at epoch 4: the last session's steady epochs. The median of every
+    # session's (165.5, of 30, 31, 300, 310) gave a speed of other settings (a batch size
+    # or precision the resume changed) beside the last session's global_batch.
+    quick = get_preset("quick").replace(epochs=6)
+    metrics = _metrics(rows, state, 1.0, resolved, quick, 10)
+    assert metrics["train_images_per_sec"] == 30.5
     assert "train_images_per_sec_by_phase" not in metrics
+    # A last session of one epoch: its own speed (with compilation), not an earlier one's.
+    state = {"epoch": 6, "compile_epochs": [1, 6]}
+    assert _metrics(rows, state, 1.0, resolved, quick, 10)["train_images_per_sec"] == 31.0
 
 
 def test_weights_file_of_another_model_is_refused(small_records, tmp_path):

@@ -299,6 +299,19 @@ def test_resume_of_a_finished_run_with_a_damaged_metrics_json_writes_it_again(
         assert metrics == {k: v for k, v in before.items() if k != "wall_seconds"}
 
 
+def test_wall_time_adds_up_across_resumes(small_records, tmp_path):
+    """A resume counted from state.json's wall time, its last checkpoint's: what the session
+    did after it (validation, writing the model) was lost, and metrics.json's wall time
+    could go down after training more."""
+    run = tmp_path / "run"
+    cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1)
+    train(cfg, run, **QUIET)
+    finished = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**finished, "wall_seconds": 1000.0}))
+    assert json.loads((run / "state.json").read_text())["wall_seconds"] < 1000
+    assert train(cfg.replace(epochs=2), run, resume=True, **QUIET)["wall_seconds"] > 1000
+
+
 def test_a_run_without_config_json_is_named_with_its_fix_with_or_without_resume(
     small_records, tmp_path, capsys
 ):

@@ -84,8 +84,9 @@ class TrainConfig:
         lr_reference_batch: when set, ``learning_rate`` is scaled linearly by
             global batch / this (``None``: no scaling); refused with a null
             ``learning_rate`` (the codelab's rule follows the replicas by itself).
-        weight_decay: decoupled weight decay (adamw, sgd).
-        momentum: sgd and rmsprop momentum (a resumed run keeps it zero or non-zero).
+        weight_decay: decoupled weight decay (adamw, sgd), of every variable (BatchNorm scales
+            and biases too, where timm leaves them out).
+        momentum: sgd (Nesterov) and rmsprop momentum (a resumed run keeps it zero or non-zero).
         clipnorm: per-variable gradient-norm clipping (``None``: off).
         schedule: learning-rate schedule (``constant``, ``codelab_ramp``, ``warmup_cosine``),
             applied per step.

@@ -1027,6 +1027,25 @@ def _weights_place(weights):
     return str(Path(weights).expanduser().resolve())
 
 
+def weighted_by_label(weights: list[float]):
+    """``(images, one-hot labels) -> (images, labels, sample weights)``: each label's weight
+    is its class's, or its classes' mixed as the label is (mixup and cutmix; the class of
+    the larger share weighed it all)."""
+    import tensorflow as tf
+
+    table = tf.constant(weights, tf.float32)
+    return lambda x, y: (x, y, tf.linalg.matvec(tf.cast(y, tf.float32), table))
+
+
+def _finished_wall(workdir: Path) -> float:
+    """The wall time a finished session wrote in ``metrics.json`` (0 without one)."""
+    try:
+        wall = json.loads((workdir / "metrics.json").read_text()).get("wall_seconds")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    return float(wall) if isinstance(wall, int | float) and math.isfinite(wall) else 0.0
+
+
 def _show(value) -> str:
     if isinstance(value, list) and len(value) == 2 and all(is_int_at_least(v, 1) for v in value):
         return _size(value)  # an image size
@@ -2061,10 +2080,7 @@ def _train(
         except NoRoomToCache as err:
             raise _no_room_to_cache(err, cfg.cache) from None
         if weights_by_class is not None:
-            import tensorflow as tf
-
-            table = tf.constant([weights_by_class[i] for i in range(len(classes))], tf.float32)
-            ds = ds.map(lambda x, y: (x, y, tf.gather(table, tf.argmax(y, axis=-1))))
+            ds = ds.map(weighted_by_label([weights_by_class[i] for i in range(len(classes))]))
         return ds
 
     def eval_fn(ctx=None):
@@ -2123,6 +2139,8 @@ def _train(
     store_mark = STORE_ERRORS.mark()
     t0 = time.perf_counter()
     prior_wall = float(state.get("wall_seconds", 0.0))
+    if resume:  # state.json's is its last checkpoint's: what the session did after it counts
+        prior_wall = max(prior_wall, _finished_wall(workdir))
     clock = lambda: prior_wall + time.perf_counter() - t0  # noqa: E731
     nan_guard = NanGuard()
     history_path = workdir / "history.csv"
@@ -2511,7 +2529,10 @@ def _metrics(rows, state, wall, resolved, cfg: TrainConfig, params: int) -> dict
     compiled = set(state.get("compile_epochs", []))
 
     def speed(first: int, last: float) -> float | None:
-        """Median images/s of epochs ``first`` to ``last`` (1-based)."""
+        """Median images/s of epochs ``first`` to ``last`` (1-based), of the last session
+        (or phase) among them: an earlier one's may have run at another batch size or
+        precision."""
+        first = max([first, *(c for c in compiled if first <= c <= last)])
         timed = [
             r for r in rows if first <= r["epoch"] <= last and not math.isnan(r["images_per_sec"])
         ]
