@@ -395,8 +395,14 @@ def test_set_takes_true_and_false_in_any_case_and_names_what_a_field_takes():
     assert load_config("quick", None, ["cache=auto"]).cache == "auto"
     with pytest.raises(PetalError, match=r"^deterministic must be true or false \(from --set\)"):
         load_config("quick", None, ["deterministic=yes"])
-    with pytest.raises(PetalError, match=r"^cache must be 'auto', true or false \(from --set\)"):
+    with pytest.raises(PetalError, match=r"^cache must be 'auto', 'ram', 'disk', 'off', true "
+                       r"\(ram\) or false \(off\) \(from --set\)"):  # fmt: skip
         load_config("quick", None, ["cache=1"])
+    # The modes petal.data takes (train refused them: disk could not be chosen).
+    for mode in ("ram", "Disk", "off"):
+        assert load_config("quick", None, [f"cache={mode}"]).cache == mode
+    with pytest.raises(PetalError, match=r"^cache must be .*Received: cache='./kept'$"):
+        load_config("quick", None, ["cache=./kept"])
 
 
 def test_a_run_config_that_is_no_json_object_is_named_with_its_fix(tmp_path):

@@ -93,7 +93,9 @@ class TrainConfig:
         schedule_options: keyword arguments of the schedule, durations in epochs.
         label_smoothing: categorical cross-entropy label smoothing.
         augment: training augmentation recipe understood by the input pipeline.
-        cache: cache decoded training images in RAM (``"auto"``, true or false).
+        cache: where to cache the decoded training images: ``"auto"`` (RAM when they fit,
+            else local disk), ``"ram"`` (true), ``"disk"`` (a temporary file) or ``"off"``
+            (false).
         shuffle_buffer: training shuffle buffer, in images.
         class_weight: ``None`` or ``"balanced"`` (weights inversely proportional to
             the training counts, mean 1).
@@ -314,7 +316,8 @@ class TrainConfig:
         refuse_url(self.weights, "weights", "weights files", reads=True, folder=False)
         for name, expected in _EXPECTED.items():
             value = getattr(self, name)
-            if value not in ("auto", True, False):
+            word = value.lower() if isinstance(value, str) else value
+            if word not in (True, False, *_MODES.get(name, ("auto",))):
                 raise PetalError(f"{name} must be {expected}. Received: {name}={value!r}")
         return self
 
@@ -839,9 +842,11 @@ _FINITE = {
 }
 # Fields whose string takes a few values only: those values (checked by validate()).
 _EXPECTED = {
-    "cache": "'auto', true or false",
+    "cache": "'auto', 'ram', 'disk', 'off', true (ram) or false (off)",
     "jit_compile": "'auto', true or false",
 }
+# Their string values, in any case ('auto' where not given).
+_MODES = {"cache": ("auto", "ram", "disk", "off")}
 # Fields whose type's word alone says too little: what to give (null is no augment's "none").
 _KINDS = {"augment": "a recipe (e.g. 'none', 'codelab' or 'flip+saturation')"}
 
