@@ -735,11 +735,15 @@ def test_evaluate_s_table_keeps_a_class_named_with_a_newline_on_one_row(
 
     scores = {"precision": 0.5, "recall": 1.0, "f1": 0.667, "support": 2}
     report = {"classes": ["daisy", "new\nline"], "per_class": {"daisy": scores,
-                                                                "new\nline": scores}}
+                                                                "new\nline": scores},
+              "macro": {**scores, "support": 4}, "weighted": {**scores, "support": 4}}
     monkeypatch.setattr(petal.evaluation.evaluate, "evaluate", lambda *a, **k: report)
     assert cli.main(["evaluate", str(tmp_path / "run"), "--data", str(tmp_path)]) == 0
+    # (and the averages, which only eval.json held, end it as scikit-learn's report does)
     assert capsys.readouterr().out.splitlines() == [
-        "class      precision  recall     f1  support",
-        "daisy          0.500   1.000  0.667        2",
-        "new\\nline      0.500   1.000  0.667        2",
+        "class         precision  recall     f1  support",
+        "daisy             0.500   1.000  0.667        2",
+        "new\\nline         0.500   1.000  0.667        2",
+        "macro avg         0.500   1.000  0.667        4",
+        "weighted avg      0.500   1.000  0.667        4",
     ]

@@ -614,11 +614,14 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     else:
         # A control character in a class name (a newline) written as its escape, as
         # labels.txt and predict write it: one row a class.
-        width = max(5, *(columns(printable(c)) for c in report["classes"]))
+        width = max(12, *(columns(printable(c)) for c in report["classes"]))
         print(f"{ljust('class', width)}  precision  recall     f1  support")
-        for name, m in report["per_class"].items():
+        # Each class, then the averages as scikit-learn's classification_report ends.
+        rows = [(printable(name), m) for name, m in report["per_class"].items()]
+        rows += [(f"{key} avg", report[key]) for key in ("macro", "weighted") if key in report]
+        for name, m in rows:
             print(
-                f"{ljust(printable(name), width)}  {m['precision']:9.3f}  {m['recall']:6.3f}  "
+                f"{ljust(name, width)}  {m['precision']:9.3f}  {m['recall']:6.3f}  "
                 f"{m['f1']:5.3f}  {m['support']:7d}"
             )
     return 0
