@@ -341,6 +341,12 @@ def test_train_cli_flags_reach_the_config(monkeypatch, tmp_path):
     assert cfg.skip_corrupt and cfg.epochs == 3 and seen["overwrite"] and not seen["resume"]
     assert cfg.model_options == {"any_size": True, "stem_stride": 2}
     assert cli.main(argv[:-2]) == 0 and not seen["config"].skip_corrupt
+    # --weights none, in any case, drops a preset's ImageNet weights; --set still wins.
+    xception = ["train", "--preset", "codelab-xception", "--data", str(tmp_path), "--workdir",
+                str(tmp_path / "x")]  # fmt: skip
+    assert cli.main([*xception, "--weights", "NONE"]) == 0 and seen["config"].weights is None
+    assert cli.main([*xception, "--weights", "none", "--set", "weights=imagenet"]) == 0
+    assert seen["config"].weights == "imagenet"
 
 
 @pytest.mark.parametrize("key", ["name", "num_classes", "image_size", "weights", "log"])

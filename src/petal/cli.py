@@ -433,9 +433,6 @@ def _run_train(args: argparse.Namespace) -> int:
         get_preset(args.preset)  # unknown preset: list the valid ones before anything else
     # --set comes last, as it does over every flag.
     overrides = (["skip_corrupt=true"] if args.skip_corrupt else []) + list(args.overrides)
-    weights = args.weights
-    if weights is not None and weights.lower() == "none":
-        weights, overrides = None, ["weights=null", *overrides]
     try:
         config = load_config(
             args.preset,
@@ -450,7 +447,7 @@ def _run_train(args: argparse.Namespace) -> int:
             image_size=args.image_size,
             strategy=args.strategy,
             precision=args.precision,
-            weights=weights,
+            weights=args.weights,  # 'none' in any case is no weights (the config reads it)
         )
     except PetalError:
         if base is not None:  # a change --resume refuses anyway is the one to name
