@@ -2026,6 +2026,7 @@ def test_a_second_export_into_a_folder_is_refused_and_a_clash_is_not_a_permissio
     assert not (tmp_path / "two" / ".petal-running").exists()
 
 
+@pytest.mark.slow  # 12-15 s in CI (session 37, which took 612 s): `pytest -m slow` runs it
 def test_export_and_report_write_utf8_whatever_the_locale(trained, tmp_path):
     # Under LC_ALL=C (UTF-8 mode off) labels.txt and report.html were written in the locale's
     # encoding: a traceback (UnicodeEncodeError) for classes named other than in ASCII.

@@ -910,6 +910,7 @@ def test_train_and_evaluate_take_the_classes_of_codelab_shards_that_name_none(
     assert json.loads(capsys.readouterr().out)["per_class"]["sixth"]["support"] == 36
 
 
+@pytest.mark.slow  # 12-15 s in CI (session 37, which took 612 s): `pytest -m slow` runs it
 def test_another_listing_of_a_runs_codelab_shards_is_refused_to_resume_and_warned_of(
     make_records, tmp_path, capsys
 ):
