@@ -138,6 +138,32 @@ def test_none_joined_with_other_names_is_refused():
     assert augment.build(" None ") is None
 
 
+@pytest.mark.parametrize(
+    ("height", "width", "scale", "ratio"),
+    [(96, 192, (0.35, 1.0), (3 / 4, 4 / 3)), (192, 96, (0.35, 1.0), (3 / 4, 4 / 3)),
+     (64, 64, (0.08, 1.0), (3 / 4, 4 / 3)), (96, 192, (1.0, 1.0), (1.0, 1.0)),
+     (64, 64, (0.9, 1.0), (2.0, 3.0))],
+)  # fmt: skip
+def test_crops_keep_their_aspect_in_ratio_on_any_image(height, width, scale, ratio):
+    """A box that did not fit was clipped to the image's sides, which changed its area and
+    aspect: a fifth of the crops of a 96x192 image had an aspect outside [3/4, 4/3]. Now the
+    first of ten boxes that fits, else the largest centred one in range (torchvision's)."""
+    yy, xx = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    where = np.stack([yy, xx, np.zeros_like(yy)], axis=-1).astype(np.float32)
+    out = augment.random_resized_crop(scale, ratio)(np.stack([where] * 200), SEED).numpy()
+    # Each output pixel holds the input coordinates it sampled: the box's sides in pixels.
+    rows = out[..., 0].max(axis=(1, 2)) - out[..., 0].min(axis=(1, 2)) + 1
+    cols = out[..., 1].max(axis=(1, 2)) - out[..., 1].min(axis=(1, 2)) + 1
+    aspect = cols / rows
+    assert (aspect >= ratio[0] * 0.97).all() and (aspect <= ratio[1] * 1.03).all(), (
+        aspect.min(), aspect.max())
+    area = rows * cols / (height * width)
+    if (height, width, scale) == (64, 64, (0.08, 1.0)):  # every box can fit: areas in range
+        assert area.min() >= 0.08 * 0.9 and len(np.unique(area.round(2))) > 50
+    if ratio == (2.0, 3.0):  # none fits: the widest box of aspect 2, centred
+        assert np.allclose(aspect, 2.0, rtol=0.03) and np.allclose(area, 0.5, rtol=0.03)
+
+
 def test_build_with_size_crops_to_the_training_size(batch):
     for spec in ("crop+flip+saturation", "light"):
         images, _ = augment.build(spec, size=(6, 5))(batch, tf.one_hot([0, 1, 2, 3], 4), SEED)
@@ -369,3 +395,32 @@ def test_ops_called_eagerly_name_a_bad_seed_or_image_shape(batch):
                        r"Received: images of shape \(8, 8\)$"):
         augment.flip_left_right()(tf.zeros([8, 8]), SEED)
     assert augment.flip_left_right()(batch[0], [1, 2]).shape == batch.shape[1:]  # a list
+
+
+def test_a_built_augmentation_takes_one_image_as_its_ops_do(batch):
+    """build(spec) on one image [H, W, 3] (a dataset mapped before .batch()) took it for a
+    batch of H rows: a [H, H, W, 3] result with flips of the colour axis, without an error."""
+    image, label = batch[1], tf.one_hot(2, 5)
+    for spec in ("codelab", "flip+crop"):
+        out, same = augment.build(spec)(image, label, SEED)
+        assert out.shape == image.shape and same is label
+        # the pixels it gives the image as a batch of one
+        np.testing.assert_array_equal(out, augment.build(spec)(image[None], label[None],
+                                                               SEED)[0][0])  # fmt: skip
+    with pytest.raises(PetalError, match=r"^Augment\('flip\+mixup'\) mixes the images of a batch "
+                       r"\(mixup\): apply it to batches \[batch, height, width, 3\], after "
+                       r"\.batch\(\)\. Received: one image of shape \(\d+, \d+, 3\)$"):
+        augment.build("flip+mixup")(tf.cast(image, tf.float32), label, SEED)
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_ops_refuse_images_that_are_not_rgb(batch, channels):
+    # saturation kept an empty slice of one channel (every pixel gone), took alpha for a
+    # colour; hue raised TensorFlow's RGBToHSV error
+    images = tf.fill([2, 8, 8, channels], 100.0)
+    calls = (lambda: augment.saturation()(images, SEED), lambda: augment.hue()(images, SEED),
+             lambda: augment.build("codelab")(images, tf.one_hot([0, 1], 5), SEED))
+    for call in calls:
+        with pytest.raises(PetalError, match=r"takes RGB images: 3 channels, the last axis\. "
+                           rf"Received: images of shape \(2, 8, 8, {channels}\); convert grey"):
+            call()

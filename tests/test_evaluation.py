@@ -1977,6 +1977,40 @@ def test_the_lr_plot_says_its_axis_counts_epochs_trained(tmp_path, monkeypatch):
     assert labels == {"curves.png": ["epoch", "epoch"], "lr.png": ["epochs trained"]}
 
 
+def test_plots_shorten_long_names_name_the_split_and_keep_best_inside(tmp_path, monkeypatch):
+    """The confusion matrix drew 70-character names in full (the matrix got half the
+    figure), said nothing of the split it scored, and the curves' "best" label of a first
+    epoch was centred on the axis, over its tick labels."""
+    from petal.evaluation import plots
+
+    drawn = {}
+    save = plots._save
+
+    def keep(fig, out):
+        ax = fig.axes[0]
+        drawn[Path(out).name] = (
+            [t.get_text() for t in ax.get_xticklabels()], ax.get_title(),
+            [(t.get_text(), t.get_horizontalalignment()) for t in ax.texts])  # fmt: skip
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    classes = ["a" * 35 + "_middle_" + "z" * 30, "daisy"]
+    report = {"classes": classes, "confusion_matrix": [[3, 1], [0, 4]], "accuracy": 0.875,
+              "split": "train"}  # fmt: skip
+    (tmp_path / "eval.json").write_text(json.dumps(report))
+    plots.plot_confusion_from_json(tmp_path / "eval.json", tmp_path / "cm.png")
+    ticks, title, _ = drawn["cm.png"]
+    assert ticks == ["a" * 12 + "…" + "z" * 11, "daisy"]
+    assert title == "Confusion matrix: train (accuracy 0.875)"
+    rows = [{"epoch": e, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.0, "val_accuracy": v}
+            for e, v in ((1, 0.6), (2, 0.4), (3, 0.5))]  # fmt: skip
+    plots.plot_history(rows, tmp_path / "curves.png")
+    assert drawn["curves.png"][2] == [("best 0.600", "left")]
+    rows[2]["val_accuracy"] = 0.7
+    plots.plot_history(rows, tmp_path / "curves.png")
+    assert drawn["curves.png"][2] == [("best 0.700", "right")]
+
+
 def test_the_misclassified_grid_says_when_it_shows_fewer_than_all(
     trained, small_records, tmp_path, monkeypatch
 ):

@@ -875,6 +875,30 @@ def test_grid_titles_fit_their_columns_and_the_title_its_row(make_records, tmp_p
     assert drawn and drawn[0].startswith("a_long_") and "…" in drawn[0], drawn
 
 
+def test_a_class_without_images_is_named_in_the_balance_line_and_its_grid_row(
+    make_records, tmp_path, monkeypatch
+):
+    """The balance line gave the ratio ``inf`` naming one empty class, and the grid left
+    the class's row blank, without its name: it looked like a drawing glitch."""
+    from matplotlib.figure import Figure
+
+    folder = make_records(classes=("a", "b", "c", "d"), counts={"train": [2], "validation": [1]})
+    drawn = []
+    savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        drawn.append([(ax.get_title(), [t.get_text() for t in ax.texts]) for ax in fig.axes])
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    report = inspect_records(folder, verify=True, grid=tmp_path / "g.png", grid_per_class=2,
+                             progress=False)  # fmt: skip
+    assert "balance: no images of d; every other class 1 image" in str(report).splitlines()
+    rows = [drawn[0][2 * r] for r in range(4)]  # each row's first tile
+    assert [title.splitlines()[0] for title, _ in rows] == ["a", "b", "c", "d"]
+    assert [texts for _, texts in rows] == [[], [], [], ["no images"]]
+
+
 def test_a_grid_whose_write_fails_leaves_the_earlier_grid(small_records, tmp_path,
                                                          monkeypatch):
     """Ctrl-C while the grid was written left a PNG cut short over the earlier one."""

@@ -45,6 +45,13 @@ def _as_batch(images, name: str) -> tuple[tf.Tensor, bool]:
             f"{name} takes a batch of images [batch, height, width, channels] or one image "
             f"[height, width, channels]. Received: images of shape {images.shape}"
         )
+    if images.shape.rank is not None and images.shape[-1] not in (3, None):
+        # saturation kept an empty slice of one channel (every pixel gone) and took a fourth
+        # as a colour; hue raised TensorFlow's RGBToHSV error.
+        raise PetalError(
+            f"{name} takes RGB images: 3 channels, the last axis. Received: images of shape "
+            f"{images.shape}; convert grey or RGBA images to RGB first (as petal's readers do)"
+        )
     single = images.shape.rank == 3
     return (images[None] if single else images), single
 
@@ -251,6 +258,9 @@ def color_jitter(brightness_delta=0.2, contrast_range=(0.8, 1.2), hue_delta=0.05
     return compose(*ops)
 
 
+CROP_TRIES = 10  # boxes each image draws for random_resized_crop, as torchvision's
+
+
 def random_resized_crop(
     scale: tuple[float, float] = (0.35, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
@@ -258,6 +268,11 @@ def random_resized_crop(
 ) -> ImageOp:
     """Crop a random box (area fraction in ``scale``, pixel aspect in ``ratio``), resize back.
 
+    As torchvision's and timm's: each image draws up to :data:`CROP_TRIES` boxes and takes
+    the first that fits in it; when none does (a wide image, a ratio range far from its
+    shape), the largest centred box of an aspect in ``ratio`` (the whole image when its
+    own aspect is in range). Clipping a box that did not fit to the image's sides, as
+    before, gave crops outside both ranges: a fifth of those of a 96x192 image.
     One ``crop_and_resize`` call for the whole batch, each image with its own box.
     ``size`` defaults to the input size, so shapes stay static.
     """
@@ -267,9 +282,12 @@ def random_resized_crop(
 
     def draw(n, seed):
         s_area, s_ratio, s_x, s_y = tf.unstack(_seeds(seed, 4))
+        tries = tf.stack([tf.reshape(n, []), CROP_TRIES])
         return {
-            "area": _uniform(n, s_area, scale[0], scale[1]),
-            "log_ratio": _uniform(n, s_ratio, math.log(ratio[0]), math.log(ratio[1])),
+            "area": tf.random.stateless_uniform(tries, s_area, scale[0], scale[1]),
+            "log_ratio": tf.random.stateless_uniform(
+                tries, s_ratio, math.log(ratio[0]), math.log(ratio[1])
+            ),
             "x": _uniform(n, s_x),
             "y": _uniform(n, s_y),
         }
@@ -277,13 +295,22 @@ def random_resized_crop(
     def apply(x, p):
         x = _float(x)
         aspect = tf.exp(p["log_ratio"])
-        # Box sides as fractions of the image, for a box of ``aspect`` in pixels; clipped
-        # so the box fits.
+        # Box sides as fractions of the image, for a box of ``aspect`` in pixels.
         hw = tf.cast(tf.shape(x)[2], tf.float32) / tf.cast(tf.shape(x)[1], tf.float32)
-        h = tf.minimum(tf.sqrt(p["area"] * hw / aspect), 1.0)
-        w = tf.minimum(tf.sqrt(p["area"] * aspect / hw), 1.0)
-        y0 = p["y"] * (1.0 - h)
-        x0 = p["x"] * (1.0 - w)
+        h = tf.sqrt(p["area"] * hw / aspect)
+        w = tf.sqrt(p["area"] * aspect / hw)
+        fits = (h <= 1.0) & (w <= 1.0)
+        first = tf.argmax(tf.cast(fits, tf.int32), axis=1, output_type=tf.int32)
+        h, w = (tf.gather(v, first, axis=1, batch_dims=1) for v in (h, w))
+        # None fits: the whole image, cut to the nearest aspect in range, centred.
+        whole_h = tf.minimum(1.0, hw / ratio[0])
+        whole_w = tf.minimum(1.0, ratio[1] / hw)
+        some = tf.reduce_any(fits, axis=1)
+        h = tf.where(some, h, whole_h)
+        w = tf.where(some, w, whole_w)
+        y = tf.where(some, p["y"], 0.5)
+        x0 = tf.where(some, p["x"], 0.5) * (1.0 - w)
+        y0 = y * (1.0 - h)
         boxes = tf.stack([y0, x0, y0 + h, x0 + w], axis=1)
         out_size = size or (x.shape[1], x.shape[2])
         if out_size[0] is None or out_size[1] is None:
@@ -565,11 +592,22 @@ class Augment:
         return images, labels
 
     def __call__(self, images, labels, seed):
+        # One image [H, W, 3] (a dataset mapped before .batch()) was taken for a batch of H
+        # rows: a 4-D result with flips of the colour axis, without an error.
+        images, single = _as_batch(images, repr(self))
+        if single and self.mix_ops:
+            raise PetalError(
+                f"{self!r} mixes the images of a batch ({self.mix_ops[0].name}): apply it to "
+                f"batches [batch, height, width, 3], after .batch(). Received: one image of "
+                f"shape {images.shape[1:]}"
+            )
         if self.mix_ops:
-            images, labels = tf.convert_to_tensor(images), tf.convert_to_tensor(labels)
+            labels = tf.convert_to_tensor(labels)
             _check_mix(self.mix_ops[0].name, images, labels)
         params = self.draw(tf.shape(images)[0], seed)
         images = _float(self.apply_images(images, params))
+        if single:
+            return images[0], labels
         return self.apply_mix(images, labels, params)
 
     def __repr__(self):

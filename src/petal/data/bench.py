@@ -735,7 +735,14 @@ def run(
                 f"({_describe(raw)} against {_describe(src)}); convert RECORDS' source "
                 "with --format raw at the same --image-size, or leave the option out."
             )
-    augment_lib.build(augment)  # an unknown name fails before the first case
+    # An unknown name fails before the first case. 'none' ran the "+aug" cases as their
+    # twins, and the summary called the noise between them augmentation's cost.
+    if augment_lib.build(augment) is None:
+        raise PetalError(
+            f"--augment {augment} leaves nothing to measure in the '+aug' cases, which would "
+            "run the same pipelines again: name the augmentation to measure (the default is "
+            f"codelab). Received: augment={augment!r}"
+        )
     # Up to 4,000 images read for the ceiling alone.
     blobs = jpeg_bytes(src) if "ceiling" in wanted else []
     result = BenchResult(
@@ -1238,13 +1245,34 @@ def chart_scale(values) -> tuple[str, float]:
 
     Values within a factor of 10 of each other: a linear axis from 0 (a bar twice as long is
     twice as fast). Wider ranges (per-file reads to cached batches) need a log axis; its bars
-    then start at the decade below the smallest value, not wherever matplotlib's autoscale
-    puts the edge (which made a case at 0.54x of the ceiling look a tenth as long).
+    then start at a power of ten at least a decade below the smallest value, not wherever
+    matplotlib's autoscale puts the edge (which made a case at 0.54x of the ceiling look a
+    tenth as long), nor at the decade holding the smallest (1,080 images/s drawn a
+    twentieth as long as 3,871 from an edge at 1,000).
     """
     positive = [v for v in values if v > 0]
     if not positive or max(positive) <= 10 * min(positive):
         return "linear", 0.0
-    return "log", 10.0 ** math.floor(math.log10(min(positive)))
+    return "log", 10.0 ** math.floor(math.log10(min(positive)) - 1)
+
+
+def chart_bars(result: BenchResult) -> list[tuple[str, float]]:
+    """The bar chart's ``(name, images/s)`` pairs: every case, then the remote store's two
+    training pipelines (decoding included), which compare with the local cases. Its raw
+    reads count records fetched without decoding, which drawn beside decoded cases made
+    the remote store look faster than the local pipeline; they stand in only where no
+    pipeline was measured, named as reads."""
+    bars = [(c.name, c.images_per_s) for c in result.cases]
+    remote = result.remote or {}
+    for pipeline, reads, what in (
+        ("per_file_pipeline_images_per_s", "per_file_reads_per_s", "per-file"),
+        ("sharded_pipeline_images_per_s", "sharded_reads_per_s", "sharded"),
+    ):
+        if pipeline in remote:
+            bars.append((f"remote {what} pipeline", remote[pipeline]))
+        elif reads in remote:
+            bars.append((f"remote {what} reads (no decoding)", remote[reads]))
+    return bars
 
 
 def write_png(result: BenchResult, path: str) -> str:
@@ -1262,16 +1290,8 @@ def write_png(result: BenchResult, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c.name for c in result.cases]
-    values = [c.images_per_s for c in result.cases]
-    if result.remote:
-        for key, label in (
-            ("per_file_reads_per_s", "remote per-file reads"),
-            ("sharded_reads_per_s", "remote sharded reads"),
-        ):
-            if key in result.remote:
-                names.append(label)
-                values.append(result.remote[key])
+    bars = chart_bars(result)
+    names, values = [n for n, _ in bars], [v for _, v in bars]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.2))
     colors = [
         "#555555" if n == "ceiling" else "#4c72b0" if "aug" not in n else "#dd8452" for n in names
@@ -1283,7 +1303,9 @@ def write_png(result: BenchResult, path: str) -> str:
     scale, left = chart_scale(values)
     if scale == "log":
         ax.set_xscale("log")
-    ax.set_xlim(left=left)
+    # Room on the right for the largest bar's figure, which ran into the frame.
+    top = max(values, default=1.0) or 1.0
+    ax.set_xlim(left=left, right=top * (3.0 if scale == "log" else 1.15))
     ax.set_xlabel("images per second" + (" (log scale)" if scale == "log" else ""))
     ax.set_title(f"petal bench input: batch {result.batch_size}, {result.cpus} CPUs")
     for i, v in enumerate(values[::-1]):

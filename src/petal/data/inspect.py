@@ -473,16 +473,31 @@ def _class_table(classes: list[str], splits: dict, counter: str) -> list[str]:
             f"(classes of the records read: {', '.join(short)} that {counter} count; "
             "see the problems below)"
         )
-    big = max(classes, key=lambda c: totals[c])
-    small = min(classes, key=lambda c: totals[c])
-    ratio = totals[big] / totals[small] if totals[small] else float("inf")
-    if totals[big] == totals[small]:
-        balance = f"balance: every class {totals[big]} images"
-    else:
-        balance = (f"balance: largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} "
-                   f"{totals[small]})")
-    lines += [balance, ""]
+    lines += [_balance(classes, totals), ""]
     return lines
+
+
+def _balance(classes: list[str], totals: dict[str, int]) -> str:
+    """The balance line: largest over smallest class, among the classes with images; a
+    class without any is named (the ratio was ``inf``, naming one of them only)."""
+    empty = [c for c in classes if not totals[c]]
+    held = [c for c in classes if totals[c]]
+    if not empty:
+        line = "balance: "
+    else:
+        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        line = f"balance: no images of {shown}"
+        if len(held) < 2:
+            return line
+        line += "; "
+    big = max(held, key=lambda c: totals[c])
+    small = min(held, key=lambda c: totals[c])
+    if totals[big] == totals[small]:
+        other = "other " if empty else ""
+        return f"{line}every {other}class {totals[big]} image{'s' * (totals[big] != 1)}"
+    ratio = totals[big] / totals[small]
+    return (f"{line}largest/smallest class {ratio:.2f} ({big} {totals[big]} / {small} "
+            f"{totals[small]})")
 
 
 def _sizes(shards: list[dict]) -> str:
@@ -950,6 +965,11 @@ def _draw_grid(
             ax.set_yticks([])
             for spine in ax.spines.values():
                 spine.set_visible(False)
+            if c == 0 and not samples[r]:  # a class without images: its row says so
+                text = ax.set_title("", fontsize=7)
+                text.set_text(fit_text(text, name, width, renderer, chars=30))
+                ax.text(0.5, 0.5, "no images", ha="center", va="center", fontsize=8,
+                        color="#777777", transform=ax.transAxes)  # fmt: skip
             if c < len(samples[r]):
                 image, filename = samples[r][c]
                 ax.imshow(image)

@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # headless: no display needed, same output everywhere
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from petal.display import fit_text, plot_labels  # noqa: E402
+from petal.display import fit_text, plot_labels, shorten  # noqa: E402
 from petal.jsonfile import save_atomically  # noqa: E402
 from petal.training.callbacks import read_history  # noqa: E402
 
@@ -83,7 +83,10 @@ def plot_history(history_csv: str | Path | list[dict], out: str | Path) -> Path:
             (epochs[best], val_acc[best]),
             textcoords="offset points",
             xytext=(0, 8),
-            ha="center",
+            # Beside the frame at the first or last epoch: centred, it was drawn over the
+            # axis's tick labels.
+            ha="left" if best == 0 < len(epochs) - 1 else
+            "right" if best == len(epochs) - 1 > 0 else "center",  # fmt: skip
             fontsize=8,
         )
         ax_acc.set_ylim(0, 1.02)
@@ -158,7 +161,9 @@ def plot_confusion_matrix(cm, classes: Sequence[str], out: str | Path, title: st
     rows = cm.sum(axis=1, keepdims=True)
     norm = np.divide(cm, rows, out=np.zeros(cm.shape, dtype=np.float64), where=rows > 0)
     n = len(classes)
-    classes = plot_labels(classes)
+    # Shortened in the middle as the grids' titles are: names of 70 characters, drawn in
+    # full on both axes, left the matrix half of the figure.
+    classes = [shorten(label, 24) for label in plot_labels(classes)]
     size = max(4.0, 0.6 * n + 2)
     fig, ax = plt.subplots(figsize=(size, size * 0.85))
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
@@ -186,7 +191,9 @@ def plot_confusion_matrix(cm, classes: Sequence[str], out: str | Path, title: st
 def plot_confusion_from_json(eval_json: str | Path, out: str | Path) -> Path:
     data = json.loads(Path(eval_json).read_text())
     acc = data.get("accuracy")
-    title = f"Confusion matrix (accuracy {acc:.3f})" if acc is not None else ""
+    # The split it scored: a copy of the picture said nothing of evaluate --split train.
+    split = f": {data['split']}" if data.get("split") in ("train", "validation", "all") else ""
+    title = f"Confusion matrix{split} (accuracy {acc:.3f})" if acc is not None else ""
     return plot_confusion_matrix(data["confusion_matrix"], data["classes"], out, title)
 
 
