@@ -557,6 +557,25 @@ _STRATEGY_SCRIPT = textwrap.dedent(
         distributed_dataset(strategy, lambda ctx: train_dataset(src, batch_size=5, input_context=ctx))
     except PetalError as err:
         print("error", err)
+
+    def steps(start, n):
+        # The images of each of n steps from step start: a batch of 2 for each replica.
+        dist = distributed_dataset(
+            strategy,
+            lambda ctx: train_dataset(src, batch_size=4, input_context=ctx, seed=0, augment=None,
+                                      normalization="raw", start_step=start),
+        )
+        out = []
+        for (images, _), _ in zip(dist, range(n)):
+            px = [p.numpy()[:, 0, 0, :2].astype(int) for p in strategy.experimental_local_results(images)]
+            out.append(sorted(int(i) for p in px for i in p[:, 0] + 256 * p[:, 1]))
+        return out
+
+    # 19 images: 4 steps of 4 an epoch; each epoch's images distinct, and a run resumed
+    # after an epoch yields the steps of one that was not stopped.
+    run = steps(0, 12)
+    print("epochs", [len({i for s in run[e:e + 4] for i in s}) for e in (0, 4, 8)])
+    print("resumed", steps(4, 8) == run[4:], steps(7, 5) == run[7:])
     """
 )
 
@@ -574,11 +593,16 @@ def test_mirrored_strategy_on_two_logical_cpus(records):
     lines = {
         line.split(" ", 1)[0]: line.split(" ", 1)[1]
         for line in out.stdout.splitlines()
-        if line.split(" ", 1)[0] in ("train", "eval", "error")
+        if line.split(" ", 1)[0] in ("train", "eval", "error", "epochs", "resumed")
     }
     assert lines["train"] == "[(2, 16, 16, 3), (2, 16, 16, 3)] 2"
     assert Counter(eval(lines["eval"])) == Counter(range(19, 28))
     assert "nearest valid sizes: 4 or 6" in lines["error"]
+    # A pass held 9 batches of one replica's, an epoch 8: epochs drifted across passes,
+    # seeing images twice; and a resumed run skipped one replica's batches per step only,
+    # replaying half an epoch.
+    assert lines["epochs"] == "[16, 16, 16]"
+    assert lines["resumed"] == "True True"
 
 
 def test_bench_input_cli(make_records, tmp_path, capsys):

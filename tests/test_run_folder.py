@@ -157,6 +157,14 @@ def test_a_failed_start_is_replaced_but_a_run_with_a_checkpoint_is_not(tmp_path)
         prepare_workdir(run, resume=False, overwrite=True)
 
 
+def test_overwrite_starts_a_run_in_a_folder_that_does_not_exist_yet(tmp_path):
+    """A script that always passes --overwrite failed on its first run: "[Errno 2] No such
+    file or directory: 'runs/new/.petal-replacing'"."""
+    run = tmp_path / "runs" / "new"
+    prepare_workdir(run, resume=False, overwrite=True, set_aside=True)
+    assert run.is_dir() and not any(p.name == ".petal-replacing" for p in run.iterdir())
+
+
 def test_a_folder_with_another_programs_config_json_is_neither_a_run_nor_deleted(tmp_path):
     """A settings file named config.json made the folder "a run that completed no epoch":
     it was replaced and the files in plots/ and tensorboard/ deleted without --overwrite."""

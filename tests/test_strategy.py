@@ -359,6 +359,28 @@ def test_multi_worker_trains(small_records, tmp_path):
     assert (tmp_path / "run" / "model.keras").is_file()
 
 
+def test_train_refuses_a_cluster_of_several_workers_in_one_line(small_records, tmp_path,
+                                                                monkeypatch, capsys):
+    """Keras 3's fit fails on input distributed over several workers: each worker printed a
+    traceback of 230 lines holding the batch's pixels (keras-team/keras#20585)."""
+    from petal.cli import main
+
+    cluster = {"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"]},
+               "task": {"type": "worker", "index": 0}}  # fmt: skip
+    monkeypatch.setenv("TF_CONFIG", json.dumps(cluster))
+    argv = ["train", "--data", str(small_records), "--workdir", str(tmp_path / "run"),
+            "--model", "dense", "--epochs", "1", "--image-size", "32",
+            "--strategy", "multi-worker"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "petal train: error: petal train cannot train on a cluster of 3 workers: Keras 3's fit "
+        "fails on input distributed over several workers (keras-team/keras#20585). Train on "
+        "one host (--strategy auto: its TPU or GPUs), or give TF_CONFIG a cluster of one "
+        "worker. Received: strategy='multi-worker', 3 workers in TF_CONFIG"), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_multi_worker_after_the_runtime_started_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", _one_worker_tf_config())
     script = textwrap.dedent(

@@ -176,7 +176,9 @@ def train_dataset(
         resize: how the files of an image folder are fitted to ``image_size``: ``"fill"``
             (the codelab's: cover, then crop the centre), ``"pad"`` or ``"stretch"``, as
             ``petal convert --resize`` fits them. Records are read as stored.
-        start_step: the first batch to yield (a resumed run: the steps it already trained).
+        start_step: the first step to yield (a resumed run: the steps it already trained;
+            under a strategy, a step is a batch for each replica the pipeline feeds, and a
+            pass over the data ends with whole steps).
             A deterministic pipeline then yields exactly the batches the same pipeline from
             step 0 yields from there on: each pass over the data has its own order, a
             function of ``seed`` and the pass, and each batch its augmentation, a function
@@ -248,17 +250,26 @@ def train_dataset(
         shuffle_buffer=min(int(shuffle_buffer), src.count(split)),
         per_replica=per_replica,
     )
-    first_pass, skip = divmod(int(start_step), count // per_replica)
+    # A step takes a batch from this pipeline for each replica it feeds (a strategy's one
+    # pipeline feeds them all): a resumed run's steps were that many of its batches (the
+    # steps alone replayed half an epoch on two replicas), and a pass holds whole steps
+    # (passes of one replica's batches drifted across epochs: images seen twice in one).
+    feeds = _replicas_fed(input_context)
+    first_batch = int(start_step) * feeds
+    per_pass = count // per_replica
+    per_pass = per_pass // feeds * feeds or per_pass
+    first_pass, skip = divmod(first_batch, per_pass)
     if deterministic and not src.remote:
         # 1-4. Pass after pass, each one's order a function of the seed and the pass.
-        ds = _passes(src, split, first_pass=first_pass, skip=skip, count=count, **stages)
+        ds = _passes(src, split, first_pass=first_pass, skip=skip, count=count,
+                     per_pass=per_pass, **stages)  # fmt: skip
     else:
         if start_step:
             # Another order than the first passes': a resumed run does not replay them.
             stages["seed"] = (seed.value + 104729 * int(start_step)) % (2**31 - 1024)
         ds = _endless(src, split, deterministic=deterministic, count=count, **stages)
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
-    ds = ds.enumerate(start=int(start_step))
+    ds = ds.enumerate(start=first_batch)
     ds = ds.map(
         _finish_fn(src.num_classes, label_mode, normalization, aug, seed.value, dtype, src),
         num_parallel_calls=AUTOTUNE,
@@ -806,10 +817,11 @@ def _shuffled_passes(ds: tf.data.Dataset, count: int, seed: int) -> tf.data.Data
 
 def _passes(
     src, split, *, first_pass, skip, seed, input_context, skip_corrupt, cache_to, decode,
-    group_decode, shuffle_buffer, per_replica, count,
+    group_decode, shuffle_buffer, per_replica, count, per_pass,
 ):
     """Batches of ``(uint8 images, class ids)``, pass after pass over the data from pass
     ``first_pass``, ``skip`` batches into it: the same batches wherever a run starts.
+    A pass ends after ``per_pass`` batches (whole steps of the replicas the pipeline feeds).
 
     Each pass is a pipeline of its own, its file order and shuffle seeded by a stateless
     draw from ``(seed, pass)``, and ends in its own batches (``drop_remainder``: the last
@@ -850,14 +862,18 @@ def _passes(
         # 4. Batch with drop_remainder: static shapes (TPUs need them); encoded records
         #    are decoded a batch per map call below (see _endless). Skipping corrupt
         #    records, the last, partial batch is kept for _short_pass_guard.
+        # Whole steps: the batches short of one for every replica wait for the next pass.
+        whole = tf.where(index == first_pass, tf.constant(per_pass - skip, tf.int64), per_pass)
         if group_decode is not None:
-            return ds.batch(per_replica, drop_remainder=True)
+            return ds.batch(per_replica, drop_remainder=True).take(whole)
         ds = ds.batch(
             per_replica,
             drop_remainder=not skip_corrupt,
             num_parallel_calls=AUTOTUNE,
             deterministic=True,
         )
+        if not skip_corrupt:
+            ds = ds.take(whole)
         if skip_corrupt:
             ds = _end_of_pass(ds, checked=tf.logical_or(index != first_pass, skip == 0))
         return ds
@@ -1561,6 +1577,13 @@ def _check_context(input_context, skip_corrupt) -> None:
             f"Received: input_context={input_context!r}"
         )
     skip_corrupt = need_bool(skip_corrupt, "skip_corrupt")
+
+
+def _replicas_fed(input_context) -> int:
+    """The replicas one input pipeline feeds: a batch each per training step."""
+    if input_context is None:
+        return 1
+    return max(1, input_context.num_replicas_in_sync // input_context.num_input_pipelines)
 
 
 def _per_replica_batch(batch_size, input_context) -> int:

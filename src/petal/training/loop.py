@@ -282,7 +282,8 @@ def _set_aside_run(workdir: Path) -> None:
         kept = staging / path.relative_to(workdir)
         kept.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, kept)
-    staging.mkdir(exist_ok=True)  # (a folder without a run: nothing set aside, all the same)
+    # (a folder without a run, or none yet: nothing set aside, all the same)
+    staging.mkdir(parents=True, exist_ok=True)
     os.replace(staging, aside)
     _leave_run_dirs(workdir)
 
@@ -1712,6 +1713,7 @@ def _train(
         slow_precision_warning,
     )
     from petal.training.strategy import (
+        check_fit_cluster,
         check_global_batch,
         describe,
         get_strategy,
@@ -1850,6 +1852,8 @@ def _train(
     # Stored absolute in config.json, so evaluate and --resume work from any directory.
     cfg = cfg.replace(data=absolute_data(cfg.data))
 
+    if cfg.strategy == "multi-worker":
+        check_fit_cluster()
     strategy, sinfo = get_strategy(cfg.strategy)
     replicas = int(sinfo["replicas"])
     global_batch = _global_batch(cfg, replicas)

@@ -139,6 +139,30 @@ def _check_tf_config(text: str) -> None:
         )
 
 
+def check_fit_cluster() -> None:
+    """Refuses a ``TF_CONFIG`` cluster of several workers for Keras' ``fit``: Keras 3 cannot
+    take input distributed over them (every step failed, with a traceback printing the
+    batch: keras-team/keras#20585). A cluster of one worker trains; a custom loop may use
+    :func:`get_strategy`'s multi-worker strategy on more. A TF_CONFIG that does not parse
+    is left to :func:`get_strategy` to name."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster")
+    except (json.JSONDecodeError, AttributeError):
+        return
+    if not isinstance(cluster, dict):
+        return
+    workers = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker")
+                  and isinstance(v, list))  # fmt: skip
+    if workers > 1:
+        raise PetalError(
+            f"petal train cannot train on a cluster of {workers} workers: Keras 3's fit "
+            "fails on input distributed over several workers (keras-team/keras#20585). "
+            "Train on one host (--strategy auto: its TPU or GPUs), or give TF_CONFIG a "
+            f"cluster of one worker. Received: strategy='multi-worker', {workers} workers "
+            "in TF_CONFIG"
+        )
+
+
 def get_strategy(name: str = "auto", tpu_address: str | None = None):
     """Create a ``tf.distribute`` strategy from a name.
 
