@@ -567,7 +567,8 @@ _STRATEGY_SCRIPT = textwrap.dedent(
         )
         out = []
         for (images, _), _ in zip(dist, range(n)):
-            px = [p.numpy()[:, 0, 0, :2].astype(int) for p in strategy.experimental_local_results(images)]
+            parts = strategy.experimental_local_results(images)
+            px = [p.numpy()[:, 0, 0, :2].astype(int) for p in parts]
             out.append(sorted(int(i) for p in px for i in p[:, 0] + 256 * p[:, 1]))
         return out
 
