@@ -424,8 +424,12 @@ def _check_labels(source: Source, fs) -> None:
                 length = int.from_bytes(head[:8], "little") if len(head) >= 12 else 0
                 if 0 < length <= 64 * LABEL_CHECK_BYTES:  # else damaged: reading it names it
                     records = _head_records(fs.read_bytes(shard, 16 + length))
-        except (PetalError, OSError):
-            continue  # unreadable (gone, no permission, a failed request): reading names it
+        except PetalError:
+            # A failed request to the store: the read that follows names it. Each shard's
+            # request after it waited as long (a stalled store: 5 minutes, not one).
+            break
+        except OSError:
+            continue  # unreadable (gone, no permission): reading names it
         for index, record in enumerate(records):
             try:
                 feature = tf.train.Example.FromString(record).features.feature
@@ -735,10 +739,20 @@ def _peek_codelab(
     for shard in shards:
         # A damaged shard (CRC, truncation, a record that does not parse) is passed over
         # here; reading it names the record later.
+        mark = _store_mark(shard)
         try:
             peeked = list(_record_dataset([shard]).take(PEEK_RECORDS))
         except tf.errors.DataLossError:
             continue
+        except tf.errors.OpError:
+            # A request to the store that failed (HTTP 500, a connection closed): its one
+            # line, not TensorFlow's traceback of the generator that made the request.
+            if mark is not None:
+                from petal.data.remote import store_error
+
+                if (error := store_error(mark, "open the shards")) is not None:
+                    raise error from None
+            raise
         if peeked and classless is None:
             # Parsed with a default, a record without a class would read as "no class index".
             with contextlib.suppress(DecodeError):  # (a record that does not parse: below)
@@ -1117,6 +1131,16 @@ class SkipCounter:
 
 
 SKIPPED = SkipCounter()
+
+
+def _store_mark(path: str) -> int | None:
+    """:meth:`petal.data.remote.StoreErrors.mark` before reading ``path`` over http, else
+    None."""
+    if not folders.is_http(path):
+        return None
+    from petal.data.remote import STORE_ERRORS
+
+    return STORE_ERRORS.mark()
 
 
 def _record_dataset(files: list[str], buffer_size: int = 1 << 20):
@@ -1690,7 +1714,14 @@ def _report_skip(path, n, expected) -> bool:
 
 
 def _join(*parts: str) -> str:
-    return posixpath.join(*parts) if folders.is_http(parts[0]) else _gfile_join(*parts)
+    """``parts`` joined as a path; over http, the names after the first (a listing's, a
+    manifest's) percent-encoded: a ``#``, ``?`` or ``%`` in a name was sent as the URL's
+    structure, and the request asked for another object."""
+    if folders.is_http(parts[0]):
+        from petal.data.remote import key_url
+
+        return key_url(parts[0], "/".join(p.strip("/") for p in parts[1:] if p))
+    return _gfile_join(*parts)
 
 
 def _gfile_join(*parts: str) -> str:

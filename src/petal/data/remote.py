@@ -406,9 +406,15 @@ _OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
 
 
 def _request(
-    url: str, *, method: str = "GET", byte_range: tuple[int, int] | None = None, retries: int = 3
+    url: str,
+    *,
+    method: str = "GET",
+    byte_range: tuple[int, int] | None = None,
+    retries: int = 3,
+    size: int | None = None,
 ) -> bytes:
-    """One HTTP request; retries 503 (server busy) a few times."""
+    """One HTTP request; retries 503 (server busy) a few times. ``size``: the body's size
+    known beforehand (:func:`_copy_body`)."""
     headers = {}
     if byte_range is not None:
         headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
@@ -417,7 +423,7 @@ def _request(
         try:
             with _OPENER.open(req, timeout=TIMEOUT_S) as resp:
                 body = io.BytesIO()
-                _copy_body(resp, url, body.write)
+                _copy_body(resp, url, body.write, size=size)
                 return body.getvalue()
         except urllib.error.HTTPError as err:
             if err.code == 503 and attempt < retries:
@@ -455,8 +461,9 @@ def _read_error(url: str, err: BaseException) -> PetalError:
 
 
 def get_bytes(url: str) -> bytes:
-    """The whole object at ``url`` (one request)."""
-    return _request(url)
+    """The whole object at ``url`` (one request), checked against its listed size (see
+    :data:`LISTED_SIZES`) when the response gives none."""
+    return _request(url, size=LISTED_SIZES.get(url))
 
 
 def object_size(url: str) -> int:
@@ -500,7 +507,14 @@ def list_objects(url: str) -> dict[str, int]:
             "objects that way, as petal.data.remote.ObjectServer does; copy the data to a "
             "local disk or gs:// to read it from elsewhere."
         ) from None
+    LISTED_SIZES.update((key_url(url, key), size) for key, size in out.items())
     return out
+
+
+# The size of each object a listing gave, by URL: get_bytes checks a body sent without a
+# Content-Length against it (a photo cut part-way, closing the connection, passed as a
+# short file and was then called corrupt: --skip-corrupt dropped it without a word).
+LISTED_SIZES: dict[str, int] = {}
 
 
 class HttpFS:
@@ -535,8 +549,9 @@ class HttpFS:
 
         base = pattern[: min(pattern.find(c) for c in "*?[" if c in pattern)]
         base = base.rsplit("/", 1)[0]
+        # Matched by name, returned as URLs (a name's "#" encoded, as key_url does).
         return sorted(
-            posixpath.join(base, key)
+            key_url(base, key)
             for key in self._listing(base)
             if fnmatch.fnmatchcase(posixpath.join(base, key), pattern)
         )
@@ -554,8 +569,11 @@ class HttpFS:
     def listed_size(self, path: str) -> int | None:
         """The size of ``path`` in a listing read already (no request), or None."""
         for folder, listing in self._listings.items():
-            if path.startswith(folder + "/") and path[len(folder) + 1 :] in listing:
-                return listing[path[len(folder) + 1 :]]
+            if path.startswith(folder + "/"):
+                # The listing's names as stored; the path's as key_url encoded them.
+                key = urllib.parse.unquote(path[len(folder) + 1 :])
+                if key in listing:
+                    return listing[key]
         return None
 
 
