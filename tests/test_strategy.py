@@ -565,6 +565,10 @@ def test_the_validation_batch_gives_every_replica_as_many_batches():
     assert _replicated_eval_batch(64, 21, 1, lines.append) == 64
     with pytest.raises(PetalError, match="validation split's 5 images cannot be batched"):
         _replicated_eval_batch(4, 5, 2, lines.append, pipelines=2)  # [2, 1] and [2]
+    # None fits up to the batch asked for: the smallest above it that does (25 images on
+    # two replicas were refused at 6 and 4, though 14 fits: 4 batches of 7 in turn).
+    assert _replicated_eval_batch(6, 25, 2, lines.append, pipelines=1) == 14
+    assert _replicated_eval_batch(4, 21, 2, lines.append, pipelines=1) == 8  # [6 of 4]
 
 
 def test_validation_pipelines_share_by_record_whatever_the_shards(make_records):

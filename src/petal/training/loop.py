@@ -1123,7 +1123,8 @@ def _replicated_eval_batch(
     pipelines`` replicas. So its first round of batches must be full (``b`` times its
     replicas is ``s`` at most), and ``ceil(s / b)`` must equal ``ceil((s + 1) / b)`` (``b``
     does not divide ``s``; not needed when every share is ``s``) and be a multiple of its
-    replicas. ``b`` is the largest such up to the per-replica batch asked for. ``skipped``:
+    replicas. ``b`` is the largest such up to the per-replica batch asked for, else the
+    smallest above it. ``skipped``:
     the corrupt records left out of ``val_count``, named in a refusal.
     """
     if replicas == 1:
@@ -1148,7 +1149,10 @@ def _replicated_eval_batch(
         return not uneven and -(-share // b) % local == 0
 
     asked = min(eval_batch // replicas, share // local)
-    per_replica = next((b for b in range(asked, 0, -1) if fits(b)), None)
+    # The largest that fits up to the batch asked for, else the smallest above it (a split
+    # of 25 on two replicas was refused at 6, though 14 fits).
+    sizes = [*range(asked, 0, -1), *range(asked + 1, share // local + 1)]
+    per_replica = next((b for b in sizes if fits(b)), None)
     if per_replica is None:
         raise PetalError(
             f"The validation split's {val_count} images cannot be batched so that each of the "
