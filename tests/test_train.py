@@ -364,6 +364,17 @@ def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
     assert lines[0].startswith("petal train: squeezenet 32x32 (training on 24x24 crops), 5 ")
+    assert not any("larger than the" in line for line in lines)
+    # squeezenet-plus's 160px crops kept under --image-size 64 trained on crops larger than
+    # the images, without a word.
+    from petal.training.loop import _larger_crops
+
+    assert _larger_crops((24, 24), (32, 32)) == ""
+    assert _larger_crops((160, 160), (64, 64)) == (
+        "training on 160x160 crops, larger than the 64x64 images it is evaluated on: each "
+        "epoch costs more, not less (train_image_size is for training smaller, as FixRes "
+        "does); pass --set train_image_size=53, or --set train_image_size=null to train at "
+        "the image size")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["train_image_size"] == 24 and metrics["image_size"] == [32, 32]
     model = keras.models.load_model(tmp_path / "run" / "model.keras", compile=False)

@@ -1021,6 +1021,21 @@ def _size(size) -> str:
     return f"{size[0]}x{size[1]}"
 
 
+def _larger_crops(train_size, image_size) -> str:
+    """The warning for training crops larger than the evaluation size ("" when not): a
+    preset's smaller training size (squeezenet-plus: 160 for 192) kept under a smaller
+    --image-size trained a 64px model on 160px crops, each epoch dearer, not cheaper."""
+    if train_size[0] * train_size[1] <= image_size[0] * image_size[1]:
+        return ""
+    return (
+        f"training on {_size(train_size)} crops, larger than the {_size(image_size)} images "
+        "it is evaluated on: each epoch costs more, not less (train_image_size is for "
+        "training smaller, as FixRes does); pass --set "
+        f"train_image_size={max(1, round(image_size[0] * 5 / 6))}, or "
+        "--set train_image_size=null to train at the image size"
+    )
+
+
 def _weights_place(weights):
     """A weights file's absolute path ("imagenet" and None as they are)."""
     if weights in (None, "imagenet"):
@@ -1993,6 +2008,8 @@ def _train(
             f"{_size(trained_size)}, the size the run trained at (its image_size is null: the "
             "size of the records it began on)"
         )
+    if larger := _larger_crops(train_size, image_size):
+        log(f"petal train: warning: {larger}")
     if upscaled := upscale_warning(source, max(image_size, train_size)):
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
