@@ -395,7 +395,9 @@ def _get_preset_fn(name: str, where: str = "") -> PresetFn:
 def default() -> TrainConfig:
     """The defaults every preset starts from: squeezenet, Adam 1e-3, 35 epochs, flip+saturation.
 
-    Same recipe as ``codelab-squeezenet`` but with a plain 16-per-replica batch.
+    The recipe of ``codelab-squeezenet`` but with a plain 16-per-replica batch (no 32 on one
+    device), the records' own image size, the cache chosen by size (``auto``) and a shuffle
+    buffer of 2048 (the codelab's squeezenet: 2000).
     """
     return TrainConfig()
 
