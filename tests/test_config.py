@@ -158,6 +158,19 @@ def test_weights_none_and_imagenet_are_read_in_any_case(tmp_path):
     assert load_config(preset="quick", weights="ImageNet").weights == "imagenet"  # a flag
 
 
+def test_named_choices_are_read_in_any_case():
+    """cache=RAM and weights=NONE were taken, but optimizer=Adam (Keras' own spelling),
+    normalization=Unit, fine_tune=Head_then_all and class_weight=none were refused."""
+    cfg = load_config("quick", overrides=["optimizer=Adam", "normalization=Unit",
+                                          "class_weight=Balanced", "schedule=Constant"])
+    assert (cfg.optimizer, cfg.normalization, cfg.class_weight, cfg.schedule) == (
+        "adam", "unit", "balanced", "constant")
+    assert load_config("quick", overrides=["class_weight=none"]).class_weight is None
+    with pytest.raises(PetalError, match=r"Unknown optimizer 'Adamm' \(did you mean 'adam'\?\); "
+                       r"valid: adam, adamw, sgd, rmsprop\. Received: optimizer='Adamm'$"):
+        load_config("quick", overrides=["optimizer=Adamm"])
+
+
 def test_set_preset_is_refused():
     with pytest.raises(PetalError, match=r"preset is chosen with --preset NAME, which sets every "
                        r"field; --set preset=\.\.\. would only rename the run"):

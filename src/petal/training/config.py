@@ -342,7 +342,12 @@ def _check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     choices = tuple(choices)
     if value not in choices:
         shown = ", ".join("null" if c is None else str(c) for c in choices)
-        raise PetalError(f"Unknown {name} {value!r}; valid: {shown}. Received: {name}={value!r}")
+        words = [c for c in choices if isinstance(c, str)]
+        close = difflib.get_close_matches(str(value).lower(), words, n=1, cutoff=0.6)
+        meant = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PetalError(
+            f"Unknown {name} {value!r}{meant}; valid: {shown}. Received: {name}={value!r}"
+        )
 
 
 # --- presets ---------------------------------------------------------------------------------
@@ -769,6 +774,16 @@ def _field_of_option(key: str) -> str | None:
     return None
 
 
+# The fields of a few named choices, which _coerce reads in any case.
+_CHOICES = {
+    "optimizer": OPTIMIZERS,
+    "schedule": SCHEDULES,
+    "fine_tune": FINE_TUNE_MODES,
+    "class_weight": CLASS_WEIGHTS,
+    "normalization": NORMALIZATIONS,
+}
+
+
 def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
     """Check ``value`` against the field's type, converting the lossless cases."""
     value = _plain(value)
@@ -790,6 +805,14 @@ def _coerce(name: str, value: Any, hint: Any, where: str) -> Any:
             if name == "weights" and value.strip().lower() in ("none", "imagenet"):
                 # as `--weights` takes them: no file named none or IMAGENET is meant
                 return None if value.strip().lower() == "none" else "imagenet"
+            if name in _CHOICES:
+                # In any case, as cache=RAM and weights=NONE are taken: optimizer=Adam
+                # (Keras' own spelling) and class_weight=none were refused.
+                word = value.strip().lower()
+                if word == "none" and None in _CHOICES[name]:
+                    return None
+                if word in _CHOICES[name]:
+                    return word
             return value
         if option is str and name in ("data", "weights") and isinstance(value, os.PathLike):
             refuse_url(value, name, "records", urls=True)  # a Path made gs:/b of gs://b
