@@ -558,12 +558,13 @@ _STRATEGY_SCRIPT = textwrap.dedent(
     except PetalError as err:
         print("error", err)
 
-    def steps(start, n):
+    def steps(start, n, skip_corrupt=False):
         # The images of each of n steps from step start: a batch of 2 for each replica.
         dist = distributed_dataset(
             strategy,
             lambda ctx: train_dataset(src, batch_size=4, input_context=ctx, seed=0, augment=None,
-                                      normalization="raw", start_step=start),
+                                      normalization="raw", start_step=start,
+                                      skip_corrupt=skip_corrupt),
         )
         out = []
         for (images, _), _ in zip(dist, range(n)):
@@ -577,6 +578,9 @@ _STRATEGY_SCRIPT = textwrap.dedent(
     run = steps(0, 12)
     print("epochs", [len({i for s in run[e:e + 4] for i in s}) for e in (0, 4, 8)])
     print("resumed", steps(4, 8) == run[4:], steps(7, 5) == run[7:])
+    run = steps(0, 12, skip_corrupt=True)  # (no record is corrupt: the same passes)
+    print("skipping", [len({i for s in run[e:e + 4] for i in s}) for e in (0, 4, 8)],
+          steps(4, 8, True) == run[4:], steps(7, 5, True) == run[7:])
     """
 )
 
@@ -594,7 +598,7 @@ def test_mirrored_strategy_on_two_logical_cpus(records):
     lines = {
         line.split(" ", 1)[0]: line.split(" ", 1)[1]
         for line in out.stdout.splitlines()
-        if line.split(" ", 1)[0] in ("train", "eval", "error", "epochs", "resumed")
+        if line.split(" ", 1)[0] in ("train", "eval", "error", "epochs", "resumed", "skipping")
     }
     assert lines["train"] == "[(2, 16, 16, 3), (2, 16, 16, 3)] 2"
     assert Counter(eval(lines["eval"])) == Counter(range(19, 28))
@@ -604,6 +608,7 @@ def test_mirrored_strategy_on_two_logical_cpus(records):
     # replaying half an epoch.
     assert lines["epochs"] == "[16, 16, 16]"
     assert lines["resumed"] == "True True"
+    assert lines["skipping"] == "[16, 16, 16] True True"
 
 
 def test_bench_input_cli(make_records, tmp_path, capsys):
@@ -823,6 +828,16 @@ def test_bench_input_checks_its_arguments_before_measuring(
     err = err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("petal bench: error: "), err
     assert re.search(message, err[0]), err[0]
+
+
+def test_bench_input_takes_augment_none_when_no_case_is_augmented(make_records):
+    # Refused with every case (the "+aug" twins would run unaugmented); the ceiling has none.
+    from petal.data import bench
+
+    folder = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg")
+    result = bench.run(str(folder), cases=("ceiling",), augment="none", batch_size=4,
+                       seconds=0.1, progress=lambda line: None)  # fmt: skip
+    assert [case.name for case in result.cases] == ["ceiling"]
 
 
 def test_bench_chart_axis_keeps_bar_lengths_honest():

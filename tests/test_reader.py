@@ -685,6 +685,31 @@ def test_a_manifest_whose_image_size_or_format_is_not_the_records_is_refused(
         assert open_source(str(folder)).format == good["format"]
 
 
+def test_one_unreadable_shard_does_not_end_the_label_check_of_the_others(make_records,
+                                                                        monkeypatch):
+    """The check stops at a failed request over http (a stalled store waited on each
+    shard); a local or gs:// shard that cannot be read is passed over, the others checked."""
+    import tensorflow as tf
+
+    from petal.data import folders, reader
+
+    folder = make_records(fmt="jpeg", size=(16, 16))
+    good = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**good, "classes": good["classes"][::-1]}))
+    first = good["splits"]["train"]["shards"][0]["file"]
+    read_bytes = reader._GFileFS.read_bytes
+
+    def refused(self, path, *args, **kwargs):
+        if path.endswith(first):
+            raise folders.gfile_error(path, tf.errors.PermissionDeniedError(None, None, "no"))
+        return read_bytes(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(reader._GFileFS, "read_bytes", refused)
+    with pytest.raises(PetalError, match=r"^Shard .* does not belong to .*manifest\.json: its "
+                       r"record 0 is labelled"):
+        open_source(str(folder))
+
+
 def test_a_val_fraction_that_is_no_number_is_named(make_records):
     # float('abc') raised a bare ValueError.
     folder = make_records("codelab", counts={"all": [4, 4]}, codelab=True)

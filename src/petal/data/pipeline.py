@@ -872,8 +872,7 @@ def _passes(
             num_parallel_calls=AUTOTUNE,
             deterministic=True,
         )
-        if not skip_corrupt:
-            ds = ds.take(whole)
+        ds = ds.take(whole)  # (skipping corrupt records: a short pass ends sooner anyway)
         if skip_corrupt:
             ds = _end_of_pass(ds, checked=tf.logical_or(index != first_pass, skip == 0))
         return ds

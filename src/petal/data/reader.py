@@ -424,11 +424,11 @@ def _check_labels(source: Source, fs) -> None:
                 length = int.from_bytes(head[:8], "little") if len(head) >= 12 else 0
                 if 0 < length <= 64 * LABEL_CHECK_BYTES:  # else damaged: reading it names it
                     records = _head_records(fs.read_bytes(shard, 16 + length))
-        except PetalError:
-            # A failed request to the store: the read that follows names it. Each shard's
-            # request after it waited as long (a stalled store: 5 minutes, not one).
-            break
-        except OSError:
+        except (PetalError, OSError):
+            if folders.is_http(shard):
+                # A failed request to the store: the read that follows names it. Each
+                # shard's request after it waited as long (a stalled store: 5 minutes).
+                break
             continue  # unreadable (gone, no permission): reading names it
         for index, record in enumerate(records):
             try:
