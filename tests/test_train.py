@@ -885,6 +885,7 @@ def test_too_few_images_for_a_batch_names_the_setting_that_made_it(make_records,
     assert str(err.value).endswith("Received: batch_size=40 per replica x 1 replica(s)")
 
 
+@pytest.mark.slow  # 10-11 s in CI (session 38, 575 s): `pytest -m slow` runs it
 def test_train_and_evaluate_take_the_classes_of_codelab_shards_that_name_none(
     make_records, monkeypatch, tmp_path, capsys
 ):

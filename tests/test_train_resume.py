@@ -356,6 +356,7 @@ def test_a_finished_run_without_last_keras_has_nothing_to_do(small_records, tmp_
         train(cfg.replace(epochs=2), run, resume=True, **QUIET)
 
 
+@pytest.mark.slow  # 10-11 s in CI (session 38, 575 s): `pytest -m slow` runs it
 def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, tmp_path):
     """It went on silently, and best.weights.h5 (the file the README starts new runs from)
     was not written again unless an epoch beat the lost one."""
