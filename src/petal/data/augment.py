@@ -308,9 +308,8 @@ def random_resized_crop(
         some = tf.reduce_any(fits, axis=1)
         h = tf.where(some, h, whole_h)
         w = tf.where(some, w, whole_w)
-        y = tf.where(some, p["y"], 0.5)
         x0 = tf.where(some, p["x"], 0.5) * (1.0 - w)
-        y0 = y * (1.0 - h)
+        y0 = tf.where(some, p["y"], 0.5) * (1.0 - h)
         boxes = tf.stack([y0, x0, y0 + h, x0 + w], axis=1)
         out_size = size or (x.shape[1], x.shape[2])
         if out_size[0] is None or out_size[1] is None:
