@@ -1247,8 +1247,8 @@ def chart_scale(values) -> tuple[str, float]:
     twice as fast). Wider ranges (per-file reads to cached batches) need a log axis; its bars
     then start at a power of ten at least a decade below the smallest value, not wherever
     matplotlib's autoscale puts the edge (which made a case at 0.54x of the ceiling look a
-    tenth as long), nor at the decade holding the smallest (1,080 images/s drawn a
-    twentieth as long as 3,871 from an edge at 1,000).
+    tenth as long), nor at the decade holding the smallest (1,080 images/s drawn about an
+    eighteenth as long as 3,871 from an edge at 1,000).
     """
     positive = [v for v in values if v > 0]
     if not positive or max(positive) <= 10 * min(positive):
