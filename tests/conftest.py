@@ -424,6 +424,19 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the main process: its test processes inherit it
         os.environ[_HANGS] = os.path.join(tempfile.gettempdir(), f"petal-test-hangs-{os.getpid()}")
         _requeue_only_what_is_left()
+    else:
+        _share_the_cores(int(config.workerinput.get("workercount", 1)))
+
+
+def _share_the_cores(workers: int) -> None:
+    """Each test process's TensorFlow sized its thread pools for every core, so on 2 cores
+    two test processes ran 4 busy threads or more that fought over the cores (see
+    benchmarks/README.md, "Suite times"). Each test process now gets its share of the cores,
+    and the programs a test starts inherit it. Set TF_NUM_INTRAOP_THREADS or
+    TF_NUM_INTEROP_THREADS to choose otherwise; tf.data keeps its own pool."""
+    share = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", share)
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", share)
 
 
 def _requeue_only_what_is_left() -> None:

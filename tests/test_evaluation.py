@@ -861,6 +861,12 @@ def test_predict_names_an_unreadable_image(trained, tmp_path):
     assert str(err.value) == (f"Image not found: {tmp_path / 'missing.jpg'}; pass an image file "
                               "or a folder of them that exists (check the path and its "
                               "spelling).")  # fmt: skip
+    (tmp_path / "link.jpg").symlink_to(tmp_path / "unmounted" / "photo.jpg")
+    with pytest.raises(PetalError) as err:  # spelled right: "check the spelling" misled
+        predict(trained, [tmp_path / "link.jpg"])
+    assert str(err.value) == (f"Cannot read image {tmp_path / 'link.jpg'}: a link whose target "
+                              f"is missing ({tmp_path / 'unmounted' / 'photo.jpg'}): mount or "
+                              "fix it")  # fmt: skip
 
 
 def test_the_exported_decoder_gives_predicts_pixels():

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import break_image, corrupt_record, link_photos, titles_apart
+from conftest import CLASSES, break_image, corrupt_record, link_photos, titles_apart
 from petal.data import inspect_records, read_manifest, schema
 from petal.errors import PetalError
 
@@ -144,6 +144,15 @@ def test_grid(small_records, tmp_path):
     with pytest.raises(PetalError, match=r"grid_per_class must be an integer >= 1\. "
                        r"Received: '2'"):
         inspect_records(small_records, grid=out, grid_per_class="2", progress=False)
+    # Columns stop at the fullest class: a million asked for a figure matplotlib refused.
+    splits = read_manifest(small_records)["splits"].values()
+    fullest = max(sum(split["per_class"][name] for split in splits) for name in CLASSES)
+    sizes = []
+    for per_class in (fullest, 10**6):
+        inspect_records(small_records, grid=out, grid_per_class=per_class, progress=False)
+        with Image.open(out) as image:
+            sizes.append(image.size)
+    assert sizes[0] == sizes[1]
 
 
 def test_skipped_files_are_listed(small_records, tmp_path):

@@ -406,6 +406,19 @@ def test_head_only_warmup_then_fine_tune_with_frozen_batchnorm():
         set_backbone_trainable(create_model("convnet", 5, 32), False)
 
 
+def test_unfreezing_with_bn_frozen_false_trains_batchnorm_frozen_before():
+    """A backbone already trainable kept the BatchNorm layers an earlier call froze."""
+    model = create_model("mobilenet_v2", 4, 32)
+    everything = count_params(model)[1]
+    set_backbone_trainable(model, True)  # bn_frozen=True by default
+    assert count_params(model)[1] < everything
+    set_backbone_trainable(model, True, bn_frozen=False)
+    assert count_params(model)[1] == everything
+    frozen = create_model("mobilenet_v2", 4, 32, bn_frozen=True)
+    set_backbone_trainable(frozen, True, bn_frozen=False)
+    assert count_params(frozen)[1] == everything
+
+
 def test_keras_file_round_trip_in_safe_mode(tmp_path):
     model = create_model("squeezenet_separable", 5, 32)
     path = tmp_path / "m.keras"

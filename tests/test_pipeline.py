@@ -1335,6 +1335,11 @@ def test_distributed_dataset_names_a_strategy_or_function_of_the_wrong_kind(smal
     with pytest.raises(PetalError, match=r"^distributed_dataset needs strategy as a "
                        r"tf\.distribute\.Strategy .* Received: strategy=None$"):
         distributed_dataset(None, lambda ctx: eval_dataset(small_records, batch_size=2))
+    # The error named get_strategy, and its (strategy, info) pair was refused the same way.
+    with pytest.raises(PetalError, match=r"^distributed_dataset needs strategy as a "
+                       r"tf\.distribute\.Strategy \(the first of the pair petal\.training\."
+                       r"strategy\.get_strategy returns; this is the pair\)\.$"):
+        distributed_dataset((strategy, {}), lambda ctx: eval_dataset(small_records, batch_size=2))
 
 
 _FILL_A_STRIP = """

@@ -2216,9 +2216,9 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
     said a source was not found at a path under it."""
     from conftest import tiny_config
     from petal.cli import main
-    from petal.data import convert, read_manifest
+    from petal.data import convert, find_images, read_manifest
     from petal.data.inspect import inspect_records
-    from petal.data.pipeline import train_dataset
+    from petal.data.pipeline import load_image, train_dataset
     from petal.demo import run_demo
     from petal.evaluation.evaluate import evaluate
     from petal.evaluation.predict import predict
@@ -2258,6 +2258,8 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
         home / "photos" / "daisy" / photo.name
     )
     assert read_config_file("~/config.json") == {"epochs": 1}
+    assert len(find_images("~/photos").files) == len(find_images(home / "photos").files)
+    assert load_image(f"~/photos/daisy/{photo.name}").shape[-1] == 3
     assert main(["inspect", "--grid=~/grid2.png", "~/records"]) == 0
     assert (home / "grid2.png").is_file()
     capsys.readouterr()

@@ -54,7 +54,7 @@ class ImageFolder:
     """The result of discovery.
 
     Attributes:
-        root: the source folder as given.
+        root: the source folder as given, a leading ``~`` expanded.
         classes: class names in index order.
         files: candidate images, sorted by class then relative path.
         ignored: relative paths that are not candidates (other extensions, files directly
@@ -694,7 +694,7 @@ def find_images(
             than ``min_classes`` classes, or an explicit class that does not exist, holds
             no images or matches two folders.
     """
-    root = str(root)
+    root = str(expand_home(root))
     if not exists(root):
         raise PetalError(f"Source folder does not exist. Received: source={root}")
     if not isdir(root):

@@ -952,7 +952,9 @@ def _draw_grid(
     classes = manifest["classes"]
     samples, problems = _samples(path, manifest, per_class, known)
     labels = plot_labels(classes)  # falls back to installed fonts, or to "class N"
-    rows, cols = len(classes), per_class
+    # As many columns as the fullest class fills: a large per_class asked for a figure
+    # wider than matplotlib draws.
+    rows, cols = len(classes), max(1, min(per_class, max(map(len, samples.values()), default=1)))
     height = 2.0 * rows + 0.5
     fig = Figure(figsize=(1.9 * cols + 0.4, height))
     renderer = FigureCanvasAgg(fig).get_renderer()

@@ -144,7 +144,9 @@ def train_dataset(
             image folders and for records of varying size). Other sizes are resized with
             the codelab's "fill" (scale to cover, centre crop).
         augment: ``"codelab"`` (flip + saturation), ``"none"``/None, another preset or a
-            ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function.
+            ``+``-joined list of ops (see :func:`petal.data.augment.build`), or a function
+            ``fn(images, seed)`` of a batch that returns the batch (its contract is
+            :func:`petal.data.augment.build`'s).
         cache: ``"auto"`` (RAM when the decoded split fits, else a local disk file),
             ``"ram"``, ``"disk"`` (a temporary file, deleted when the process exits), a folder
             path (kept and reused by later runs on the same data and input pipelines,
@@ -423,9 +425,13 @@ def distributed_dataset(strategy: tf.distribute.Strategy, fn, options=None):
             does not divide across replicas.
     """
     if not isinstance(strategy, tf.distribute.Strategy):
+        pair = isinstance(strategy, tuple) and strategy and isinstance(
+            strategy[0], tf.distribute.Strategy
+        )  # get_strategy's (strategy, info): it named get_strategy as the fix
         raise PetalError(
-            "distributed_dataset needs strategy as a tf.distribute.Strategy (from "
-            f"petal.training.strategy.get_strategy). Received: strategy={strategy!r}"
+            "distributed_dataset needs strategy as a tf.distribute.Strategy (the first of "
+            "the pair petal.training.strategy.get_strategy returns"
+            + ("; this is the pair)." if pair else f"). Received: strategy={strategy!r}")
         )
     if not callable(fn):
         raise PetalError(
@@ -512,6 +518,7 @@ def load_image(path: str | os.PathLike, image_size=None, resize: str = "fill") -
     """
     if isinstance(path, bytes | os.PathLike):
         path = os.fsdecode(path)  # a pathlib.Path, as convert and train_dataset take one
+    path = folders.expand_home(path)
     if not tf.executing_eagerly():  # inside tf.data or a tf.function: the op's own error
         return _load_image(path, image_size, resize)
     if not isinstance(path, str | tf.Tensor):

@@ -131,9 +131,13 @@ class ConvertSummary:
         counts: records per split.
         shards: shard files per split.
         bytes: total bytes of the shard files.
-        seconds: wall time of the whole conversion.
+        seconds: wall time of the conversion, TensorFlow's start-up (once per process)
+            left out, as in ``images_per_s``.
         manifest: the manifest as written.
-        warnings: one line per empty split or class (``str()`` prints them).
+        warnings: one line per thing the user should know about the source and the split:
+            empty splits or classes, files not read (other types, files directly in the
+            source, hidden entries, broken links), empty folders, duplicates across classes
+            (``str()`` prints them).
     """
 
     output: str

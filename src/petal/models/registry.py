@@ -786,8 +786,11 @@ def set_backbone_trainable(model: keras.Model, trainable: bool, *, bn_frozen: bo
             f"warm-up needs a keras.applications model (e.g. xception)."
         )
     backbone.trainable = trainable
-    if trainable and bn_frozen:
-        freeze_batchnorm(backbone)
+    if trainable:  # a backbone already trainable does not pass True on to its layers
+        for layer in walk_layers(backbone):
+            layer.trainable = True
+        if bn_frozen:
+            freeze_batchnorm(backbone)
 
 
 def walk_layers(model: keras.Layer):
