@@ -2037,6 +2037,14 @@ def _train(
             "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    if (was := saved_resolved.get("precision")) and was != policy:
+        # Allowed (float32 and bfloat16 keep the same variables), but metrics.json names the
+        # last session's only: --precision auto resolves again on another host.
+        before = f"epochs 1-{start_epoch}" if start_epoch > 1 else "epoch 1"
+        log(
+            f"petal train: precision {was} -> {policy} from epoch {start_epoch + 1} "
+            f"(--precision {cfg.precision}; {before} trained in {was})"
+        )
     if isinstance(cfg.cache, str) and cfg.cache.lower() == "auto":
         # What auto chose, and why: RAM, or local disk when the decoded images do not fit.
         where = auto_cache_choice(source, "train", image_size)
