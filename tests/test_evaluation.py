@@ -1137,6 +1137,9 @@ def test_report_without_a_run(tmp_path):
     [
         ("top_k", 0, r"top_k \(--top-k\) must be an integer >= 1. Received: 0"),
         ("batch_size", -2, r"batch_size \(--batch-size\) must be an integer >= 1"),
+        # tf.data's batch failed on it with a traceback.
+        ("batch_size", 2**63, r"^batch_size \(--batch-size\) must be at most 2147483647. "
+                              r"Received: 9223372036854775808$"),
         ("split", "bogus", r"split \(--split\) must be 'train', 'validation' or 'all'"),
         ("num_samples", "4", r"num_samples must be an integer >= 0. Received: num_samples='4'"),
         ("max_misclassified", -1, r"max_misclassified must be an integer >= 0"),

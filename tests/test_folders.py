@@ -76,6 +76,19 @@ def test_hidden_entries_are_never_read_and_listed(tree):
     assert folder.unclassified_images() == ["loose.jpg"]
     with pytest.raises(PetalError, match=r"Class '\.hidden' in --classes is a hidden folder"):
         find_images(tree, "daisy,.hidden")
+    # daisy left out by --classes: its hidden entries were warned of (rename them), which
+    # would convert nothing.
+    assert find_images(tree, "roses,tulips").hidden() == ["._loose.jpg", ".hidden/", "__MACOSX/"]
+
+
+def test_a_folder_whose_photos_are_all_hidden_says_so(tmp_path):
+    """The error named the extensions petal reads, not the hidden photos it left out."""
+    _touch(tmp_path / "a" / ".x.jpg")
+    _touch(tmp_path / "b" / ".ipynb_checkpoints" / "y.jpg")
+    with pytest.raises(PetalError, match=r"^No images found under .*\(case-insensitive\); 2 "
+                       r"hidden folder\(s\) or image file\(s\) are not read \(a/\.x\.jpg, "
+                       r"b/\.ipynb_checkpoints/\): rename any that hold photos\.$"):
+        find_images(tmp_path)
 
 
 def test_discovery_is_repeatable(tree):

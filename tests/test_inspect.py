@@ -64,6 +64,14 @@ def test_verify_ok(small_records):
     assert "verify: OK, 60 records in 4 shards" in str(report)
 
 
+def test_verify_ok_of_one_shard(make_records):
+    """It said "in 1 shards"."""
+    records = make_records(counts={"train": [3]})
+    assert "verify: OK, 3 records in 1 shard read" in str(
+        inspect_records(records, verify=True, progress=False)
+    )
+
+
 def test_manifest_counts_that_disagree_with_the_records_are_problems(damaged):
     """An edited manifest (per-class counts moved within a split, written and images_found
     changed) was summarised as given and verified OK."""

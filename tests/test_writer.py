@@ -769,7 +769,7 @@ def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     from petal.data.inspect import inspect_records
 
     report = inspect_records(str(tmp_path / "out"), verify=True, progress=False)
-    assert report.ok and "byte-identical duplicates 2 (1 under more than one class)" in str(report)
+    assert report.ok and "byte-identical duplicates 2 (1 photo(s) with copies under more than one class)" in str(report)
 
 
 def test_a_class_of_copies_of_another_class_s_images_is_told_the_real_fix(tmp_path):
@@ -848,7 +848,7 @@ def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):
     convert(src, tmp_path / "out", image_size=8, workers=1, progress=False, overwrite=True)
     report = str(inspect_records(str(tmp_path / "out"), progress=False))
     assert (
-        "byte-identical duplicates 1 (1 under more than one class), hidden entries not read 2"
+        "byte-identical duplicates 1 (1 photo(s) with copies under more than one class), hidden entries not read 2"
         in report
     )
 
@@ -1674,6 +1674,8 @@ def test_a_file_url_output_is_checked_as_its_local_folder(small_flowers, tmp_pat
         (src / cls).symlink_to(small_flowers / cls)
     with pytest.raises(PetalError, match="^The output folder is inside the source folder"):
         convert(src, f"file://{src}/recs", image_size=8, workers=1, progress=False)
+    with pytest.raises(PetalError, match="^The output folder is the source folder, so"):
+        convert(src, src, image_size=8, workers=1, progress=False)  # "inside" it, it said
     assert sorted(p.name for p in src.iterdir()) == ["daisy", "roses"]
     busy = tmp_path / "busy"
     busy.mkdir()

@@ -20,6 +20,12 @@ def printable(name) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+# The largest count taken (epochs, batches, steps, buffers, sizes): int32's largest, far
+# above any split, and one TensorFlow converts (a larger batch failed in tf.data's batch
+# with a traceback).
+MAX_COUNT = 2**31 - 1
+
+
 def is_int_at_least(value, minimum: int) -> bool:
     """Whether ``value`` is an ``int`` (not a ``bool``) of at least ``minimum``."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

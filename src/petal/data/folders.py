@@ -124,8 +124,9 @@ class ImageFolder:
 
     def hidden(self) -> list[str]:
         """Hidden folders (``a/.ipynb_checkpoints/``) and hidden files with an image's
-        extension (``a/._1.jpg``) that were not read: photos may hide in them."""
-        return hidden_entries(self.ignored)
+        extension (``a/._1.jpg``) that were not read: photos may hide in them. Not in a
+        sub-folder a class list left out (renaming them there would convert nothing)."""
+        return hidden_entries([n for n in self.ignored if n.split("/", 1)[0] not in self.left_out])
 
     def unread_note(self) -> str:
         """One line naming the files that are not read (images outside any class, other
@@ -826,9 +827,17 @@ def find_images(
             )
         if not by_class and (flat := flat_folder_error(root, top)):
             raise flat
+        # Photos all hidden (.ipynb_checkpoints/, ._x.jpg): the error named only extensions.
+        hidden = hidden_entries(ignored)
+        unread = (
+            f"; {len(hidden)} hidden folder(s) or image file(s) are not read "
+            f"({some_names(hidden)}): rename any that hold photos"
+            if hidden
+            else ""
+        )
         raise PetalError(
             f"No images found under {root}: expected class sub-folders holding files with "
-            f"extensions {accepted} (case-insensitive){nowhere}."
+            f"extensions {accepted} (case-insensitive){nowhere}{unread}."
         )
     if len(chosen) < min_classes and classes is not None and len(present) > 1:
         raise PetalError(

@@ -433,9 +433,10 @@ def _format(report: InspectReport) -> list[str]:
         n_shards = sum(len(splits[s]["shards"]) for s in schema.SPLITS)
         lines.append("")
         if report.ok:
+            shards = f"{n_shards} shard{'s' * (n_shards != 1)}"
             lines.append(
-                f"verify: OK, {report.verified} records in {n_shards} shards read "
-                "(CRC, parse, decode, fields)"
+                f"verify: OK, {report.verified} records in {shards} read (CRC, parse, decode, "
+                "fields)"
             )
         else:
             lines.append(
@@ -520,7 +521,7 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
         f"found {m['images_found']}, written {m['written']}, skipped {len(m['skipped'])}"
         + (f", byte-identical duplicates {m['duplicates']}" if m.get("duplicates") else "")
         + (
-            f" ({len(across)} under more than one class)"
+            f" ({len(across)} photo(s) with copies under more than one class)"
             if (across := m.get("duplicates_across_classes"))
             else ""
         )

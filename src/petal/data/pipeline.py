@@ -61,6 +61,7 @@ from petal.data import folders, reader, schema
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
 from petal.errors import (
+    MAX_COUNT,
     PetalError,
     cannot_write,
     first_line,
@@ -1573,6 +1574,8 @@ def _check_batch(batch_size) -> int:
     batch_size = _plain_int(batch_size)
     if not is_int_at_least(batch_size, 1):
         raise PetalError(f"batch_size must be a positive int. Received: batch_size={batch_size!r}")
+    if batch_size > MAX_COUNT:  # tf.data's batch took it for a tensor, and failed to
+        raise PetalError(f"batch_size must be at most {MAX_COUNT}. Received: {batch_size}")
     return batch_size
 
 

@@ -753,8 +753,9 @@ def _norm(path: str) -> str:
 def _check_paths(source: str, output: str) -> None:
     src, dst = _norm(source), _norm(output)
     if dst.startswith(src):
+        where = "is the source folder" if dst == src else "is inside the source folder"
         raise PetalError(
-            "The output folder is inside the source folder, so it would be read as a class. "
+            f"The output folder {where}, so it would be read as a class. "
             f"Choose an output outside it. Received: source={source}, output={output}"
         )
     if folders.exists(output) and not folders.isdir(output):

@@ -31,6 +31,7 @@ from petal.data.folders import (
 )
 from petal.data.reader import FOLDER_SPLIT
 from petal.errors import (
+    MAX_COUNT,
     PetalError,
     is_int_at_least,
     need_bool,
@@ -131,9 +132,11 @@ def evaluate(
     for name, value in (("top_k", top_k), ("batch_size", batch_size)):
         if name == "top_k" and value is None:
             continue
+        flag = name.replace("_", "-")
         if not is_int_at_least(value, 1):
-            flag = name.replace("_", "-")
             raise PetalError(f"{name} (--{flag}) must be an integer >= 1. Received: {value!r}")
+        if name == "batch_size" and value > MAX_COUNT:  # a traceback from tf.data
+            raise PetalError(f"{name} (--{flag}) must be at most {MAX_COUNT}. Received: {value}")
     for name, value in (("num_samples", num_samples), ("max_misclassified", max_misclassified)):
         if not is_int_at_least(value, 0):
             raise PetalError(f"{name} must be an integer >= 0. Received: {name}={value!r}")

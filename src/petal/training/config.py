@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from petal.data.folders import expand_home, parse_classes, refuse_url
-from petal.errors import PetalError, first_line, is_int_at_least
+from petal.errors import MAX_COUNT, PetalError, first_line, is_int_at_least
 from petal.jsonfile import write_json
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
@@ -322,7 +322,7 @@ class TrainConfig:
         return self
 
 
-_MAX_COUNT = 2**31 - 1  # epochs, batches, steps, buffers and sizes: TensorFlow's int32
+_MAX_COUNT = MAX_COUNT  # epochs, batches, steps, buffers and sizes: TensorFlow's int32
 
 
 def _check_positive(cfg: TrainConfig, *names: str, allow_none: bool = False) -> None:
