@@ -265,6 +265,50 @@ def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
     assert report["split"] == "validation" and report["count"] == held_out < 60
 
 
+def test_photos_added_to_a_class_never_move_the_file_its_split_kept_in_training(
+    small_flowers, tmp_path
+):
+    """A class whose every name hashes below the fraction keeps its highest in training; a
+    photo added later with a higher hash trained in its place, and evaluate scored the
+    photo the run trained on as held out, without a word."""
+    import json
+
+    from petal.data.reader import _name_hash, open_source
+    from petal.evaluation.evaluate import evaluate
+    from petal.training.loop import train
+
+    def names(cls, below, n):  # n names of cls whose hash is below 0.19 (or not)
+        found = (f"p{i:04d}.jpg" for i in range(10_000))
+        return [x for x in found if (_name_hash(f"{cls}/{x}") < 0.19) == below][:n]
+
+    folder = tmp_path / "photos"
+    photos = iter(sorted(small_flowers.glob("*/*.jpg")))
+    for cls, picked in (("apple", names("apple", True, 2)),
+                        ("banana", names("banana", True, 2) + names("banana", False, 8))):
+        (folder / cls).mkdir(parents=True)
+        for name in picked:
+            (folder / cls / name).symlink_to(next(photos).resolve())
+    kept = open_source(str(folder)).kept_in_train
+    assert len(kept) == 1 and kept[0].startswith("apple/")
+    quiet = lambda line: None  # noqa: E731
+    run = tmp_path / "run"
+    train(tiny_config(folder, epochs=1, steps_per_epoch=1, batch_size=4, model="dense"), run,
+          log=quiet)  # fmt: skip
+    resolved = json.loads((run / "config.json").read_text())["resolved"]
+    assert resolved["trained_on"][0]["folder_kept_in_train"] == list(kept)
+    held_out = evaluate(run, folder, log=quiet)["count"]
+    assert held_out == 3  # one apple and two banana photos
+    (folder / "apple" / names("apple", False, 1)[0]).symlink_to(next(photos).resolve())
+    assert open_source(str(folder)).kept_in_train == ()  # by name alone, it would validate
+    assert evaluate(run, folder, log=quiet)["count"] == held_out
+    # A resume keeps it in training, and keeps it recorded.
+    train(tiny_config(folder, epochs=2, steps_per_epoch=1, batch_size=4, model="dense"), run,
+          resume=True, log=quiet)  # fmt: skip
+    resolved = json.loads((run / "config.json").read_text())["resolved"]
+    assert resolved["val_count"] == held_out
+    assert resolved["trained_on"][0]["folder_kept_in_train"] == list(kept)
+
+
 def test_evaluate_warns_when_records_are_upscaled_to_the_model(trained, make_records, tmp_path):
     from petal.evaluation.evaluate import evaluate
 

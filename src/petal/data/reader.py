@@ -81,6 +81,9 @@ class Source:
         classes_from: how the classes were found, for messages (codelab shards).
         classes_named: False for codelab shards whose records name no classes (called
             ``class_0``, ... or as ``classes=`` names them).
+        kept_in_train: an image folder's files (relative paths) that train against the
+            split's rule by name, in a class whose every file would validate by it, or as
+            ``train_names`` asked: a run records them (see :func:`open_source`).
     """
 
     path: str
@@ -93,6 +96,7 @@ class Source:
     size_recorded: bool = True
     classes_from: str = ""
     classes_named: bool = True
+    kept_in_train: tuple[str, ...] = ()
     _files: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _counts: dict[str, list[int]] = field(default_factory=dict, repr=False)
     _labels: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -163,6 +167,7 @@ def open_source(
     val_fraction: float | None = None,
     verify: bool = True,
     min_classes: int = 2,
+    train_names: tuple[str, ...] | list[str] = (),
 ) -> Source:
     """Open a records folder, codelab shards or an image folder.
 
@@ -181,6 +186,9 @@ def open_source(
             the labels of a few first records).
         min_classes: an image folder with fewer classes is refused (2 to train; 1 to score
             new photos of one of a model's classes).
+        train_names: an image folder's files (relative paths) kept in the train split: the
+            ones a run's split kept there (its ``kept_in_train``), which photos added to a
+            class since would otherwise move into validation.
 
     Raises:
         PetalError: missing, unreachable or empty source (or a scheme that cannot be read),
@@ -228,7 +236,7 @@ def open_source(
         return _listed_sizes(_open_codelab(root, shards, classes, val_fraction), fs)
     if any(fs.isdir(_join(root, n)) for n in names):
         # (A stray temporary file beside class sub-folders is not read.)
-        return _open_folder(root, classes, val_fraction, min_classes)
+        return _open_folder(root, classes, val_fraction, min_classes, train_names)
     if any(n.startswith(schema.TEMP_PREFIX) for n in names):
         raise PetalError(
             f"{root} holds only the temporary files of a petal convert that did not finish "
@@ -865,7 +873,9 @@ def _scan_codelab(
     return {**names, **found}, max(seen, top)
 
 
-def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Source:
+def _open_folder(
+    root: str, classes, val_fraction, min_classes: int = 2, train_names=()
+) -> Source:
     notes: tuple[str, ...] = ()
     if folders.is_http(root):
         pairs, names, note = _list_http_folder(root, classes)
@@ -888,8 +898,11 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
     for item in pairs:
         by_class.setdefault(item[2], []).append(item)
     val: set[str] = set()
+    kept: list[str] = []
     for items in by_class.values():
-        val.update(_validation_files([it[1] for it in items], fraction))
+        chosen, forced = _validation_files([it[1] for it in items], fraction, set(train_names))
+        val.update(chosen)
+        kept += forced
     if not folders.is_remote(root):
         _keep_copies_together(pairs, val)
     source = Source(
@@ -899,6 +912,7 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
         image_size=None,
         format="files",
         notes=notes,
+        kept_in_train=tuple(sorted(kept)),
     )
     for split in schema.SPLITS:
         chosen = [it for it in pairs if (it[1] in val) == (split == "validation")]
@@ -913,22 +927,28 @@ def _open_folder(root: str, classes, val_fraction, min_classes: int = 2) -> Sour
 FOLDER_SPLIT = "by-name"
 
 
-def _validation_files(relpaths: list[str], fraction: float) -> list[str]:
-    """The files of one class that validate: those whose name hashes below ``fraction``, so
-    a file's side depends on its own name only, and photos added to the folder later never
-    move a training image into validation (a run's held-out score stays held out). A class
-    of two or more files keeps one file on each side: the lowest hash validates, the
-    highest trains (only removing that file can move another)."""
+def _validation_files(
+    relpaths: list[str], fraction: float, keep: set[str] = frozenset()
+) -> tuple[list[str], list[str]]:
+    """The files of one class that validate, and those kept in training against the rule:
+    files whose name hashes below ``fraction`` validate, so a file's side depends on its
+    own name only, and photos added to the folder later never move a training image into
+    validation (a run's held-out score stays held out). A class of two or more files keeps
+    one file on each side: the lowest hash validates, the highest trains. That one is
+    returned as kept: a photo added later with a hash at or above ``fraction`` would train
+    in its place and move it into validation, so a run records it and passes it back in
+    ``keep`` (files that never validate)."""
     if len(relpaths) < 2:
-        return []
+        return [], []
     hashed = sorted((_name_hash(rel), rel) for rel in relpaths)
     ranked = [rel for _, rel in hashed]
-    chosen = [rel for h, rel in hashed if h < fraction]
+    chosen = [rel for h, rel in hashed if h < fraction and rel not in keep]
     if fraction > 0 and not chosen:
-        chosen = ranked[:1]
+        chosen = [rel for rel in ranked if rel not in keep][:1]
+    kept = [rel for rel in ranked if rel in keep]
     if len(chosen) == len(ranked):
-        chosen = chosen[:-1]
-    return chosen
+        chosen, kept = chosen[:-1], chosen[-1:]
+    return chosen, kept
 
 
 def _name_hash(relpath: str) -> float:

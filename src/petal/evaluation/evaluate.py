@@ -194,7 +194,14 @@ def evaluate(
         if classes is None and own_data:
             classes = run.config.get("classes")
         # New photos may be of one of the model's classes.
-        source = open_source(str(data), classes=classes, min_classes=1)
+        # The files its split kept in training stay there (photos added since would move
+        # them into validation).
+        from petal.training.loop import kept_in_train
+
+        source = open_source(
+            str(data), classes=classes, min_classes=1,
+            train_names=kept_in_train(run.config, str(data)),
+        )  # fmt: skip
         if source.kind == "records" and not is_remote(source.path):
             # A conversion into these records is refused while this evaluation reads them.
             reading.callback(mark_reading(Path(source.path), "evaluating it"))

@@ -731,7 +731,9 @@ def records_split(manifest: dict | None) -> dict | None:
 
 # What says how the data of a training session split its photos (``trained_on``).
 # (Each entry of codelab shards also lists its train_shards: trained_shards.)
-_SPLIT_KEYS = ("data_kind", "folder_split", "records_source", "records_split")
+_SPLIT_KEYS = (
+    "data_kind", "folder_split", "folder_kept_in_train", "records_source", "records_split"
+)
 
 
 def trained_on(saved_resolved: dict, data: str | None) -> list[dict]:
@@ -742,6 +744,19 @@ def trained_on(saved_resolved: dict, data: str | None) -> list[dict]:
     if isinstance(history, list) and all(isinstance(h, dict) for h in history):
         return history
     return [{"data": data, **{k: saved_resolved.get(k) for k in _SPLIT_KEYS}}] if data else []
+
+
+def kept_in_train(config: dict, data: str) -> list[str]:
+    """The files of the image folder ``data`` that a run's split kept in training against
+    the rule by name (see :func:`petal.data.reader.open_source`'s ``train_names``), from
+    its ``config.json`` (``config``): reading the folder again keeps them there."""
+    entries = trained_on(config.get("resolved") or {}, config.get("data"))
+    return sorted({
+        name
+        for entry in entries
+        if same_place(entry.get("data") or "", data)
+        for name in entry.get("folder_kept_in_train") or []
+    })
 
 
 def _check_resumed_split(workdir: Path, source, saved_resolved: dict) -> list[dict]:
@@ -1882,7 +1897,10 @@ def _train(
     policy = resolve_precision(cfg.precision, sinfo, cfg.model)
     previous_policy = keras.mixed_precision.global_policy().name
 
-    source = open_source(cfg.data, classes=cfg.classes)
+    saved_config = workdir / "config.json"
+    kept = kept_in_train(read_config_file(saved_config), cfg.data) if resume and (
+        saved_config.is_file()) else []  # fmt: skip
+    source = open_source(cfg.data, classes=cfg.classes, train_names=kept)
     if source.kind == "records" and not is_remote(source.path):
         # A conversion into these records is refused from here (the model's build took
         # long enough for one to replace the shards) to the end of this run.
@@ -1951,6 +1969,9 @@ def _train(
         "data_kind": source.kind,
         # How an image folder was split (evaluate checks that it splits the same way).
         "folder_split": FOLDER_SPLIT if source.kind == "folder" else None,
+        # Its files that train against the rule by name: photos added since would move them
+        # into validation (evaluate and a resume keep them in training).
+        "folder_kept_in_train": list(source.kept_in_train) if source.kind == "folder" else None,
         # The image folder the records were converted from (evaluate refuses to score it
         # as held-out data: it holds the training images), and how they were split (a
         # resume on records split otherwise is refused).
