@@ -606,6 +606,7 @@ def _refused(script: str, *args: str) -> str:
     return done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # 10-12 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_bench_input_measures_records_at_their_own_size(small_records, tmp_path):
     """With --records and no --raw-records it converted --folder to raw records at 192 px
     whatever size the records held, then refused those as not the records' images; with

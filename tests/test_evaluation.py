@@ -214,6 +214,7 @@ def test_evaluate_on_image_folders_never_scores_training_images_unasked(
     assert report["count"] == 10 and report["split"] == "all"
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_evaluate_warns_when_records_of_the_same_images_are_split_differently(
     trained, small_records, small_flowers, tmp_path
 ):
@@ -452,6 +453,7 @@ def test_evaluate_names_records_converted_from_a_copy_of_the_training_photos(
         assert not [w for w in warned if "most likely copies" in w], folder
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_evaluate_names_a_copy_of_the_image_folder_a_run_trained_on(small_flowers, tmp_path):
     from conftest import tiny_config
     from petal.evaluation.evaluate import evaluate
@@ -754,6 +756,7 @@ def test_evaluate_on_a_folder_sees_the_pixels_predict_sees(trained, originals_di
     np.testing.assert_array_equal(images[:8], expected)
 
 
+@pytest.mark.slow  # 13-14 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_new_photos_are_resized_as_records_at_the_photos_sizes_were(
     trained, originals_dir, tmp_path, monkeypatch
 ):

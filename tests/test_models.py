@@ -299,6 +299,7 @@ def test_a_weights_file_named_for_the_other_layout_loads(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.slow  # 11-13 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_fine_tune_from_saved_backbone_and_model_weights(tmp_path):
     source = create_model("mobilenet_v2", 5, 32)
     backbone_file = tmp_path / "backbone.weights.h5"
@@ -670,6 +671,7 @@ def test_a_cached_imagenet_file_keras_finds_stale_offline_is_named(monkeypatch, 
         create_model("mobilenet_v2", 5, 96, weights="imagenet")
 
 
+@pytest.mark.slow  # 12-19 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_models_are_built_channels_last_whatever_keras_image_data_format():
     # keras.json's (or the caller's) channels_first made convolutions run over the width of
     # (height, width, 3) images: a silently wrong squeezenet, a crash for convnet.

@@ -270,6 +270,7 @@ def test_report_names_a_cut_short_empty_or_missing_history(trained, tmp_path, ca
 # --- export ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 16-18 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path, monkeypatch):
     from petal.evaluation import export as export_module
 
@@ -428,6 +429,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow  # 8-9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_the_savedmodel_refuses_animated_webp_and_empty_input(exported, tmp_path):
     """TensorFlow 2.21's WebP decoder corrupts the heap on an animated WebP: the serving
     process died (exit 134 or 139) where predict takes the first frame. The SavedModel now
@@ -1957,6 +1959,7 @@ def test_the_exported_decoder_refuses_images_over_predicts_pixel_limit():
         decode_like_predict(data, max_pixels=23)
 
 
+@pytest.mark.slow  # 9-10 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
     """The SavedModel converted the decoded photo to float32 before resizing it (4 bytes a
     channel: a 12-megapixel photo took 144 MB more); now only the resize's output is float,
@@ -2266,6 +2269,7 @@ def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, mo
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.slow  # 9-10 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_predictions_cut_short_by_a_closed_pipe_exit_141(trained, small_flowers, tmp_path):
     """`petal predict ... --json | head -1` exited 0: CPython took the kernel's partial write
     of the whole JSON (larger than the pipe's buffer) for the end, and no error came."""

@@ -268,6 +268,7 @@ def test_evaluate_stops_at_a_failed_request_even_when_skipping_corrupt(trained, 
                          warn=lambda line: None)
 
 
+@pytest.mark.slow  # 7-37 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_eval_dataset_skipping_corrupt_data_stops_at_a_failed_request(small_records):
     """Through the Python API, skip_corrupt took a request that failed for a corrupt shard:
     the evaluation counted the others' images, without a word (petal evaluate checks)."""
@@ -463,6 +464,7 @@ def test_shard_downloads_follow_redirects_and_stop_a_loop(tmp_path):
         server.server_close()
 
 
+@pytest.mark.slow  # 16 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_undecodable_http_records_and_files_say_what_was_not_searched(
     trained, small_records, small_flowers, tmp_path
 ):
@@ -825,6 +827,7 @@ print("exiting", flush=True)
 """
 
 
+@pytest.mark.slow  # 10 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_a_process_exits_with_an_http_iterator_alive_and_the_store_gone(make_records):
     # The staged copies are removed at exit; the reader retried opening one forever and the
     # interpreter waited for it at exit.
@@ -1225,6 +1228,7 @@ def test_a_generator_the_collector_ends_during_the_exit_wait_does_not_deadlock(m
     assert Collecting.left[0] == 0  # each generator, collected there, said it had ended
 
 
+@pytest.mark.slow  # 12-16 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_skip_corrupt_training_over_a_store_that_reads_nothing_stops_rather_than_hangs(tmp_path):
     # The remote stream runs on across passes, so a pass that skip_corrupt left empty never
     # ended: training downloaded the shards again and again, for ever, and SIGTERM did not

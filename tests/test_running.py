@@ -89,6 +89,7 @@ def _script(body: str, grace: float, prelude: str = "", held_grace: float = 30.0
     )
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_ctrl_c_again_quits_a_main_thread_stuck_in_tensorflow():
     """Ctrl-C did nothing while the main thread waited in TensorFlow for input that never
     came; the process had to be killed with SIGKILL."""

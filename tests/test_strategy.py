@@ -235,6 +235,7 @@ def _run_script(tmp_path, text: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 9-10 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_two_replica_mirrored_trains_like_one_replica(tmp_path):
     result = _run_script(tmp_path, _MIRRORED_SCRIPT)
     assert result["replicas"] == 2
@@ -342,6 +343,7 @@ def _one_worker_tf_config() -> str:
     return json.dumps(cluster)
 
 
+@pytest.mark.slow  # 10-12 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_multi_worker_trains(small_records, tmp_path):
     """get_strategy listed the logical GPUs first, which starts TensorFlow's runtime, and
     MultiWorkerMirroredStrategy can only configure its collective ops before that: every
@@ -433,6 +435,7 @@ _JAX_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 9-11 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_training_and_loading_a_run_refuse_another_keras_backend(tmp_path):
     # On JAX, train() trained without a word (slower, no fused BN) and evaluate, predict and
     # export crashed with JAX tracebacks on TensorFlow tensors.

@@ -348,6 +348,7 @@ def test_a_workdir_inside_the_training_data_is_refused_before_writing(
     assert not (records / "config.json").exists()
 
 
+@pytest.mark.slow  # 11 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_train_on_smaller_crops_than_the_evaluation_size(small_records, tmp_path):
     """train_image_size: 24px random resized crops for training, 32px images for validation."""
     import keras
@@ -469,6 +470,7 @@ def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
     ) in lines
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_records_whose_image_does_not_decode_are_named_and_counted(
     small_records, tmp_path, monkeypatch
 ):
@@ -991,6 +993,7 @@ def test_another_listing_of_a_runs_codelab_shards_is_refused_to_resume_and_warne
     assert relabelled and f"{other} holds classes the model in {run} does not know: lilies" in err
 
 
+@pytest.mark.slow  # 9-10 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_resume_checks_the_split_of_every_data_the_run_trained_on(
     small_flowers, small_records, make_records, tmp_path
 ):

@@ -92,6 +92,7 @@ def test_a_run_stopped_in_its_last_checkpoint_resumes_to_the_compiled_model_of_a
         assert get_backbone(model).trainable
 
 
+@pytest.mark.slow  # 8-59 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
     small_records, tmp_path, monkeypatch
 ):
@@ -254,6 +255,7 @@ def test_weights_to_a_path_keras_counts_as_remote_are_saved_by_keras(tmp_path, m
     assert all((a == b).all() for a, b in pairs)
 
 
+@pytest.mark.slow  # 10-12 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
     small_records, tmp_path, monkeypatch
 ):

@@ -16,6 +16,7 @@ from petal.training.loop import train
 QUIET = {"log": lambda line: None}
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_a_resumed_deterministic_run_trains_on_what_an_uninterrupted_one_does(
     small_records, tmp_path
 ):
@@ -74,6 +75,7 @@ def test_resume_on_data_with_other_classes_is_refused(small_records, make_record
     assert (run / "config.json").read_text() == saved
 
 
+@pytest.mark.slow  # 9-11 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_resume_on_the_runs_photos_split_another_way_is_refused(
     small_flowers, small_records, tmp_path
 ):
@@ -425,6 +427,7 @@ def test_resume_on_its_own_records_converted_again_in_place_with_another_split_i
           **QUIET)
 
 
+@pytest.mark.slow  # 8-12 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_resume_refuses_momentum_moved_across_zero_and_keeps_another_non_zero_one(
     small_records, tmp_path
 ):
@@ -596,6 +599,7 @@ def test_a_finished_run_given_a_checkpoint_change_is_not_sent_to_more_epochs(
         train(cfg.replace(batch_size=5), workdir, resume=True, **QUIET)
 
 
+@pytest.mark.slow  # 13 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_a_resume_stopped_before_it_saved_an_epoch_leaves_config_json_as_it_was(
     small_records, tmp_path, monkeypatch
 ):

@@ -360,6 +360,7 @@ def test_same_seed_same_bytes_whatever_the_workers(small_records, small_flowers,
     assert _shard_bytes(tmp_path / "w2") == _shard_bytes(small_records)
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_workers_do_not_run_the_callers_script_again(small_flowers, tmp_path):
     # multiprocessing would re-run a script's top level in every worker ('forkserver' and
     # 'spawn' import __main__): its imports cost each worker seconds, and in a script
@@ -769,7 +770,9 @@ def test_the_same_photo_under_two_classes_is_listed_and_warned_about(tmp_path):
     from petal.data.inspect import inspect_records
 
     report = inspect_records(str(tmp_path / "out"), verify=True, progress=False)
-    assert report.ok and "byte-identical duplicates 2 (1 photo(s) with copies under more than one class)" in str(report)
+    assert report.ok and (
+        "byte-identical duplicates 2 (1 photo(s) with copies under more than one class)"
+    ) in str(report)
 
 
 def test_a_class_of_copies_of_another_class_s_images_is_told_the_real_fix(tmp_path):
@@ -848,8 +851,8 @@ def test_hidden_folders_and_files_are_listed_and_warned_about(tmp_path):
     convert(src, tmp_path / "out", image_size=8, workers=1, progress=False, overwrite=True)
     report = str(inspect_records(str(tmp_path / "out"), progress=False))
     assert (
-        "byte-identical duplicates 1 (1 photo(s) with copies under more than one class), hidden entries not read 2"
-        in report
+        "byte-identical duplicates 1 (1 photo(s) with copies under more than one class), "
+        "hidden entries not read 2" in report
     )
 
 
@@ -1285,6 +1288,7 @@ def _start_waiting_conversion(source: Path, out: Path, go: Path) -> subprocess.P
     return first
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_a_second_conversion_into_a_folder_in_use_is_refused(small_flowers, tmp_path):
     """Both wrote the same temporary files and one's clean-up deleted the other's: the first
     exited 0 with a manifest over shards that held the second's records."""
@@ -1789,6 +1793,7 @@ def test_convert_draws_progress_bars_only_on_a_terminal_by_default(
         assert ("convert: 100%" in stderr.getvalue()) is drawn, stderr.getvalue()
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_convert_works_under_a_deep_tmpdir(small_flowers, tmp_path):
     """The forkserver's socket is made under TMPDIR: under a deep one its path was longer than
     AF_UNIX takes, and convert failed with "AF_UNIX path too long"."""

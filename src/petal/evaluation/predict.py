@@ -43,7 +43,8 @@ def _decode(
     except FileNotFoundError:
         if os.path.islink(path):  # spelled right: its target is what is missing
             target = printable(utf8_name(os.path.realpath(path)))
-            raise _Unreadable(f"a link whose target is missing ({target}): mount or fix it") from None
+            reason = f"a link whose target is missing ({target}): mount or fix it"
+            raise _Unreadable(reason) from None
         raise _Unreadable("not found") from None
     except OSError as err:  # a folder, no permission, an I/O error
         raise _Unreadable(err.strerror or str(err)) from None
@@ -89,8 +90,8 @@ def expand_images(paths: Sequence[str | Path], warn=None) -> list[Path]:
     hidden folders and image files (``.ipynb_checkpoints/``, macOS's ``._photo.jpg``), which
     are not read, and its links back to a folder on their own path, which are not followed,
     are counted in a warning for each kind, which names the first five (other hidden files,
-    such as ``.DS_Store``, are not); in the error instead when it holds no image. Files named directly are kept whatever their
-    extension, in the order given.
+    such as ``.DS_Store``, are not); in the error instead when it holds no image. Files
+    named directly are kept whatever their extension, in the order given.
 
     Args:
         paths: files and folders.
