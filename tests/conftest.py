@@ -430,13 +430,15 @@ def pytest_configure(config):
 
 def _share_the_cores(workers: int) -> None:
     """Each test process's TensorFlow sized its thread pools for every core, so on 2 cores
-    two test processes ran 4 busy threads or more that fought over the cores (see
-    benchmarks/README.md, "Suite times"). Each test process now gets its share of the cores,
-    and the programs a test starts inherit it. Set TF_NUM_INTRAOP_THREADS or
+    two test processes ran 4 busy threads or more that fought over the cores (session 39's
+    suite times in benchmarks/README.md). Each test process now gets its share of the
+    cores, and the programs a test starts inherit it. Set TF_NUM_INTRAOP_THREADS or
     TF_NUM_INTEROP_THREADS to choose otherwise; tf.data keeps its own pool."""
-    share = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", share)
-    os.environ.setdefault("TF_NUM_INTEROP_THREADS", share)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = max(1, (cores or 1) // max(1, workers))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(share))
+    # One inter-op thread can deadlock ops that wait on another (tensorflow#38969).
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(2, share)))
 
 
 def _requeue_only_what_is_left() -> None:

@@ -269,13 +269,15 @@ def test_evaluate_a_run_trained_on_an_image_folder_scores_what_it_held_out(
 def test_photos_added_to_a_class_never_move_the_file_its_split_kept_in_training(
     small_flowers, tmp_path
 ):
-    """A class whose every name hashes below the fraction keeps its highest in training; a
-    photo added later with a higher hash trained in its place, and evaluate scored the
+    """A class whose every name hashes below the fraction keeps its highest in training, a
+    class of one file its file; a photo added later took its place, and evaluate scored the
     photo the run trained on as held out, without a word."""
     import json
+    import shutil
 
     from petal.data.reader import _name_hash, open_source
-    from petal.evaluation.evaluate import evaluate
+    from petal.evaluation.evaluate import _trained_names, evaluate
+    from petal.evaluation.workdir import open_run
     from petal.training.loop import train
 
     def names(cls, below, n):  # n names of cls whose hash is below 0.19 (or not)
@@ -284,30 +286,50 @@ def test_photos_added_to_a_class_never_move_the_file_its_split_kept_in_training(
 
     folder = tmp_path / "photos"
     photos = iter(sorted(small_flowers.glob("*/*.jpg")))
-    for cls, picked in (("apple", names("apple", True, 2)),
+
+    def add(cls, name):
+        (folder / cls).mkdir(parents=True, exist_ok=True)
+        (folder / cls / name).symlink_to(next(photos).resolve())
+
+    for cls, picked in (("apple", names("apple", True, 2)), ("cherry", names("cherry", True, 1)),
                         ("banana", names("banana", True, 2) + names("banana", False, 8))):
-        (folder / cls).mkdir(parents=True)
         for name in picked:
-            (folder / cls / name).symlink_to(next(photos).resolve())
+            add(cls, name)
     kept = open_source(str(folder)).kept_in_train
-    assert len(kept) == 1 and kept[0].startswith("apple/")
+    apple = [k for k in kept if k.startswith("apple/")]
+    assert len(kept) == 2 and len(apple) == 1 and f"cherry/{names('cherry', True, 1)[0]}" in kept
+
+    def validated(run):
+        return {os.path.relpath(f, folder) for f in open_source(
+            str(folder), train_names=kept_in_train_of(run)).files("validation")}  # fmt: skip
+
+    def kept_in_train_of(run):
+        from petal.training.loop import kept_in_train
+
+        return kept_in_train(json.loads((run / "config.json").read_text()), str(folder))
+
     quiet = lambda line: None  # noqa: E731
     run = tmp_path / "run"
     train(tiny_config(folder, epochs=1, steps_per_epoch=1, batch_size=4, model="dense"), run,
           log=quiet)  # fmt: skip
-    resolved = json.loads((run / "config.json").read_text())["resolved"]
-    assert resolved["trained_on"][0]["folder_kept_in_train"] == list(kept)
-    held_out = evaluate(run, folder, log=quiet)["count"]
-    assert held_out == 3  # one apple and two banana photos
-    (folder / "apple" / names("apple", False, 1)[0]).symlink_to(next(photos).resolve())
-    assert open_source(str(folder)).kept_in_train == ()  # by name alone, it would validate
-    assert evaluate(run, folder, log=quiet)["count"] == held_out
-    # A resume keeps it in training, and keeps it recorded.
+    assert kept_in_train_of(run) == list(kept)
+    held_out = validated(run)
+    assert len(held_out) == evaluate(run, folder, log=quiet)["count"] == 3  # 1 apple, 2 banana
+    add("apple", names("apple", False, 1)[0])
+    add("cherry", names("cherry", False, 1)[0])
+    # By name alone, each would validate now.
+    assert not set(kept) & set(open_source(str(folder)).kept_in_train)
+    assert validated(run) == held_out | {f"cherry/{names('cherry', False, 1)[0]}"}
+    assert evaluate(run, folder, log=quiet)["count"] == 4
+    assert set(kept) <= _trained_names(open_run(run), str(folder))  # the copies' check
+    # A resume keeps them in training and recorded, also when one is away while it runs.
+    away = tmp_path / "away"
+    shutil.move(folder / apple[0], away)
     train(tiny_config(folder, epochs=2, steps_per_epoch=1, batch_size=4, model="dense"), run,
           resume=True, log=quiet)  # fmt: skip
-    resolved = json.loads((run / "config.json").read_text())["resolved"]
-    assert resolved["val_count"] == held_out
-    assert resolved["trained_on"][0]["folder_kept_in_train"] == list(kept)
+    shutil.move(away, folder / apple[0])
+    assert kept_in_train_of(run) == list(kept)
+    assert validated(run) == held_out | {f"cherry/{names('cherry', False, 1)[0]}"}
 
 
 def test_evaluate_warns_when_records_are_upscaled_to_the_model(trained, make_records, tmp_path):

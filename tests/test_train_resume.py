@@ -198,7 +198,7 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
         "mixed_bfloat16")
     # metrics.json names the last session's precision only: the change was not said.
     assert "petal train: precision float32 -> mixed_bfloat16 from epoch 2 (--precision " \
-        "mixed_bfloat16; epoch 1 trained in float32)" in lines, lines
+        "mixed_bfloat16; the last session, to epoch 1, trained in float32)" in lines, lines
     # Another steps per epoch (batch size, training set): the schedule goes on from this
     # epoch at the new count; the optimizer's own count (2 steps) once placed it wrong.
     (run / "last.keras").write_bytes(good)

@@ -904,7 +904,7 @@ def _open_folder(
         val.update(chosen)
         kept += forced
     if not folders.is_remote(root):
-        _keep_copies_together(pairs, val)
+        _keep_copies_together(pairs, val, set(kept))
     source = Source(
         path=root,
         kind="folder",
@@ -934,12 +934,12 @@ def _validation_files(
     files whose name hashes below ``fraction`` validate, so a file's side depends on its
     own name only, and photos added to the folder later never move a training image into
     validation (a run's held-out score stays held out). A class of two or more files keeps
-    one file on each side: the lowest hash validates, the highest trains. That one is
-    returned as kept: a photo added later with a hash at or above ``fraction`` would train
-    in its place and move it into validation, so a run records it and passes it back in
-    ``keep`` (files that never validate)."""
-    if len(relpaths) < 2:
-        return [], []
+    one file on each side (unless ``keep`` holds them all): the lowest hash validates, the
+    highest trains. That one is returned as kept, as is a class's only file: a photo added
+    later would move it into validation, so a run records the kept files and passes them
+    back in ``keep`` (files that never validate; returned as kept too)."""
+    if len(relpaths) < 2:  # one file trains: kept, as one added later would validate it
+        return [], list(relpaths)
     hashed = sorted((_name_hash(rel), rel) for rel in relpaths)
     ranked = [rel for _, rel in hashed]
     chosen = [rel for h, rel in hashed if h < fraction and rel not in keep]
@@ -982,9 +982,12 @@ MAX_COPY_SCAN = 50_000
 _TAIL_BYTES = 4096
 
 
-def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> None:
+def _keep_copies_together(
+    pairs: list[tuple[str, str, int]], val: set[str], kept: set[str] = frozenset()
+) -> None:
     """Moves byte-identical files in ``val`` (relative paths) to one side, the side of the
-    copy whose path sorts first: a photo filed twice is never both trained on and validated.
+    copy whose path sorts first, or training where one is in ``kept`` (files kept there): a
+    photo filed twice is never both trained on and validated.
 
     Folders of more than :data:`MAX_COPY_SCAN` files are not checked (petal convert keeps
     copies together at any size). Files that cannot be read are left where they are; the
@@ -1011,7 +1014,9 @@ def _keep_copies_together(pairs: list[tuple[str, str, int]], val: set[str]) -> N
     for same_size in grouped([(p, rel) for p, rel, _ in pairs], os.path.getsize):
         for same_tail in grouped(same_size, lambda p: read(p, tail=True)):
             for copies in grouped(same_tail, lambda p: hashlib.sha256(read(p)).digest()):
-                validated = min(rel for _, rel in copies) in val
+                validated = min(rel for _, rel in copies) in val and not any(
+                    rel in kept for _, rel in copies
+                )
                 for _, rel in copies:
                     (val.add if validated else val.discard)(rel)
 

@@ -753,10 +753,14 @@ def _norm(path: str) -> str:
 def _check_paths(source: str, output: str) -> None:
     src, dst = _norm(source), _norm(output)
     if dst.startswith(src):
-        where = "is the source folder" if dst == src else "is inside the source folder"
+        why = (
+            "is the source folder: the shards would be written among its class folders"
+            if dst == src
+            else "is inside the source folder, so it would be read as a class"
+        )
         raise PetalError(
-            f"The output folder {where}, so it would be read as a class. "
-            f"Choose an output outside it. Received: source={source}, output={output}"
+            f"The output folder {why}. Choose an output outside it. Received: "
+            f"source={source}, output={output}"
         )
     if folders.exists(output) and not folders.isdir(output):
         raise PetalError(

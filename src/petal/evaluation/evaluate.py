@@ -754,9 +754,12 @@ def _trained_names(run, origin: str) -> set[str] | None:
     ):
         return None
     try:
+        from petal.training.loop import kept_in_train
+
         trained_on = open_source(
             origin if kind == "folder" else run.config["data"],
             classes=run.config.get("classes") if kind == "folder" else None,
+            train_names=kept_in_train(run.config, origin) if kind == "folder" else (),
         )
     except (PetalError, KeyError, OSError):
         return None

@@ -755,7 +755,9 @@ def kept_in_train(config: dict, data: str) -> list[str]:
         name
         for entry in entries
         if same_place(entry.get("data") or "", data)
-        for name in entry.get("folder_kept_in_train") or []
+        and isinstance(entry.get("folder_kept_in_train"), list)
+        for name in entry["folder_kept_in_train"]
+        if isinstance(name, str)
     })
 
 
@@ -1971,7 +1973,10 @@ def _train(
         "folder_split": FOLDER_SPLIT if source.kind == "folder" else None,
         # Its files that train against the rule by name: photos added since would move them
         # into validation (evaluate and a resume keep them in training).
-        "folder_kept_in_train": list(source.kept_in_train) if source.kind == "folder" else None,
+        # (with those an earlier session kept: one out of the folder then stays recorded)
+        "folder_kept_in_train": sorted({*kept, *source.kept_in_train})
+        if source.kind == "folder"
+        else None,
         # The image folder the records were converted from (evaluate refuses to score it
         # as held-out data: it holds the training images), and how they were split (a
         # resume on records split otherwise is refused).
@@ -2061,10 +2066,10 @@ def _train(
     if (was := saved_resolved.get("precision")) and was != policy:
         # Allowed (float32 and bfloat16 keep the same variables), but metrics.json names the
         # last session's only: --precision auto resolves again on another host.
-        before = f"epochs 1-{start_epoch}" if start_epoch > 1 else "epoch 1"
         log(
             f"petal train: precision {was} -> {policy} from epoch {start_epoch + 1} "
-            f"(--precision {cfg.precision}; {before} trained in {was})"
+            f"(--precision {cfg.precision}; the last session, to epoch {start_epoch}, trained "
+            f"in {was})"
         )
     if isinstance(cfg.cache, str) and cfg.cache.lower() == "auto":
         # What auto chose, and why: RAM, or local disk when the decoded images do not fit.
