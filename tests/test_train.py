@@ -939,7 +939,7 @@ def test_another_listing_of_a_runs_codelab_shards_is_refused_to_resume_and_warne
     saved = json.loads((run / "config.json").read_text())["resolved"]
     assert saved["trained_on"] == [{
         "data": f"{folder}/*.tfrec", "data_kind": "codelab", "folder_split": None,
-        "records_source": None, "records_split": None,
+        "folder_kept_in_train": None, "records_source": None, "records_split": None,
         "train_shards": [str(folder / f"flowers{k:02d}-6.tfrec") for k in range(2, 13)],
     }]  # fmt: skip
     some = f"{folder}/flowers*[1-9]-*.tfrec"  # 11 files, 01 and 02 validate: 02 trained
