@@ -113,7 +113,6 @@ def _assert_trained_like_tensorflow(out: dict, models, backend: str = "jax") -> 
         keras.utils.clear_session()
 
 
-@pytest.mark.slow  # 22-24 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_petals_models_train_a_step_on_jax_without_tensorflow(jax_run):
     out, _ = jax_run
     _assert_trained_like_tensorflow(out, SMALL)

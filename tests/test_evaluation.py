@@ -938,6 +938,7 @@ def test_predict_names_an_unreadable_image(trained, tmp_path):
                               "fix it")  # fmt: skip
 
 
+@pytest.mark.slow  # 8-14 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_the_exported_decoder_gives_predicts_pixels():
     """JPEG: accurate DCT and every EXIF orientation, inside a traced function as in the
     SavedModel; PNG: transparency on white; bytes that are no JPEG: orientation 1."""

@@ -301,6 +301,7 @@ def test_bad_model_fails_before_writing(small_records, tmp_path):
         train(tiny_config(small_records, data=None), tmp_path / "run", **QUIET)
 
 
+@pytest.mark.slow  # 8-13 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_steps_per_execution_divides_the_epoch(small_records, tmp_path):
     """3 executions' worth of steps per call on 4 steps an epoch ran 6 steps an epoch, and
     the schedule ran out early; the largest divisor at most 3 is used instead, and said."""
@@ -541,6 +542,7 @@ def test_folder_with_undecodable_files_names_them_when_skipping(small_flowers, t
     assert any("1 of 31 files cannot be decoded" in line for line in lines)
 
 
+@pytest.mark.slow  # 8-17 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_skipped_files_change_the_number_of_validation_batches(small_flowers, tmp_path):
     """Undecodable files on both sides of the split: the validation length Keras is told
     leaves them out (it counted them, and the run failed with FailedPreconditionError when

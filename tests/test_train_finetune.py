@@ -90,6 +90,7 @@ def _part(model, layer: str, index: int = 0) -> np.ndarray:
     return np.asarray(owner.get_layer(layer).weights[index])
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_head_warmup_then_fine_tune_from_a_saved_weights_file(
     small_records, tmp_path, tiny_backbone_model
 ):

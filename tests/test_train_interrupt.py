@@ -202,6 +202,7 @@ def test_ctrl_c_in_a_checkpoint_prints_its_epoch_line_before_stopping(
     assert lines[-1].startswith("epoch 1/2  loss "), lines[-1]
 
 
+@pytest.mark.slow  # 7-8 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_a_full_disk_in_the_best_weights_leaves_no_open_file_to_crash_the_exit(tmp_path):
     """HDF5, writing best.weights.h5 itself, kept the file open after ENOSPC: h5py's errors
     and a segmentation fault followed the one-line error at exit. (A 4 KiB file size limit
