@@ -477,6 +477,7 @@ def test_bench_costs_are_medians_of_within_round_ratios():
     assert "jpeg+aug/jpeg 1.19" in bench.format_table(result)
 
 
+@pytest.mark.slow  # 8-31 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_bench_input_names_a_shard_that_holds_other_than_its_count(make_records, capsys):
     """A codelab shard renamed to more records, an empty one or one renamed to fewer: the
     pipeline's count check came out as `assertion failed: [petal: corrupt or truncated
@@ -679,6 +680,7 @@ def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 18
     return err
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_bench_input_script_removes_its_conversions_on_sigterm(small_flowers, tmp_path):
     """SIGTERM left /tmp/petal-bench-input-* behind (13 MB per 100 images)."""
     import os

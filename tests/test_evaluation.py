@@ -1080,6 +1080,7 @@ def test_the_exported_resize_fits_like_the_converter(mode):
         assert np.abs(got.astype(int) - want).max() <= 1, (h, w)
 
 
+@pytest.mark.slow  # 11-13 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_export_serves_encoded_bytes_like_predict(trained, originals_dir, tmp_path):
     import warnings
 
@@ -1888,6 +1889,7 @@ def test_evaluating_all_of_the_folder_the_records_came_from_is_warned_about(
     assert saved["warnings"] == report["warnings"]
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_a_run_on_shards_that_name_no_classes_warns_in_train_and_evaluate(
     make_records, tmp_path, capsys
 ):

@@ -317,6 +317,7 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
     assert marker["run"] == str(trained.absolute())
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_export_refuses_files_no_export_wrote_unless_overwrite(trained, tmp_path, capsys):
     """A folder of the user's own saved_model/ (with notes in it), labels.txt and
     model.tflite: replaced and deleted as "an earlier export" without a word."""

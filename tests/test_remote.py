@@ -368,6 +368,7 @@ def test_credentials_in_a_url_are_refused_without_being_shown(make_records, caps
         assert f"http://***@127.0.0.1:{server.port}/records" in err and "hunter2" not in err
 
 
+@pytest.mark.slow  # 9-19 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_evaluate_on_the_training_photos_over_http_warns(trained, small_flowers):
     """Served over http, the folder the run's records came from was scored without a word
     (locally it gets the names-and-sizes warning)."""

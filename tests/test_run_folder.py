@@ -47,6 +47,7 @@ def test_a_run_marks_the_local_records_it_reads_while_it_trains(small_records, t
     assert not [p for p in records.iterdir() if p.name.startswith(".")]  # gone at the end
 
 
+@pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_run_folder_works_from_anywhere_and_a_finished_run_is_left_alone(
     small_records, tmp_path, monkeypatch
 ):

@@ -548,6 +548,7 @@ def _epoch_scalars(run, tag: str) -> tuple[list, list]:
     return written, shown
 
 
+@pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_tensorboard_keeps_no_scalars_of_an_epoch_not_saved(small_records, tmp_path, monkeypatch):
     """A NaN-stopped epoch's scalars stayed in the event files (lr 1e30, twice after two
     such resumes), and its resume wrote the epoch again: TensorBoard showed both. An epoch
