@@ -513,6 +513,15 @@ def _dangling(path: str) -> bool:
     return os.path.islink(path) and not os.path.exists(path)
 
 
+def missing_target_reason(path: str) -> str | None:
+    """Why a local ``path`` that was not found cannot be read when it is a link (an
+    unmounted disk, a moved folder): its name is right, its target is missing, named here
+    (the end of a chain of links). None when it is no link."""
+    if is_remote(path) or not os.path.islink(path):
+        return None
+    return f"a link whose target is missing ({os.path.realpath(path)}): mount or fix it"
+
+
 def _list_local(path: str) -> list[tuple[str, bool]]:
     """(name, is_dir) for each entry, sorted by name; symlinks to folders count as folders.
     A link that cannot be followed (a loop: ``a.jpg -> a.jpg``) counts as a file, which

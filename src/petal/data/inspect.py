@@ -486,8 +486,7 @@ def _balance(classes: list[str], totals: dict[str, int]) -> str:
     if not empty:
         line = "balance: "
     else:
-        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
-        line = f"balance: no images of {shown}"
+        line = f"balance: no images of {folders.some_names(empty)}"
         if len(held) < 2:
             return line
         line += "; "

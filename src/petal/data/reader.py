@@ -82,8 +82,9 @@ class Source:
         classes_named: False for codelab shards whose records name no classes (called
             ``class_0``, ... or as ``classes=`` names them).
         kept_in_train: an image folder's files (relative paths) that train against the
-            split's rule by name, in a class whose every file would validate by it, or as
-            ``train_names`` asked: a run records them (see :func:`open_source`).
+            split's rule by name (a class's only file, or one in a class whose every file
+            would validate by it), or as ``train_names`` asked: a run records them (see
+            :func:`open_source`).
     """
 
     path: str
@@ -899,8 +900,9 @@ def _open_folder(
         by_class.setdefault(item[2], []).append(item)
     val: set[str] = set()
     kept: list[str] = []
+    keep = set(train_names)
     for items in by_class.values():
-        chosen, forced = _validation_files([it[1] for it in items], fraction, set(train_names))
+        chosen, forced = _validation_files([it[1] for it in items], fraction, keep)
         val.update(chosen)
         kept += forced
     if not folders.is_remote(root):

@@ -212,9 +212,8 @@ def _size(path: str) -> int | str:
 def _unreadable(path: str, err: OSError) -> str:
     """Why a file cannot be read: a link to a missing target (an unmounted disk) says so, as
     the links that are no photos are listed (``broken_links``)."""
-    if isinstance(err, FileNotFoundError) and not folders.is_remote(path) and os.path.islink(path):
-        target = os.path.realpath(path)  # the missing end of a chain of links
-        return f"unreadable: a link whose target is missing ({target}): mount or fix it"
+    if isinstance(err, FileNotFoundError) and (why := folders.missing_target_reason(path)):
+        return f"unreadable: {why}"
     return f"unreadable: {err.strerror or err}"
 
 

@@ -17,7 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from petal.data import images as image_io
-from petal.data.folders import blurs_in_list, expand_home, is_utf8, read_bytes, utf8_name
+from petal.data.folders import (
+    blurs_in_list,
+    expand_home,
+    is_utf8,
+    missing_target_reason,
+    read_bytes,
+    some_names,
+    utf8_name,
+)
 from petal.errors import (
     PetalError,
     is_int_at_least,
@@ -41,10 +49,8 @@ def _decode(
         # Refuses a FIFO or a device before opening it (the read would block or never end).
         data = read_bytes(str(path))
     except FileNotFoundError:
-        if os.path.islink(path):  # spelled right: its target is what is missing
-            target = printable(utf8_name(os.path.realpath(path)))
-            reason = f"a link whose target is missing ({target}): mount or fix it"
-            raise _Unreadable(reason) from None
+        if why := missing_target_reason(str(path)):  # spelled right: "not found" misled
+            raise _Unreadable(printable(utf8_name(why))) from None
         raise _Unreadable("not found") from None
     except OSError as err:  # a folder, no permission, an I/O error
         raise _Unreadable(err.strerror or str(err)) from None
@@ -74,8 +80,7 @@ def _error(path: Path, reason: str) -> PetalError:
 
 
 def _listing(paths: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(printable(utf8_name(str(p))) for p in paths[:limit])
-    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+    return some_names([str(p) for p in paths], limit)
 
 
 def _warn(line: str) -> None:

@@ -322,18 +322,15 @@ class TrainConfig:
         return self
 
 
-_MAX_COUNT = MAX_COUNT  # epochs, batches, steps, buffers and sizes: TensorFlow's int32
-
-
 def _check_positive(cfg: TrainConfig, *names: str, allow_none: bool = False) -> None:
     for name in names:
         value = getattr(cfg, name)
         if value is None and allow_none:
             continue
-        if not is_int_at_least(value, 1) or value > _MAX_COUNT:
+        if not is_int_at_least(value, 1) or value > MAX_COUNT:
             # A count past int64 was a traceback from TensorFlow's tensor conversion.
             raise PetalError(
-                f"{name} must be a positive integer (at most {_MAX_COUNT}). "
+                f"{name} must be a positive integer (at most {MAX_COUNT}). "
                 f"Received: {name}={value!r}"
             )
 
