@@ -424,3 +424,26 @@ def test_ops_refuse_images_that_are_not_rgb(batch, channels):
         with pytest.raises(PetalError, match=r"takes RGB images: 3 channels, the last axis\. "
                            rf"Received: images of shape \(2, 8, 8, {channels}\); convert grey"):
             call()
+
+
+@pytest.mark.parametrize("make", [augment.mixup, augment.cutmix])
+def test_a_small_alpha_barely_mixes(make):
+    # Gamma(0.01) draws stop at float32's smallest normal number in 42% of draws: two such
+    # draws gave a weight of exactly 0.5, the most mixing, for 18% of images.
+    lam = make(0.01).draw(20000, tf.constant([1, 2]))["lam"].numpy()
+    assert np.mean(lam == 0.5) < 1e-3 and not np.isnan(lam).any()
+    assert abs(lam.var() - 0.2451) < 0.01  # Beta(a, a)'s variance: 1 / (4 (2a + 1))
+    assert np.mean(np.abs(lam - 0.5) < 0.05) < 0.01
+
+
+def test_an_ops_factory_passed_uncalled_is_refused_in_one_line():
+    # augment=saturation ran saturation(images, seed) inside tf.data: a traceback, or "saturation
+    # needs 0 <= lower <= upper" about a tensor the user never passed.
+    for factory in (augment.saturation, augment.codelab, augment.mixup):
+        with pytest.raises(PetalError) as caught:
+            augment.build(factory)
+        assert str(caught.value).startswith(
+            f"augment={factory.__name__} is the op's factory, not the op: call it "
+            f"(augment={factory.__name__}())."
+        )
+    assert augment.build(augment.saturation()) is not None

@@ -1448,6 +1448,19 @@ def test_train_takes_a_numpy_seed_as_the_int(records):
             train_dataset(str(records), batch_size=4, seed=bad)
 
 
+def test_seeds_far_apart_give_other_batches(records):
+    """Seeds were taken modulo 2**31 - 1024: seed 2**31 - 1023 read and augmented as seed 1,
+    and a run's seed may be any 32-bit number."""
+    def batches(seed):
+        ds = train_dataset(str(records), batch_size=4, seed=seed, augment="flip+crop+mixup",
+                           deterministic=True)
+        return [t.numpy() for t in next(iter(ds))]
+
+    one, far = batches(1), batches(1 + 2**31 - 1024)
+    assert not np.array_equal(one[0], far[0])
+    np.testing.assert_array_equal(batches(2**32 - 1)[0], batches(2**32 - 1)[0])
+
+
 def test_bench_json_and_png_keep_an_earlier_file_when_their_write_fails(monkeypatch, tmp_path):
     """Written in place, a failed write (a full disk, Ctrl-C) left an empty or cut-short
     file, over the earlier one; now the earlier file stays and no temporary file is left."""

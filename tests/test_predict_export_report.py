@@ -1552,7 +1552,13 @@ def test_predict_names_each_file_as_it_was_given(trained, small_flowers, tmp_pat
         "./imgs/a.jpg", "imgs//b.jpg", "./imgs/more/c.jpg", "imgs/d.jpg", "./imgs/a.jpg"
     ]
     assert [len(r["predictions"]) for r in results] == [3, 3, 3, 0, 3]
-    assert results[0]["predictions"] == results[1]["predictions"] == results[4]["predictions"]
+    # The same photo at other places in a batch: the same classes, and probabilities equal to
+    # float32 rounding (oneDNN's kernels sum in an order that depends on the batch position).
+    same = [results[i]["predictions"] for i in (0, 1, 4)]
+    assert [[p["index"] for p in each] for each in same] == [[p["index"] for p in same[0]]] * 3
+    for each in same[1:]:
+        assert [p["probability"] for p in each] == pytest.approx(
+            [p["probability"] for p in same[0]], rel=1e-5)
     assert expand_images(given[:3]) == [Path("imgs/a.jpg"), Path("imgs/b.jpg"),
                                         Path("imgs/more/c.jpg")]
 

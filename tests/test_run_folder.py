@@ -307,7 +307,7 @@ def test_training_above_the_records_size_warns_about_upscaling(small_records, tm
     class _Stop(Exception):
         pass
 
-    def header(size: int) -> list[str]:
+    def header(size: int, **changes) -> list[str]:
         """train()'s opening lines, stopping it before anything is built."""
         lines: list[str] = []
 
@@ -316,8 +316,9 @@ def test_training_above_the_records_size_warns_about_upscaling(small_records, tm
             if "steps/epoch" in line:  # the last line before the model is built
                 raise _Stop
 
+        cfg = tiny_config(small_records, image_size=size, epochs=1, **changes)
         with pytest.raises(_Stop):
-            train(tiny_config(small_records, image_size=size, epochs=1), tmp_path / str(size), log=log)
+            train(cfg, tmp_path / f"{size}-{len(changes)}", log=log)
         return lines
 
     assert [ln for ln in header(80) if "upscaled" in ln] == [
@@ -325,6 +326,13 @@ def test_training_above_the_records_size_warns_about_upscaling(small_records, tm
         "detail convert at that size (petal convert SRC DST --image-size 80x80)"
     ]
     assert not [ln for ln in header(32) if "upscaled" in ln]
+    # Crops larger than the image size are cut from images decoded at image_size, whatever
+    # the records' size: the warning told the user to convert at the crops' size, which
+    # changed nothing. The crops' own warning says what to do.
+    crops = header(32, train_image_size=80, augment="flip+crop",
+                   model_options={"any_size": True})
+    assert not [ln for ln in crops if "upscaled" in ln]
+    assert [ln for ln in crops if "80x80 crops, larger than the 32x32 images" in ln]
 
 
 def test_a_run_whose_checkpoints_were_deleted_is_no_failed_start(tmp_path):

@@ -875,7 +875,7 @@ def _kept_until(lines: list[str], prefix: str):
 
 
 def test_too_few_images_for_a_batch_names_the_setting_that_made_it(make_records, tmp_path):
-    # codelab-convnet trains one device at single_device_batch_size=128, not batch_size=16:
+    # codelab-convnet trains one device at single_device_batch_size=32, not batch_size=16:
     # naming batch_size=16 as the culprit made no sense.
     records = make_records(counts={"train": [30], "validation": [10]})
     cfg = tiny_config(records, single_device_batch_size=64, steps_per_epoch=None)

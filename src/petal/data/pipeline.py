@@ -269,7 +269,7 @@ def train_dataset(
     else:
         if start_step:
             # Another order than the first passes': a resumed run does not replay them.
-            stages["seed"] = (seed.value + 104729 * int(start_step)) % (2**31 - 1024)
+            stages["seed"] = (seed.value + 104729 * int(start_step)) % SEED_SPACE
         ds = _endless(src, split, deterministic=deterministic, count=count, **stages)
     # 5. Labels, augmentation (per batch, keyed by seed and batch index), normalisation.
     ds = ds.enumerate(start=first_batch)
@@ -1523,16 +1523,22 @@ class _Seed:
         self.value, self.given = value, given
 
 
+# Seeds are taken modulo this; the ops take int64 seeds, and the stages add small offsets.
+# (Modulo 2**31 - 1024, seed 2**31 - 1024 gave seed 0's batches, and a run's seed may be any
+# 32-bit number.)
+SEED_SPACE = 2**62
+
+
 def _resolve_seed(seed, input_context) -> _Seed:
     if seed is None:
         return _Seed(secrets.randbelow(2**31 - 1024), False)
     seed = _plain_int(seed)  # np.int64(1) as 1, as batch_size is taken
     if not is_int_at_least(seed, 0):
         raise PetalError(f"seed must be a non-negative int or None. Received: seed={seed!r}")
-    value = int(seed) % (2**31 - 1024)
+    value = int(seed) % SEED_SPACE
     if input_context is not None:
         # Each input pipeline draws its own augmentation and shuffle order.
-        value = (value + 7919 * input_context.input_pipeline_id) % (2**31 - 1024)
+        value = (value + 7919 * input_context.input_pipeline_id) % SEED_SPACE
     return _Seed(value, True)
 
 

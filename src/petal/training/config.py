@@ -440,7 +440,9 @@ def codelab_xception() -> TrainConfig:
     replica) then x0.8 per epoch (constant within an epoch, as its per-epoch callback); batch
     16 x replicas. On a TPU pod (more than 8 replicas) the codelab's pod recipe: batch 8 x
     replicas, peak 2e-5 x replicas, a 7-epoch ramp (unless batch_size, learning_rate or
-    schedule_options.rampup_epochs / max_lr are set); flip+saturation; no cache; pixels in
+    schedule_options.rampup_epochs / max_lr are set); the notebook also gives it to 2-7
+    replicas, where petal keeps 16 per replica, a peak of max(2e-4, 5e-5 x replicas) and 5
+    epochs of ramp (see :func:`petal.training.schedules.codelab_max_lr`); flip+saturation; no cache; pixels in
     [0, 1] as the codelab feeds them, although Keras' Xception weights were trained on
     [-1, 1] (``--set normalization=symmetric`` matches them; another ``--model`` gets its own
     normalization unless ``--set normalization=...`` is given). Needs the ImageNet weights
@@ -474,14 +476,14 @@ def codelab_xception() -> TrainConfig:
 
 @register_preset("codelab-convnet")
 def codelab_convnet() -> TrainConfig:
-    """Codelab part 3's plain six-conv convnet: 192px, batch 16 x replicas (128 on one
+    """Codelab part 3's plain six-conv convnet: 192px, batch 16 x replicas (32 on one
     device), Adam 1e-3, 20 epochs.
 
     Reproduces ``07_Keras_Flowers_TPU_solution.ipynb`` (final val accuracy 0.704, 293,233
     parameters). No augmentation, no BatchNorm. Batch 16 x replicas (128 on an 8-core TPU,
-    where the codelab ran it), 128 on one device, as the codelab's ``if tpu:`` picks it
-    (``--batch-size N`` replaces both). Roughly half an hour on the 2-core CPU; 2-3 s per
-    epoch on a TPU.
+    where the codelab ran it), 32 on one device, as the notebook's ``if tpu: ... else:
+    BATCH_SIZE = 32`` picks it (``--batch-size N`` replaces both). Roughly half an hour on
+    the 2-core CPU; 2-3 s per epoch on a TPU.
     """
     return dataclasses.replace(
         default(),
@@ -489,7 +491,7 @@ def codelab_convnet() -> TrainConfig:
         image_size=192,
         epochs=20,
         batch_size=16,
-        single_device_batch_size=128,
+        single_device_batch_size=32,
         optimizer="adam",
         learning_rate=1e-3,
         schedule="constant",
@@ -500,7 +502,7 @@ def codelab_convnet() -> TrainConfig:
 
 @register_preset("codelab-dense")
 def codelab_dense() -> TrainConfig:
-    """Codelab part 3's dense baseline (Flatten-500-50-N): 192px, batch 16 x replicas (128 on
+    """Codelab part 3's dense baseline (Flatten-500-50-N): 192px, batch 16 x replicas (32 on
     one device), 20 epochs.
 
     The "no convolutions" starting point of the codelab: it overfits and stays near 0.4-0.5

@@ -2036,7 +2036,7 @@ def _train(
         )
     if larger := _larger_crops(train_size, image_size):
         log(f"petal train: warning: {larger}")
-    if upscaled := upscale_warning(source, max(image_size, train_size)):
+    if upscaled := upscale_warning(source, image_size):  # crops: _larger_crops above
         # Upscaling adds no detail: the recipe's accuracy needs records at its size.
         log(f"petal train: warning: {upscaled}")
     for note in source.notes:  # an image folder's files not read; class names assumed

@@ -30,7 +30,8 @@ StepFn = Callable[[object], object]
 # codelab_ramp's ramp-up in epochs (the codelab's) when none is given.
 RAMPUP_EPOCHS = 5
 # More replicas than this is a TPU pod, for which the codelab has its own recipe: batch 8 x
-# replicas, peak 2e-5 x replicas, a 7-epoch ramp-up.
+# replicas, peak 2e-5 x replicas, a 7-epoch ramp-up. (The notebook's `else:` gives that recipe
+# to 2-7 replicas too; petal keeps the 8-core recipe's shape there: codelab_max_lr.)
 POD_REPLICAS = 8
 POD_RAMPUP_EPOCHS = 7
 
@@ -110,7 +111,8 @@ def codelab_max_lr(replicas: int) -> float:
     """The codelab Xception notebook's peak rate for a number of replicas.
 
     5e-5 x replicas (4e-4 on 8 TPU cores) and 2e-4 on one device; in between we keep at least
-    2e-4 so that more replicas never lower the rate (our interpolation, not the codelab's). On
+    2e-4 so that more replicas never lower the rate (our interpolation: the notebook gives 2-7
+    replicas its pod recipe, 2e-5 x replicas, which is below its own one-device 2e-4). On
     more than :data:`POD_REPLICAS` (a TPU pod) the codelab's pod rule, 2e-5 x replicas, for
     its pod batch of 8 x replicas.
     """
