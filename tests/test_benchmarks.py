@@ -625,6 +625,7 @@ def test_bench_input_measures_records_at_their_own_size(small_records, tmp_path)
     assert (tmp_path / "input.png").is_file()
 
 
+@pytest.mark.slow  # 43 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_bench_input_script_refuses_bad_records_and_paths_up_front(
     small_records, small_flowers, make_records, tmp_path
 ):
@@ -779,6 +780,7 @@ def test_bench_train_speed_refuses_empty_models_missing_backend_and_bad_out(tmp_
     assert not (tmp_path / "no.json").exists()
 
 
+@pytest.mark.slow  # 110 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_bench_train_speed_marks_a_run_cut_short_and_takes_the_true_median(
     tmp_path, monkeypatch
 ):

@@ -85,7 +85,9 @@ def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end(signame, status, 
     assert out.stderr.rstrip().endswith(f"petal models: {said}")
 
 
-@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
+@pytest.mark.parametrize(  # 34-35 s a case in a loaded suite run (session 40): one in CI
+    "stderr", ["2>&-", pytest.param("2>/dev/full", marks=pytest.mark.slow)], ids=["closed", "full"]
+)
 def test_an_error_keeps_its_exit_status_when_stderr_cannot_take_its_line(stderr):
     """The failed write of the error line ended the command with 1 (and a traceback that
     could not be written either)."""
@@ -526,6 +528,7 @@ def test_a_full_standard_output_is_not_blamed_on_the_output_folder():
     )
 
 
+@pytest.mark.slow  # 39 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_commands_run_keras_on_tensorflow_and_name_a_keras_settings_file_keras_refuses(
     tmp_path,
 ):

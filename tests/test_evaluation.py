@@ -700,6 +700,7 @@ def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
     assert "Traceback" not in printed.err
 
 
+@pytest.mark.slow  # 37 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_an_unreadable_folder_file_is_named_by_evaluate_and_train(
     trained, small_flowers, tmp_path, capfd
 ):
@@ -1021,6 +1022,7 @@ def test_the_exported_decoder_gives_predicts_pixels():
         assert int(exif_orientation(tf.constant(data))) == 1
 
 
+@pytest.mark.slow  # 38 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_the_exported_decoder_finds_exif_after_much_other_metadata():
     """EXIF orientation after two 60 KiB APP2 segments (an ICC profile split in two) or
     after 40 other segments: the SavedModel looked in the first 64 KiB and 32 segments
@@ -1585,6 +1587,7 @@ def test_the_copy_warning_counts_the_split_scored_over_http_as_on_disk(
             ), warned
 
 
+@pytest.mark.slow  # 43 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_evaluate_warns_when_the_runs_own_records_were_converted_again_with_another_split(
     small_flowers, tmp_path
 ):

@@ -216,6 +216,7 @@ def test_no_manifest(tmp_path):
         inspect_records(tmp_path / "one.tfrec")
 
 
+@pytest.mark.slow  # 32 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_codelab_shards_without_a_manifest_as_training_reads_them(make_records, tmp_path):
     # 16 codelab-named shards (no filename or original_size in the records): the first
     # int(16 * 0.19) = 3 files are validation; labels are record index % 5.

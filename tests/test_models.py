@@ -200,6 +200,7 @@ def _assert_backbone_holds(model: keras.Model, source: keras.Model) -> None:
             np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.slow  # 36 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_cached_imagenet_file_that_does_not_fit_is_named(tmp_path, monkeypatch):
     """petal's offline message says to copy the file into Keras' cache: one that does not load
     was a ValueError traceback ("Layer count mismatch ... found 0 saved layers") or h5py's
@@ -273,6 +274,7 @@ def test_keras_published_file_with_its_top_fills_the_backbone(tmp_path):
         create_model("mobilenet_v2", 3, 32, weights=other)
 
 
+@pytest.mark.slow  # 48 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_weights_file_named_for_the_other_layout_loads(tmp_path):
     """Keras picks its loader from the name: a Keras 3 file renamed to .h5 (or a published
     .h5 renamed to .weights.h5) read as holding no layers, "does not match model"."""
@@ -556,6 +558,7 @@ def _assert_weighted_layers_hold(backbone: keras.Model, source: keras.Model) -> 
             np.testing.assert_array_equal(x.numpy(), y.numpy())
 
 
+@pytest.mark.slow  # 61 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_published_top_file_fills_the_backbone_whatever_its_layer_names(tmp_path):
     """Matched by name only, a file with the ImageNet top was refused ("Model expected 95
     layers, found 96 saved layers"): ConvNeXt's no-top backbone ends in an unnamed

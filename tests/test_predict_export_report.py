@@ -510,6 +510,7 @@ def test_report_names_an_eval_json_with_values_of_the_wrong_kind(trained, tmp_pa
     assert not (run / "report.html").exists()
 
 
+@pytest.mark.slow  # 43 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_report_says_when_the_evaluation_scored_an_earlier_model(trained, tmp_path, capsys):
     """After a resume, eval/ still holds the scores of the model before it."""
     import os
@@ -1032,7 +1033,9 @@ assert probabilities.shape == (1, 5)
     assert label in classes and 0 < float(score) <= 1
 
 
-@pytest.mark.parametrize("where", ["saved_model", "labels.txt"])
+@pytest.mark.parametrize(
+    "where", ["saved_model", pytest.param("labels.txt", marks=pytest.mark.slow)]  # 34-58 s in a loaded suite run (session 40)
+)
 def test_export_on_a_full_disk_is_one_line_naming_the_folder(
     trained, tmp_path, monkeypatch, capsys, where
 ):
@@ -1081,6 +1084,7 @@ def test_export_on_a_full_disk_is_one_line_naming_the_folder(
     assert not (tmp_path / "full").exists()
 
 
+@pytest.mark.slow  # 46 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_export_removes_what_killed_exports_left_not_what_running_ones_write(
     trained, tmp_path
 ):
@@ -1386,6 +1390,7 @@ def test_an_empty_workdir_is_refused_by_build_report(trained, tmp_path, monkeypa
     assert sorted(p.name for p in Path().rglob("*")) == before
 
 
+@pytest.mark.slow  # 44 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_report_on_a_damaged_run_names_a_retrain_command_that_works(
     small_records, tmp_path, capsys
 ):
@@ -1615,6 +1620,7 @@ def test_report_of_an_unfinished_or_stopped_run_says_what_to_do(trained, tmp_pat
     assert "<tr><th>training images/s</th><td class='num'>n/a</td></tr>" in training
 
 
+@pytest.mark.slow  # 38 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_ctrl_c_as_an_export_replaces_another_leaves_one_of_them_whole(
     trained, exported, tmp_path, monkeypatch
 ):
@@ -1934,6 +1940,7 @@ def _header_bombs():
     return {"png": png, "jpeg": jpeg, "gif": gif, "bmp": bmp, "webp": webp}
 
 
+@pytest.mark.slow  # 40 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_the_exported_decoder_refuses_images_over_predicts_pixel_limit():
     """The SavedModel decoded whatever size a header stated (a 30000x30000 PNG of 110 KB took
     GBs), where predict and convert refuse images over their pixel limit. It reads the size
@@ -1993,6 +2000,7 @@ def test_the_exported_preprocessing_holds_no_float_copy_of_the_whole_photo():
         assert largest <= 300 * 400 * 3, (mode, largest)  # the decoded uint8 photo
 
 
+@pytest.mark.slow  # 52 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_second_export_into_a_folder_is_refused_and_a_clash_is_not_a_permission_problem(
     trained, tmp_path, monkeypatch
 ):
@@ -2219,6 +2227,7 @@ def test_the_library_s_flags_take_true_or_false_only(trained, small_records, sma
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # 47 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_leading_tilde_is_the_home_folder(trained, small_flowers, tmp_path, monkeypatch,
                                             capsys):
     """Only weights expanded ~: a shell leaves --workdir=~/runs (and a config file

@@ -674,6 +674,7 @@ def _until_unstaged(timeout: float = 10.0) -> set[str]:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # 74 s in a loaded suite run (session 40): `pytest -m slow` runs it
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_staged_shards_stay_within_the_budget_and_go_with_the_iterator(make_records,
                                                                      monkeypatch):

@@ -190,6 +190,7 @@ def test_nan_loss_stops_with_the_epoch(small_records, tmp_path, capsys):
     assert metrics["epochs_completed"] == 1
 
 
+@pytest.mark.slow  # 47 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_nan_loss_after_a_saved_epoch_names_its_checkpoint(small_records, tmp_path, capsys):
     """The NaN epoch is neither best nor final; the checkpoint named is the one saved, and
     resuming from it with a lower learning rate, as the message says, finishes the run."""
@@ -423,6 +424,7 @@ def test_corrupt_record_stops_with_its_name_or_is_skipped_and_counted(small_reco
     assert metrics["skipped_corrupt_records"] == int(shard.name.rsplit("-", 1)[1].split(".")[0]) - 1
 
 
+@pytest.mark.slow  # 35 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_renamed_codelab_shard_stops_training_even_when_skipping_corrupt(
     make_records, tmp_path, caplog
 ):
@@ -804,6 +806,7 @@ def test_best_weights_are_those_of_the_best_epoch_state_json_names(tmp_path, mon
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+@pytest.mark.slow  # 113 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_an_epochs_tensorboard_scalars_are_written_before_it_is_saved(
     small_records, tmp_path, monkeypatch
 ):

@@ -200,6 +200,7 @@ def test_the_codelab_rule_is_scaled_by_the_factor_once_the_backbone_is_unfrozen(
     assert lrs == pytest.approx([1e-5, 1e-3, 5e-6, 5e-4])
 
 
+@pytest.mark.slow  # 47 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_bn_frozen_false_trains_batchnorm_once_the_backbone_is_unfrozen(
     small_records, tmp_path, tiny_backbone_model
 ):

@@ -53,7 +53,9 @@ def tiny_backbone():
     registry._BUILDERS.pop(name, None)
 
 
-@pytest.mark.parametrize("fine_tune", ["all", "head_then_all"])
+@pytest.mark.parametrize(  # 31 s a case in a loaded suite run (session 40): one in CI
+    "fine_tune", ["all", pytest.param("head_then_all", marks=pytest.mark.slow)]
+)
 def test_a_run_stopped_in_its_last_checkpoint_resumes_to_the_compiled_model_of_a_finish(
     small_records, tmp_path, request, fine_tune
 ):

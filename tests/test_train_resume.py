@@ -148,6 +148,7 @@ def test_resume_on_the_runs_photos_split_another_way_is_refused(
     assert len(warned) == 1 and header and header[0] < warned[0]
 
 
+@pytest.mark.slow  # 86 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
     small_records, tmp_path
 ):
@@ -216,6 +217,7 @@ def test_resume_keeps_what_the_checkpoint_holds_and_the_schedule_by_epoch(
                                   {"from_epoch": 3, "global_batch": 5, "steps_per_epoch": 3}]
 
 
+@pytest.mark.slow  # 46 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_run_sized_by_its_records_resumes_on_records_of_another_size(make_records, tmp_path):
     """A run with image_size null was refused on records of another size (the README's "at
     another size may go on") as if its user had changed the size, with no way back to a
@@ -390,6 +392,7 @@ def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, t
     assert not any("best.weights.h5" in line for line in lines)
 
 
+@pytest.mark.slow  # 45 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_resume_on_its_own_records_converted_again_in_place_with_another_split_is_refused(
     small_flowers, tmp_path
 ):
