@@ -723,3 +723,28 @@ def test_squeezenet_minimum_size_counts_the_strided_stem():
     assert model.predict(np.zeros([1, 31, 31, 3], np.float32), verbose=0).shape == (1, 5)
     create_model("squeezenet", 5, 16)  # stride 1: the registered minimum
     keras.backend.clear_session()
+
+
+def test_a_saved_model_given_as_weights_is_named_as_one(tmp_path):
+    # A run's model.keras was "not a Keras weights file": it holds weights, in another form.
+    import re
+    import zipfile
+
+    from petal.models.registry import check_weights_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with zipfile.ZipFile(run / "model.keras", "w") as archive:
+        archive.writestr("config.json", "{}")
+    with pytest.raises(PetalError) as caught:
+        check_weights_file(run / "model.keras")
+    assert str(caught.value).startswith(
+        f"Weights file {run / 'model.keras'} is a whole saved model (a .keras archive), not a "
+        f"weights file: save its weights with keras.models.load_model('{run / 'model.keras'}')"
+        ".save_weights('name.weights.h5'). Received: weights="
+    )
+    (run / "best.weights.h5").write_bytes(b"")
+    with pytest.raises(PetalError, match=re.escape(
+        f"not a weights file: pass {run / 'best.weights.h5'}, the weights saved beside it."
+    )):
+        check_weights_file(run / "model.keras")

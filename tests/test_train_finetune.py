@@ -337,7 +337,7 @@ def test_weights_file_of_another_model_is_refused(small_records, tmp_path):
 
 @pytest.mark.slow  # 7-52 s in the full suite (session 27): `pytest -m slow` runs it
 def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
-    trained, make_records, tmp_path
+    trained, make_records, tmp_path, monkeypatch
 ):
     import shutil
 
@@ -349,10 +349,14 @@ def test_a_runs_weights_start_a_run_on_other_classes_which_resumes_without_them(
     import json
 
     options = json.loads((trained / "config.json").read_text())["model_options"]  # its model's
-    cfg = tiny_config(records, weights=str(weights), epochs=1, steps_per_epoch=1, batch_size=4,
+    monkeypatch.chdir(tmp_path)  # the file named relative to here
+    cfg = tiny_config(records, weights=weights.name, epochs=1, steps_per_epoch=1, batch_size=4,
                       model_options=options)
     metrics = train(cfg, tmp_path / "run", log=lines.append)
     assert metrics["epochs_completed"] == 1
+    # Stored absolute, as data is: a resume from another directory, of a run that saved no
+    # epoch, looked for "start.weights.h5" there.
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["weights"] == str(weights)
     assert f"petal train: weights from {weights}: all but the 5-class head" in lines
     assert [line for line in lines if line.startswith("petal train: 1 steps/epoch x 1 epoch, ")]
 

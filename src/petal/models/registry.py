@@ -20,6 +20,7 @@ import re
 import shutil
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -660,6 +661,16 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
         # By its content, whatever its name (tf.keras' ".hdf5", ".H5", none): Keras is given
         # a name it reads (_named_for_keras).
         if not h5py.is_hdf5(path):
+            if zipfile.is_zipfile(path):
+                # A run's model.keras: "not a Keras weights file" said the wrong thing.
+                beside = path.parent / "best.weights.h5"
+                use = (f"pass {beside}, the weights saved beside it" if beside.is_file() else
+                       f"save its weights with keras.models.load_model('{path}')"
+                       ".save_weights('name.weights.h5')")
+                raise PetalError(
+                    f"Weights file {path} is a whole saved model (a .keras archive), not a "
+                    f"weights file: {use}. {received}"
+                )
             if not path.name.endswith(".h5"):
                 raise PetalError(
                     f"Weights file {path} is not a Keras weights file: save one with "

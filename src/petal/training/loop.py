@@ -1885,8 +1885,10 @@ def _train(
                 f"{workdir / 'history.csv'} {lacks}; the run cannot be resumed: restore the "
                 "file, or start again with --overwrite."
             )
-    # Stored absolute in config.json, so evaluate and --resume work from any directory.
-    cfg = cfg.replace(data=absolute_data(cfg.data))
+    # Stored absolute in config.json, so evaluate and --resume work from any directory (a
+    # relative weights file was looked for in the resume's directory).
+    weights = cfg.weights if cfg.weights in (None, "imagenet") else absolute_data(cfg.weights)
+    cfg = cfg.replace(data=absolute_data(cfg.data), weights=weights)
 
     if cfg.strategy == "multi-worker":
         check_fit_cluster()
