@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import platform
@@ -47,7 +46,7 @@ def _subset(src: Path, per_class: int | None, tmp: Path) -> Path:
     for cls in sorted(p for p in src.iterdir() if p.is_dir()):
         (dst / cls.name).mkdir(parents=True)
         for f in sorted(cls.iterdir())[:per_class]:
-            (dst / cls.name / f.name).symlink_to(f)
+            (dst / cls.name / f.name).symlink_to(f.absolute())  # a relative --data: from here
     return dst
 
 
@@ -306,8 +305,10 @@ def _run(args: argparse.Namespace) -> None:
         )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    from petal.jsonfile import json_text
+
     args.out.write_text(
-        json.dumps(
+        json_text(  # NaN (one worker's start) as null: strict JSON
             {
                 "benchmark": "bench_convert",
                 "data": str(args.data),
@@ -326,10 +327,8 @@ def _run(args: argparse.Namespace) -> None:
                 "median_cpu_overhead": overhead,
                 "median_convert_start_s": start_s,
                 "median_work_speedup": work_speedup,
-            },
-            indent=2,
+            }
         )
-        + "\n"
     )
     print(f"wrote {args.out}")
 

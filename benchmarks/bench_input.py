@@ -39,7 +39,7 @@ def main() -> None:
         "--raw-records", help="raw records of --folder (default: written from the JPEG records)"
     )
     parser.add_argument(
-        "--image-size", type=int, help="size to convert --folder at (default 192); with "
+        "--image-size", metavar="SIZE", help="192 or HxW: size to convert --folder at (default 192); with "
         "--records, the size they hold (records that record none)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=64)
@@ -87,8 +87,14 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             batch_size=args.batch_size, seconds=args.seconds, repeats=args.repeat,
             cases=_cases(args.cases),
         )  # fmt: skip
-        if args.image_size is not None and args.image_size < 1:
-            raise PetalError(f"--image-size must be at least 1. Received: {args.image_size}")
+        size = None
+        if args.image_size is not None:
+            from petal.data.images import parse_image_size
+
+            try:
+                size = parse_image_size(args.image_size)
+            except (PetalError, ValueError) as err:
+                raise PetalError(f"--image-size: {err}") from None
         _check_output_file(args.out, "--out")
         if os.path.abspath(png) == os.path.abspath(args.out):
             raise PetalError(
@@ -96,6 +102,16 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "pass a path ending in .json."
             )
         _check_output_file(png, "--out's chart")
+        from petal.cli import _check_not_an_input
+
+        for option, path in (("--out", args.out), ("--out's chart", png)):
+            _check_not_an_input(path, option, **{"--records": args.records,
+                                "--raw-records": args.raw_records,
+                                "--folder": args.folder or str(DEFAULT_DATA)})  # fmt: skip
+        if args.remote_latency_ms == 0 and cases and "remote" in cases:
+            raise PetalError(
+                "--cases remote needs --remote-latency-ms above 0 (0 skips the remote cases)."
+            )
         if args.remote_latency_ms is not None and not 0 <= args.remote_latency_ms < float("inf"):
             raise PetalError(
                 f"--remote-latency-ms must be >= 0 (0 skips the remote cases). "
@@ -103,7 +119,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             )
         start_tensorflow_quietly()  # as `petal bench input` does: without its start-up lines
         if args.records is not None:
-            _check_records(args.records, args.image_size)
+            _check_records(args.records, size)
     except PetalError as err:
         parser.error(str(err))
     from petal.data import convert
@@ -121,8 +137,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         records = args.records
         if records is None:
             records = os.path.join(tmp, "jpeg")
-            size = args.image_size or 192
-            print(f"converting {folder} -> {records} ({size}px JPEG)")
+            size = size or (192, 192)
+            print(f"converting {folder} -> {records} ({size[0]}x{size[1]} JPEG)")
             convert(folder, records, image_size=size, progress=False)
         # Without --raw-records, bench.run writes case raw's copy of the records' images.
         result = bench.run(
@@ -147,14 +163,14 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     out = result.to_dict()
     out["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(), "load_1min": load}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    import json
+    from petal.jsonfile import json_text
 
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    Path(args.out).write_text(json_text(out))
     bench.write_png(result, png)
     print(f"wrote {args.out}")
 
 
-def _check_records(records: str, image_size: int | None) -> None:
+def _check_records(records: str, image_size: tuple[int, int] | None) -> None:
     """--records must be JPEG records (of --image-size, when given and they record a size);
     refused in the script's words before anything is converted or measured."""
     from petal.data import bench, schema
@@ -172,10 +188,11 @@ def _check_records(records: str, image_size: int | None) -> None:
             "--raw-records and the JPEG records as --records (or leave --records out)."
         )
     held = tuple(src.image_size) if src.image_size is not None else None
-    if image_size is not None and held not in (None, (image_size, image_size)):
+    if image_size is not None and held not in (None, tuple(image_size)):
         height, width = held
         raise PetalError(
-            f"--image-size {image_size}: --records {records} holds {height}x{width} images; "
+            f"--image-size {image_size[0]}x{image_size[1]}: --records {records} holds "
+            f"{height}x{width} images; "
             "leave the option out (it is the size to convert --folder at)."
         )
 

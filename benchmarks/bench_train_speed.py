@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -227,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from petal.cli import _check_output_file
     from petal.errors import PetalError
+    from petal.jsonfile import json_text
 
     try:  # now, not after the first model's measurement
         _check_output_file(str(args.out), "--out")
@@ -302,12 +302,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         r = rows[-1]
         payload["rows"] = rows  # written after every row: a run cut short keeps what it measured
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        args.out.write_text(json_text(payload))
         tqdm.write(
             f"  {name} {precision} jit={jit} bn={bn}: {r['images_per_s']} img/s", file=sys.stderr
         )
     payload["complete"] = True
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    args.out.write_text(json_text(payload))
 
     header = (
         f"{'model':<22}{'size':>5}{'batch':>6}  {'precision':<15}{'xla':<5}{'bn':<7}{'img/s':>8}"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import tempfile
@@ -200,7 +199,9 @@ def _run(args: argparse.Namespace, found) -> None:
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    from petal.jsonfile import json_text
+
+    args.out.write_text(json_text(result))
     print(f"wrote {args.out}")
 
 

@@ -226,6 +226,8 @@ def main() -> None:
     # NaN fails every comparison; 0 profiled a few samples, -1 failed as perf's permission.
     if not 0 < args.seconds < float("inf"):
         parser.error(f"--seconds must be positive and finite. Received: {args.seconds}")
+    if args.batch_size < 1:  # was the child's traceback, then "case 'jpeg' did not start"
+        parser.error(f"--batch-size must be at least 1. Received: {args.batch_size}")
     from petal.cli import _check_output_file
     from petal.errors import PetalError
 
@@ -240,7 +242,7 @@ def main() -> None:
         raise SystemExit(f"profile_input: {args.records} is not a petal records folder.")
     try:
         try:  # (TensorFlow's import, seconds: Ctrl-C meanwhile is said in one line too)
-            _check_records(args.records)
+            _check_records(args.records, args.batch_size)
         except PetalError as err:
             parser.error(str(err))
         _profile_all(args, cases, perf)
@@ -249,8 +251,9 @@ def main() -> None:
         sys.exit(130)
 
 
-def _check_records(records: str) -> None:
-    """Raises unless ``records`` are JPEG records: raw ones were profiled as case jpeg."""
+def _check_records(records: str, batch_size: int) -> None:
+    """Raises unless ``records`` are JPEG records (raw ones were profiled as case jpeg) whose
+    training split fills a batch."""
     from petal.data import schema
     from petal.data.reader import open_source
     from petal.errors import PetalError
@@ -260,6 +263,11 @@ def _check_records(records: str) -> None:
         raise PetalError(
             f"--records {records} holds {src.format} records; the cases read JPEG records: "
             "pass those (petal convert's default format)."
+        )
+    if src.count("train") < batch_size:
+        raise PetalError(
+            f"--batch-size {batch_size} is more than the {src.count('train')} training images "
+            f"of --records {records}: pass a smaller --batch-size."
         )
 
 
@@ -301,8 +309,10 @@ def _profile_all(args: argparse.Namespace, cases: list[str], perf: str) -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from petal.jsonfile import json_text
+
     out.write_text(
-        json.dumps(
+        json_text(
             {
                 "benchmark": "profile_input",
                 "records": args.records,
@@ -311,10 +321,8 @@ def _profile_all(args: argparse.Namespace, cases: list[str], perf: str) -> None:
                 "cpus": os.cpu_count(),
                 "cases": results,
                 "bound_x_ceiling": bounds,
-            },
-            indent=2,
+            }
         )
-        + "\n"
     )
     print(f"wrote {out}")
 

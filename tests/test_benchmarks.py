@@ -45,6 +45,27 @@ def test_bench_convert_runs(tmp_path):
     assert result["median_work_speedup"] == row["work_speedup"] > 0
 
 
+def test_bench_convert_takes_a_relative_data_path_and_one_worker(tmp_path):
+    """A relative --data with --per-class linked every photo relative to a temporary folder
+    (FileNotFoundError); --workers 1 wrote NaN, which strict JSON readers refuse."""
+    if not FLOWERS.is_dir():
+        pytest.skip(f"sample data not found at {FLOWERS}")
+    out = tmp_path / "convert.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_convert.py"), "--data", FLOWERS.name,
+         "--per-class", "2", "--rounds", "1", "--image-size", "32", "--workers", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=FLOWERS.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def refuse(name):
+        raise AssertionError(f"{name} in {out}")
+
+    result = json.loads(out.read_text(), parse_constant=refuse)
+    assert result["images"] == 10 and result["median_convert_start_s"] is None
+
+
 def test_bench_input_runs(small_flowers, tmp_path):
     out = tmp_path / "input.json"
     done = _run("bench_input.py", "--folder", str(small_flowers), "--image-size", "32",
@@ -181,6 +202,23 @@ def test_bench_input_names_a_corrupt_record_and_the_fix(make_records, capsys):
             f"(CRC failure or short file). Run `petal inspect --verify {folder}` to list every "
             "bad record, and convert again."
         ], err
+
+
+def test_bench_input_names_a_corrupt_shard_read_through_the_loopback_store(make_records,
+                                                                         capsys):
+    # The remote case said "assertion failed: [petal: corrupt or truncated shard
+    # http://127.0.0.1:PORT/...", a URL gone at exit, and advised an option bench lacks.
+    from conftest import corrupt_record
+
+    shards = make_records("codelab", counts={"all": [16, 16, 8]}, fmt="jpeg", codelab=True)
+    shard = sorted(shards.glob("*.tfrec"))[1]
+    corrupt_record(shard, 3)
+    code, err, _ = _bench([str(shards), "--cases", "remote", "--remote-latency-ms", "1"], capsys)
+    assert code == 2 and err == [
+        f"petal bench: error: Corrupt input in {shard}: record 3 (0-based) cannot be read "
+        f"(CRC failure or short file). Run `petal inspect --verify {shards}` to list every "
+        "bad record, and convert again."
+    ], err
 
 
 def _drop_features(shard, keep=("image", "class")) -> None:
@@ -651,11 +689,26 @@ def test_bench_input_script_refuses_bad_records_and_paths_up_front(
     for path, size, message in (
         (tmp_path / "none", None, rf"^--records {tmp_path / 'none'}: Data source not found"),
         (small_flowers, None, rf"^--records {small_flowers} is a folder of images; pass it as "),
-        (small_records, 32, rf"^--image-size 32: --records {small_records} holds 64x64 images"),
+        (small_records, (32, 32),
+         rf"^--image-size 32x32: --records {small_records} holds 64x64 images"),
     ):
         with pytest.raises(PetalError, match=message):
             script._check_records(str(path), size)
-    script._check_records(str(small_records), 64)
+    script._check_records(str(small_records), (64, 64))
+    # --out in the records replaced their manifest; --remote-latency-ms 0 with --cases remote
+    # said the option was missing; --image-size 48x48 was no int.
+    out = small_records / "manifest.json"
+    assert _refused("bench_input.py", *records, "--out", str(out)) == (
+        f"bench_input.py: error: --out {out} lies in --records {small_records}, the data "
+        "measured: pass a path outside it."
+    )
+    assert _refused("bench_input.py", *records, "--cases", "remote", "--remote-latency-ms", "0",
+                    "--out", str(tmp_path / "a.json")) == (
+        "bench_input.py: error: --cases remote needs --remote-latency-ms above 0 (0 skips the "
+        "remote cases)."
+    )  # fmt: skip
+    assert "holds 64x64 images" in _refused("bench_input.py", *records, "--image-size", "48x48",
+                                            "--out", str(tmp_path / "a.json"))  # fmt: skip
 
 
 def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 180) -> str:
@@ -720,6 +773,32 @@ def test_bench_input_refuses_one_file_for_json_and_png(small_records, tmp_path, 
         f"{tmp_path}/chart.png."
     ], err
     assert not Path(f"{tmp_path}.png").exists()
+
+
+def test_bench_input_refuses_to_write_into_the_data_it_measures(small_records, small_flowers,
+                                                                tmp_path, capsys):
+    """--json RECORDS/manifest.json exited 0 and replaced the records' manifest with the
+    results: the records could no longer be read."""
+    import shutil
+
+    records = tmp_path / "records"
+    shutil.copytree(small_records, records)
+    manifest = (records / "manifest.json").read_bytes()
+    shard = sorted(records.glob("*.tfrec"))[0]
+    for option, path, inside in (
+        ("--json", records / "manifest.json", f"RECORDS {records}"),
+        ("--png", records / "sub" / "chart.png", f"RECORDS {records}"),
+        ("--json", tmp_path / "x" / ".." / shard.parent.name / shard.name, f"RECORDS {records}"),
+        ("--png", small_flowers / "daisy" / "chart.png", f"--folder {small_flowers}"),
+    ):
+        code, err, _ = _bench([str(records), "--cases", "jpeg", "--folder", str(small_flowers),
+                               option, str(path)], capsys)  # fmt: skip
+        assert code == 2 and err == [
+            f"petal bench: error: {option} {path} lies in {inside}, the data measured: pass a "
+            "path outside it."
+        ], err
+    assert (records / "manifest.json").read_bytes() == manifest
+    assert not (records / "sub").exists() and not (small_flowers / "daisy" / "chart.png").exists()
 
 
 def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path):
@@ -877,3 +956,14 @@ def test_profile_convert_times_every_part_and_lists_what_it_skipped(tmp_path):
         "(e.g. a/x.jpg: not an image (no known image format in the file)); pass a folder of "
         "photos."
     ), line
+
+
+def test_bench_counts_the_cpus_it_may_run_on(monkeypatch):
+    # Under `taskset -c 0` the table said 2 CPUs and the ceiling ran two decoding processes.
+    from petal.data import bench
+
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert bench.usable_cpus() == 1
+    monkeypatch.delattr(bench.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 3)
+    assert bench.usable_cpus() == 3

@@ -94,3 +94,16 @@ def test_bad_seconds_records_and_out_are_refused_up_front(profile_input, make_re
     with pytest.raises(PetalError, match=rf"^--records {raw} holds raw records; the cases read"):
         profile_input._check_records(str(raw))
     profile_input._check_records(str(records))
+
+
+def test_a_batch_larger_than_the_training_split_is_refused_up_front(profile_input, small_records):
+    # It was the child's traceback, then "case 'jpeg' did not start (got '')".
+    from petal.errors import PetalError
+
+    with pytest.raises(PetalError) as caught:
+        profile_input._check_records(str(small_records), 64)
+    assert str(caught.value) == (
+        f"--batch-size 64 is more than the 50 training images of --records {small_records}: "
+        "pass a smaller --batch-size."
+    )
+    profile_input._check_records(str(small_records), 50)

@@ -233,6 +233,9 @@ def _run_bench_input(args: argparse.Namespace) -> int:
         # The chart, written second, replaced the JSON.
         if args.json and os.path.realpath(args.json) == os.path.realpath(args.png):
             raise PetalError(f"--json and --png both name {args.png}; pass two file paths.")
+    for option, path in (("--json", args.json), ("--png", args.png)):
+        _check_not_an_input(path, option, RECORDS=args.records, **{
+            "--raw-records": args.raw_records, "--folder": args.folder})
     try:
         result = bench.run(
             args.records,
@@ -257,6 +260,26 @@ def _run_bench_input(args: argparse.Namespace) -> int:
         bench.write_png(result, args.png)
         print(f"wrote {args.png}")
     return 0
+
+
+def _check_not_an_input(path: str | None, option: str, **inputs) -> None:
+    """Raise when output ``path`` lies in one of the local ``inputs`` (a folder, a file or a
+    glob of shards): --json RECORDS/manifest.json replaced the records' manifest."""
+    import glob
+
+    from petal.data.folders import is_within
+
+    for name, given in inputs.items():
+        if not path or not given:
+            continue
+        given = os.path.expanduser(str(given))
+        files = glob.glob(given) if glob.has_magic(given) else [given]
+        real = os.path.realpath(path)
+        if is_within(path, given) or any(os.path.realpath(f) == real for f in files):
+            raise PetalError(
+                f"{option} {path} lies in {name} {given}, the data measured: pass a path "
+                "outside it."
+            )
 
 
 def _check_output_file(path: str, option: str) -> None:

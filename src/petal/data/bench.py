@@ -84,6 +84,16 @@ class BenchResult:
 # --- timing ----------------------------------------------------------------------------------
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (``taskset``, a container's cpuset), not the
+    machine's: under ``taskset -c 0`` the ceiling ran two decoding processes on one CPU and
+    the table said 2 CPUs."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def time_dataset(
     dataset, *, batch_size: int, seconds: float, warmup_batches: int = 10, min_batches: int = 5
 ) -> tuple[float, float, float]:
@@ -299,7 +309,7 @@ def decode_ceiling(blobs: list[bytes], *, seconds: float, workers: int | None = 
     import signal
 
     name, decode = _decoder()
-    workers = workers or os.cpu_count() or 1
+    workers = workers or usable_cpus()
     for i in range(min(20, len(blobs))):  # warm-up
         _decode_one(decode, blobs, i)
     global _BLOBS
@@ -749,7 +759,7 @@ def run(
         records=str(records),
         batch_size=batch_size,
         seconds=seconds,
-        cpus=os.cpu_count() or 1,
+        cpus=usable_cpus(),
         decoder="",
     )
     per_epoch = src.count("train")
@@ -877,17 +887,22 @@ def run(
         if "remote" in wanted and remote_latency_ms is not None:
             for round_index in range(repeats):
                 step = f"[{round_index + 1}/{repeats}]"
-                remote_runs.append(
-                    remote_bench(
-                        src,
-                        folder,
-                        latency_ms=remote_latency_ms,
-                        batch_size=batch_size,
-                        image_size=size,
-                        seconds=seconds,
-                        progress=lambda line, step=step: progress(f"{step} {line}"),
+                try:
+                    remote_runs.append(
+                        remote_bench(
+                            src,
+                            folder,
+                            latency_ms=remote_latency_ms,
+                            batch_size=batch_size,
+                            image_size=size,
+                            seconds=seconds,
+                            progress=lambda line, step=step: progress(f"{step} {line}"),
+                        )
                     )
-                )
+                except tf.errors.OpError as err:
+                    # A corrupt shard, named by its loopback URL and train's advice, as the
+                    # local cases name it.
+                    raise _input_failure(src.path, records, None) or err from None
         for name, _, path, aug_name, note in plan:
             values = runs[name]
             result.cases.append(
