@@ -39,7 +39,8 @@ def main() -> None:
         "--raw-records", help="raw records of --folder (default: written from the JPEG records)"
     )
     parser.add_argument(
-        "--image-size", metavar="SIZE", help="192 or HxW: size to convert --folder at (default 192); with "
+        "--image-size", metavar="SIZE",
+        help="192 or HxW: size to convert --folder at (default 192); with "
         "--records, the size they hold (records that record none)",
     )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=64)
@@ -104,10 +105,13 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         _check_output_file(png, "--out's chart")
         from petal.cli import _check_not_an_input
 
+        # The default folder is read to convert it, and by the cases that read a folder.
+        reads_default = args.records is None or not cases or {"folder", "remote"} & set(cases)
         for option, path in (("--out", args.out), ("--out's chart", png)):
             _check_not_an_input(path, option, **{"--records": args.records,
                                 "--raw-records": args.raw_records,
-                                "--folder": args.folder or str(DEFAULT_DATA)})  # fmt: skip
+                                "--folder": args.folder or (reads_default
+                                                            and str(DEFAULT_DATA))})  # fmt: skip
         if args.remote_latency_ms == 0 and cases and "remote" in cases:
             raise PetalError(
                 "--cases remote needs --remote-latency-ms above 0 (0 skips the remote cases)."
@@ -161,7 +165,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     except OSError:
         load = None
     out = result.to_dict()
-    out["host"] = {"machine": platform.machine(), "cpus": os.cpu_count(), "load_1min": load}
+    out["host"] = {"machine": platform.machine(), "cpus": bench.usable_cpus(), "load_1min": load}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     from petal.jsonfile import json_text
 

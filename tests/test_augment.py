@@ -434,6 +434,10 @@ def test_a_small_alpha_barely_mixes(make):
     assert np.mean(lam == 0.5) < 1e-3 and not np.isnan(lam).any()
     assert abs(lam.var() - 0.2451) < 0.01  # Beta(a, a)'s variance: 1 / (4 (2a + 1))
     assert np.mean(np.abs(lam - 0.5) < 0.05) < 0.01
+    # The smallest alpha taken draws no NaN; a smaller one overflowed float32 (NaN images).
+    assert not np.isnan(make(1e-6).draw(20000, tf.constant([1, 2]))["lam"].numpy()).any()
+    with pytest.raises(PetalError, match=r"alpha must be at least 1e-06 \(smaller overflows"):
+        make(1e-7)
 
 
 def test_an_ops_factory_passed_uncalled_is_refused_in_one_line():
@@ -442,8 +446,9 @@ def test_an_ops_factory_passed_uncalled_is_refused_in_one_line():
     for factory in (augment.saturation, augment.codelab, augment.mixup):
         with pytest.raises(PetalError) as caught:
             augment.build(factory)
-        assert str(caught.value).startswith(
+        assert str(caught.value) == (
             f"augment={factory.__name__} is the op's factory, not the op: call it "
-            f"(augment={factory.__name__}())."
+            f"(augment={factory.__name__}()). Received: augment=petal.data.augment."
+            f"{factory.__name__}"
         )
     assert augment.build(augment.saturation()) is not None

@@ -695,8 +695,14 @@ def test_bench_input_script_refuses_bad_records_and_paths_up_front(
         with pytest.raises(PetalError, match=message):
             script._check_records(str(path), size)
     script._check_records(str(small_records), (64, 64))
-    # --out in the records replaced their manifest; --remote-latency-ms 0 with --cases remote
-    # said the option was missing; --image-size 48x48 was no int.
+
+
+def test_bench_input_script_refuses_an_out_in_its_data_and_a_remote_case_without_latency(
+    small_records, tmp_path
+):
+    """--out in the records replaced their manifest; --remote-latency-ms 0 with --cases remote
+    said the option was missing; --image-size 48x48 was no int."""
+    records = ["--records", str(small_records)]
     out = small_records / "manifest.json"
     assert _refused("bench_input.py", *records, "--out", str(out)) == (
         f"bench_input.py: error: --out {out} lies in --records {small_records}, the data "
@@ -707,8 +713,11 @@ def test_bench_input_script_refuses_bad_records_and_paths_up_front(
         "bench_input.py: error: --cases remote needs --remote-latency-ms above 0 (0 skips the "
         "remote cases)."
     )  # fmt: skip
-    assert "holds 64x64 images" in _refused("bench_input.py", *records, "--image-size", "48x48",
-                                            "--out", str(tmp_path / "a.json"))  # fmt: skip
+    assert _refused("bench_input.py", *records, "--image-size", "48x48", "--out",
+                    str(tmp_path / "a.json")) == (
+        f"bench_input.py: error: --image-size 48x48: --records {small_records} holds 64x64 "
+        "images; leave the option out (it is the size to convert --folder at)."
+    )  # fmt: skip
 
 
 def _signal_when(proc: subprocess.Popen, ready, signum: int, timeout: float = 180) -> str:

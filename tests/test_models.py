@@ -736,6 +736,7 @@ def test_a_saved_model_given_as_weights_is_named_as_one(tmp_path):
     run.mkdir()
     with zipfile.ZipFile(run / "model.keras", "w") as archive:
         archive.writestr("config.json", "{}")
+        archive.writestr("model.weights.h5", b"")
     with pytest.raises(PetalError) as caught:
         check_weights_file(run / "model.keras")
     assert str(caught.value).startswith(
@@ -745,6 +746,10 @@ def test_a_saved_model_given_as_weights_is_named_as_one(tmp_path):
     )
     (run / "best.weights.h5").write_bytes(b"")
     with pytest.raises(PetalError, match=re.escape(
-        f"not a weights file: pass {run / 'best.weights.h5'}, the weights saved beside it."
+        f"not a weights file: pass {run / 'best.weights.h5'} (its run's best epoch), or save "
     )):
         check_weights_file(run / "model.keras")
+    with zipfile.ZipFile(tmp_path / "photos.zip", "w") as archive:  # a zip, not a model
+        archive.writestr("a.jpg", b"")
+    with pytest.raises(PetalError, match=r"is not a Keras weights file: save one with"):
+        check_weights_file(tmp_path / "photos.zip")

@@ -1033,8 +1033,8 @@ assert probabilities.shape == (1, 5)
     assert label in classes and 0 < float(score) <= 1
 
 
-@pytest.mark.parametrize(
-    "where", ["saved_model", pytest.param("labels.txt", marks=pytest.mark.slow)]  # 34-58 s in a loaded suite run (session 40)
+@pytest.mark.parametrize(  # 34-42 s a case in a loaded suite run (session 40): one in CI
+    "where", ["saved_model", pytest.param("labels.txt", marks=pytest.mark.slow)]
 )
 def test_export_on_a_full_disk_is_one_line_naming_the_folder(
     trained, tmp_path, monkeypatch, capsys, where
@@ -1940,7 +1940,6 @@ def _header_bombs():
     return {"png": png, "jpeg": jpeg, "gif": gif, "bmp": bmp, "webp": webp}
 
 
-@pytest.mark.slow  # 40 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_the_exported_decoder_refuses_images_over_predicts_pixel_limit():
     """The SavedModel decoded whatever size a header stated (a 30000x30000 PNG of 110 KB took
     GBs), where predict and convert refuse images over their pixel limit. It reads the size

@@ -92,8 +92,8 @@ def test_bad_seconds_records_and_out_are_refused_up_front(profile_input, make_re
         assert done.stderr.strip().splitlines()[-1].endswith(message), done.stderr
     raw = make_records("raw", fmt="raw")
     with pytest.raises(PetalError, match=rf"^--records {raw} holds raw records; the cases read"):
-        profile_input._check_records(str(raw))
-    profile_input._check_records(str(records))
+        profile_input._check_records(str(raw), 4)
+    profile_input._check_records(str(records), 4)
 
 
 def test_a_batch_larger_than_the_training_split_is_refused_up_front(profile_input, small_records):

@@ -570,8 +570,8 @@ except Exception as err:
 """
 
 
-@pytest.mark.parametrize(
-    "fn", ["train_dataset", pytest.param("eval_dataset", marks=pytest.mark.slow)]  # 34-58 s in a loaded suite run (session 40)
+@pytest.mark.parametrize(  # 58-64 s a case in a loaded suite run (session 40): one in CI
+    "fn", ["train_dataset", pytest.param("eval_dataset", marks=pytest.mark.slow)]
 )
 def test_a_shard_removed_while_reading_fails_naming_it_and_does_not_hang(make_records, fn):
     # TFRecordDataset(...).ignore_errors() retried a file it could not open forever: the
@@ -938,3 +938,33 @@ def test_a_record_whose_label_fails_its_crc_is_named_corrupt_not_another_manifes
     src = open_source(str(folder))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"5\.tfrec: record 0 "):
         list(eval_dataset(src, batch_size=2))
+
+
+def test_a_skipped_shard_is_warned_about_once_per_command(caplog):
+    # Each replica's pipeline reads every validation shard: on 3 replicas the warning about
+    # one corrupt shard came three times, reading as 15 records skipped where 5 were.
+    import logging
+
+    import tensorflow as tf
+
+    from petal.data import reader
+
+    def skip():
+        reader._report_skip(tf.constant("/no/such/v.tfrec"), tf.constant(3), tf.constant(8))
+
+    events = len(reader.SKIPPED.events)
+    with caplog.at_level(logging.WARNING, logger="petal"):
+        for _ in range(2):  # two commands (train, then evaluate) in one process
+            with reader.SKIPPED.stopping_on_miscounts():
+                skip()
+                with reader.SKIPPED.stopping_on_miscounts():
+                    skip()
+                skip()
+    said = ("petal: skipped 5 record(s) of /no/such/v.tfrec: record 3 is corrupt (CRC failure "
+            "or truncation) and the reader cannot resume inside a shard")
+    assert [r.getMessage() for r in caplog.records] == [said, said]
+    assert len(reader.SKIPPED.events) == events + 6  # each read counted, as before
+    with caplog.at_level(logging.WARNING, logger="petal"):  # outside a command: each read
+        skip()
+        skip()
+    assert [r.getMessage() for r in caplog.records] == [said] * 4

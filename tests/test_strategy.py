@@ -513,7 +513,8 @@ _UNEVEN_VALIDATION_SCRIPT = textwrap.dedent(
         sys.argv[1], strategy="mirrored", epochs=1, steps_per_epoch=1, batch_size=batch,
         model_options={"fires": [[8, 16]]},
     )
-    metrics = train(cfg, workdir, log=lambda line: None)
+    lines = []
+    metrics = train(cfg, workdir, log=lines.append)
     (last,) = list(csv.DictReader(open(workdir + "/history.csv")))
     model = keras.models.load_model(workdir + "/model.keras", compile=False)
     losses, hits, count = [], 0, 0
@@ -530,6 +531,7 @@ _UNEVEN_VALIDATION_SCRIPT = textwrap.dedent(
         "saved_accuracy": hits / count,
         "count": count,
         "eval_batch": json.load(open(workdir + "/config.json"))["resolved"]["eval_batch"],
+        "heads": [line.split(":")[1].split()[0] for line in lines[:3]],
     }))
     """
 )
@@ -551,6 +553,8 @@ def test_replicas_validate_a_split_that_does_not_divide_evenly(make_records, tmp
     assert result["count"] == sum(shards)
     assert result["recorded_accuracy"] == pytest.approx(result["saved_accuracy"], abs=1e-6)
     assert result["recorded_loss"] == pytest.approx(result["saved_loss"], rel=1e-5), result
+    # The batch's note came before the run's header and strategy lines, which it follows.
+    assert result["heads"] == ["squeezenet", "strategy=mirrored", "validation"], result
 
 
 def test_the_validation_batch_gives_every_replica_as_many_batches():

@@ -392,7 +392,6 @@ def test_resume_warns_of_a_missing_or_damaged_best_weights_file(small_records, t
     assert not any("best.weights.h5" in line for line in lines)
 
 
-@pytest.mark.slow  # 45 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_resume_on_its_own_records_converted_again_in_place_with_another_split_is_refused(
     small_flowers, tmp_path
 ):

@@ -462,12 +462,20 @@ def _check_mix(name: str, images: tf.Tensor, labels: tf.Tensor) -> None:
         )
 
 
+MIN_ALPHA = 1e-6  # the smallest mixup/cutmix alpha: Beta draws in log space overflow below
+
+
 def _alpha(name: str, alpha) -> float:
     ok = isinstance(alpha, numbers.Real) and not isinstance(alpha, bool)
     # Infinity passed ``alpha > 0``, and made Beta draws of NaN (images and labels).
     if not (ok and math.isfinite(alpha) and alpha > 0):
         raise PetalError(
             f"{name} alpha must be a number > 0 (and finite). Received: alpha={alpha!r}"
+        )
+    if alpha < MIN_ALPHA:  # log(u) / alpha overflowed float32: -inf - -inf, NaN images
+        raise PetalError(
+            f"{name} alpha must be at least {MIN_ALPHA:g} (smaller overflows float32; at "
+            f"{MIN_ALPHA:g} an image is already almost never mixed). Received: alpha={alpha!r}"
         )
     return float(alpha)
 
@@ -748,9 +756,10 @@ def build(spec, size: tuple[int, int] | None = None) -> Augment | None:
         if any(spec is factory for factory in _factories()):
             # augment=saturation ran saturation(images, seed) inside tf.data: a traceback, or
             # an error about arguments the user never passed.
+            call = "compose(op, ...)" if spec is compose else f"{spec.__name__}()"
             raise PetalError(
                 f"augment={spec.__name__} is the op's factory, not the op: call it "
-                f"(augment={spec.__name__}()). Received: augment={spec!r}"
+                f"(augment={call}). Received: augment={spec.__module__}.{spec.__name__}"
             )
         return _Custom(spec)
     if not isinstance(spec, str):

@@ -1525,7 +1525,9 @@ class _Seed:
 
 # Seeds are taken modulo this; the ops take int64 seeds, and the stages add small offsets.
 # (Modulo 2**31 - 1024, seed 2**31 - 1024 gave seed 0's batches, and a run's seed may be any
-# 32-bit number.)
+# 32-bit number.) The seeded mode's draws take it whole; the default mode's shuffle takes
+# TensorFlow's seed modulo 2**31 - 1 (its order is not reproducible anyway), its
+# augmentation the whole seed.
 SEED_SPACE = 2**62
 
 

@@ -1112,6 +1112,9 @@ class SkipCounter:
         # (see miscount_since).
         self.miscounted: list[str] = []
         self._stopping = 0  # callers inside stopping_on_miscounts()
+        # Warnings logged since the outermost stopping_on_miscounts() began (a command's
+        # run): each replica's pipeline reads every validation shard, and logged its skip.
+        self._logged: set[str] = set()
 
     @contextlib.contextmanager
     def stopping_on_miscounts(self):
@@ -1119,6 +1122,8 @@ class SkipCounter:
         for :meth:`miscount_since`, not logged: the caller stops with that line (petal
         train and evaluate printed it twice, as a warning and as their error)."""
         with self._lock:
+            if not self._stopping:
+                self._logged.clear()
             self._stopping += 1
         try:
             yield
@@ -1129,6 +1134,16 @@ class SkipCounter:
     @property
     def callers_stop_on_miscounts(self) -> bool:
         return self._stopping > 0
+
+    def first(self, message: str) -> bool:
+        """Whether to log ``message``: once per command (see ``_logged``); each time
+        outside one (a notebook's datasets)."""
+        with self._lock:
+            if not self._stopping:
+                return True
+            new = message not in self._logged
+            self._logged.add(message)
+            return new
 
     def add(self, n: int, message: str, shard: str = "") -> None:
         with self._lock:
@@ -1732,7 +1747,8 @@ def _report_skip(path, n, expected) -> bool:
             f"skipped {lost} record(s) of {path}: the shard cannot be opened ({why}; removed "
             "while this ran? Restore it or convert again)"
         )
-    log.warning("petal: %s", message)
+    if SKIPPED.first(message):
+        log.warning("petal: %s", message)
     SKIPPED.add(lost, message, path)
     return False
 

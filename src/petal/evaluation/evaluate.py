@@ -320,7 +320,8 @@ def evaluate(
         # macro averages, as the model's classes the data lacks are (said above).
         # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
         # with the rest of what this evaluation left out.
-        warnings += [f"--skip-corrupt: {line}" for line in SKIPPED.events[events_before:]]
+        warnings += [f"--skip-corrupt: {line}"
+                     for line in dict.fromkeys(SKIPPED.events[events_before:])]  # fmt: skip
         given = set(source.classes) if to_model is not None else set(run.classes)
         scores = report["per_class"]
         if empty := [c for c in run.classes if c in given and not scores[c]["support"]]:

@@ -624,6 +624,16 @@ def _legacy_order(layer: keras.Layer) -> list:
     return layer.trainable_weights + layer.non_trainable_weights
 
 
+def _is_keras_archive(path: Path) -> bool:
+    """Whether ``path`` is a whole model saved by Keras 3 (``model.save('x.keras')``): a zip
+    holding its config and weights."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return {"config.json", "model.weights.h5"} <= set(archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def check_weights_file(path: str | Path, others: str = "") -> None:
     """Refuse a path that holds no readable Keras weights file, saying what it holds instead.
 
@@ -661,12 +671,13 @@ def check_weights_file(path: str | Path, others: str = "") -> None:
         # By its content, whatever its name (tf.keras' ".hdf5", ".H5", none): Keras is given
         # a name it reads (_named_for_keras).
         if not h5py.is_hdf5(path):
-            if zipfile.is_zipfile(path):
+            if _is_keras_archive(path):
                 # A run's model.keras: "not a Keras weights file" said the wrong thing.
                 beside = path.parent / "best.weights.h5"
-                use = (f"pass {beside}, the weights saved beside it" if beside.is_file() else
-                       f"save its weights with keras.models.load_model('{path}')"
-                       ".save_weights('name.weights.h5')")
+                use = f"save its weights with keras.models.load_model('{path}')" \
+                      ".save_weights('name.weights.h5')"
+                if beside.is_file():
+                    use = f"pass {beside} (its run's best epoch), or {use}"
                 raise PetalError(
                     f"Weights file {path} is a whole saved model (a .keras archive), not a "
                     f"weights file: {use}. {received}"

@@ -442,11 +442,11 @@ def codelab_xception() -> TrainConfig:
     replicas, peak 2e-5 x replicas, a 7-epoch ramp (unless batch_size, learning_rate or
     schedule_options.rampup_epochs / max_lr are set); the notebook also gives it to 2-7
     replicas, where petal keeps 16 per replica, a peak of max(2e-4, 5e-5 x replicas) and 5
-    epochs of ramp (see :func:`petal.training.schedules.codelab_max_lr`); flip+saturation; no cache; pixels in
-    [0, 1] as the codelab feeds them, although Keras' Xception weights were trained on
-    [-1, 1] (``--set normalization=symmetric`` matches them; another ``--model`` gets its own
-    normalization unless ``--set normalization=...`` is given). Needs the ImageNet weights
-    (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
+    epochs of ramp (see :func:`petal.training.schedules.codelab_max_lr`); flip+saturation; no
+    cache; pixels in [0, 1] as the codelab feeds them, although Keras' Xception weights were
+    trained on [-1, 1] (``--set normalization=symmetric`` matches them; another ``--model``
+    gets its own normalization unless ``--set normalization=...`` is given). Needs the
+    ImageNet weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
     in the codelab); hours on a 2-core CPU.
     """
     return dataclasses.replace(
@@ -482,8 +482,8 @@ def codelab_convnet() -> TrainConfig:
     Reproduces ``07_Keras_Flowers_TPU_solution.ipynb`` (final val accuracy 0.704, 293,233
     parameters). No augmentation, no BatchNorm. Batch 16 x replicas (128 on an 8-core TPU,
     where the codelab ran it), 32 on one device, as the notebook's ``if tpu: ... else:
-    BATCH_SIZE = 32`` picks it (``--batch-size N`` replaces both). Roughly half an hour on
-    the 2-core CPU; 2-3 s per epoch on a TPU.
+    BATCH_SIZE = 32`` picks it (``--batch-size N`` replaces both). 2-3 s per epoch on a
+    TPU.
     """
     return dataclasses.replace(
         default(),
@@ -506,7 +506,7 @@ def codelab_dense() -> TrainConfig:
     one device), 20 epochs.
 
     The "no convolutions" starting point of the codelab: it overfits and stays near 0.4-0.5
-    validation accuracy. No augmentation. A few minutes on the 2-core CPU.
+    validation accuracy. No augmentation.
     """
     return dataclasses.replace(codelab_convnet(), model="dense")
 

@@ -1947,7 +1947,9 @@ def _train(
     _check_splits(source, cfg.data, train_count, val_count)
     eval_options, pipelines = _eval_input(strategy, replicas)
     skipped = crc_skipped + _in_split(undecodable or [], source, "validation")
-    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, log, pipelines, skipped)
+    eval_notes: list[str] = []  # said after the run's header and strategy lines
+    eval_batch = _replicated_eval_batch(eval_batch, val_count, replicas, eval_notes.append,
+                                        pipelines, skipped)  # fmt: skip
     steps = cfg.steps_per_epoch or train_count // global_batch
     if steps < 1:
         given = _batch_setting(cfg, replicas)[1]  # (a preset's one-device batch on one)
@@ -2065,6 +2067,8 @@ def _train(
             "later epoch does better"
         )
     log(f"petal train: {describe(sinfo, policy, global_batch)}")
+    for note in eval_notes:
+        log(note)
     if (was := saved_resolved.get("precision")) and was != policy:
         # Allowed (float32 and bfloat16 keep the same variables), but metrics.json names the
         # last session's only: --precision auto resolves again on another host.
