@@ -539,6 +539,7 @@ def test_bench_input_names_a_shard_that_holds_other_than_its_count(make_records,
         (shards / f"{name}.tfrec").rename(shards / f"{name.split('-')[0]}-{held}.tfrec")
 
 
+@pytest.mark.slow  # 27 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_bench_input_ctrl_c_during_the_ceiling_is_one_line(make_records):
     """Ctrl-C reaches the decoding processes too: each printed its KeyboardInterrupt's
     traceback (`Process ForkProcess-2: Traceback ...`) before `petal bench: interrupted`."""

@@ -31,6 +31,7 @@ def test_startup_noise_pattern_drops_only_tensorflows_start_up_lines():
     assert not any(cli._STARTUP_NOISE.search(line) for line in KEPT)
 
 
+@pytest.mark.slow  # 36 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_commands_start_tensorflow_without_its_start_up_lines():
     code = (
         "import gc, sys\n"
@@ -53,9 +54,10 @@ def test_commands_start_tensorflow_without_its_start_up_lines():
     assert lines[-1] == "after\n"  # stderr works again afterwards
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # 28-30 s a case in a loaded suite run (session 40): one in CI
     ("signame", "status", "said"),
-    [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")],
+    [("SIGINT", 130, "interrupted"),
+     pytest.param("SIGTERM", 143, "terminated", marks=pytest.mark.slow)],
 )
 def test_ctrl_c_during_the_tensorflow_import_waits_for_its_end(signame, status, said):
     """Raised inside the import, KeyboardInterrupt left modules half-initialised (a

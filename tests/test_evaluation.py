@@ -1453,6 +1453,7 @@ def test_evaluate_fits_a_folder_of_new_photos_as_the_runs_records_were(
     assert seen == ["pad"] and report["count"] == len(list(folder.iterdir()))
 
 
+@pytest.mark.slow  # 30 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_an_interrupted_evaluation_leaves_no_eval_json_beside_another_ones_plots(
     trained, small_records, tmp_path, monkeypatch
 ):
@@ -1513,6 +1514,7 @@ def test_evaluate_on_a_full_disk_removes_what_it_wrote_and_says_so(
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.slow  # 31 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_evaluating_the_runs_own_data_on_its_training_images_is_warned_about(
     trained, small_records, small_flowers, tmp_path
 ):

@@ -521,6 +521,7 @@ def test_imagenet_weights_of_a_model_without_them_name_the_command_line_fix():
         create_model("squeezenet", 5, 32, weights="imagenet")
 
 
+@pytest.mark.slow  # 29 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_weights_file_is_read_by_its_content_whatever_its_name(tmp_path):
     """tf.keras 2's usual checkpoint name (.hdf5), .H5 or no suffix was refused as "not a Keras
     weights file" before its content was read."""
@@ -611,6 +612,7 @@ def test_imagenet_weights_at_an_unpublished_size_print_no_keras_warning(monkeypa
     assert [str(w.message) for w in caught if w.category is UserWarning] == []
 
 
+@pytest.mark.slow  # 29 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_keras3_file_with_the_imagenet_top_says_its_top_was_left_out(tmp_path):
     """It loaded into the backbone but said only "backbone", as if it held no more; the
     legacy file says what it left out. (Keras 3 files name layers by class: `dense`.)"""

@@ -243,6 +243,7 @@ def test_a_folder_cache_holds_pixels_of_one_fitting_and_one_version_of_the_photo
     assert not (tmp_path / "RAM").exists()
 
 
+@pytest.mark.slow  # 24 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_folder_cache_of_codelab_shards_is_read_again_once_they_are_rewritten(
     make_records, tmp_path
 ):
@@ -611,6 +612,7 @@ def test_mirrored_strategy_on_two_logical_cpus(records):
     assert lines["skipping"] == "[16, 16, 16] True True"
 
 
+@pytest.mark.slow  # 34 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_bench_input_cli(make_records, tmp_path, capsys):
     from petal.cli import main
 
@@ -1063,6 +1065,7 @@ def _set_class(value):
     return edit
 
 
+@pytest.mark.slow  # 25 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_negative_class_index_names_its_record_and_says_no_classes_list_mends_it(
     make_records,
 ):

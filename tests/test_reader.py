@@ -351,6 +351,7 @@ def test_corrupt_record_is_named_or_skipped(make_records, caplog):
     assert "validation-00000-of-00001-5.tfrec" in caplog.text
 
 
+@pytest.mark.slow  # 28 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_a_sound_shard_of_another_count_than_its_name_is_named_not_called_corrupt(
     make_records, caplog
 ):
@@ -728,6 +729,7 @@ def test_a_source_takes_split_names_in_any_case(make_records):
         src.count("test")
 
 
+@pytest.mark.slow  # 31 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_codelab_classes_given_must_agree_with_the_names_the_records_hold(
     make_records, monkeypatch
 ):

@@ -1125,7 +1125,9 @@ else:
 """
 
 
-@pytest.mark.parametrize("way", ["command", "library"])
+@pytest.mark.parametrize(  # 21-29 s a case in a loaded suite run (session 40): one in CI
+    "way", [pytest.param("command", marks=pytest.mark.slow), "library"]
+)
 def test_the_command_leaves_without_tearing_down_what_read_the_store(
     trained, small_records, tmp_path, way
 ):

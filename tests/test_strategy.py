@@ -383,6 +383,7 @@ def test_train_refuses_a_cluster_of_several_workers_in_one_line(small_records, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # 24 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_multi_worker_after_the_runtime_started_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", _one_worker_tf_config())
     script = textwrap.dedent(

@@ -446,6 +446,7 @@ def test_a_renamed_codelab_shard_stops_training_even_when_skipping_corrupt(
     assert not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.slow  # 29 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_skipping_most_of_the_training_records_is_said(small_records, tmp_path):
     """A corrupt record ends its shard for the reader: one early in a training shard drops
     most of it every epoch. Counted once, however many epochs, and said at the end."""
@@ -1228,6 +1229,7 @@ def test_the_step_bar_is_cleared_before_the_epoch_line(small_records, tmp_path, 
         assert screen.endswith("\r") and not screen.rsplit("\r", 2)[-2].strip()
 
 
+@pytest.mark.slow  # 24 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_resume_and_overwrite_must_be_bools(small_records, tmp_path):
     """overwrite="no" replaced a finished run and resume="false" resumed one: any truthy
     value was taken as True. Refused as convert and export refuse it."""

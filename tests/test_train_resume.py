@@ -265,6 +265,7 @@ def test_resume_without_state_json_refuses_a_run_with_completed_epochs(small_rec
     assert (run / "history.csv").read_bytes() == files["history.csv"]
 
 
+@pytest.mark.slow  # 28 s in a loaded suite run (session 40): `pytest -m slow` runs it
 def test_resume_without_the_history_of_its_completed_epochs_is_refused(small_records, tmp_path):
     """A deleted history.csv resumed: it then held the new epochs alone, and metrics.json named
     a best epoch that state.json and best.weights.h5 did not."""
