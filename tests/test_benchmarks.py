@@ -45,6 +45,7 @@ def test_bench_convert_runs(tmp_path):
     assert result["median_work_speedup"] == row["work_speedup"] > 0
 
 
+@pytest.mark.slow  # 10 s in CI (session 40: 598 s): `pytest -m slow` runs it
 def test_bench_convert_takes_a_relative_data_path_and_one_worker(tmp_path):
     """A relative --data with --per-class linked every photo relative to a temporary folder
     (FileNotFoundError); --workers 1 wrote NaN, which strict JSON readers refuse."""
@@ -258,6 +259,7 @@ def test_bench_input_takes_the_image_size_of_records_that_record_none(make_recor
     ], err
 
 
+@pytest.mark.slow  # 8 s in CI (session 40: 598 s): `pytest -m slow` runs it
 def test_bench_input_table_and_ratios_agree_over_rounds(make_records):
     from petal.data import bench
 
@@ -828,6 +830,7 @@ def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path
         assert line.startswith(f"bench_convert.py: error: {message}"), line
 
 
+@pytest.mark.slow  # 9 s in CI (session 40: 598 s): `pytest -m slow` runs it
 def test_bench_convert_ctrl_c_is_one_line(small_flowers, tmp_path):
     """Ctrl-C printed a KeyboardInterrupt traceback (its clean-up was fine)."""
     import os
