@@ -267,12 +267,12 @@ def _check_not_an_input(path: str | None, option: str, **inputs) -> None:
     glob of shards): --json RECORDS/manifest.json replaced the records' manifest."""
     import glob
 
-    from petal.data.folders import is_within
+    from petal.data.folders import expand_home, is_within
 
     for name, given in inputs.items():
         if not path or not given:
             continue
-        given = os.path.expanduser(str(given))
+        given = expand_home(str(given))
         files = glob.glob(given) if glob.has_magic(given) else [given]
         real = os.path.realpath(path)
         if is_within(path, given) or any(os.path.realpath(f) == real for f in files):

@@ -446,8 +446,8 @@ def codelab_xception() -> TrainConfig:
     cache; pixels in [0, 1] as the codelab feeds them, although Keras' Xception weights were
     trained on [-1, 1] (``--set normalization=symmetric`` matches them; another ``--model``
     gets its own normalization unless ``--set normalization=...`` is given). Needs the
-    ImageNet weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU v3-8 (109-165 s
-    in the codelab); hours on a 2-core CPU.
+    ImageNet weights (downloaded once) and records at 331px. About 2-3 minutes on a TPU
+    v3-8 (109-165 s in the codelab); hours on a 2-core CPU.
     """
     return dataclasses.replace(
         default(),
