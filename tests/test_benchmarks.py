@@ -980,3 +980,28 @@ def test_bench_counts_the_cpus_it_may_run_on(monkeypatch):
     monkeypatch.delattr(bench.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 3)
     assert bench.usable_cpus() == 3
+
+
+def test_bench_teardown_counts_each_drop_both_ways_and_puts_petal_s_options_back(
+    small_records, tmp_path, capsys
+):
+    import importlib.util
+
+    from petal.data import pipeline
+
+    spec = importlib.util.spec_from_file_location("bench_teardown", BENCHMARKS / "bench_teardown.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    options = pipeline._options
+    out = tmp_path / "teardown.json"
+    assert script.main(["--records", str(small_records), "--iterators", "1", "--hold", "0.05",
+                        "--batch-size", "4", "--out", str(out)]) == 0  # fmt: skip
+    assert pipeline._options is options
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["autotune", "petal"]
+    assert all(r["iterators"] == len(r["waits_s"]) == 1 and r["images_per_s"] > 0 for r in rows)
+    assert "petal " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        script.main(["--records", str(tmp_path), "--out", str(tmp_path / "x.json")])
+    assert stop.value.code == 2 and not (tmp_path / "x.json").exists()
+    assert f"--records {tmp_path} has no manifest.json" in capsys.readouterr().err
