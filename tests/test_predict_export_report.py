@@ -576,15 +576,17 @@ def test_report_leaves_out_an_epoch_the_run_did_not_save(trained, tmp_path, caps
     last[0] = str(done + 1)
     history.write_text(history.read_text() + ",".join(last) + "\n")
     said = (f"{history} holds epoch {done + 1}, which the run did not save (it stopped before "
-            f"the checkpoint): left out of this report; `petal train --workdir {run} --resume` "
-            "trains it again.")
-    for finished in (True, False):  # resumed and interrupted; interrupted before its end
+            f"the checkpoint): left out of this report; `petal train --workdir {run} --resume"
+            "{more}` trains it again.")
+    # A finished run extended and stopped: --resume alone had nothing to do. A run stopped
+    # before its end: --resume goes on to its epochs.
+    for finished, more in ((True, f" --epochs {done + 1}"), (False, "")):
         if not finished:
             (run / "metrics.json").unlink()
         capsys.readouterr()
         build_report(run)
         assert drawn.pop() == list(range(1, done + 1))
-        assert capsys.readouterr().err == f"petal report: warning: {said}\n"
+        assert capsys.readouterr().err == f"petal report: warning: {said.format(more=more)}\n"
         page = (run / "report.html").read_text()
         assert "<b>Not saved:</b>" in page and "Not finished" not in page
     # A start interrupted in its first epoch saved none.

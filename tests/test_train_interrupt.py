@@ -377,3 +377,32 @@ def test_an_overwrite_killed_before_its_first_epoch_gets_the_run_it_replaced_bac
     assert said[-1] == (f"petal train: deleted {run / '.petal-replaced'}, the run an --overwrite "
                         "replaced: the new run had saved an epoch")
     assert not (run / ".petal-replaced").exists() and (run / "model.keras").is_file()
+
+
+def test_an_extension_stopped_before_its_first_checkpoint_drops_its_row_and_says_how_to_go_on(
+    small_records, tmp_path, monkeypatch, capsys
+):
+    """A finished run extended (--resume --epochs) and stopped between the new epoch's row in
+    history.csv and its checkpoint kept the row, said only that the run was complete, and
+    `--resume`, which report then advised, had nothing to do."""
+    from petal import cli
+    from petal.training import callbacks
+    from petal.training.callbacks import read_history
+
+    run = tmp_path / "run"
+    train(tiny_config(small_records, model="dense", epochs=1), run, **QUIET)
+    real = callbacks.Checkpointer.on_epoch_end
+
+    def stop(self, epoch, logs=None):
+        if epoch >= 1:  # the extension's first epoch: its row is written, not its checkpoint
+            raise KeyboardInterrupt
+        real(self, epoch, logs)
+
+    monkeypatch.setattr(callbacks.Checkpointer, "on_epoch_end", stop)
+    capsys.readouterr()
+    assert cli.main(["train", "--workdir", str(run), "--resume", "--epochs", "3"]) == 130
+    assert [row["epoch"] for row in read_history(run / "history.csv")] == [1]
+    err = capsys.readouterr().err
+    assert (f"petal train: the run is complete at its 1 epoch and no later one was saved "
+            f"(model.keras and metrics.json are of epoch 1); continue with "
+            f"`petal train --resume --epochs 3 --workdir {run}`\n") in err

@@ -491,7 +491,8 @@ def _run_train(args: argparse.Namespace) -> int:
     try:
         train(config, args.workdir, resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt as err:
-        _print_resume_hint(args.workdir, restored=run_restored(err))
+        wanted = config.epochs if args.resume else None
+        _print_resume_hint(args.workdir, restored=run_restored(err), epochs=wanted)
         raise
     except Exception as err:
         # An error once this run saved an epoch (a full disk, a corrupt record): say how to
@@ -514,12 +515,16 @@ def _state_file(workdir: str) -> tuple | None:
         return None
 
 
-def _print_resume_hint(workdir: str, command: str = "train", restored: bool = False) -> None:
+def _print_resume_hint(
+    workdir: str, command: str = "train", restored: bool = False, epochs: int | None = None
+) -> None:
     """After Ctrl-C (or an error): say how to continue from the last saved epoch, if one was
     saved (or that the run is complete, when it was stopped after its last file). For
     ``demo``: its run, which the demo run again would start over. ``restored``: an
     --overwrite (the demo's too) stopped before it saved an epoch, and the run it replaced is
-    back: that run is not the one to finish. A stderr that cannot take the line loses it, not
+    back: that run is not the one to finish. ``epochs``: those a --resume was to reach; an
+    extension of a complete run stopped before its first new epoch is continued with them
+    (``--resume`` alone has nothing to do). A stderr that cannot take the line loses it, not
     the exit status (:func:`_tell`)."""
     import shlex
 
@@ -543,7 +548,14 @@ def _print_resume_hint(workdir: str, command: str = "train", restored: bool = Fa
         return
     quoted = shlex.quote(workdir)
     rest = f"`petal evaluate {quoted}` and `petal report {quoted}`"  # what the demo had left
-    if done := finished_epochs(workdir):  # stopped after its last file: nothing to resume
+    if (done := finished_epochs(workdir)) and not demo and epochs and epochs > done:
+        _tell(
+            f"petal {command}: the run is complete at its {done} epoch{'s' * (done != 1)} and "
+            f"no later one was saved (model.keras and metrics.json are of epoch {done}); "
+            f"continue with `petal train --resume --epochs {epochs} --workdir {quoted}`"
+        )
+        return
+    if done:  # stopped after its last file: nothing to resume
         _tell(
             f"petal {command}: the run is complete: its {done} epochs, model.keras and "
             f"metrics.json are saved in {workdir}" + (f"; {rest} finish the demo" if demo else "")

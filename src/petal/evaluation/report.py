@@ -252,10 +252,12 @@ def build_report(
         # Interrupted before the epoch's checkpoint: --resume trains it again.
         epochs_done = [row for row in epochs_done if row["epoch"] <= saved]
         which = f"epoch {unsaved[0]}" if len(unsaved) == 1 else f"epochs {unsaved[0]}-{unsaved[-1]}"
+        # A complete run so stopped was being extended: --resume alone has nothing to do.
+        more = f" --epochs {unsaved[-1]}" if completed == saved and metrics is not None else ""
         not_saved = (
             f"{history} holds {which}, which the run did not save (it stopped before the "
-            f"checkpoint): left out of this report; `petal train --workdir {run_dir} --resume` "
-            "trains it again."
+            f"checkpoint): left out of this report; `petal train --workdir {run_dir} --resume"
+            f"{more}` trains {'it' if len(unsaved) == 1 else 'them'} again."
         )
         print(f"petal report: warning: {not_saved}", file=sys.stderr)
     figures: list[tuple[str, Path]] = []

@@ -547,6 +547,18 @@ def saved_epoch(workdir: str | Path) -> int:
     return epoch if isinstance(epoch, int) else 0
 
 
+def _drop_unsaved_rows(history_path: Path, workdir: Path) -> None:
+    """A run stopped between an epoch's row in history.csv and its checkpoint: drop the rows
+    of epochs not saved. An extension of a finished run so stopped kept a row that its report
+    left out and that ``--resume`` (nothing to do: the run is finished) never dropped."""
+    epoch = saved_epoch(workdir)
+    try:
+        if epoch and any(row["epoch"] > epoch for row in read_history(history_path, "drop")):
+            truncate_history(history_path, epoch)
+    except (OSError, ValueError, KeyError):
+        pass  # the stop's own error is the one to see; a resume truncates it anyway
+
+
 def finished_epochs(workdir: str | Path) -> int:
     """The epochs of the run in ``workdir`` when it is complete (``model.keras``, and a
     ``metrics.json`` of the epoch ``state.json`` saved); 0 otherwise."""
@@ -2396,6 +2408,8 @@ def _train(
         if unmark is not None:
             if not state.get("epoch"):  # before the marker goes: no second run meanwhile
                 _restore_run(workdir, log, stopped=err)
+            else:
+                _drop_unsaved_rows(history_path, workdir)
             unmark()
         raise
     finally:
