@@ -55,6 +55,15 @@ def test_pipelines_run_without_the_autotune_thread_that_delays_dropping_an_itera
         assert ds.options().autotune.initial_parallelism == 3
     images, _ = next(iter(ds))
     assert images.shape == (4, 16, 16, 3)
+    # TensorFlow 2.16 (which pyproject.toml allows) has no initial_parallelism to set.
+    def refuse(self, value):
+        raise AttributeError(f"Cannot set the property initial_parallelism on {self}.")
+
+    monkeypatch.setattr(tf.data.experimental.AutotuneOptions, "initial_parallelism",
+                        property(lambda self: None, refuse))
+    ds = eval_dataset(str(records), batch_size=4)
+    assert ds.options().autotune.enabled is False
+    assert next(iter(ds))[0].shape == (4, 16, 16, 3)
 
 
 def test_train_shapes_dtypes_and_labels(records):
@@ -691,6 +700,29 @@ def test_bench_input_names_an_undecodable_file_of_its_folder(
         "without them (petal convert skips them and lists them in its manifest)."
     ]
     assert "function_node" not in err[0] and "Iterator::" not in err[0]
+
+
+def test_bench_input_refuses_a_folder_smaller_than_a_batch_before_timing_anything(
+    make_records, small_flowers, tmp_path, capsys
+):
+    """The ceiling was measured first, then the folder case stopped naming batch_size."""
+    from petal.cli import main
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for f in sorted((small_flowers / cls).iterdir())[:3]:
+            (photos / cls / f.name).symlink_to(f.resolve())
+    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg",
+                           classes=("daisy", "roses"))
+    argv = ["bench", "input", str(records), "--folder", str(photos), "--cases", "ceiling,folder",
+            "--batch-size", "8", "--seconds", "0.2"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    n = int(err.split(" training images")[0].rsplit(" ", 1)[1])
+    assert 0 < n < 8 and "ceiling" not in out
+    assert err == (f"petal bench: error: --folder {photos} has {n} training images, fewer than "
+                   f"one batch of 8: pass --batch-size N (at most {n}). Received: batch_size=8\n")
 
 
 def test_bench_input_warns_when_the_folder_is_not_where_the_records_came_from(

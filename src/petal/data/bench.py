@@ -720,6 +720,12 @@ def run(
     if folder and uses_folder:
         folder_src = _opened("--folder", folder)
         _check_folder(folder, folder_src, src, progress)
+        if (per_epoch := folder_src.count("train")) < batch_size:  # before any case is timed
+            raise PetalError(
+                f"--folder {folder} has {per_epoch} training images, fewer than one batch of "
+                f"{batch_size}: pass --batch-size N (at most {per_epoch}). "
+                f"Received: batch_size={batch_size}"
+            )
         for note in folder_src.notes:  # files the folder cases do not read, said once
             progress(f"warning: {note}")
         # Now, not when its case comes up: the remote per-file pipeline, last of all, met

@@ -1513,7 +1513,8 @@ def _options(deterministic: bool, input_context) -> tf.data.Options:
     # stage now runs on all the CPUs this process may use (TensorFlow's default caps it at
     # 16); prefetch buffers still grow as needed. On 2 cores the images/s were the same.
     options.autotune.enabled = False
-    options.autotune.initial_parallelism = bench.usable_cpus()
+    with contextlib.suppress(AttributeError):  # TensorFlow 2.16 has no such option (cap 16)
+        options.autotune.initial_parallelism = bench.usable_cpus()
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
     if input_context is not None:
