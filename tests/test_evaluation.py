@@ -698,6 +698,9 @@ def test_evaluate_on_a_folder_names_undecodable_files_or_skips_and_counts(
     assert f"petal evaluate: warning: --skip-corrupt: 2 of 17 files cannot be decoded and are " \
         f"skipped: {folder}/daisy/zz-not-an-image.jpg: not an image" in printed.err
     assert "Traceback" not in printed.err
+    (folder / "daisy" / "zz-not-an-image.jpg").unlink()
+    assert main([*args, "--skip-corrupt"]) == 0
+    assert ", 1 corrupt file skipped -> " in capfd.readouterr().out  # not "1 corrupt files"
 
 
 @pytest.mark.slow  # 37 s in a loaded suite run (session 40): `pytest -m slow` runs it

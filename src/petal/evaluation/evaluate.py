@@ -370,8 +370,8 @@ def evaluate(
             f"petal evaluate: {len(y_true)} image{'' if len(y_true) == 1 else 's'} of {data} "
             f"({split}): accuracy "
             f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
-            + (f", {skipped} corrupt {'files' if source.kind == 'folder' else 'records'} skipped"
-               if skipped else "")
+            + (f", {skipped} corrupt {'file' if source.kind == 'folder' else 'record'}"
+               f"{'s' * (skipped != 1)} skipped" if skipped else "")
             + f" -> {out}"
         )
         return report
