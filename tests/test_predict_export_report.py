@@ -317,6 +317,37 @@ def test_export_replaces_an_earlier_export_whole_or_not_at_all(trained, tmp_path
     assert marker["run"] == str(trained.absolute())
 
 
+def test_evaluate_and_export_refuse_an_out_that_holds_data(trained, small_flowers, tmp_path,
+                                                            capsys):
+    """--out an image folder or a records folder took the evaluation's PNGs and files (a
+    later convert of the photos listed them) or the export, as train's --workdir is not."""
+    from petal.cli import main
+
+    photos = tmp_path / "photos"
+    (photos / "daisy").mkdir(parents=True)
+    first = sorted((small_flowers / "daisy").iterdir())[0]
+    (photos / "daisy" / first.name).symlink_to(first.resolve())
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "manifest.json").write_text("{}")
+    for out, kind in ((photos, "class folders of photos (daisy/)"),
+                      (records, "records (manifest.json)")):
+        before = sorted(out.rglob("*"))
+        for command, what in (("evaluate", "evaluation"), ("export", "export")):
+            capsys.readouterr()
+            assert main([command, str(trained), "--out", str(out)]) == 2
+            assert capsys.readouterr().err == (
+                f"petal {command}: error: --out {out} holds {kind}; pass --out a folder of its "
+                f"own (a new or empty folder) so that the {what}'s files do not mix with the "
+                "data.\n")
+        assert sorted(out.rglob("*")) == before
+    # A folder holding an evaluation's own PNGs is no image folder: evaluated into again.
+    again = tmp_path / "eval"
+    assert main(["evaluate", str(trained), "--out", str(again)]) == 0
+    assert (again / "confusion_matrix.png").is_file()
+    assert main(["evaluate", str(trained), "--out", str(again)]) == 0
+
+
 @pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it
 def test_export_refuses_files_no_export_wrote_unless_overwrite(trained, tmp_path, capsys):
     """A folder of the user's own saved_model/ (with notes in it), labels.txt and
@@ -1788,6 +1819,23 @@ def test_report_of_a_moved_runs_own_evaluation_says_it_scored_an_earlier_model(t
     build_report(run)
     err = capsys.readouterr().err
     assert f"{eval_json} scored an earlier model" in err and "another run" not in err
+
+
+def test_report_of_another_runs_evaluation_in_this_runs_eval_says_it_is_another_runs(
+    trained, tmp_path, capsys
+):
+    """`petal evaluate OTHER --out RUN/eval`: report said RUN's model was saved after it (the
+    run trained further), though eval.json names OTHER, a run that is there."""
+    from petal.evaluation.report import build_report
+
+    run = _copy_run(trained, tmp_path / "run")
+    other = _copy_run(trained, tmp_path / "other")
+    eval_json = _write_eval(run, workdir=str(other), model_sha256="0" * 64)
+    capsys.readouterr()
+    build_report(run)
+    err = capsys.readouterr().err
+    assert f"{eval_json} is an evaluation of another run ({other})" in err
+    assert "scored an earlier model" not in err
 
 
 def test_predicts_records_hint_quotes_a_path_with_a_space(trained, tmp_path):

@@ -574,8 +574,8 @@ def test_a_workdir_holding_records_or_photos_is_refused(small_records, small_flo
     (tmp_path / "run" / "eval-copy").mkdir(parents=True)
     (tmp_path / "run" / "eval-copy" / "confusion_matrix.png").write_bytes(b"png")
     (tmp_path / "run" / "config.json").write_text(PETAL_CONFIG)
-    from petal.training.loop import _holds_data
+    from petal.training.loop import holds_data
 
-    assert _holds_data(tmp_path / "run") is None
+    assert holds_data(tmp_path / "run") is None
     (tmp_path / "run" / "config.json").unlink()
-    assert _holds_data(tmp_path / "run") == "class folders of photos (eval-copy/)"
+    assert holds_data(tmp_path / "run") == "class folders of photos (eval-copy/)"

@@ -624,6 +624,13 @@ def _check_out(out: Path, overwrite: bool) -> None:
     """Refuses what is in the way of the export in ``out``, before any work: a link or the
     wrong kind (file, folder) where it writes, or, without ``overwrite``, files an earlier
     ``petal export`` did not write there (:func:`exported_names`)."""
+    from petal.training.loop import holds_data
+
+    if kind := holds_data(out, (*_OUTPUTS, EXPORT_MARKER)):
+        raise PetalError(
+            f"--out {out} holds {kind}; pass --out a folder of its own (a new or empty "
+            "folder) so that the export's files do not mix with the data."
+        )
     elsewhere = "move it away or pass --out another folder."
     for name, is_dir in _OUTPUTS.items():
         target = out / name

@@ -19,7 +19,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from petal.data.folders import expand_home, is_run_config, same_place
+from petal.data.folders import expand_home, holds_run_config, is_run_config, same_place
 from petal.errors import PetalError, damage_reason, disk_full, first_line, need_folder
 from petal.evaluation import plots
 from petal.evaluation.workdir import (
@@ -531,8 +531,10 @@ def _scored_another_model(
     if isinstance(digest, str):
         if digest == file_sha256(model_file):
             return None
-        # The run's own eval/ is its own evaluation, though the run was moved since.
-        own = (
+        # The run's own eval/ is its own evaluation, though the run was moved since; not
+        # when it names another run that is there (`evaluate OTHER --out RUN/eval`).
+        other = isinstance(scored_in, str) and not scored_here and holds_run_config(scored_in)
+        own = not other and (
             not isinstance(scored_in, str)
             or scored_here
             or same_place(str(eval_json.parent), str(workdir / EVAL_DIR))

@@ -36,7 +36,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -403,14 +403,17 @@ def _written_inside(workdir: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _holds_data(workdir: Path) -> str | None:
+def holds_data(workdir: Path, own: Iterable[str] = ()) -> str | None:
     """What data ``workdir`` holds ("records (manifest.json)", "photos (a.jpg)", "class
     folders of photos (daisy/)"), or None: a run's folder (config.json: its evaluations
-    with ``--out`` hold PNGs) is none of these."""
+    with ``--out`` hold PNGs) is none of these. ``own``: names the caller writes there
+    itself (an evaluation's PNGs), which are no data."""
     try:
         entries = sorted(os.scandir(workdir), key=lambda e: e.name)
     except OSError:  # missing (created later) or unreadable (said later)
         return None
+    own = set(own)
+    entries = [entry for entry in entries if entry.name not in own]
     if any(entry.name == "config.json" for entry in entries):
         return None
     for entry in entries:
@@ -1790,7 +1793,7 @@ def _train(
     if not cfg.data:
         raise PetalError("No training data: pass --data RECORDS (a folder from `petal convert`).")
     _check_workdir_outside_data(workdir, cfg.data)
-    if data_kind := _holds_data(workdir):
+    if data_kind := holds_data(workdir):
         # The run's files went in among records or photos (a later convert of the photos
         # read its tensorboard/ and plots/ as classes).
         raise PetalError(
