@@ -341,11 +341,22 @@ def test_evaluate_and_export_refuse_an_out_that_holds_data(trained, small_flower
                 f"own (a new or empty folder) so that the {what}'s files do not mix with the "
                 "data.\n")
         assert sorted(out.rglob("*")) == before
-    # A folder holding an evaluation's own PNGs is no image folder: evaluated into again.
-    again = tmp_path / "eval"
+    # A folder holding an evaluation's own PNGs is no image folder: evaluated into again,
+    # exported into, and a folder of such evaluations (--out evals/a) is none either.
+    from petal.evaluation.evaluate import WRITTEN
+    from petal.evaluation.export import _check_out
+    from petal.training.loop import holds_data
+
+    again = tmp_path / "evals" / "a"
     assert main(["evaluate", str(trained), "--out", str(again)]) == 0
     assert (again / "confusion_matrix.png").is_file()
     assert main(["evaluate", str(trained), "--out", str(again)]) == 0
+    _check_out(again, overwrite=False)
+    assert holds_data(again.parent, WRITTEN) is None
+    assert holds_data(again.parent) == "class folders of photos (a/)"
+    # A data set's own config.json is no run's: its photos are still data.
+    (photos / "config.json").write_text('{"name": "my flowers"}')
+    assert holds_data(photos, WRITTEN) == "class folders of photos (daisy/)"
 
 
 @pytest.mark.slow  # 8 s in CI on a Zen 3 host (session 39: 611 s): `pytest -m slow` runs it

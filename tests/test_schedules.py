@@ -255,6 +255,31 @@ def test_resume_drops_a_history_row_cut_short_by_the_interruption(tmp_path):
         truncate_history(history, 3)
 
 
+def test_a_history_rewrite_stopped_part_way_leaves_the_rows_there_were(tmp_path, monkeypatch):
+    """Truncating history.csv (a stopped run drops its unsaved rows) opened the file for
+    writing in place: a second Ctrl-C or a full disk part-way left it empty or cut short."""
+    import csv
+
+    from petal.training.callbacks import HISTORY_FIELDS, read_history, truncate_history
+
+    history = tmp_path / "history.csv"
+    rows = [",".join([str(e)] + ["0.5"] * (len(HISTORY_FIELDS) - 1)) for e in (1, 2, 3)]
+    history.write_text(",".join(HISTORY_FIELDS) + "\n" + "\n".join(rows) + "\n")
+    before = history.read_text()
+
+    def stop(self, row):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(csv.DictWriter, "writerow", stop)
+    with pytest.raises(KeyboardInterrupt):
+        truncate_history(history, 2)
+    assert history.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "history.csv"]
+    monkeypatch.undo()
+    truncate_history(history, 2)
+    assert [r["epoch"] for r in read_history(history)] == [1, 2]
+
+
 def test_a_history_row_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
     """A full disk while appending the epoch's row: "No space left on the device", naming no
     file (a write's OSError carries none)."""

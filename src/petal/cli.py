@@ -557,7 +557,8 @@ def _print_resume_hint(
         return
     if done:  # stopped after its last file: nothing to resume
         _tell(
-            f"petal {command}: the run is complete: its {done} epochs, model.keras and "
+            f"petal {command}: the run is complete: its {done} epoch{'s' * (done != 1)}, "
+            "model.keras and "
             f"metrics.json are saved in {workdir}" + (f"; {rest} finish the demo" if demo else "")
         )
         return

@@ -587,6 +587,16 @@ def _check_folder(folder: str, opened, src, progress) -> None:
         )
 
 
+def _refuse_short(what: str, per_epoch: int, batch_size: int) -> None:
+    """Refuse a source (RECORDS, ``--folder``) with fewer training images than a batch, before
+    any case is timed (the folder's stopped the run after the ceiling was measured)."""
+    if per_epoch < batch_size:
+        raise PetalError(
+            f"{what} has {per_epoch} training images, fewer than one batch of {batch_size}: "
+            f"pass --batch-size N (at most {per_epoch}). Received: batch_size={batch_size}"
+        )
+
+
 def check_settings(
     *, batch_size: int, seconds: float, repeats: int = 1, cases=None
 ) -> tuple[str, ...] | None:
@@ -716,16 +726,13 @@ def run(
     ):
         if value is not None and not used:
             progress(f"warning: {option} is not used by the cases chosen ({', '.join(cases)}).")
+    per_epoch = src.count("train")
+    _refuse_short(str(records), per_epoch, batch_size)  # before anything is read or timed
     folder_src = None
     if folder and uses_folder:
         folder_src = _opened("--folder", folder)
         _check_folder(folder, folder_src, src, progress)
-        if (per_epoch := folder_src.count("train")) < batch_size:  # before any case is timed
-            raise PetalError(
-                f"--folder {folder} has {per_epoch} training images, fewer than one batch of "
-                f"{batch_size}: pass --batch-size N (at most {per_epoch}). "
-                f"Received: batch_size={batch_size}"
-            )
+        _refuse_short(f"--folder {folder}", folder_src.count("train"), batch_size)
         for note in folder_src.notes:  # files the folder cases do not read, said once
             progress(f"warning: {note}")
         # Now, not when its case comes up: the remote per-file pipeline, last of all, met
@@ -768,13 +775,6 @@ def run(
         cpus=usable_cpus(),
         decoder="",
     )
-    per_epoch = src.count("train")
-    if per_epoch < batch_size:
-        raise PetalError(
-            f"{records} has {per_epoch} training images, fewer than one batch of "
-            f"{batch_size}: pass --batch-size N (at most {per_epoch}). "
-            f"Received: batch_size={batch_size}"
-        )
 
     def pipeline_case(source, aug, cache="off", warmup=10, **options):
         def measure():

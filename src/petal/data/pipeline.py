@@ -57,7 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from petal.data import augment as augment_lib
-from petal.data import bench, folders, reader, schema
+from petal.data import folders, reader, schema
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
 from petal.errors import (
@@ -1509,12 +1509,11 @@ def _options(deterministic: bool, input_context) -> tf.data.Options:
     # No autotune model thread: dropping an iterator waits for that thread, and it can miss
     # the wake-up and sleep out its optimisation period (up to 60 s, doubling from 10 ms).
     # Alone, 4 of 30 iterators dropped after 1.5 s of use waited 0.74-0.82 s; in the test
-    # suite, with a second process busy, single tests waited up to 47 s. Every AUTOTUNE
-    # stage now runs on all the CPUs this process may use (TensorFlow's default caps it at
-    # 16); prefetch buffers still grow as needed. On 2 cores the images/s were the same.
+    # suite, with a second process busy, single tests waited up to 47 s. Each AUTOTUNE stage
+    # then runs min(16, CPUs) calls at once (tf.data's default; not more: a stage holds that
+    # many batches, and nothing would bound their memory); prefetch buffers still grow as
+    # needed. On 2 cores the images/s were the same.
     options.autotune.enabled = False
-    with contextlib.suppress(AttributeError):  # TensorFlow 2.16 has no such option (cap 16)
-        options.autotune.initial_parallelism = bench.usable_cpus()
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
     if input_context is not None:

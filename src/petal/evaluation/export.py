@@ -624,9 +624,10 @@ def _check_out(out: Path, overwrite: bool) -> None:
     """Refuses what is in the way of the export in ``out``, before any work: a link or the
     wrong kind (file, folder) where it writes, or, without ``overwrite``, files an earlier
     ``petal export`` did not write there (:func:`exported_names`)."""
+    from petal.evaluation.evaluate import WRITTEN
     from petal.training.loop import holds_data
 
-    if kind := holds_data(out, (*_OUTPUTS, EXPORT_MARKER)):
+    if kind := holds_data(out, (*_OUTPUTS, *WRITTEN)):  # an evaluation there is no data
         raise PetalError(
             f"--out {out} holds {kind}; pass --out a folder of its own (a new or empty "
             "folder) so that the export's files do not mix with the data."

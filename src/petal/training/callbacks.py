@@ -136,11 +136,17 @@ def truncate_history(path: str | Path, epochs: int) -> None:
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _fmt(row.get(k)) for k in HISTORY_FIELDS})
+    """``rows`` as the whole of ``path``, through a temporary file: a rewrite stopped (a
+    second Ctrl-C, a full disk) leaves the rows there were, not a file cut short."""
+
+    def save(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=HISTORY_FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: _fmt(row.get(k)) for k in HISTORY_FIELDS})
+
+    save_atomically(path, save)
 
 
 def _fmt(value) -> str:

@@ -44,6 +44,7 @@ from petal.data import schema
 from petal.data.folders import (
     absolute_data,
     expand_home,
+    holds_run_config,
     is_hidden,
     is_image_name,
     is_remote,
@@ -405,16 +406,17 @@ def _written_inside(workdir: Path) -> tuple[Path, str] | None:
 
 def holds_data(workdir: Path, own: Iterable[str] = ()) -> str | None:
     """What data ``workdir`` holds ("records (manifest.json)", "photos (a.jpg)", "class
-    folders of photos (daisy/)"), or None: a run's folder (config.json: its evaluations
-    with ``--out`` hold PNGs) is none of these. ``own``: names the caller writes there
-    itself (an evaluation's PNGs), which are no data."""
+    folders of photos (daisy/)"), or None: a run's folder (petal's config.json: its
+    evaluations with ``--out`` hold PNGs) is none of these. ``own``: names the caller writes
+    there itself (an evaluation's PNGs), which are no data, in ``workdir`` or a folder of it
+    (an earlier ``--out workdir/a``)."""
     try:
         entries = sorted(os.scandir(workdir), key=lambda e: e.name)
     except OSError:  # missing (created later) or unreadable (said later)
         return None
     own = set(own)
     entries = [entry for entry in entries if entry.name not in own]
-    if any(entry.name == "config.json" for entry in entries):
+    if holds_run_config(str(workdir)):  # not a data set's own config.json
         return None
     for entry in entries:
         if entry.name == schema.MANIFEST_NAME or entry.name.endswith(schema.SHARD_SUFFIX):
@@ -429,7 +431,7 @@ def holds_data(workdir: Path, own: Iterable[str] = ()) -> str | None:
             names = os.listdir(entry.path)
         except OSError:
             continue
-        if any(is_image_name(n) for n in names):
+        if any(is_image_name(n) and n not in own for n in names):  # not earlier outputs
             return f"class folders of photos ({entry.name}/)"
     return None
 
