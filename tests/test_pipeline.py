@@ -663,19 +663,25 @@ def test_bench_input_cli(make_records, tmp_path, capsys):
     assert main(["bench", "input", str(folder), "--cases", "nope"]) == 2
 
 
-def test_bench_input_names_an_undecodable_file_of_its_folder(
-    make_records, small_flowers, tmp_path, capsys
-):
-    from petal.cli import main
-
+def _records_and_their_photos(make_records, small_flowers, tmp_path):
+    """Records of two classes (24 train, 4 validation) and a folder of 3 photos of each."""
     photos = tmp_path / "photos"
     for cls in ("daisy", "roses"):
         (photos / cls).mkdir(parents=True)
         for f in sorted((small_flowers / cls).iterdir())[:3]:
             (photos / cls / f.name).symlink_to(f.resolve())
-    (photos / "roses" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest")
     records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg",
                            classes=("daisy", "roses"))
+    return records, photos
+
+
+def test_bench_input_names_an_undecodable_file_of_its_folder(
+    make_records, small_flowers, tmp_path, capsys
+):
+    from petal.cli import main
+
+    records, photos = _records_and_their_photos(make_records, small_flowers, tmp_path)
+    (photos / "roses" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 not the rest")
     argv = ["bench", "input", str(records), "--folder", str(photos), "--cases", "folder",
             "--batch-size", "2", "--seconds", "0.2"]
     assert main(argv) == 2
@@ -694,13 +700,7 @@ def test_bench_input_refuses_a_folder_smaller_than_a_batch_before_timing_anythin
     """The ceiling was measured first, then the folder case stopped naming batch_size."""
     from petal.cli import main
 
-    photos = tmp_path / "photos"
-    for cls in ("daisy", "roses"):
-        (photos / cls).mkdir(parents=True)
-        for f in sorted((small_flowers / cls).iterdir())[:3]:
-            (photos / cls / f.name).symlink_to(f.resolve())
-    records = make_records("jpeg", counts={"train": [12, 12], "validation": [4]}, fmt="jpeg",
-                           classes=("daisy", "roses"))
+    records, photos = _records_and_their_photos(make_records, small_flowers, tmp_path)
     argv = ["bench", "input", str(records), "--folder", str(photos), "--cases", "ceiling,folder",
             "--batch-size", "8", "--seconds", "0.2"]
     assert main(argv) == 2
