@@ -178,15 +178,9 @@ def evaluate(
             f"The evaluation folder {out} is inside the data {data}; pass --out a folder "
             "outside it."
         )
-    from petal.training.loop import holds_data
+    from petal.training.loop import refuse_out_holding_data
 
-    if kind := holds_data(out, WRITTEN):
-        # The evaluation's files went in among the photos (a later convert listed its PNGs)
-        # or the shards of other data, as train's --workdir is refused.
-        raise PetalError(
-            f"--out {out} holds {kind}; pass --out a folder of its own (a new or empty "
-            "folder) so that the evaluation's files do not mix with the data."
-        )
+    refuse_out_holding_data(out, WRITTEN, "evaluation")  # a later convert listed its PNGs
     if not is_remote(str(data)) and (who := running_elsewhere(Path(data), "converting into it")):
         # A conversion into the records: their shards are replaced as they are read. Worded
         # as train's refusal, with the marker to delete if its process is gone.

@@ -625,13 +625,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
     wrong kind (file, folder) where it writes, or, without ``overwrite``, files an earlier
     ``petal export`` did not write there (:func:`exported_names`)."""
     from petal.evaluation.evaluate import WRITTEN
-    from petal.training.loop import holds_data
+    from petal.training.loop import refuse_out_holding_data
 
-    if kind := holds_data(out, (*_OUTPUTS, *WRITTEN)):  # an evaluation there is no data
-        raise PetalError(
-            f"--out {out} holds {kind}; pass --out a folder of its own (a new or empty "
-            "folder) so that the export's files do not mix with the data."
-        )
+    refuse_out_holding_data(out, (*_OUTPUTS, *WRITTEN), "export")  # an evaluation is no data
     elsewhere = "move it away or pass --out another folder."
     for name, is_dir in _OUTPUTS.items():
         target = out / name

@@ -436,6 +436,17 @@ def holds_data(workdir: Path, own: Iterable[str] = ()) -> str | None:
     return None
 
 
+def refuse_out_holding_data(out: Path, own: Iterable[str], what: str) -> None:
+    """Refuse ``--out`` that :func:`holds_data` (``own``: the names ``what`` writes there):
+    evaluate's and export's files went in among photos or shards, as train's --workdir is
+    refused."""
+    if kind := holds_data(out, own):
+        raise PetalError(
+            f"--out {out} holds {kind}; pass --out a folder of its own (a new or empty "
+            f"folder) so that the {what}'s files do not mix with the data."
+        )
+
+
 def prepare_workdir(
     workdir: Path,
     resume: bool,
