@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from petal.data import folders
+from petal.data import folders, tfdata
 from petal.errors import PetalError, first_line, tf_message
 from petal.jsonfile import save_atomically
 
@@ -178,7 +178,7 @@ def _records_of(path: str, dataset, records: str):
 
     n = 0
     try:
-        for item in dataset.as_numpy_iterator():
+        for item in tfdata.untuned(dataset).as_numpy_iterator():
             yield item
             n += 1
     except tf.errors.DataLossError:

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from petal.data import folders, schema
+from petal.data import folders, schema, tfdata
 from petal.data.writer import read_manifest
 from petal.display import can_draw, columns, fit_text, literal, ljust, plot_labels
 from petal.errors import (
@@ -279,7 +279,7 @@ def _read_classes(file: str, spec: dict, bar) -> tuple[list, int, str | None]:
     """
     import tensorflow as tf
 
-    records = tf.data.TFRecordDataset(file)
+    records = tfdata.untuned(tf.data.TFRecordDataset(file))
     found = []
     read = 0
     problem = None
@@ -700,7 +700,7 @@ def _verify(
                     problems.append(f"{name}: sha256 differs from the manifest")
                 # Sequential and unbatched, so the number of elements read so far is the
                 # index of the record that failed.
-                records = tf.data.TFRecordDataset(file).map(check)
+                records = tfdata.untuned(tf.data.TFRecordDataset(file)).map(check)
                 index = 0
                 damaged = False
                 iterator = iter(records)
@@ -856,7 +856,7 @@ def _samples(
         for shard in manifest["splits"][split]["shards"]:
             name = shard["file"]
             quiet = any(p.startswith(f"{name}: ") for p in known)
-            records = iter(tf.data.TFRecordDataset(folders.join(path, name)))
+            records = iter(tfdata.untuned(tf.data.TFRecordDataset(folders.join(path, name))))
             for index in itertools.count():
                 try:
                     raw = next(records)

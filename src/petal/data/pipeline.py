@@ -57,7 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from petal.data import augment as augment_lib
-from petal.data import folders, reader, schema
+from petal.data import folders, reader, schema, tfdata
 from petal.data import images as image_io
 from petal.data.reader import Source, open_source
 from petal.errors import (
@@ -1319,7 +1319,8 @@ def undecodable_records(source, split: str = "all") -> list[tuple[str, str]] | N
     check = _graph(lambda i, record: (i, tf.reduce_max(decode(record)[0])))
     bad = []
     for path in src.files(split):
-        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        records = tfdata.untuned(tf.data.TFRecordDataset(path, buffer_size=1 << 20))
+        records = records.ignore_errors()
         read = int(records.batch(4096).reduce(tf.constant(0, tf.int64), _graph(
             lambda n, block: n + tf.size(block, out_type=tf.int64))))
         decoded = (
@@ -1504,16 +1505,8 @@ def _finish_fn(num_classes, label_mode, normalization, aug, seed, dtype="float32
 
 
 def _options(deterministic: bool, input_context) -> tf.data.Options:
-    options = tf.data.Options()
+    options = tfdata.options()  # no autotune thread: see petal.data.tfdata
     options.deterministic = bool(deterministic)
-    # No autotune model thread: dropping an iterator waits for that thread, and it can miss
-    # the wake-up and sleep out its optimisation period (up to 60 s, doubling from 10 ms).
-    # Alone, 4 of 30 iterators dropped after 1.5 s of use waited 0.74-0.82 s; in the test
-    # suite, with a second process busy, single tests waited up to 47 s. Each AUTOTUNE stage
-    # then runs min(16, CPUs) calls at once (tf.data's default; not more: a stage holds that
-    # many batches, and nothing would bound their memory); prefetch buffers still grow as
-    # needed. On 2 cores the images/s were the same.
-    options.autotune.enabled = False
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
     if input_context is not None:

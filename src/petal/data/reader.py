@@ -41,7 +41,7 @@ import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 
-from petal.data import folders, schema
+from petal.data import folders, schema, tfdata
 from petal.errors import PetalError, some_files
 
 log = logging.getLogger(__name__)
@@ -855,7 +855,8 @@ def _scan_codelab(
         pairs: Counter = Counter()  # (index, label) of every record that names its class
         top = 0
         for shard in shards:
-            blocks = tf.data.TFRecordDataset(shard, buffer_size=1 << 20).batch(1024)
+            blocks = tfdata.untuned(tf.data.TFRecordDataset(shard, buffer_size=1 << 20))
+            blocks = blocks.batch(1024)
             try:
                 for block in blocks.map(lambda r: tf.io.parse_example(r, spec)):
                     ids = block[schema.CLASS].numpy()
@@ -1192,8 +1193,8 @@ def _record_dataset(files: list[str], buffer_size: int = 1 << 20):
     if files and folders.is_http(files[0]):
         from petal.data import remote
 
-        return remote.records_dataset(files)
-    return tf.data.TFRecordDataset(files, buffer_size=buffer_size)
+        return tfdata.untuned(remote.records_dataset(files))
+    return tfdata.untuned(tf.data.TFRecordDataset(files, buffer_size=buffer_size))
 
 
 def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
@@ -1229,7 +1230,8 @@ def guarded_records(path, expected, *, skip_corrupt: bool = False, name=None):
         # a staged copy of a remote one removed at exit) fails here, once. ignore_errors()
         # below would retry the open forever (TFRecordDataset does not move past a file it
         # cannot open): the pipeline hung, spinning.
-        probe = tf.data.FixedLengthRecordDataset(shard, 1, buffer_size=1).take(1)
+        probe = tfdata.untuned(tf.data.FixedLengthRecordDataset(shard, 1, buffer_size=1))
+        probe = probe.take(1)
         with tf.control_dependencies([probe.reduce(tf.constant(0, tf.int64), _plus_one)]):
             return tf.identity(shard)
 
@@ -1460,7 +1462,8 @@ def _records_of_class(data, split: str, index: int) -> str | None:
 
     first, found = None, 0
     for path in files:
-        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
+        records = tfdata.untuned(tf.data.TFRecordDataset(path, buffer_size=1 << 20))
+        records = records.ignore_errors()
         matched = (
             records.enumerate()
             .map(graph(holds), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -1656,8 +1659,8 @@ def unread_records(data, split: str = "all") -> int:
     src = data if isinstance(data, Source) else open_source(str(data), verify=False)
     lost = 0
     for path, expected in zip(src.files(split), src.counts(split), strict=True):
-        records = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors()
-        read = records.batch(4096).reduce(
+        records = tfdata.untuned(tf.data.TFRecordDataset(path, buffer_size=1 << 20))
+        read = records.ignore_errors().batch(4096).reduce(
             tf.constant(0, tf.int64), lambda n, block: n + tf.size(block, out_type=tf.int64)
         )
         lost += max(expected - int(read), 0)

@@ -48,6 +48,7 @@ import uuid
 import weakref
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from petal.data import tfdata
 from petal.errors import PetalError
 
 log = logging.getLogger(__name__)
@@ -942,7 +943,8 @@ def records_dataset(
     # shards ahead and opens them later), so a pass that ends can delete every file it
     # staged: those being read stay readable until closed. The downloads are what runs in
     # parallel; reading from RAM is fast.
-    return paths.interleave(graph(one_shard), cycle_length=cycle, block_length=1)
+    ds = paths.interleave(graph(one_shard), cycle_length=cycle, block_length=1)
+    return tfdata.untuned(ds)  # no autotune thread: see petal.data.tfdata
 
 
 class _Staging:
@@ -1126,7 +1128,7 @@ def files_dataset(
         data = get_bytes(url)
         return (data, label, url) if with_urls else (data, label)
 
-    return tf.data.Dataset.from_generator(
+    ds = tf.data.Dataset.from_generator(
         _prefetched(
             items,
             fetch,
@@ -1137,3 +1139,4 @@ def files_dataset(
         ),
         output_signature=signature,
     )
+    return tfdata.untuned(ds)  # no autotune thread: see petal.data.tfdata

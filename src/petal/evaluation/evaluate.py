@@ -711,7 +711,7 @@ def _record_names(shards: list[str]) -> set[str] | None:
     it counted every image of the folder, not the split scored, nor only training photos.)"""
     import tensorflow as tf
 
-    from petal.data import remote, schema
+    from petal.data import remote, schema, tfdata
 
     http = [f for f in shards if is_http(f)]
     try:
@@ -723,6 +723,7 @@ def _record_names(shards: list[str]) -> set[str] | None:
             return None  # not worth reading every record for a warning
         spec = {schema.FILENAME: tf.io.FixedLenFeature([], tf.string)}
         records = remote.records_dataset(shards) if http else tf.data.TFRecordDataset(shards)
+        records = tfdata.untuned(records)
         names = (
             records.batch(1024)
             .map(lambda batch: tf.io.parse_example(batch, spec)[schema.FILENAME])
