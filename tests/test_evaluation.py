@@ -2141,6 +2141,34 @@ def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_reco
     ]
 
 
+def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
+    trained, small_flowers, tmp_path
+):
+    """A class of a folder whose only photos were truncated: "none in the split, or skipped
+    as corrupt" (either, for files known one by one), and the folder's classes said first to
+    be what "the macro averages are over", then the other 1 class."""
+    from petal.evaluation.evaluate import evaluate
+
+    photos = tmp_path / "photos"
+    for cls in ("daisy", "roses"):
+        (photos / cls).mkdir(parents=True)
+        for n, f in enumerate(sorted((small_flowers / cls).iterdir())[:2]):
+            data = f.read_bytes()  # renamed: no copy of a photo the model trained on
+            (photos / cls / f"{n}.jpg").write_bytes(data[:300] if cls == "roses" else data)
+    warned: list[str] = []
+    report = evaluate(trained, photos, skip_corrupt=True, out_dir=tmp_path / "eval",
+                      log=lambda line: None, warn=warned.append)  # fmt: skip
+    assert report["count"] == 2 and report["per_class"]["roses"]["support"] == 0
+    assert report["macro"]["recall"] == report["per_class"]["daisy"]["recall"]
+    assert warned == report["warnings"] and len(warned) == 3
+    assert warned[0].startswith("--skip-corrupt: 2 of 4 files cannot be decoded and are skipped")
+    assert warned[1:] == [
+        f"{photos} holds 2 of the model's 5 classes (daisy, roses)",
+        f"Split 'all' of {photos}: no image of roses was scored (all 2 skipped as corrupt); the "
+        "macro averages are over the other 1 class",
+    ]
+
+
 def test_a_plot_whose_write_fails_leaves_the_earlier_one(tmp_path, monkeypatch):
     """Ctrl-C during `petal report` left a plot cut short over the earlier one."""
     import matplotlib.pyplot as plt

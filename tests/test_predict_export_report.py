@@ -405,6 +405,36 @@ def test_export_refuses_files_no_export_wrote_unless_overwrite(trained, tmp_path
     )["resolved"]["classes"]
 
 
+def test_export_refuses_another_runs_export_unless_overwrite(trained, tmp_path, capsys):
+    """--out RUN_B/export replaced run B's export with this run's without a word (its
+    export.json, which names run B, made every file there an earlier export's)."""
+    from petal.cli import main
+    from petal.evaluation.export import _check_out
+    from petal.evaluation.workdir import open_run
+
+    other = _copy_run(trained, tmp_path / "run b")
+    out = other / "export"
+    out.mkdir()
+    marker = {"written_by": "petal export", "run": str(other), "files": ["labels.txt"]}
+    (out / "export.json").write_text(json.dumps(marker))
+    (out / "labels.txt").write_text("run b's\n")
+    assert main(["export", str(trained), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"petal export: error: --out {out} holds the export of another run, {other} (as its "
+        "export.json says): pass --out another folder, or --overwrite to replace that export "
+        "with this run's (saved_model, labels.txt, model.tflite, export.json; other files "
+        "stay).\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "labels.txt"]
+    assert (out / "labels.txt").read_text() == "run b's\n"
+    # Asked to replace it; run B exported into its own folder again; a copy of run B, whose
+    # export names run B, into its own folder: none refused.
+    _check_out(out, overwrite=True, run=open_run(trained))
+    _check_out(out, overwrite=False, run=open_run(other))
+    copy = shutil.copytree(other, tmp_path / "copy of b")
+    _check_out(copy / "export", overwrite=False, run=open_run(copy))
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_export_refuses_a_link_where_it_writes_before_the_work(
     trained, tmp_path, monkeypatch, overwrite
@@ -595,7 +625,7 @@ def test_report_says_when_a_resume_did_not_finish(trained, tmp_path, capsys):
     build_report(run)
     said = (f"{run / 'metrics.json'} describes the run after epoch {done}; it was resumed and "
             f"trained 1 more epoch(s) without finishing (history.csv and the curves hold "
-            f"them): finish it with `petal train --workdir {run} --resume`.")
+            f"them): finish it with `petal train --resume --workdir {run}`.")
     assert f"petal report: warning: {said}" in capsys.readouterr().err
     assert "<b>Not finished:</b>" in (run / "report.html").read_text()
 
@@ -618,8 +648,8 @@ def test_report_leaves_out_an_epoch_the_run_did_not_save(trained, tmp_path, caps
     last[0] = str(done + 1)
     history.write_text(history.read_text() + ",".join(last) + "\n")
     said = (f"{history} holds epoch {done + 1}, which the run did not save (it stopped before "
-            f"the checkpoint): left out of this report; `petal train --workdir {run} --resume"
-            "{more}` trains it again.")
+            "the checkpoint): left out of this report; `petal train --resume{more} --workdir "
+            f"{run}` trains it again.")
     # A finished run extended and stopped: --resume alone had nothing to do. A run stopped
     # before its end: --resume goes on to its epochs.
     for finished, more in ((True, f" --epochs {done + 1}"), (False, "")):
@@ -926,7 +956,7 @@ def test_predict_evaluate_and_export_say_the_model_is_not_the_latest(
     said = (
         f"{run / 'metrics.json'} describes the run after epoch {done}; it was resumed and "
         f"trained 9 more epoch(s) without finishing (model.keras is the model of epoch {done}, "
-        f"its last finish): finish it with `petal train --workdir {run} --resume`."
+        f"its last finish): finish it with `petal train --resume --workdir {run}`."
     )
     warnings: list[str] = []
     [result] = predict(run, [photo], warn=warnings.append)
@@ -1231,7 +1261,7 @@ def test_a_run_a_nan_loss_stopped_is_told_how_to_go_on_not_to_resume_as_it_is(
     (second / "model.keras").unlink()
     go_on = (
         f"{fixes}, and go on from {second / 'last.keras'} (epoch 1, the last good one) with "
-        f"`petal train --workdir {second} --resume` and the new settings."
+        f"`petal train --resume --workdir {second}` and the new settings."
     )
     assert errors(second) == [
         f"petal {command[0]}: error: {second} has no model.keras: the run stopped at a "
@@ -1654,7 +1684,7 @@ def test_report_of_an_unfinished_or_stopped_run_says_what_to_do(trained, tmp_pat
     (run / "metrics.json").unlink()
     page = build_report(run).read_text()
     assert html.escape("metrics.json missing: the run has not finished. Resume it with "
-                       f"`petal train --workdir {run} --resume`.") in page
+                       f"`petal train --resume --workdir {run}`.") in page
     nones = ("final_val_accuracy", "mean_last5_val_accuracy", "best_val_accuracy",
              "best_epoch", "train_images_per_sec")
     (run / "metrics.json").write_text(json.dumps({**metrics, **dict.fromkeys(nones)}))
@@ -2174,17 +2204,17 @@ def test_suggested_commands_quote_a_run_folder_with_a_space(trained, tmp_path, c
     assert main(["report", str(run)]) == 0
     quoted = shlex.quote(str(run))
     assert f"run `petal evaluate {quoted}` to add one" in capsys.readouterr().out
-    assert f"`petal train --workdir {quoted} --resume`" in unfinished_resume(run, 1, 2, "x")
+    assert f"`petal train --resume --workdir {quoted}`" in unfinished_resume(run, 1, 2, "x")
     config = json.loads((run / "config.json").read_text())
     (run / "model.keras").unlink()
-    assert no_model(run, config).endswith(f"`petal train --workdir {quoted} --resume`.")
+    assert no_model(run, config).endswith(f"`petal train --resume --workdir {quoted}`.")
     (run / "metrics.json").write_text('{"stopped": "non-finite loss", "epochs_completed": 1}')
     (run / "last.keras").unlink()
     assert f"(`petal train --workdir {quoted} --overwrite" in non_finite_stop(run, config)
     resolved = {"peak_lr": 0.1, "precision": "float32"}
     (run / "last.keras").touch()
     message = str(_non_finite_loss(run, "epoch 2/2", resume_config(run), resolved, 1))
-    assert f"`petal train --workdir {quoted} --resume` and the new settings" in message
+    assert f"`petal train --resume --workdir {quoted}` and the new settings" in message
 
 
 def _palette_bmp(indices, bits, palette, top_down=False, core=False, colours=None):

@@ -211,7 +211,7 @@ def test_nan_loss_after_a_saved_epoch_names_its_checkpoint(small_records, tmp_pa
         r"learning rate \(--set learning_rate=\.\.\.; its peak was 1e\+30\) or clip the "
         r"gradients \(--set clipnorm=1\.0\); "
         + re.escape(f"{run / 'last.keras'} holds epoch 1, the last good one: go on from it "
-                    f"with `petal train --workdir {run} --resume` and the new settings."),
+                    f"with `petal train --resume --workdir {run}` and the new settings."),
         str(caught.value),
     ), str(caught.value)
     metrics = _strict_json(run / "metrics.json")
@@ -736,7 +736,8 @@ def test_a_signal_while_keras_saves_stops_training_once_the_epoch_is_saved(
     workdir = tmp_path / "run"
     argv = ["train", "--preset", "quick", "--data", str(small_records), "--workdir",
             str(workdir), "--epochs", "3", "--batch-size", "10", "--image-size", "32",
-            "--precision", "float32", "--set", "steps_per_epoch=2", "--set", "tensorboard=false"]
+            "--precision", "float32", "--set", "steps_per_epoch=2", "--set", "tensorboard=false",
+            "--set", "model_options.fires=[[8,16]]"]  # one fire module: traced in half the time
     done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True,
                           timeout=300, start_new_session=True)
     assert done.returncode == status, done.stderr[-3000:]

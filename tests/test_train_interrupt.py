@@ -126,7 +126,7 @@ def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
     assert not (run / RUNNING_FILE).exists()
     assert sorted(p.name for p in run.glob("*model.keras")) == []  # nothing cut short
     with pytest.raises(PetalError, match=r"has no model.keras: the run has not finished\. "
-                       r"Resume it with `petal train --workdir .* --resume`"):
+                       r"Resume it with `petal train --resume --workdir .*`"):
         open_run(run)
 
     # A model.keras cut short (as the kill left it before): --resume writes it again from
@@ -134,7 +134,7 @@ def test_the_final_model_is_written_whole_while_the_run_still_holds_its_workdir(
     train(cfg, run, resume=True, **QUIET)
     (run / "model.keras").write_bytes((run / "model.keras").read_bytes()[:3000])
     with pytest.raises(PetalError, match=(
-        r"the model file is damaged: `petal train --workdir \S+ --resume` writes it again "
+        r"the model file is damaged: `petal train --resume --workdir \S+` writes it again "
         r"from the run's last checkpoint \(\S+last.keras, epoch 2\), or retrain with "
         r"`petal train --config \S+config.json --workdir \S+ --overwrite`\.$"
     )):

@@ -360,6 +360,14 @@ def test_same_seed_same_bytes_whatever_the_workers(small_records, small_flowers,
     assert _shard_bytes(tmp_path / "w2") == _shard_bytes(small_records)
 
 
+def test_workers_default_to_the_cpus_this_process_may_run_on(small_flowers, tmp_path, monkeypatch):
+    # Under `taskset -c 0` (or a container's cpuset) on a 2-core machine, convert started two
+    # workers on one CPU: it counted the machine's CPUs.
+    monkeypatch.setattr(writer.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    convert(small_flowers, tmp_path / "one", image_size=32, shards=1, progress=False)
+    assert read_manifest(tmp_path / "one")["options"]["workers"] == 1
+
+
 @pytest.mark.slow  # 9 s in CI on a Zen 3 host (session 39: 775 s): `pytest -m slow` runs it
 def test_workers_do_not_run_the_callers_script_again(small_flowers, tmp_path):
     # multiprocessing would re-run a script's top level in every worker ('forkserver' and
@@ -1012,6 +1020,18 @@ def test_an_output_that_is_no_path_is_refused(small_flowers, tmp_path, monkeypat
                        r"sub-folders\)\. Received: source=None$"):
         convert(None, tmp_path / "out", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_source_is_named_with_its_fix(tmp_path):
+    """It said "Source folder does not exist" with no fix."""
+    missing = tmp_path / "photoz"
+    with pytest.raises(PetalError) as caught:
+        convert(missing, tmp_path / "out", progress=False)
+    assert str(caught.value) == (
+        f"The source folder {missing} does not exist; check the path (a folder with one "
+        f"sub-folder of images per class). Received: source={missing}"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_numpy_numbers_are_numbers(small_flowers, tmp_path):

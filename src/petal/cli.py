@@ -485,7 +485,8 @@ def _run_train(args: argparse.Namespace) -> int:
     if args.workdir is None:  # the preset resolved: --preset's, else the --config file's
         args.workdir = str(Path("runs") / config.preset)
 
-    from petal.training.loop import run_restored, train
+    from petal.training.loop import train
+    from petal.training.saved import run_restored
 
     before = _state_file(args.workdir)
     try:
@@ -528,7 +529,7 @@ def _print_resume_hint(
     the exit status (:func:`_tell`)."""
     import shlex
 
-    from petal.training.loop import finished_epochs, saved_epoch
+    from petal.training.saved import configured_epochs, finished_epochs, saved_epoch
 
     demo = command == "demo"
 
@@ -565,9 +566,12 @@ def _print_resume_hint(
     epoch = saved_epoch(workdir)
     if epoch:
         then = f", then {rest} (the demo run again starts over)" if demo else ""
+        # A resume for other epochs stopped before it saved one: config.json still names the
+        # old count, which a plain --resume would go on to.
+        more = f" --epochs {epochs}" if epochs and epochs != configured_epochs(workdir) else ""
         _tell(
             f"petal {command}: epoch {epoch} is saved; continue with "
-            f"`petal train --resume --workdir {quoted}`{then}"
+            f"`petal train --resume{more} --workdir {quoted}`{then}"
         )
     elif demo or (command == "train" and not os.path.exists(os.path.join(workdir, "state.json"))):
         nothing_saved()
@@ -708,7 +712,8 @@ def _add_export(parser: argparse.ArgumentParser) -> None:
         "--overwrite",
         action="store_true",
         help="replace saved_model, labels.txt, model.tflite and export.json in --out that no "
-        "petal export wrote there (an earlier export's are replaced anyway; other files stay)",
+        "petal export wrote there, or another run's export (this run's earlier export is "
+        "replaced anyway; other files stay)",
     )
 
 
@@ -919,6 +924,29 @@ def refuse_urls(args: argparse.Namespace) -> None:
 
     for attr, option, what, reads, folder in _LOCAL_ONLY.get(args.command, ()):
         refuse_url(getattr(args, attr, None), option, what, reads=reads, folder=folder)
+
+
+def refuse_missing_inputs(args: argparse.Namespace) -> None:
+    """Raise a PetalError naming convert's SRC or train's --weights when that local path does
+    not exist: before TensorFlow starts (seconds) and, for --weights, before train's start-up
+    lines (the file was looked for as the model was built)."""
+    if args.command == "convert":
+        source = args.source
+        if "://" not in source and not os.path.lexists(source):
+            raise PetalError(
+                f"SRC {source} does not exist; check the path (SRC is a folder with one "
+                "sub-folder of images per class)."
+            )
+    elif args.command == "train" and not args.resume:
+        # A --resume's weights were loaded when the run started: the run does not read them.
+        weights = args.weights
+        if weights and weights.strip().lower() not in ("none", "imagenet") and (
+            "://" not in weights and not os.path.lexists(weights)
+        ):
+            raise PetalError(
+                f"--weights {weights} does not exist; pass an existing .weights.h5 file, "
+                "'imagenet' or 'none'."
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1201,7 +1229,11 @@ def _unwritten(err: OSError) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, but a failed write of ``--help`` or ``--version`` to stdout raises
-    (argparse drops it, then exits 0)."""
+    (argparse drops it, then exits 0), and a refused argument is one line pointing at
+    ``--help`` (argparse's whole usage block came first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _print_message(self, message: str, file=None) -> None:
         if message and file is not None and file is sys.stdout:  # closed (None): stderr
@@ -1284,6 +1316,7 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         refuse_empty_paths(args)
         expand_homes(args)
         refuse_urls(args)
+        refuse_missing_inputs(args)
         with signals_watched(f"petal {args.command}"):
             if _needs_tensorflow(args):
                 start_tensorflow_quietly()
@@ -1312,7 +1345,7 @@ def _main(argv: list[str] | None, kept: list[BaseException]) -> int:
         said = "terminated" if isinstance(err, _Terminated) else "interrupted"
         _tell(f"petal {args.command}: {said}{_KEPT.get(args.command, '')}")
         if args.command == "demo":
-            from petal.training.loop import run_restored
+            from petal.training.saved import run_restored
 
             _print_resume_hint(str(args.workdir), "demo", restored=run_restored(err))
         return 128 + signal.SIGTERM if isinstance(err, _Terminated) else 130

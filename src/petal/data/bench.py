@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from petal.data import folders, tfdata
+from petal.data.writer import usable_cpus
 from petal.errors import PetalError, first_line, tf_message
 from petal.jsonfile import save_atomically
 
@@ -82,16 +83,6 @@ class BenchResult:
 
 
 # --- timing ----------------------------------------------------------------------------------
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (``taskset``, a container's cpuset), not the
-    machine's: under ``taskset -c 0`` the ceiling ran two decoding processes on one CPU and
-    the table said 2 CPUs."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 def time_dataset(

@@ -431,6 +431,16 @@ def _exit_with(pid: int) -> None:
     os._exit(1)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (``taskset``, a container's cpuset), not the
+    machine's: under ``taskset -c 0`` the ceiling ran two decoding processes on one CPU and
+    the table said 2 CPUs."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _start_workers_server() -> None:
     """Starts the forkserver now (if used), so its imports overlap the caller's work.
 
@@ -697,7 +707,7 @@ def _resolve_options(
         "seed": seed,
         "shards": shards,
         "shard_mb": shard_mb if shards is not None or shard_mb is not None else DEFAULT_SHARD_MB,
-        "workers": workers or os.cpu_count() or 1,
+        "workers": workers or usable_cpus(),
         "max_pixels": max_pixels,
     }
     if shards is not None:
@@ -1158,7 +1168,7 @@ def convert(
             average record size, so a shard of larger images may run past it.
         classes: class names in index order (a list or tuple, not a set, or a
             comma-separated string); default all sub-folders with images, sorted.
-        workers: processes decoding and encoding; default ``os.cpu_count()``.
+        workers: processes decoding and encoding; default the CPUs this process may run on.
         max_pixels: images with more pixels are skipped unread (decompression bombs).
         overwrite: replace a complete conversion already in ``output`` (removed only once
             the new shards are complete); never one still being written by another process.
@@ -1204,6 +1214,12 @@ def convert(
         workers,
         max_pixels,
     )
+    local = folders.local_path(source)
+    if local is not None and not os.path.lexists(local):
+        raise PetalError(
+            f"The source folder {source} does not exist; check the path (a folder with one "
+            f"sub-folder of images per class). Received: source={source}"
+        )
     folder = folders.find_images(source, classes)
     _check_paths(source, output)
     _check_writable(output)

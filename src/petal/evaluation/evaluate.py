@@ -248,15 +248,17 @@ def evaluate(
         warnings += source.notes
         if upscaled := upscale_warning(source, run.image_size):
             warnings.append(f"{upscaled}: the model may score lower on them")
+        # Said once the images are scored (below): the macro averages are over those of the
+        # data's classes with an image scored, which may be fewer.
+        subset = None
         if to_model is not None and len(source.classes) < len(run.classes):
             some = f"{len(source.classes)} of the model's {len(run.classes)} classes"
             names = ", ".join(source.classes)
-            warnings.append(
+            subset = (
                 f"--classes picks {some} ({names}) from {data}"
                 if picked and source.kind == "folder"
                 else f"{data} holds {some} ({names})"
             )
-            warnings[-1] += "; the macro averages are over those"
         undecodable, line = (
             decode_skips(source, split, "eval.json", counted=True) if skip_corrupt else (None, "")
         )
@@ -327,14 +329,23 @@ def evaluate(
                      for line in dict.fromkeys(SKIPPED.events[events_before:])]  # fmt: skip
         given = set(source.classes) if to_model is not None else set(run.classes)
         scores = report["per_class"]
-        if empty := [c for c in run.classes if c in given and not scores[c]["support"]]:
+        empty = [c for c in run.classes if c in given and not scores[c]["support"]]
+        if subset is not None:
+            # "Over those" only where each of them has an image scored: the line below says
+            # which are left out, and why.
+            warnings.append(subset if empty else f"{subset}; the macro averages are over those")
+            warn(warnings[-1])
+        if empty:
             present = sum(1 for c in run.classes if scores[c]["support"])
             skipped = SKIPPED.skipped > skipped_before or bool(undecodable)
+            why = _why_unscored(source, split, empty, undecodable, skipped)
+            if len(set(why.values())) == 1:
+                which = f"{', '.join(empty)} was scored ({why[empty[0]]})"
+            else:
+                which = f"{', '.join(f'{c} ({why[c]})' for c in empty)} was scored"
             warnings.append(
-                f"Split {split!r} of {data}: no image of {', '.join(empty)} was scored ("
-                + ("none in the split, or skipped as corrupt" if skipped else "none in the split")
-                + f"); the macro averages are over the other {present} "
-                f"class{'es' * (present != 1)}"
+                f"Split {split!r} of {data}: no image of {which}; the macro averages are over "
+                f"the other {present} class{'es' * (present != 1)}"
             )
             warn(warnings[-1])
         report.update(
@@ -378,6 +389,35 @@ def evaluate(
             + f" -> {out}"
         )
         return report
+
+
+def _why_unscored(
+    source, split: str, empty: list[str], undecodable, skipped: bool
+) -> dict[str, str]:
+    """Why each class of ``empty`` (the data's classes with no image scored) has none: none
+    in the ``split``, or all of them skipped as corrupt. An image folder's files are known
+    by class (``undecodable``: those skipped); records skipped from a shard's first CRC
+    failure on are not, nor those of a folder too large to check up front."""
+    unsure = "none in the split, or skipped as corrupt" if skipped else "none in the split"
+    labels = source.labels(split) if source.kind == "folder" else []
+    if not labels or (skipped and undecodable is None):
+        return {c: unsure for c in empty}
+    bad = {os.path.normpath(path) for path, _ in undecodable or ()}
+    files = source.files(split)
+    why = {}
+    for name in empty:
+        if name not in source.classes:
+            why[name] = unsure
+            continue
+        index = source.classes.index(name)
+        of_class = [f for f, label in zip(files, labels, strict=True) if label == index]
+        if not of_class:
+            why[name] = "none in the split"
+        elif all(os.path.normpath(f) in bad for f in of_class):
+            why[name] = f"all {len(of_class)} skipped as corrupt"
+        else:
+            why[name] = unsure
+    return why
 
 
 def _split_for(

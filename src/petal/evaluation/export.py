@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from petal.data.folders import held_output, refuse_url
+from petal.data.folders import held_output, refuse_url, same_place
 from petal.data.images import DEFAULT_MAX_PIXELS
 from petal.errors import PetalError, first_line, need_bool, printable, write_failed
 from petal.evaluation.workdir import (
@@ -612,6 +612,18 @@ def exported_names(out: Path) -> set[str]:
     return listed | {EXPORT_MARKER}
 
 
+def exported_run(out: Path) -> str | None:
+    """The run folder whose export :data:`EXPORT_MARKER` in ``out`` says it holds, or None
+    (no export's marker there, or one that names no run)."""
+    if not exported_names(out):
+        return None
+    try:
+        theirs = json.loads((out / EXPORT_MARKER).read_text()).get("run")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return theirs if isinstance(theirs, str) and theirs else None
+
+
 def _write_marker(out: Path, staging: Path, run: RunInfo, names) -> None:
     """:data:`EXPORT_MARKER` in ``out`` listing ``names``, written in ``staging`` and moved."""
     marker = {"written_by": _WRITTEN_BY, "run": str(run.workdir.absolute()),
@@ -620,10 +632,11 @@ def _write_marker(out: Path, staging: Path, run: RunInfo, names) -> None:
     os.replace(staging / EXPORT_MARKER, out / EXPORT_MARKER)
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
+def _check_out(out: Path, overwrite: bool, run: RunInfo | None = None) -> None:
     """Refuses what is in the way of the export in ``out``, before any work: a link or the
     wrong kind (file, folder) where it writes, or, without ``overwrite``, files an earlier
-    ``petal export`` did not write there (:func:`exported_names`)."""
+    ``petal export`` did not write there (:func:`exported_names`), or the export of another
+    run than ``run`` (:func:`exported_run`) unless ``out`` is ``run``'s own export folder."""
     from petal.evaluation.evaluate import WRITTEN
     from petal.training.loop import refuse_out_holding_data
 
@@ -636,6 +649,20 @@ def _check_out(out: Path, overwrite: bool) -> None:
         check_not_in_the_way(target, is_dir, f"the export writes its {name}", elsewhere)
     if overwrite:
         return
+    theirs = exported_run(out)
+    if (
+        run is not None
+        and theirs is not None
+        and not same_place(theirs, run.workdir)
+        # A run copied or moved keeps its export, which names the run where it was: its own
+        # folder is exported into again.
+        and not same_place(out, run.workdir / EXPORT_DIR)
+    ):
+        raise PetalError(
+            f"--out {out} holds the export of another run, {theirs} (as its {EXPORT_MARKER} "
+            f"says): pass --out another folder, or --overwrite to replace that export with "
+            f"this run's ({', '.join(_OUTPUTS)}; other files stay)."
+        )
     ours = exported_names(out)
     foreign = [str(out / name) for name in _OUTPUTS if (out / name).exists() and name not in ours]
     if foreign:
@@ -702,15 +729,17 @@ def export(
     of exports killed before their cleanup are removed (not those of exports running). An
     earlier ``model.tflite`` is removed when ``tflite`` is off (it would not match the rest). Files
     of those names that no export wrote there (not listed in its ``export.json``, as in the
-    exports of petal before it wrote one) are refused, unless ``overwrite``; other files in
-    ``out`` are left alone.
+    exports of petal before it wrote one) are refused, unless ``overwrite``, and so is the
+    export of another run (its ``export.json`` names that run) anywhere but in this run's own
+    export folder; other files in ``out`` are left alone.
 
     Args:
         workdir: a finished ``petal train`` work directory.
         out: output folder; default ``WORKDIR/export``.
         tflite: also convert the ``serve_pixels`` signature to ``model.tflite``.
         overwrite: replace ``saved_model``, ``labels.txt``, ``model.tflite`` and
-            ``export.json`` in ``out`` whatever wrote them (``--overwrite``).
+            ``export.json`` in ``out`` whatever wrote them, another run's export too
+            (``--overwrite``).
         warn: receives the warning lines (default: printed to stderr): a model that is not
             the run's latest (a training still running in it, or an unfinished resume), and
             the temporary folders of killed exports removed from ``out``.
@@ -744,7 +773,7 @@ def export(
         # Another export swapping its files in: refused now, not after the archive is
         # written (held below, as evaluate holds its folder, from the folder's creation).
         raise in_use_error(out, who, "--out")
-    _check_out(out, overwrite)
+    _check_out(out, overwrite, run)
     preprocess = make_preprocess(run)
     classes = list(run.classes)
     h, w = run.image_size

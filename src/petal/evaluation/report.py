@@ -256,8 +256,8 @@ def build_report(
         more = f" --epochs {unsaved[-1]}" if completed == saved and metrics is not None else ""
         not_saved = (
             f"{history} holds {which}, which the run did not save (it stopped before the "
-            f"checkpoint): left out of this report; `petal train --workdir {run_dir} --resume"
-            f"{more}` trains {'it' if len(unsaved) == 1 else 'them'} again."
+            f"checkpoint): left out of this report; `petal train --resume{more} --workdir "
+            f"{run_dir}` trains {'it' if len(unsaved) == 1 else 'them'} again."
         )
         print(f"petal report: warning: {not_saved}", file=sys.stderr)
     figures: list[tuple[str, Path]] = []
@@ -371,7 +371,7 @@ def build_report(
         resume = (
             ""
             if training  # --resume would be refused while it trains
-            else f" Resume it with `petal train --workdir {run_dir} --resume`."
+            else f" Resume it with `petal train --resume --workdir {run_dir}`."
         )
         parts.append(
             f"<p>metrics.json missing: the run has not finished.{html.escape(resume)}</p>"

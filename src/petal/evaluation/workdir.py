@@ -159,7 +159,7 @@ def unfinished_resume(workdir: Path, completed, trained: int, held: str) -> str 
     return (
         f"{workdir / METRICS_FILE} describes the run after epoch {completed}; it was resumed "
         f"and trained {trained - completed} more epoch(s) without finishing ({held}): finish "
-        f"it with `petal train --workdir {shlex.quote(str(workdir))} --resume`."
+        f"it with `petal train --resume --workdir {shlex.quote(str(workdir))}`."
     )
 
 
@@ -215,7 +215,7 @@ def non_finite_stop(workdir: Path, config: dict) -> str | None:
     if is_int_at_least(saved, 1) and last.is_file():
         return (
             f"the run stopped at a {stopped}. {fix}, and go on from {last} (epoch {saved}, "
-            f"the last good one) with `petal train --workdir {run_dir} --resume` and the new "
+            f"the last good one) with `petal train --resume --workdir {run_dir}` and the new "
             "settings."
         )
     return (
@@ -299,7 +299,7 @@ def no_model(workdir: Path, config: dict) -> str:
         return f"{workdir} has no {MODEL_FILE}: {replaced}"
     return (
         f"{workdir} has no {MODEL_FILE}: the run has not finished. Resume it with "
-        f"`petal train --workdir {shlex.quote(str(workdir))} --resume`."
+        f"`petal train --resume --workdir {shlex.quote(str(workdir))}`."
     )
 
 
@@ -316,7 +316,7 @@ def replaced_run(workdir: Path) -> str | None:
         return None  # (a run still starting: its --overwrite is under way)
     return (
         f"an --overwrite was stopped before it saved an epoch, and left the run it replaced in "
-        f"{kept}; `petal train --workdir {shlex.quote(str(workdir))} --resume` puts that run "
+        f"{kept}; `petal train --resume --workdir {shlex.quote(str(workdir))}` puts that run "
         "back."
     )
 
@@ -429,7 +429,7 @@ def load_model(run: RunInfo, float32: bool = False):
             # A run killed while writing it (before petal wrote it through a temporary
             # file): its last checkpoint holds the final epoch, and --resume writes it again.
             retrain = (
-                f"`petal train --workdir {shlex.quote(str(run.workdir))} --resume` writes it "
+                f"`petal train --resume --workdir {shlex.quote(str(run.workdir))}` writes it "
                 f"again from the run's last checkpoint ({last}, epoch {saved}), or {retrain}"
             )
         raise PetalError(

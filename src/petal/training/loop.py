@@ -89,6 +89,7 @@ from petal.training.callbacks import (
     write_json,
 )
 from petal.training.config import TrainConfig, config_from_json, read_config_file, save_config
+from petal.training.saved import saved_epoch
 
 # Files and folders a run writes into its work directory (what --overwrite deletes).
 RUN_FILES = (
@@ -311,8 +312,8 @@ def _restore_run(
 ) -> None:
     """Put back the run an --overwrite set aside (:func:`_set_aside_run`), in place of the
     new run's files, when the new run saved no epoch; nothing when none is set aside.
-    ``stopped``: what stopped the new run, marked for :func:`run_restored` once the run is
-    back."""
+    ``stopped``: what stopped the new run, marked for
+    :func:`~petal.training.saved.run_restored` once the run is back."""
     aside = workdir / REPLACED_DIR
     if not aside.is_dir():
         return
@@ -322,12 +323,6 @@ def _restore_run(
     if stopped is not None:
         with contextlib.suppress(AttributeError, TypeError):  # (an exception without a dict)
             stopped.petal_run_restored = True
-
-
-def run_restored(err: BaseException) -> bool:
-    """Whether ``err`` stopped an --overwrite that saved no epoch, and the run it replaced
-    is back in its folder: that run, not the one stopped, is the folder's now."""
-    return getattr(err, "petal_run_restored", False) is True
 
 
 def recover_replaced(workdir: str | Path, log: Callable[[str], None]) -> None:
@@ -552,17 +547,6 @@ def resume_config(workdir: str | Path) -> TrainConfig:
     return config_from_json(workdir / "config.json")
 
 
-def saved_epoch(workdir: str | Path) -> int:
-    """The last epoch the run in ``workdir`` checkpointed (``state.json``); 0 if none or
-    unreadable."""
-    try:
-        state = json.loads((Path(workdir) / "state.json").read_text())
-    except (OSError, ValueError):
-        return 0
-    epoch = state.get("epoch") if isinstance(state, dict) else None
-    return epoch if isinstance(epoch, int) else 0
-
-
 def _drop_unsaved_rows(history_path: Path, workdir: Path) -> None:
     """A run stopped between an epoch's row in history.csv and its checkpoint: drop the rows
     of epochs not saved. An extension of a finished run so stopped kept a row that its report
@@ -573,20 +557,6 @@ def _drop_unsaved_rows(history_path: Path, workdir: Path) -> None:
             truncate_history(history_path, epoch)
     except (OSError, ValueError, KeyError):
         pass  # the stop's own error is the one to see; a resume truncates it anyway
-
-
-def finished_epochs(workdir: str | Path) -> int:
-    """The epochs of the run in ``workdir`` when it is complete (``model.keras``, and a
-    ``metrics.json`` of the epoch ``state.json`` saved); 0 otherwise."""
-    workdir = Path(workdir)
-    epoch = saved_epoch(workdir)
-    try:
-        metrics = json.loads((workdir / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return 0
-    done = metrics.get("epochs_completed") if isinstance(metrics, dict) else None
-    complete = epoch and done == epoch and "stopped" not in metrics
-    return epoch if complete and (workdir / "model.keras").is_file() else 0
 
 
 def _whole_model(path: Path) -> bool:
@@ -1768,7 +1738,7 @@ def _train(
         model_info,
         set_backbone_trainable,
     )
-    from petal.models.registry import h5_layout
+    from petal.models.registry import check_weights_file, h5_layout
     from petal.training.fused_bn import use_fused_batch_norm
     from petal.training.precision import (
         agree_on_overflow,
@@ -1913,6 +1883,12 @@ def _train(
                 f"{workdir / 'history.csv'} {lacks}; the run cannot be resumed: restore the "
                 "file, or start again with --overwrite."
             )
+    if cfg.weights not in (None, "imagenet") and not (resume and start_epoch):
+        # Before the start-up lines and the strategy (the model's build looked for it); a
+        # resumed run loaded its weights when it started.
+        check_weights_file(
+            cfg.weights, ", 'imagenet', or None: `--weights none` on the command line"
+        )
     # Stored absolute in config.json, so evaluate and --resume work from any directory (a
     # relative weights file was looked for in the resume's directory).
     weights = cfg.weights if cfg.weights in (None, "imagenet") else absolute_data(cfg.weights)
@@ -2547,7 +2523,7 @@ def _non_finite_loss(
     if epochs_done and last.is_file():
         saved = (
             f"{last} holds epoch {epochs_done}, the last good one: go on from it with "
-            f"`petal train --workdir {shlex.quote(str(workdir))} --resume` and the new settings"
+            f"`petal train --resume --workdir {shlex.quote(str(workdir))}` and the new settings"
         )
     else:
         saved = (
