@@ -2144,9 +2144,9 @@ def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_reco
 def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
     trained, small_flowers, tmp_path
 ):
-    """A class of a folder whose only photos were truncated: "none in the split, or skipped
-    as corrupt" (either, for files known one by one), and the folder's classes said first to
-    be what "the macro averages are over", then the other 1 class."""
+    """A class of a folder whose only photos were truncated was "none in the split, or
+    skipped as corrupt" (either, for files known one by one), and the folder's classes were
+    said first to be what "the macro averages are over", then the other 1 class."""
     from petal.evaluation.evaluate import evaluate
 
     photos = tmp_path / "photos"
@@ -2167,6 +2167,24 @@ def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
         f"Split 'all' of {photos}: no image of roses was scored (all 2 skipped as corrupt); the "
         "macro averages are over the other 1 class",
     ]
+
+
+def test_a_folder_whose_every_image_is_skipped_as_corrupt_says_so(trained, small_flowers, tmp_path):
+    # It said the split "holds no images to evaluate", after a line naming every file.
+    from petal.errors import PetalError
+    from petal.evaluation.evaluate import evaluate
+
+    photos = tmp_path / "photos"
+    (photos / "roses").mkdir(parents=True)
+    for n, f in enumerate(sorted((small_flowers / "roses").iterdir())[:2]):
+        (photos / "roses" / f"{n}.jpg").write_bytes(f.read_bytes()[:300])
+    with pytest.raises(PetalError) as caught:
+        evaluate(trained, photos, skip_corrupt=True, out_dir=tmp_path / "eval",
+                 log=lambda line: None, warn=lambda line: None)  # fmt: skip
+    assert str(caught.value) == (
+        f"Split 'all' of {photos}: every image was skipped as corrupt (the lines above name "
+        "them); replace those files, or evaluate other data."
+    )
 
 
 def test_a_plot_whose_write_fails_leaves_the_earlier_one(tmp_path, monkeypatch):

@@ -1822,8 +1822,8 @@ def test_report_on_a_run_with_no_model_says_to_resume_it_not_to_evaluate_it(
     out = capsys.readouterr().out
     assert out == (
         f"petal report: no evaluation in {run / 'eval'}, and no model to evaluate: {run} has "
-        f"no model.keras: the run has not finished. Resume it with `petal train --workdir {run} "
-        "--resume`.\n"
+        f"no model.keras: the run has not finished. Resume it with `petal train --resume "
+        f"--workdir {run}`.\n"
     )
     assert "petal evaluate" not in (run / "report.html").read_text()
 

@@ -335,8 +335,8 @@ def test_an_overwrite_killed_before_its_first_epoch_gets_the_run_it_replaced_bac
         open_run(run)
     assert str(err.value) == (
         f"{run} has no model.keras: an --overwrite was stopped before it saved an epoch, and "
-        f"left the run it replaced in {run / '.petal-replaced'}; `petal train --workdir {run} "
-        "--resume` puts that run back."
+        f"left the run it replaced in {run / '.petal-replaced'}; `petal train --resume "
+        f"--workdir {run}` puts that run back."
     )
     assert cli.main(["train", "--workdir", str(run), "--resume"]) == 0
     said = capsys.readouterr().out

@@ -315,6 +315,11 @@ def evaluate(
             raise error  # a sound shard of another count: skip_corrupt only logged it
         seconds = time.perf_counter() - start
         if not labels:
+            if SKIPPED.skipped > skipped_before or undecodable:
+                raise PetalError(
+                    f"Split {split!r} of {data}: every image was skipped as corrupt (the lines "
+                    "above name them); replace those files, or evaluate other data."
+                )
             raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
         y_true = np.concatenate(labels)
         y_prob = np.concatenate(probs)

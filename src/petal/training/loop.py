@@ -1883,12 +1883,6 @@ def _train(
                 f"{workdir / 'history.csv'} {lacks}; the run cannot be resumed: restore the "
                 "file, or start again with --overwrite."
             )
-    if cfg.weights not in (None, "imagenet") and not (resume and start_epoch):
-        # Before the start-up lines and the strategy (the model's build looked for it); a
-        # resumed run loaded its weights when it started.
-        check_weights_file(
-            cfg.weights, ", 'imagenet', or None: `--weights none` on the command line"
-        )
     # Stored absolute in config.json, so evaluate and --resume work from any directory (a
     # relative weights file was looked for in the resume's directory).
     weights = cfg.weights if cfg.weights in (None, "imagenet") else absolute_data(cfg.weights)
@@ -1916,6 +1910,12 @@ def _train(
     classes = list(source.classes)
     if resume:
         _check_resumed_classes(workdir, cfg.data, classes)
+    if cfg.weights not in (None, "imagenet") and not (resume and start_epoch):
+        # Before the start-up lines (the model's build looked for it, after them); a resumed
+        # run loaded its weights when it started.
+        check_weights_file(
+            cfg.weights, ", 'imagenet', or None: `--weights none` on the command line"
+        )
     # A run that took its size from its records keeps it (its model's input) on records of
     # another size, which are resized to it as for an explicit image_size.
     trained_size = _trained_size(workdir, cfg) if resume and start_epoch else None
