@@ -161,7 +161,9 @@ def main() -> None:
         "--per-class", type=int, default=None, help="use a subset per class (default: all)"
     )
     parser.add_argument("--image-size", type=int, default=192)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    from petal.data.writer import usable_cpus
+
+    parser.add_argument("--workers", type=int, default=usable_cpus())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -266,7 +268,7 @@ def _run(args: argparse.Namespace) -> None:
         f"\nconvert vs single-process loop: {len(paths)} images from {args.data}"
         f"{f' ({args.per_class} per class)' if args.per_class else ''}, "
         f"{args.image_size}px fill, JPEG q95 4:4:4, workers={args.workers}, "
-        f"{os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, "
+        f"{writer.usable_cpus()} CPUs; load average before {load_before[0]:.2f}, "
         f"after {load_after[0]:.2f}\n"
     )
     print(
@@ -316,7 +318,7 @@ def _run(args: argparse.Namespace) -> None:
                 "images": len(paths),
                 "image_size": args.image_size,
                 "workers": args.workers,
-                "cpus": os.cpu_count(),
+                "cpus": writer.usable_cpus(),
                 "load_average_before": load_before,
                 "load_average_after": load_after,
                 "tensorflow": tf.__version__,

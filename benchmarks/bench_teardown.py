@@ -2,8 +2,8 @@
 
 Dropping an iterator waits for the autotune thread of its pipeline. That thread sleeps between
 optimisations, for a period that doubles from 10 ms up to 60 s, and it can miss the wake-up
-that says the iterator is gone: the drop then waits out the rest of the period. petal's
-training and evaluation pipelines run without that thread (``pipeline._options``). This script
+that says the iterator is gone: the drop then waits out the rest of the period. Every pipeline
+petal builds runs without that thread (``petal.data.tfdata``). This script
 uses each of ``--iterators`` iterators of ``train_dataset`` for ``--hold`` seconds after its
 first batch, drops it, and counts the wait: the drop's wall time less the CPU time the process
 spent meanwhile (on a busy machine, time the process waited for a CPU counts too).

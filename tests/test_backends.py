@@ -126,7 +126,7 @@ def test_petals_models_train_a_step_on_jax_without_tensorflow(jax_run):
 
 
 @pytest.mark.slow
-def test_the_other_models_train_a_step_on_jax():
+def test_every_model_trains_a_step_on_jax():
     others = {name: {} for name in list_models()}  # squeezenet with its eight fire modules
     _assert_trained_like_tensorflow(_run_on_backend(others), others)
 

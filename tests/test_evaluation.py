@@ -2141,13 +2141,19 @@ def test_evaluate_warns_of_a_class_with_no_image_in_the_split(trained, make_reco
     ]
 
 
+@pytest.mark.parametrize("scan", [True, False], ids=["checked-first", "too-many-to-check"])
 def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
-    trained, small_flowers, tmp_path
+    trained, small_flowers, tmp_path, monkeypatch, scan
 ):
     """A class of a folder whose only photos were truncated was "none in the split, or
     skipped as corrupt" (either, for files known one by one), and the folder's classes were
-    said first to be what "the macro averages are over", then the other 1 class."""
+    said first to be what "the macro averages are over", then the other 1 class. In a folder
+    too large to check up front, skipped as read, it was "none in the split"."""
+    from petal.data import pipeline
     from petal.evaluation.evaluate import evaluate
+
+    if not scan:
+        monkeypatch.setattr(pipeline, "MAX_DECODE_SCAN", 1)
 
     photos = tmp_path / "photos"
     for cls in ("daisy", "roses"):
@@ -2161,7 +2167,8 @@ def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
     assert report["count"] == 2 and report["per_class"]["roses"]["support"] == 0
     assert report["macro"]["recall"] == report["per_class"]["daisy"]["recall"]
     assert warned == report["warnings"] and len(warned) == 3
-    assert warned[0].startswith("--skip-corrupt: 2 of 4 files cannot be decoded and are skipped")
+    assert warned[0].startswith("--skip-corrupt: 2 of 4 files cannot be decoded and are skipped"
+                                if scan else "--skip-corrupt: ")  # fmt: skip
     assert warned[1:] == [
         f"{photos} holds 2 of the model's 5 classes (daisy, roses)",
         f"Split 'all' of {photos}: no image of roses was scored (all 2 skipped as corrupt); the "
@@ -2169,10 +2176,17 @@ def test_a_class_whose_every_image_is_skipped_as_corrupt_is_said_to_be(
     ]
 
 
-def test_a_folder_whose_every_image_is_skipped_as_corrupt_says_so(trained, small_flowers, tmp_path):
+@pytest.mark.parametrize("scan", [True, False], ids=["checked-first", "too-many-to-check"])
+def test_a_folder_whose_every_image_is_skipped_as_corrupt_says_so(
+    trained, small_flowers, tmp_path, monkeypatch, scan
+):
     # It said the split "holds no images to evaluate", after a line naming every file.
+    from petal.data import pipeline
     from petal.errors import PetalError
     from petal.evaluation.evaluate import evaluate
+
+    if not scan:
+        monkeypatch.setattr(pipeline, "MAX_DECODE_SCAN", 1)
 
     photos = tmp_path / "photos"
     (photos / "roses").mkdir(parents=True)

@@ -266,7 +266,8 @@ def test_an_overwrite_that_saves_no_epoch_puts_the_run_it_replaced_back(
     corrupt record, Ctrl-C, a NaN loss) left neither, only its own config.json and
     history.csv."""
     from petal.training.callbacks import Checkpointer
-    from petal.training.loop import run_restored, train
+    from petal.training.loop import train
+    from petal.training.saved import run_restored
 
     run = tmp_path / "run"
     cfg = tiny_config(small_records, model="dense", epochs=1, steps_per_epoch=1,

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import NoReturn
 
 # TensorFlow's C++ INFO/WARNING lines (oneDNN, CUDA probing) drown the output users read;
 # errors still show. Set before any command imports TensorFlow.
@@ -91,7 +92,10 @@ def _add_convert(parser: argparse.ArgumentParser) -> None:
         "--classes", default=None, help="comma-separated class names, in index order"
     )
     parser.add_argument(
-        "--workers", type=int, default=None, help="worker processes (default: all CPUs)"
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: the CPUs this process may run on)",
     )
     parser.add_argument(
         "--max-pixels",
@@ -525,8 +529,9 @@ def _print_resume_hint(
     --overwrite (the demo's too) stopped before it saved an epoch, and the run it replaced is
     back: that run is not the one to finish. ``epochs``: those a --resume was to reach; an
     extension of a complete run stopped before its first new epoch is continued with them
-    (``--resume`` alone has nothing to do). A stderr that cannot take the line loses it, not
-    the exit status (:func:`_tell`)."""
+    (``--resume`` alone has nothing to do), and so is a resume of an unfinished run for
+    other epochs than its ``config.json`` names (rewritten only at its first save). A stderr
+    that cannot take the line loses it, not the exit status (:func:`_tell`)."""
     import shlex
 
     from petal.training.saved import configured_epochs, finished_epochs, saved_epoch
@@ -937,7 +942,7 @@ def refuse_missing_inputs(args: argparse.Namespace) -> None:
                 f"SRC {source} does not exist; check the path (SRC is a folder with one "
                 "sub-folder of images per class)."
             )
-    elif args.command == "train" and not args.resume:
+    elif args.command == "train" and not args.resume and not args.list_presets:
         # A --resume's weights were loaded when the run started: the run does not read them.
         weights = args.weights
         if weights and weights.strip().lower() not in ("none", "imagenet") and (
@@ -964,8 +969,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The arguments; an unknown option of a command is refused with that command's usage
-    (argparse gave petal's own, which names neither the command nor its options)."""
+    """The arguments; an unknown option of a command is refused in that command's name,
+    pointing at its --help (argparse gave petal's own usage, which names neither the command
+    nor its options)."""
     args, unknown = parser.parse_known_args(argv)
     command = getattr(args, "_parser", None)
     takes_files = command is not None and any(
@@ -1232,7 +1238,7 @@ class _Parser(argparse.ArgumentParser):
     (argparse drops it, then exits 0), and a refused argument is one line pointing at
     ``--help`` (argparse's whole usage block came first)."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _print_message(self, message: str, file=None) -> None:

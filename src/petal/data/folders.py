@@ -706,7 +706,10 @@ def find_images(
     """
     root = str(expand_home(root))
     if not exists(root):
-        raise PetalError(f"Source folder does not exist. Received: source={root}")
+        raise PetalError(
+            f"The source folder {root} does not exist; check the path (a folder with one "
+            f"sub-folder of images per class). Received: source={root}"
+        )
     if not isdir(root):
         raise PetalError(
             f"Source must be a folder of class sub-folders, not a file{archive_hint(root)}. "

@@ -1193,7 +1193,7 @@ def _record_dataset(files: list[str], buffer_size: int = 1 << 20):
     if files and folders.is_http(files[0]):
         from petal.data import remote
 
-        return tfdata.untuned(remote.records_dataset(files))
+        return remote.records_dataset(files)  # untuned already
     return tfdata.untuned(tf.data.TFRecordDataset(files, buffer_size=buffer_size))
 
 

@@ -15,8 +15,13 @@ the images/s were the same.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def options():
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+def options() -> tf.data.Options:
     """A ``tf.data.Options`` with the autotune thread off (and nothing else set)."""
     import tensorflow as tf
 
@@ -25,6 +30,6 @@ def options():
     return options
 
 
-def untuned(ds):
+def untuned(ds: tf.data.Dataset) -> tf.data.Dataset:
     """``ds`` run without tf.data's autotune thread: see the module's docstring."""
     return ds.with_options(options())

@@ -433,8 +433,8 @@ def _exit_with(pid: int) -> None:
 
 def usable_cpus() -> int:
     """The CPUs this process may run on (``taskset``, a container's cpuset), not the
-    machine's: under ``taskset -c 0`` the ceiling ran two decoding processes on one CPU and
-    the table said 2 CPUs."""
+    machine's: convert's default workers, and the benchmarks' (under ``taskset -c 0`` the
+    decode ceiling ran two decoding processes on one CPU and its table said 2 CPUs)."""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # not on Linux
@@ -1214,12 +1214,6 @@ def convert(
         workers,
         max_pixels,
     )
-    local = folders.local_path(source)
-    if local is not None and not os.path.lexists(local):
-        raise PetalError(
-            f"The source folder {source} does not exist; check the path (a folder with one "
-            f"sub-folder of images per class). Received: source={source}"
-        )
     folder = folders.find_images(source, classes)
     _check_paths(source, output)
     _check_writable(output)

@@ -315,7 +315,8 @@ def evaluate(
             raise error  # a sound shard of another count: skip_corrupt only logged it
         seconds = time.perf_counter() - start
         if not labels:
-            if SKIPPED.skipped > skipped_before or undecodable:
+            # Images listed and none scored: skipped as corrupt, found up front or as read.
+            if skip_corrupt and source.count(split) > 0:
                 raise PetalError(
                     f"Split {split!r} of {data}: every image was skipped as corrupt (the lines "
                     "above name them); replace those files, or evaluate other data."
@@ -327,7 +328,7 @@ def evaluate(
         ks = sorted({1, top_k})
         report = classification_report(y_true, y_prob, run.classes, ks=ks)
         # The data's classes with no image in the split score 0.000 and are left out of the
-        # macro averages, as the model's classes the data lacks are (said above).
+        # macro averages, as the model's classes the data lacks are (said below).
         # Records skipped as corrupt (CRC failures: the reader's lines, logged as they came) go
         # with the rest of what this evaluation left out.
         warnings += [f"--skip-corrupt: {line}"
@@ -343,7 +344,7 @@ def evaluate(
         if empty:
             present = sum(1 for c in run.classes if scores[c]["support"])
             skipped = SKIPPED.skipped > skipped_before or bool(undecodable)
-            why = _why_unscored(source, split, empty, undecodable, skipped)
+            why = _why_unscored(source, split, empty, skipped)
             if len(set(why.values())) == 1:
                 which = f"{', '.join(empty)} was scored ({why[empty[0]]})"
             else:
@@ -396,32 +397,26 @@ def evaluate(
         return report
 
 
-def _why_unscored(
-    source, split: str, empty: list[str], undecodable, skipped: bool
-) -> dict[str, str]:
+def _why_unscored(source, split: str, empty: list[str], skipped: bool) -> dict[str, str]:
     """Why each class of ``empty`` (the data's classes with no image scored) has none: none
     in the ``split``, or all of them skipped as corrupt. An image folder's files are known
-    by class (``undecodable``: those skipped); records skipped from a shard's first CRC
-    failure on are not, nor those of a folder too large to check up front."""
+    by class; records' classes are not (those skipped from a shard's first CRC failure on):
+    "none in the split", with "or skipped as corrupt" when ``skipped``."""
     unsure = "none in the split, or skipped as corrupt" if skipped else "none in the split"
     labels = source.labels(split) if source.kind == "folder" else []
-    if not labels or (skipped and undecodable is None):
+    if not labels:
         return {c: unsure for c in empty}
-    bad = {os.path.normpath(path) for path, _ in undecodable or ()}
-    files = source.files(split)
     why = {}
     for name in empty:
         if name not in source.classes:
             why[name] = unsure
             continue
         index = source.classes.index(name)
-        of_class = [f for f, label in zip(files, labels, strict=True) if label == index]
-        if not of_class:
-            why[name] = "none in the split"
-        elif all(os.path.normpath(f) in bad for f in of_class):
-            why[name] = f"all {len(of_class)} skipped as corrupt"
-        else:
-            why[name] = unsure
+        of_class = sum(1 for label in labels if label == index)
+        # A class with files in the split and none scored: each was skipped (a file that
+        # does not decode stops an evaluation without --skip-corrupt), whether found up front
+        # or, in a folder too large to check first or read over http, as it was read.
+        why[name] = f"all {of_class} skipped as corrupt" if of_class else "none in the split"
     return why
 
 

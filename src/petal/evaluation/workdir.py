@@ -307,7 +307,8 @@ def replaced_run(workdir: Path) -> str | None:
     """What to do with the run an ``--overwrite`` killed before it saved an epoch left in
     ``.petal-replaced`` (see ``petal.training.loop.recover_replaced``), or None."""
     from petal.running import running_elsewhere
-    from petal.training.loop import REPLACED_DIR, REPLACING_DIR, saved_epoch
+    from petal.training.loop import REPLACED_DIR, REPLACING_DIR
+    from petal.training.saved import saved_epoch
 
     kept = next(
         (workdir / d for d in (REPLACED_DIR, REPLACING_DIR) if (workdir / d).is_dir()), None
