@@ -820,7 +820,8 @@ def test_bench_convert_refuses_bad_data_and_out_up_front(small_flowers, tmp_path
     (tmp_path / "file").write_text("x")
     out = ["--out", str(tmp_path / "no.json")]
     for args, message in (
-        (["--data", str(tmp_path / "none"), *out], f"--data {tmp_path / 'none'}: Source folder "),
+        (["--data", str(tmp_path / "none"), *out],
+         f"--data {tmp_path / 'none'}: The source folder "),
         (["--data", str(tmp_path / "one"), *out], f"--data {tmp_path / 'one'}: No images found"),
         (["--data", str(small_flowers), "--out", str(tmp_path)], f"--out {tmp_path} is a folder"),
         (["--data", str(small_flowers), "--out", str(tmp_path / "file" / "x.json")],
