@@ -629,6 +629,7 @@ def test_a_resume_stopped_before_it_saved_an_epoch_leaves_config_json_as_it_was(
     assert json.loads((workdir / "state.json").read_text())["epoch"] == 2
     # A resume a NaN loss stopped keeps its settings: its error says to go on with them.
     nan = cfg.replace(epochs=4, learning_rate=1e30)
-    with pytest.raises(PetalError, match=r"NaN/inf at epoch 3/4.*--resume` and the new"):
+    with pytest.raises(PetalError,
+                       match=r"NaN/inf at epoch 3/4.*--resume --workdir \S+` and the new"):
         train(nan, workdir, resume=True, **QUIET)
     assert json.loads((workdir / "config.json").read_text())["epochs"] == 4
