@@ -324,6 +324,15 @@ def evaluate(
             raise PetalError(f"Split {split!r} of {data} holds no images to evaluate.")
         y_true = np.concatenate(labels)
         y_prob = np.concatenate(probs)
+        lost = 0  # images skipped as corrupt
+        if skip_corrupt:
+            if source.kind == "folder":
+                # Undecodable files are dropped one by one; every other file is counted once.
+                lost = source.count(split) - len(y_true)
+            else:
+                # Records lost to a CRC failure (the rest of their shard) and records whose
+                # image does not decode (dropped one by one, uncounted by the reader).
+                lost = max(SKIPPED.skipped - skipped_before, source.count(split) - len(y_true))
 
         ks = sorted({1, top_k})
         report = classification_report(y_true, y_prob, run.classes, ks=ks)
@@ -343,8 +352,7 @@ def evaluate(
             warn(warnings[-1])
         if empty:
             present = sum(1 for c in run.classes if scores[c]["support"])
-            skipped = SKIPPED.skipped > skipped_before or bool(undecodable)
-            why = _why_unscored(source, split, empty, skipped)
+            why = _why_unscored(source, split, empty, lost > 0)
             if len(set(why.values())) == 1:
                 which = f"{', '.join(empty)} was scored ({why[empty[0]]})"
             else:
@@ -370,28 +378,19 @@ def evaluate(
         if warnings:
             report["warnings"] = warnings
         if skip_corrupt:
-            if source.kind == "folder":
-                # Undecodable files are dropped one by one; every other file is counted once.
-                report["skipped_corrupt_records"] = source.count(split) - len(y_true)
-            else:
-                # Records lost to a CRC failure (the rest of their shard) and records whose
-                # image does not decode (dropped one by one, uncounted by the reader).
-                report["skipped_corrupt_records"] = max(
-                    SKIPPED.skipped - skipped_before, source.count(split) - len(y_true)
-                )
+            report["skipped_corrupt_records"] = lost
             if undecodable is not None:
                 report[skip_list_key(source)] = [f"{p}: {reason}" for p, reason in undecodable]
         wrong_count = int((y_true != y_prob.argmax(1)).sum())
         title = plots.misclassified_title(wrong_count, len(y_true), len(wrong["images"]))
         _write_outputs(out, report, samples, wrong, run, title)
         top = ", ".join(f"{k} {v:.4f}" for k, v in report["top_k_accuracy"].items())
-        skipped = report.get("skipped_corrupt_records")
         log(
             f"petal evaluate: {len(y_true)} image{'' if len(y_true) == 1 else 's'} of {data} "
             f"({split}): accuracy "
             f"{report['accuracy']:.4f} ({top}), macro F1 {report['macro']['f1']:.4f}"
-            + (f", {skipped} corrupt {'file' if source.kind == 'folder' else 'record'}"
-               f"{'s' * (skipped != 1)} skipped" if skipped else "")
+            + (f", {lost} corrupt {'file' if source.kind == 'folder' else 'record'}"
+               f"{'s' * (lost != 1)} skipped" if lost else "")
             + f" -> {out}"
         )
         return report
