@@ -381,6 +381,16 @@ def make_records(tmp_path):
     return make
 
 
+UNPREDICTED = ": the model predicted no image as "
+
+
+def settled(lines) -> list[str]:
+    """Warning lines (a list, or text) less the one naming the classes the model never
+    predicted: which those are depends on how the barely trained test model came out."""
+    lines = lines.splitlines() if isinstance(lines, str) else lines
+    return [line for line in lines if UNPREDICTED not in line]
+
+
 def run_script(script: Path, timeout: int = 120):
     """Runs a Python script in a session (process group) of its own, so a signal it sends
     to its group reaches no one else; returns the completed process (text output)."""

@@ -362,6 +362,9 @@ def evaluate(
                 f"the other {present} class{'es' * (present != 1)}"
             )
             warn(warnings[-1])
+        if unpredicted := _unpredicted_warning(report, y_prob, split, data):
+            warnings.append(unpredicted)
+            warn(warnings[-1])
         report.update(
             {
                 # Absolute, as train's config.json: eval.json is read from elsewhere (report).
@@ -394,6 +397,26 @@ def evaluate(
             + f" -> {out}"
         )
         return report
+
+
+def _unpredicted_warning(report: dict, y_prob: np.ndarray, split: str, data) -> str | None:
+    """The line for the classes with images scored that the model never predicted, or None.
+
+    Their precision has no predictions to count (0/0); it is reported as 0.000, as
+    scikit-learn's default does, and pulls the macro averages down: said, not left silent.
+    """
+    classes = report["classes"]
+    predicted = np.bincount(y_prob.argmax(1), minlength=len(classes))
+    never = [c for i, c in enumerate(classes)
+             if report["per_class"][c]["support"] and not predicted[i]]  # fmt: skip
+    if not never:
+        return None
+    one = len(never) == 1
+    return (
+        f"Split {split!r} of {data}: the model predicted no image as {', '.join(never)}; "
+        f"{'its' if one else 'their'} precision (no predictions to count) is reported as "
+        f"0.000 and counted so in the macro averages"
+    )
 
 
 def _why_unscored(source, split: str, empty: list[str], skipped: bool) -> dict[str, str]:
