@@ -232,6 +232,64 @@ def test_a_signal_held_over_a_wait_that_does_not_end_is_said_later():
     assert said[1] == "prog: quit at once on Ctrl-C, without clean-up"
 
 
+def test_one_signal_held_past_the_grace_is_taken_once_the_block_ends():
+    """A block holding one Ctrl-C past its grace (TensorFlow's import on a loaded machine)
+    then ended: the line named a write that was not one. (Whether the process then quit at
+    once is a race: the next test checks the watch itself.)"""
+    body = "with signals_held(\"the test's work\"):\n    time.sleep(4)\n"
+    with _Process(_script(body, grace=0.5, held_grace=1.5)) as run:
+        assert run.wait_for("ready", run.out, 60), run.err
+        time.sleep(0.3)
+        run.send(signal.SIGINT)
+        assert run.proc.wait(30) == 130
+        run.wait_for("interrupted", run.out, 5)
+    assert run.out == ["ready\n", "interrupted\n"], run.err
+    said = [line.strip() for line in run.err if line.startswith("prog:")]
+    assert len(said) == 1 and re.fullmatch(
+        r"prog: Ctrl-C waits for the test's work to end \([12] s so far\); press Ctrl-C again "
+        r"to quit at once, without clean-up", said[0]
+    ), said
+
+
+def test_a_held_signal_delivered_again_is_no_second_press(monkeypatch):
+    """signals_held delivers the signal it held again when its block ends; its byte reached
+    the watch's pipe a second time and, once the long hold had been said, counted as a
+    second Ctrl-C: os._exit, without clean-up, if the watch read it before the main thread
+    ran the handler."""
+    from petal import running
+
+    quits: list[int] = []
+    monkeypatch.setattr(running.os, "_exit", quits.append)
+    monkeypatch.setattr(running, "_taken_at", [float("-inf")])
+    monkeypatch.setattr(running, "_held_at", [time.monotonic() + 60])  # held throughout
+    monkeypatch.setattr(running, "_raised", [0])
+    read_end, write_end = os.pipe()
+    err_read, err_write = os.pipe()
+    stop = threading.Event()
+    watch = threading.Thread(target=running._watch,
+                             args=(read_end, err_write, "prog", (0.1, 0.3), stop))  # fmt: skip
+    watch.start()
+    try:
+        os.write(write_end, bytes([signal.SIGINT]))
+        said = os.read(err_read, 4096).decode()  # blocks until the hold is said
+        assert said.startswith("prog: Ctrl-C waits for the write or clean-up in progress")
+        running._raised[0] += 1  # as signals_held does before it delivers the signal again
+        os.write(write_end, bytes([signal.SIGINT]))
+        time.sleep(0.5)
+        assert quits == []
+        os.write(write_end, bytes([signal.SIGINT]))  # a real second press
+        deadline = time.monotonic() + 10
+        while not quits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert quits == [128 + signal.SIGINT]
+    finally:
+        stop.set()
+        os.write(write_end, b"\0")
+        watch.join(10)
+        for fd in (write_end, err_read):
+            os.close(fd)
+
+
 def test_a_forked_childs_signals_are_not_the_parents():
     """A child forked under the watch (bench_input's ceiling forks its workers) inherited
     its pipe: a SIGTERM the child took was seen as one the parent never took."""

@@ -1002,7 +1002,7 @@ def start_tensorflow_quietly() -> None:
     from petal.running import signals_held
 
     _use_tensorflow_backend()
-    with signals_held():
+    with signals_held("TensorFlow's start"):
         try:
             _import_tensorflow()
         except ValueError as err:  # Keras' settings file: an unknown floatx, backend, ...

@@ -151,10 +151,22 @@ def reading_elsewhere(folder: Path) -> tuple[str, str] | None:
     return None
 
 
+# How long a signal waits on the main thread before :func:`signals_watched` says so (once
+# :func:`signals_held` holds it: HELD_GRACE_S); another signal then ends the process.
+SIGNAL_GRACE_S = 5.0
+HELD_GRACE_S = 30.0
+HELD_DOING = "the write or clean-up in progress"
+# What the block holding the last signal held does (:func:`signals_held`), and how many
+# signals it has delivered again (the watch counts those it has read: not the user's).
+_held_doing = [HELD_DOING]
+_raised = [0]
+
+
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held(doing: str = HELD_DOING) -> Iterator[None]:
     """Ctrl-C and SIGTERM wait until the block is over, then are delivered to the handlers
-    that were in place (SIGTERM first, when both came).
+    that were in place (SIGTERM first, when both came). ``doing``: what the block does, as
+    :func:`signals_watched` says it when a held signal waits long.
 
     Keras opens and loads a model file's weight store inside a bare ``except:``: the
     exception of a signal raised there was swallowed and the save or load went on another
@@ -168,6 +180,7 @@ def signals_held() -> Iterator[None]:
 
     def hold(signum, frame) -> None:
         _held_at[0] = time.monotonic()
+        _held_doing[0] = doing
         caught.append(signum)
 
     previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -178,13 +191,14 @@ def signals_held() -> Iterator[None]:
             # None: a handler not set from Python, which cannot be put back; the default.
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         if caught:
-            signal.raise_signal(signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT)
+            signum = signal.SIGTERM if signal.SIGTERM in caught else signal.SIGINT
+            if callable(signal.getsignal(signum)):
+                # Delivered again, its byte reaches the watch's pipe a second time: not
+                # another press (it quit at once, without clean-up, once a long hold was said).
+                _raised[0] += 1
+            signal.raise_signal(signum)
 
 
-# How long a signal waits on the main thread before :func:`signals_watched` says so (once
-# :func:`signals_held` holds it: HELD_GRACE_S); another signal then ends the process.
-SIGNAL_GRACE_S = 5.0
-HELD_GRACE_S = 30.0
 # When the main thread last ran a handler of Ctrl-C or SIGTERM, and when it last held one
 # (time.monotonic()).
 _taken_at = [float("-inf")]
@@ -315,6 +329,7 @@ def _read_signals(read_end: int, err: int, prog: str, graces: tuple, stop) -> No
     """:func:`_watch`'s loop; ``graces``: (grace, held_grace) of :func:`signals_watched`."""
     waiting = None  # (when, number) of the oldest signal the main thread has not taken
     said = False
+    redelivered = _raised[0]  # signals_held's deliveries read so far (this thread's count)
     poll = select.poll()  # not select(): the pipe's number may be above FD_SETSIZE
     poll.register(read_end, select.POLLIN)
     while not stop.is_set():
@@ -329,6 +344,9 @@ def _read_signals(read_end: int, err: int, prog: str, graces: tuple, stop) -> No
             waiting, said = None, False
         for signum in arrived:
             if signum not in _NAMES or stop.is_set():
+                continue
+            if redelivered < _raised[0]:  # a held signal delivered again, not a new one
+                redelivered += 1
                 continue
             if waiting is None:
                 waiting = (now, signum) if _taken_at[0] < now - 0.5 else None
@@ -346,7 +364,7 @@ def _read_signals(read_end: int, err: int, prog: str, graces: tuple, stop) -> No
         name, seconds = _NAMES[waiting[1]], now - waiting[0]
         again = "press Ctrl-C again" if waiting[1] == signal.SIGINT else "send SIGTERM again"
         if held:
-            why = f"waits for the write or clean-up in progress to end ({seconds:.0f} s so far)"
+            why = f"waits for {_held_doing[0]} to end ({seconds:.0f} s so far)"
         else:
             why = (
                 f"has waited {seconds:.0f} s for the call in progress (in TensorFlow, most "
