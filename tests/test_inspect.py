@@ -93,7 +93,9 @@ def test_manifest_counts_that_disagree_with_the_records_are_problems(damaged):
         "train: class 'daisy': 10 records read, the manifest's per_class says 7",
         "train: class 'dandelion': 10 records read, the manifest's per_class says 13",
     ]
-    assert "verify: 4 problems (60 records read):" in str(report)
+    # Numbered as train's and evaluate's errors number them ("record 3 (0-based)").
+    assert "verify: 4 problems (60 records read; a shard's first record is record 0):" in str(
+        report)
 
 
 def test_verify_names_shard_and_record_of_a_flipped_byte(damaged):

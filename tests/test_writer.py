@@ -628,6 +628,39 @@ def test_duplicates_stay_on_one_side(tmp_path):
     assert sides == {"train", "validation"}  # the group is not pinned to one side
 
 
+def test_a_group_of_copies_does_not_overshoot_its_class_share(tmp_path):
+    """Five copies of one photo and one other photo: the copies went to validation whole
+    whenever the class was short of its one place (5 of 6, 83% at 0.19), without a word."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 10, classes=("p",))
+    (src / "q").mkdir()
+    (src / "q" / "other.jpg").write_bytes(_jpeg(_photo(12, 16, seed=777)))
+    for i in range(5):
+        (src / "q" / f"copy{i}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=555)))
+    for seed in range(6):  # the group is drawn first or second in the class's order
+        out = tmp_path / f"o{seed}"
+        m = convert(src, out, image_size=8, seed=seed, workers=1, progress=False).manifest
+        assert m["splits"]["validation"]["per_class"] == {"p": 2, "q": 1}
+        where = {r["filename"]: r["split"] for r in _records(out)}
+        assert where["q/other.jpg"] == "validation"
+        assert {where[f"q/copy{i}.jpg"] for i in range(5)} == {"train"}
+    # A group no larger than the share still goes to validation (two copies where two of
+    # eight are due, 0.19 of 8 rounded).
+    for i in range(5, 10):
+        (src / "q" / f"own{i}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=i)))
+    for i in range(2, 5):
+        (src / "q" / f"copy{i}.jpg").unlink()
+    sides = set()
+    for seed in range(6):
+        out = tmp_path / f"t{seed}"
+        m = convert(src, out, image_size=8, seed=seed, workers=1, progress=False).manifest
+        assert m["splits"]["validation"]["per_class"]["q"] in (2, 3)
+        where = {r["filename"]: r["split"] for r in _records(out)}
+        sides |= {where["q/copy0.jpg"]}
+        assert where["q/copy0.jpg"] == where["q/copy1.jpg"]
+    assert sides == {"train", "validation"}
+
+
 def test_split_is_stratified_per_class(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 20, classes=("a", "b", "c"))

@@ -441,7 +441,7 @@ def _format(report: InspectReport) -> list[str]:
         else:
             lines.append(
                 f"verify: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
-                f" ({report.verified} records read):"
+                f" ({report.verified} records read; a shard's first record is record 0):"
             )
             lines += _listed(report.problems)
     if report.grid:

@@ -985,8 +985,10 @@ def split_files(
     Files with identical bytes form a group that goes to one side as a whole, so no
     image is in both splits. Each class sends ``round(val_fraction * n)`` of its files
     (counting groups it owns) to validation, chosen by a generator seeded with the seed
-    and the class name, so one class's split does not depend on the others. A group under
-    several classes belongs to the first: a copy filed under a later class goes with it.
+    and the class name, so one class's split does not depend on the others; a group of
+    copies goes there only if that leaves the class no further from its share (it may
+    end a file or more off it). A group under several classes belongs to the first: a
+    copy filed under a later class goes with it.
 
     ``failed`` names (by relpath) files that could not be converted: they are left out of
     both sides and of ``n``, and a class's next files in the same seeded order take their
@@ -1011,7 +1013,12 @@ def split_files(
         random.Random(f"petal-split:{seed}:{name}").shuffle(class_groups)
         for group in class_groups:
             group = [item for item in group if item.file.relpath not in failed]
-            side = "validation" if in_val[label] < target else "train"
+            # A group of copies goes to validation while the class is short of its share,
+            # unless it would overshoot it by more than it is short (five copies of one photo
+            # took five of a class's six places where one was due).
+            own = sum(1 for item in group if item.file.label == label)
+            short = target - in_val[label]
+            side = "validation" if short > 0 and own - short <= short else "train"
             splits[side] += group
             if side == "validation":
                 in_val.update(item.file.label for item in group)
