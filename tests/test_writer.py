@@ -661,6 +661,56 @@ def test_a_group_of_copies_does_not_overshoot_its_class_share(tmp_path):
     assert sides == {"train", "validation"}
 
 
+def test_files_of_other_bytes_holding_the_same_image_are_listed(tmp_path):
+    """The same pixels in two PNGs of other metadata: grouped by file bytes, the split sent
+    them apart (validation scored an image the model trained on), and one filed under
+    another class contradicted its label, without a word."""
+    from PIL.PngImagePlugin import PngInfo
+
+    def png(pixels, note: str) -> bytes:
+        info = PngInfo()
+        info.add_text("note", note)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, "PNG", pnginfo=info)
+        return buffer.getvalue()
+
+    src = tmp_path / "src"
+    _write_class_tree(src, 8)
+    for i in range(3):  # a/NN.png and a/NN-again.png: the same pixels, other bytes
+        pixels = _photo(12, 16, seed=500 + i)
+        (src / "a" / f"{i:02d}.png").write_bytes(png(pixels, "first"))
+        (src / "a" / f"{i:02d}-again.png").write_bytes(png(pixels, "second"))
+    pixels = _photo(12, 16, seed=600)
+    (src / "a" / "mine.png").write_bytes(png(pixels, "a's"))
+    (src / "b" / "theirs.png").write_bytes(png(pixels, "b's"))
+    apart_seen = together_seen = False
+    for seed in range(6):
+        out = tmp_path / f"o{seed}"
+        summary = convert(src, out, image_size=8, seed=seed, val_fraction=0.4, workers=1,
+                          progress=False)  # fmt: skip
+        where = {r["filename"]: r["split"] for r in _records(out)}
+        expected = [["a/mine.png", "b/theirs.png"]]  # two classes, whatever the split
+        for i in range(3):
+            pair = [f"a/{i:02d}-again.png", f"a/{i:02d}.png"]
+            if where[pair[0]] != where[pair[1]]:
+                expected.append(pair)
+                apart_seen = True
+            else:
+                together_seen = True
+        assert summary.manifest["identical_images"] == sorted(expected)
+        [line] = [w for w in summary.warnings if "identical_images" in w]
+        assert line.startswith(f"{len(expected)} image(s) are stored more than once, from "
+                               "files that are not byte-identical")  # fmt: skip
+        assert summary.manifest["duplicates"] == 0
+    assert apart_seen and together_seen
+    # petal inspect counts them with the duplicates.
+    from petal.data.inspect import inspect_records
+
+    assert (f", images stored from more than one file {len(expected)} (split apart or under "
+            "two classes: manifest.json's identical_images)") in str(
+        inspect_records(out, progress=False))  # fmt: skip
+
+
 def test_split_is_stratified_per_class(tmp_path):
     src = tmp_path / "src"
     _write_class_tree(src, 20, classes=("a", "b", "c"))

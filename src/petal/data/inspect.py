@@ -524,6 +524,12 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
             if (across := m.get("duplicates_across_classes"))
             else ""
         )
+        + (
+            f", images stored from more than one file {len(same)} (split apart or under two "
+            "classes: manifest.json's identical_images)"
+            if (same := m.get("identical_images"))
+            else ""
+        )
         + "".join(f", {what} {len(m[key])}" for key, what in _UNREAD if m.get(key)),
         "",
     ]

@@ -235,10 +235,12 @@ def _hash(path: str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _convert(task: tuple[str, int, str], options: _Options) -> bytes | str:
-    """One serialised record for (path, label, relpath), or the reason the file is skipped.
+def _convert(task: tuple[str, int, str], options: _Options) -> tuple[bytes, bytes] | str:
+    """One serialised record for (path, label, relpath) and a digest of the image it
+    stores, or the reason the file is skipped.
 
     The worker serialises the record too, so the main process only frames and writes it.
+    The digest finds files of other bytes that store the same image (:func:`_identical`).
     """
     path, label, relpath = task
     data = _read(path)
@@ -257,7 +259,9 @@ def _convert(task: tuple[str, int, str], options: _Options) -> bytes | str:
         return f"{err}: --max-pixels N accepts larger images"
     except images.ImageError as err:
         return str(err)
-    return example_bytes(encoded, label, relpath, options.classes)
+    digest = hashlib.blake2b(encoded.data, digest_size=16)
+    digest.update(b"%dx%d" % (encoded.height, encoded.width))  # raw pixels of another shape
+    return example_bytes(encoded, label, relpath, options.classes), digest.digest()
 
 
 # A tf.train.Example, serialised by hand: workers stay free of TensorFlow, and the bytes are
@@ -364,8 +368,8 @@ def _crc32c(data: bytes) -> int:
 def _write_piece(job: tuple[list[tuple[str, int, str]], str], options: _Options) -> list:
     """Converts a run of consecutive records and writes them, framed, to one piece file.
 
-    Returns per task ``None`` (written) or the reason it was skipped. No file is left when
-    every task is skipped.
+    Returns per task the digest of the image written (bytes) or the reason it was skipped
+    (str). No file is left when every task is skipped.
     """
     tasks, path = job
     results, framed = [], []
@@ -374,8 +378,8 @@ def _write_piece(job: tuple[list[tuple[str, int, str]], str], options: _Options)
         if isinstance(result, str):
             results.append(result)
         else:
-            results.append(None)
-            framed.append(frame_record(result))
+            results.append(result[1])
+            framed.append(frame_record(result[0]))
     if framed:
         with open(path, "wb") as f:
             f.write(b"".join(framed))
@@ -980,10 +984,11 @@ def split_files(
     seed: int,
     failed: Collection[str] = (),
 ) -> dict[str, list[_Probed]]:
-    """Seeded, class-stratified split, disjoint by content.
+    """Seeded, class-stratified split, disjoint by file content.
 
     Files with identical bytes form a group that goes to one side as a whole, so no
-    image is in both splits. Each class sends ``round(val_fraction * n)`` of its files
+    file is in both splits. (Files of other bytes holding the same pixels are found only
+    once converted, and listed: :func:`_identical`.) Each class sends ``round(val_fraction * n)`` of its files
     (counting groups it owns) to validation, chosen by a generator seeded with the seed
     and the class name, so one class's split does not depend on the others; a group of
     copies goes there only if that leaves the class no further from its share (it may
@@ -1056,7 +1061,7 @@ def _start_size_estimate(files, options: _Options, mapper: _Mapper) -> Callable[
     results = mapper.submit(functools.partial(_convert, options=options), sample)
 
     def average() -> float | None:
-        sizes = [len(r) + _FRAME for r in results() if not isinstance(r, str)]
+        sizes = [len(r[0]) + _FRAME for r in results() if not isinstance(r, str)]
         return sum(sizes) / len(sizes) if sizes else None
 
     return average
@@ -1323,12 +1328,13 @@ def convert(
 
             try:
                 with contextlib.ExitStack() as finish:
+                    stored: dict[str, tuple[str, bytes]] = {}
                     written = _write(
                         source, output, splits, shard_counts, options, mapper, progress,
-                        skipped, folder, resplit, finish,
+                        skipped, folder, resplit, finish, stored,
                     )  # fmt: skip
                     manifest = _manifest(
-                        source, folder, recorded, classes, written, skipped, probed
+                        source, folder, recorded, classes, written, skipped, probed, stored
                     )
                     _write_manifest(output, manifest)
             except tensorflow.errors.OpError as err:
@@ -1466,6 +1472,15 @@ def _warnings(manifest: dict) -> list[str]:
             "duplicates_across_classes): each copy was written with its own class, so the "
             "labels contradict each other; keep each photo in one class and convert again"
         )
+    if identical := manifest.get("identical_images"):
+        groups = some_names([" = ".join(g) for g in identical])
+        out.append(
+            f"{len(identical)} image(s) are stored more than once, from files that are not "
+            f"byte-identical (the same pixels saved again, as .png or with other metadata: "
+            f"{groups}; listed in manifest.json as identical_images), in both splits or under "
+            "two classes: validation then scores images the model trains on, or the labels "
+            "contradict each other; keep one file of each and convert again"
+        )
     if splits["validation"]["count"] > 0:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
@@ -1547,11 +1562,13 @@ def _write(
     folder: folders.ImageFolder,
     resplit: Callable[[set[str]], tuple[dict, dict[str, int]] | None] = lambda failed: None,
     finish: contextlib.ExitStack | None = None,
+    stored: dict[str, tuple[str, bytes]] | None = None,
 ) -> dict[str, list[dict]]:
     """Pass 2: converts and writes every shard; returns per split its shards' entries.
 
     Each entry holds the final file name, record count, bytes, checksum and per-class
-    counts. Files that fail to convert are appended to ``skipped``. When they change the
+    counts. Files that fail to convert are appended to ``skipped``; each file written is
+    put in ``stored`` as (split, digest of the image its record holds). When they change the
     split, ``resplit(failed)`` gives the new one (splits and shard counts) and every shard
     is written again without them (converted again: a cost only conversions with such
     files pay). Shards that would hold one class of ``folder``'s are refused, naming the
@@ -1577,6 +1594,9 @@ def _write(
             shards = write(source, output, plan, options, mapper, progress, skipped, temp_paths)
         if not shards:
             raise PetalError(_nothing_usable(source, skipped))
+        if stored is not None:
+            for (split, _), shard in shards.items():
+                stored.update((name, (split, d)) for name, d in shard["images"].items())
         kept = set().union(*(s["per_class"] for s in shards.values()))
         if len(kept) < 2:
             raise PetalError(_one_class_left(source, folder, kept, skipped))
@@ -1700,21 +1720,23 @@ def _write_pieces(source, output, plan, options, mapper, progress, skipped, temp
     with _progress(len(plan), "convert", progress) as bar:
         for run, (_, piece), statuses in zip(runs, jobs, results, strict=True):
             key = run[0][:2]
-            written = any(status is None for status in statuses)
+            written = any(not isinstance(status, str) for status in statuses)
             if key != current and written:
                 finish_shard()
                 current = key
                 path = _temp_shard(output, key, temp_paths)
                 out = open(path, "wb")  # noqa: SIM115  (closed by finish_shard)
                 digest = hashlib.sha256()
-                shards[key] = {"temp": path, "count": 0, "per_class": Counter(), "bytes": 0}
+                shards[key] = {"temp": path, "count": 0, "per_class": Counter(), "bytes": 0,
+                               "images": {}}  # fmt: skip
             for (_, _, item), status in zip(run, statuses, strict=True):
-                if status is not None:
+                if isinstance(status, str):
                     _check_store(status, source, item.file.relpath)
                     skipped.append({"file": item.file.relpath, "reason": status})
                 else:
                     shards[key]["count"] += 1
                     shards[key]["per_class"][item.file.label] += 1
+                    shards[key]["images"][item.file.relpath] = status
             if written:
                 with open(piece, "rb") as f:
                     data = f.read()
@@ -1749,10 +1771,12 @@ def _write_records(source, output, plan, options, mapper, progress, skipped, tem
                 current = (split, index)
                 path = _temp_shard(output, current, temp_paths)
                 writer = tf.io.TFRecordWriter(path)
-                shards[current] = {"temp": path, "count": 0, "per_class": Counter()}
-            writer.write(result)
+                shards[current] = {"temp": path, "count": 0, "per_class": Counter(),
+                                   "images": {}}  # fmt: skip
+            writer.write(result[0])
             shards[current]["count"] += 1
             shards[current]["per_class"][item.file.label] += 1
+            shards[current]["images"][item.file.relpath] = result[1]
     if writer is not None:
         writer.close()
     return shards
@@ -1766,6 +1790,7 @@ def _manifest(
     written: dict[str, list[dict]],
     skipped: list[dict],
     probed: list[_Probed],
+    stored: dict[str, tuple[str, bytes]],
 ) -> dict:
     import tensorflow as tf
 
@@ -1818,6 +1843,9 @@ def _manifest(
         "skipped": sorted(skipped, key=lambda s: s["file"]),
         "duplicates": duplicates,
         "duplicates_across_classes": conflicting,
+        # Files of other bytes whose records hold the same image (a photo saved again as
+        # .png), split apart or filed under two classes: found only once converted.
+        "identical_images": _identical(probed, stored),
         "ignored_files": len(folder.ignored),
         # Images directly in the source folder belong to no class: listed, not converted.
         # (Names that are not valid UTF-8 with their bytes escaped, as JSON holds text.)
@@ -1834,6 +1862,27 @@ def _manifest(
         "broken_links": _utf8_names(folder.broken),
         "options": {**recorded, "classes": _classes_option(classes_arg)},
     }
+
+
+def _identical(probed: list[_Probed], stored: dict[str, tuple[str, bytes]]) -> list[list[str]]:
+    """Groups of files, sorted, that are not all byte-identical but whose records hold the
+    same image (the same pixels saved as .png and .jpg, or with other metadata), where the
+    group is in both splits or under more than one class.
+
+    The split keeps byte-identical files together (:func:`split_files`); it is made before
+    any file is decoded, so such copies can land apart, and are found here."""
+    by_name = {p.file.relpath: p for p in probed}
+    groups: dict[bytes, list[str]] = {}
+    for name, (_, digest) in stored.items():
+        groups.setdefault(digest, []).append(name)
+    out = []
+    for names in groups.values():
+        if len({by_name[n].content for n in names}) < 2:
+            continue  # byte-identical (or alone): one side, and duplicates_across_classes
+        apart = len({stored[n][0] for n in names}) > 1
+        if apart or len({by_name[n].file.label for n in names}) > 1:
+            out.append(_utf8_names(sorted(names)))
+    return sorted(out)
 
 
 def _utf8_names(names: Sequence[str]) -> list[str]:
