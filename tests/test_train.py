@@ -1362,3 +1362,21 @@ def test_train_size_refusal_names_every_change_it_needs_at_once(small_records, t
                        r"crops to that size: pass --set augment=codelab\+crop, or drop"):  # fmt: skip
         train(cfg.replace(model_options={"any_size": True}), tmp_path / "bad", **QUIET)
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("per_execution", [1, 4])
+def test_the_step_bar_counts_steps_when_an_execution_runs_several(per_execution):
+    """Keras ends a batch once per execution, with its last step's index: with
+    steps_per_execution 4 the bar stopped at 6/24 and its rate and time left were 4x off."""
+    from petal.training.callbacks import StepProgress
+
+    bar = StepProgress(24)
+    bar.enabled = True  # as on a terminal
+    bar.on_epoch_begin(0)
+    seen = []
+    for last in range(per_execution - 1, 24, per_execution):
+        bar.on_train_batch_end(last)
+        seen.append(bar._bar.n)
+    assert seen == list(range(per_execution, 25, per_execution))
+    bar.on_epoch_end(0)
+    assert bar._bar is None
