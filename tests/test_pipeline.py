@@ -116,6 +116,44 @@ def test_train_epochs_cover_the_split(records):
     assert orders[0] != orders[1]
 
 
+def test_a_disk_cache_of_a_killed_run_is_removed_by_the_next(records, tmp_path, monkeypatch):
+    """Only the run's exit removed its disk cache: a run killed outright (SIGKILL, the OOM
+    killer) left a decoded copy of its split in the temporary folder for good."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from petal.data import pipeline
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / "petal-cache"
+    folder.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = pipeline._owner_mark(int(gone.stdout))
+    other_host = "h00000000-p" + gone.stdout.strip()
+    names = {
+        f"train-0123456789abcdef-{dead}-0badcafe.index": False,
+        f"train-0123456789abcdef-{dead}-0badcafe.data-00000-of-00001": False,
+        f"train-0123456789abcdef-{dead}-0badcafe_0.lockfile": False,
+        f"train-0123456789abcdef-{pipeline._owner_mark()}-0badcafe.index": True,  # running
+        f"train-0123456789abcdef-{other_host}-0badcafe.index": True,  # another machine's
+        "train-0123456789abcdef-0badcafe.index": True,  # no owner named: kept
+        "notes.txt": True,
+    }
+    for name in names:
+        (folder / name).write_bytes(b"x")
+    ds = train_dataset(str(records), batch_size=4, seed=1, cache="disk")
+    next(iter(ds))
+    left = {p.name for p in folder.iterdir()}
+    assert {name for name, kept in names.items() if kept} <= left
+    assert not {name for name, kept in names.items() if not kept} & left
+    # The run's own cache is named as its own: the next run keeps it while this one runs.
+    mine = [n for n in left - set(names) if n.endswith(".index")]
+    assert mine and all(pipeline._owner_mark() in n for n in mine)
+    assert pipeline._remove_orphaned_caches(str(folder)) == []
+
+
 @pytest.mark.parametrize("cache", ["off", "ram", "disk"])
 def test_seeded_pipeline_is_reproducible(records, cache, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))

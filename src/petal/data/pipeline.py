@@ -49,7 +49,9 @@ import hashlib
 import logging
 import math
 import os
+import re
 import secrets
+import socket
 import tempfile
 import threading
 
@@ -1814,8 +1816,11 @@ def _resolve_cache(
     temporary = cache == "disk"
     if temporary:
         folder = _temporary_cache_folder()
-        # A fresh name per dataset: two runs never share (or half-read) one cache file.
-        key = f"{_cache_key(src, split, size, input_context, how)}-{secrets.token_hex(4)}"
+        # A fresh name per dataset: two runs never share (or half-read) one cache file. The
+        # name says whose it is, so that a later run removes it once its owner was killed
+        # outright (SIGKILL, the OOM killer: no exit to remove it).
+        key = (f"{_cache_key(src, split, size, input_context, how)}-{_owner_mark()}-"
+               f"{secrets.token_hex(4)}")  # fmt: skip
     elif isinstance(cache, str | os.PathLike):
         _refuse_misspelt_mode(cache)
         folder = os.fspath(folders.expand_home(cache))
@@ -1835,6 +1840,8 @@ def _resolve_cache(
             f"Received: cache={cache!r}"
         )
     _make_cache_folder(folder)
+    if temporary:
+        _remove_orphaned_caches(folder)
     free = _disk_free(folder)
     if free and needed > 0.9 * free:
         raise NoRoomToCache(folder, needed, free, given)
@@ -1884,6 +1891,51 @@ def _make_cache_folder(folder: str) -> None:
             f"The cache folder {folder} cannot be written: {reason}; pass another folder "
             "or cache='off'."
         )
+
+
+def _owner_mark(pid: int | None = None) -> str:
+    """``h<host>-p<pid>``: this machine (a hash of its name: a shared temporary folder holds
+    other machines' caches, whose processes cannot be seen from here) and the process."""
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    return f"h{host}-p{os.getpid() if pid is None else pid}"
+
+
+# A temporary cache's files: ``{split}-{key}-h{host}-p{pid}-{token}`` and TensorFlow's
+# suffix (``.index``, ``.data-*``, ``_*.lockfile``).
+_TEMPORARY_CACHE = re.compile(r"-(h[0-9a-f]{8})-p(\d+)-[0-9a-f]{8}[._]")
+
+
+def _remove_orphaned_caches(folder: str) -> list[str]:
+    """Removes the temporary caches in ``folder`` of this machine's processes that are gone
+    (killed outright, their exit never ran :func:`_remove_cache_files`: each left a decoded
+    copy of a split behind); returns the names removed. A process that is still running, or
+    that cannot be told apart from one (its number taken again), keeps its cache."""
+    removed = []
+    host = _owner_mark().split("-")[0]
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        found = _TEMPORARY_CACHE.search(name)
+        if not found or found.group(1) != host or _running(int(found.group(2))):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, name))
+            removed.append(name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if os.name != "posix":  # os.kill ends the process there: none is taken for gone
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's (PermissionError), or no way to tell: kept
+        return True
+    return True
 
 
 def _remove_cache_files(prefix: str) -> None:
