@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import subprocess
@@ -1433,19 +1432,26 @@ def test_resize_fill_computes_only_the_window_it_keeps(tmp_path):
     """resize_fill (records kept at their own size, other-size records, predict and the
     SavedModel of such runs) resized the whole cover size before cropping: a 1x20000 strip
     became a 96x1920000 float image (2.2 GB), a 1x40000 one at 192 px 18 GB."""
+    from petal.data import images as image_io
+
+    # The cover size is convert's (images.fill_geometry): in float32 ceil(312 * (40 / 312))
+    # was 41, which stretched the photo a row, and shifted a square 331 photo at 224.
     rng = np.random.default_rng(0)
     for shape, size in [((300, 200), (96, 96)), ((97, 131), (64, 48)), ((1, 400), (32, 32)),
-                        ((50, 50), (192, 192)), ((1000, 3), (24, 32)), ((481, 640), (64, 64))]:
+                        ((50, 50), (192, 192)), ((1000, 3), (24, 32)), ((481, 640), (64, 64)),
+                        ((312, 500), (40, 40)), ((331, 331), (224, 224))]:
         image = tf.constant(rng.integers(0, 256, (*shape, 3), dtype=np.uint8))
-        h, w = shape
-        scale = max(size[0] / h, size[1] / w)
-        new_h, new_w = max(math.ceil(h * scale), size[0]), max(math.ceil(w * scale), size[1])
+        new_h, new_w = image_io.fill_geometry(*shape, size)
         whole = tf.image.resize(image, (new_h, new_w), antialias=True)
         top, left = (new_h - size[0]) // 2, (new_w - size[1]) // 2
         want = tf.round(whole[top : top + size[0], left : left + size[1]]).numpy()
         got = pipeline.resize_fill(image, size).numpy().astype(np.float64)
         assert got.shape == (*size, 3)
         assert np.abs(got - np.clip(want, 0, 255)).max() <= 1, (shape, size)
+    # A gradient down the rows comes out symmetric: the crop is centred, nothing stretched.
+    rows = np.repeat(np.repeat(np.linspace(0, 255, 312)[:, None, None], 500, 1), 3, 2)
+    out = pipeline.resize_fill(tf.constant(rows.round().astype(np.uint8)), (40, 40)).numpy()
+    assert abs(int(out[0, 0, 0]) + int(out[-1, 0, 0]) - 255) <= 1
     out = subprocess.run([sys.executable, "-c", _FILL_A_STRIP], capture_output=True, text=True,
                          timeout=120, check=True)
     shape, grown_mb = out.stdout.split(") ")

@@ -617,16 +617,20 @@ def _fit_file(data: bytes, size: tuple[int, int], mode: str) -> np.ndarray:
 def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     """The codelab's "fill": scale to cover ``size`` keeping the aspect ratio, centre crop.
 
-    Returns uint8 ``[size[0], size[1], 3]`` with a static shape.
+    Returns uint8 ``[size[0], size[1], 3]`` with a static shape. The cover size is
+    :func:`petal.data.images.fill_geometry`'s, convert's, in integers: in float32,
+    ``ceil(312 * (40 / 312))`` is 41, which stretched a 312-row photo to 41 rows, cut its
+    last one and moved the crop off centre (a square 331 photo at 224 came out shifted).
     """
-    h = tf.cast(tf.shape(image)[0], tf.float32)
-    w = tf.cast(tf.shape(image)[1], tf.float32)
+    h = tf.cast(tf.shape(image)[0], tf.int64)
+    w = tf.cast(tf.shape(image)[1], tf.int64)
     th, tw = size
-    scale = tf.maximum(th / h, tw / w)
-    new_h = tf.maximum(tf.cast(tf.math.ceil(h * scale), tf.int32), th)
-    new_w = tf.maximum(tf.cast(tf.math.ceil(w * scale), tf.int32), tw)
+    height_decides = h * tw < w * th  # relatively wider than the target
+    new_h = tf.where(height_decides, tf.constant(th, tf.int64), tf.maximum(th, h * tw // w))
+    new_w = tf.where(height_decides, tf.maximum(tw, w * th // h), tf.constant(tw, tf.int64))
     top = (new_h - th) // 2
     left = (new_w - tw) // 2
+    h, w = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
     # tf.image.resize's antialiased kernel (ScaleAndTranslate) computing only the centre
     # window: resizing the whole cover size first made a 1x40000 strip a 192x7680000 image.
     scale = tf.stack([tf.cast(new_h, tf.float32) / h, tf.cast(new_w, tf.float32) / w])
