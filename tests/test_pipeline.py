@@ -115,6 +115,41 @@ def test_train_epochs_cover_the_split(records):
     assert orders[0] != orders[1]
 
 
+def test_auto_does_not_cache_on_a_temporary_folder_in_memory(records, tmp_path, monkeypatch):
+    """Where /tmp is a tmpfs (Fedora, Arch), the images that did not fit in RAM were cached
+    "on local disk" there: back in the memory found short."""
+    from petal.data import pipeline
+    from petal.data.reader import open_source
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        f"tmpfs {tmp_path}/ram tmpfs rw 0 0\n"
+        f"/dev/sdb1 {tmp_path}/ram/disk\\040here ext4 rw 0 0\n"
+    )
+    (tmp_path / "ram" / "disk here").mkdir(parents=True)
+    assert pipeline._memory_file_system(f"{tmp_path}/ram/petal-cache", str(mounts)) == "tmpfs"
+    assert pipeline._memory_file_system(f"{tmp_path}/ram/disk here/x", str(mounts)) is None
+    assert pipeline._memory_file_system(f"{tmp_path}/elsewhere", str(mounts)) is None
+    assert pipeline._memory_file_system("/x", str(tmp_path / "none")) is None  # no table
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(pipeline, "_available_memory", lambda: 1000)  # nothing fits
+    src = open_source(str(records))
+    for kind, cached in (("tmpfs", None), (None, "disk")):
+        monkeypatch.setattr(pipeline, "_memory_file_system", lambda folder, kind=kind: kind)
+        choice = pipeline.auto_cache_choice(src, "train", (16, 16))
+        got = pipeline._resolve_cache("auto", src, "train", (16, 16), None)
+        if cached is None:
+            assert got is None and choice.startswith("nowhere: ") and "(tmpfs)" in choice
+            assert "decoded again each epoch (TMPDIR=a folder on disk caches them there)" \
+                in choice
+        else:
+            assert got and choice.startswith("on local disk in ")
+
+
 def test_a_disk_cache_of_a_killed_run_is_removed_by_the_next(records, tmp_path, monkeypatch):
     """Only the run's exit removed its disk cache: a run killed outright (SIGKILL, the OOM
     killer) left a decoded copy of its split in the temporary folder for good."""

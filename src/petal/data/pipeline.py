@@ -622,14 +622,15 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     ``ceil(312 * (40 / 312))`` is 41, which stretched a 312-row photo to 41 rows, cut its
     last one and moved the crop off centre (a square 331 photo at 224 came out shifted).
     """
+    th, tw = size
     h = tf.cast(tf.shape(image)[0], tf.int64)
     w = tf.cast(tf.shape(image)[1], tf.int64)
-    th, tw = size
-    height_decides = h * tw < w * th  # relatively wider than the target
-    new_h = tf.where(height_decides, tf.constant(th, tf.int64), tf.maximum(th, h * tw // w))
-    new_w = tf.where(height_decides, tf.maximum(tw, w * th // h), tf.constant(tw, tf.int64))
-    top = (new_h - th) // 2
-    left = (new_w - tw) // 2
+    th64, tw64 = tf.cast(th, tf.int64), tf.cast(tw, tf.int64)
+    height_decides = h * tw64 < w * th64  # relatively wider than the target
+    new_h = tf.where(height_decides, th64, tf.maximum(th64, h * tw64 // w))
+    new_w = tf.where(height_decides, tf.maximum(tw64, w * th64 // h), tw64)
+    top = (new_h - th64) // 2
+    left = (new_w - tw64) // 2
     h, w = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
     # tf.image.resize's antialiased kernel (ScaleAndTranslate) computing only the centre
     # window: resizing the whole cover size first made a 1x40000 strip a 192x7680000 image.
@@ -1795,10 +1796,40 @@ def auto_cache_choice(src: Source, split, size) -> str:
     share = f"{RAM_CACHE_FRACTION:.0%} of the {available / 1e9:.1f} GB of memory available"
     if _fits_in_ram(needed, available):
         return f"in RAM ({needed / 1e9:.1f} GB decoded, within {share})"
+    folder = _temporary_cache_folder()
+    if kind := _memory_file_system(folder):
+        return (
+            f"nowhere: {needed / 1e9:.1f} GB decoded is over {share}, and the temporary "
+            f"folder {folder} is in memory too ({kind}); they are decoded again each epoch "
+            "(TMPDIR=a folder on disk caches them there)"
+        )
     return (
-        f"on local disk in {_temporary_cache_folder()} ({needed / 1e9:.1f} GB decoded, over "
+        f"on local disk in {folder} ({needed / 1e9:.1f} GB decoded, over "
         f"{share}; --set cache=false decodes them again each epoch instead)"
     )
+
+
+def _memory_file_system(folder: str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the file system ``folder`` is on (or would be made on) when it keeps its
+    files in memory (tmpfs, ramfs: /tmp on many Linux systems), else None (on disk, or not
+    known: no /proc/mounts)."""
+    path = os.path.realpath(folder)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    best, kind = "", None
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind if kind in ("tmpfs", "ramfs") else None
 
 
 def _resolve_cache(
@@ -1816,6 +1847,8 @@ def _resolve_cache(
     if cache == "auto":
         if _fits_in_ram(needed, _available_memory()):
             return ""
+        if _memory_file_system(_temporary_cache_folder()):
+            return None  # a "disk" cache in memory takes the memory that was found short
         cache = "disk"
     temporary = cache == "disk"
     if temporary:
