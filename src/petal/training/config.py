@@ -94,8 +94,10 @@ class TrainConfig:
         label_smoothing: categorical cross-entropy label smoothing.
         augment: training augmentation recipe understood by the input pipeline.
         cache: where to cache the decoded training images: ``"auto"`` (RAM when they fit,
-            else local disk), ``"ram"`` (true), ``"disk"`` (a temporary file) or ``"off"``
-            (false).
+            else local disk: the temporary folder, not cached where that folder is in memory
+            too, as a tmpfs ``/tmp`` is), ``"ram"`` (true), ``"disk"`` (a temporary file,
+            removed when the run ends, or by the next run's once its run was killed) or
+            ``"off"`` (false).
         shuffle_buffer: training shuffle buffer, in images.
         class_weight: ``None`` or ``"balanced"`` (weights inversely proportional to
             the training counts, mean 1).
