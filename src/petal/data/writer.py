@@ -988,12 +988,12 @@ def split_files(
 
     Files with identical bytes form a group that goes to one side as a whole, so no
     file is in both splits. (Files of other bytes holding the same pixels are found only
-    once converted, and listed: :func:`_identical`.) Each class sends ``round(val_fraction * n)`` of its files
-    (counting groups it owns) to validation, chosen by a generator seeded with the seed
-    and the class name, so one class's split does not depend on the others; a group of
-    copies goes there only if that leaves the class no further from its share (it may
-    end a file or more off it). A group under several classes belongs to the first: a
-    copy filed under a later class goes with it.
+    once converted, and listed: :func:`_identical`.) Each class sends
+    ``round(val_fraction * n)`` of its files (counting groups it owns) to validation,
+    chosen by a generator seeded with the seed and the class name, so one class's split
+    does not depend on the others; a group of copies goes there only if that leaves the
+    class no further from its share (it may end a file or more off it). A group under
+    several classes belongs to the first: a copy filed under a later class goes with it.
 
     ``failed`` names (by relpath) files that could not be converted: they are left out of
     both sides and of ``n``, and a class's next files in the same seeded order take their
