@@ -615,10 +615,14 @@ def test_duplicates_stay_on_one_side(tmp_path):
     sides = set()
     for seed in (0, 1, 8, 9):  # the group lands in train for 0 and 1, validation for 8 and 9
         out = tmp_path / f"o{seed}"
-        m = convert(
+        summary = convert(
             src, out, image_size=8, seed=seed, val_fraction=0.3, workers=1, progress=False
-        ).manifest
+        )
+        m = summary.manifest
         assert m["duplicates"] == 3
+        # The closing line says so: each copy is a record, in every count.
+        assert str(summary).startswith(f"written 23 (train {m['splits']['train']['count']} in ")
+        assert "; 3 of them byte-identical copies of another), skipped 0 of 23" in str(summary)
         where = {r["filename"]: r["split"] for r in _records(out)}
         side = {where[f] for f in copies}
         assert len(side) == 1

@@ -162,6 +162,11 @@ class ConvertSummary:
             f"{'' if self.shards.get(s, 0) == 1 else 's'}"
             for s in schema.SPLITS
         )
+        if copies := self.manifest.get("duplicates"):
+            # Each written, on its original's side: counted as images in every count.
+            splits += (f"; {copies} of them "
+                       f"{'a byte-identical copy' if copies == 1 else 'byte-identical copies'} "
+                       "of another")  # fmt: skip
         line = (
             f"written {self.written} ({splits}), skipped {self.skipped} of "
             f"{self.images_found} found, {self.images_per_second:.0f} images/s, "
