@@ -648,6 +648,16 @@ def test_a_group_of_copies_does_not_overshoot_its_class_share(tmp_path):
         where = {r["filename"]: r["split"] for r in _records(out)}
         assert where["q/other.jpg"] == "validation"
         assert {where[f"q/copy{i}.jpg"] for i in range(5)} == {"train"}
+    # Where every group overshoots (three copies each of two photos, one place due), the
+    # smallest still goes: none went, and the class's accuracy was not measured.
+    few = tmp_path / "few"
+    _write_class_tree(few, 10, classes=("p",))
+    (few / "x").mkdir()
+    for photo, copies in ((1, 3), (2, 4)):
+        for i in range(copies):
+            (few / "x" / f"{photo}-{i}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=900 + photo)))
+    m = convert(few, tmp_path / "few-out", image_size=8, workers=1, progress=False).manifest
+    assert m["splits"]["validation"]["per_class"]["x"] == 3
     # A group no larger than the share still goes to validation (two copies where two of
     # eight are due, 0.19 of 8 rounded).
     for i in range(5, 10):

@@ -1021,6 +1021,7 @@ def split_files(
         # others, stays that of the split made before they failed.
         class_groups = owned.get(label, [])
         random.Random(f"petal-split:{seed}:{name}").shuffle(class_groups)
+        decisions = []  # [side, group, files of the class]
         for group in class_groups:
             group = [item for item in group if item.file.relpath not in failed]
             # A group of copies goes to validation while the class is short of its share,
@@ -1029,9 +1030,19 @@ def split_files(
             own = sum(1 for item in group if item.file.label == label)
             short = target - in_val[label]
             side = "validation" if short > 0 and own - short <= short else "train"
-            splits[side] += group
+            decisions.append([side, group, own])
             if side == "validation":
                 in_val.update(item.file.label for item in group)
+        if target > 0 and in_val[label] == 0:
+            # Every group overshot (three copies each of two photos, one place due): the
+            # smallest goes, rather than none, which left the class's accuracy unmeasured.
+            held = [d for d in decisions if d[2] > 0]
+            if held:
+                smallest = min(held, key=lambda d: d[2])
+                smallest[0] = "validation"
+                in_val.update(item.file.label for item in smallest[1])
+        for side, group, _ in decisions:
+            splits[side] += group
     for split, items in splits.items():
         # Records are shuffled before sharding: shards are then uniform samples, which
         # readers rely on (the codelab's "well shuffled on disk").
