@@ -1380,3 +1380,18 @@ def test_the_step_bar_counts_steps_when_an_execution_runs_several(per_execution)
     assert seen == list(range(per_execution, 25, per_execution))
     bar.on_epoch_end(0)
     assert bar._bar is None
+    # Keras versions that end an execution with its first step's index, and a last
+    # execution cut short by the epoch's end (26 steps, 4 a call).
+    import types
+
+    bar = StepProgress(26)
+    bar.enabled = True
+    bar.set_model(types.SimpleNamespace(steps_per_execution=per_execution))
+    bar.on_epoch_begin(1)
+    seen = []
+    for first in range(0, 26, per_execution):
+        bar.on_train_batch_begin(first)
+        bar.on_train_batch_end(first)
+        seen.append(bar._bar.n)
+    assert seen == [min(26, n) for n in range(per_execution, 26 + per_execution, per_execution)]
+    bar.on_epoch_end(1)

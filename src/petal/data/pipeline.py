@@ -623,8 +623,9 @@ def resize_fill(image: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     last one and moved the crop off centre (a square 331 photo at 224 came out shifted).
     """
     th, tw = size
-    h = tf.cast(tf.shape(image)[0], tf.int64)
-    w = tf.cast(tf.shape(image)[1], tf.int64)
+    # At least 1: tf.where computes both branches, and an empty image divided by zero.
+    h = tf.maximum(tf.cast(tf.shape(image)[0], tf.int64), 1)
+    w = tf.maximum(tf.cast(tf.shape(image)[1], tf.int64), 1)
     th64, tw64 = tf.cast(th, tf.int64), tf.cast(tw, tf.int64)
     height_decides = h * tw64 < w * th64  # relatively wider than the target
     new_h = tf.where(height_decides, th64, tf.maximum(th64, h * tw64 // w))
@@ -1931,9 +1932,14 @@ def _make_cache_folder(folder: str) -> None:
 
 
 def _owner_mark(pid: int | None = None) -> str:
-    """``h<host>-p<pid>``: this machine (a hash of its name: a shared temporary folder holds
-    other machines' caches, whose processes cannot be seen from here) and the process."""
-    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    """``h<host>-p<pid>``: this machine and process-number space (a hash of the host's name
+    and of the PID namespace: a shared temporary folder holds the caches of other machines
+    and containers, whose processes cannot be seen from here) and the process."""
+    try:
+        space = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        space = 0
+    host = hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
     return f"h{host}-p{os.getpid() if pid is None else pid}"
 
 

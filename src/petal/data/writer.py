@@ -594,7 +594,7 @@ class _Mapper:
         # first one waits for the server's imports), it left a worker the pool did not
         # know, which read the pool's queue after close() had removed its semaphores and
         # printed a traceback under "interrupted".
-        with _caller_script_hidden(), signals_held():
+        with _caller_script_hidden(), signals_held("a worker process's start"):
             return self._pool.submit(_run_chunk, fn, chunk)
 
     @staticmethod

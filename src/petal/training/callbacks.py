@@ -472,12 +472,24 @@ class StepProgress(keras.callbacks.Callback):
 
             self._bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}", leave=False, unit="step")
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = batch
+
     def on_train_batch_end(self, batch, logs=None):
-        # Keras calls this once per execution, with its last step's index: with
-        # steps_per_execution 4 the bar counted a quarter of the epoch, its rate and time
-        # left four times off.
-        if self._bar is not None and batch + 1 > self._bar.n:
-            self._bar.update(batch + 1 - self._bar.n)
+        # Keras calls these once per execution: with steps_per_execution 4 the bar counted
+        # a quarter of the epoch, its rate and time left four times off. Recent Keras
+        # passes the execution's last step here, older versions its first: either way the
+        # execution ran from its first step for steps_per_execution steps.
+        if self._bar is None:
+            return
+        per_execution = getattr(self.model, "steps_per_execution", 1) if self.model else 1
+        try:
+            per_execution = max(1, int(per_execution))
+        except (TypeError, ValueError):
+            per_execution = 1
+        done = min(self.steps, max(batch + 1, getattr(self, "_begin", batch) + per_execution))
+        if done > self._bar.n:
+            self._bar.update(done - self._bar.n)
 
     def on_test_begin(self, logs=None):
         self._close()

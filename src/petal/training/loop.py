@@ -2541,7 +2541,7 @@ def _load_checkpoint(model, workdir: Path) -> None:
     try:
         # As for saving: Keras' loader of whole models opens the weight store in a bare
         # `except:` that swallows a signal's exception (load_weights does not, so far).
-        with signals_held(), warnings.catch_warnings(record=True) as caught:
+        with signals_held(f"the load of {path}"), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.load_weights(str(path))
         for warning in caught:
