@@ -101,15 +101,15 @@ def test_a_class_with_images_the_model_never_predicted_is_said():
     report = metrics.classification_report([0, 1, 1, 2, 2], probs, ["a", "b", "c", "d"])
     assert report["per_class"]["c"]["precision"] == 0.0
     assert report["macro"]["precision"] == pytest.approx((1 / 3 + 1 / 2 + 0.0) / 3)
-    assert _unpredicted_warning(report, probs, "validation", "recs") == (
+    assert _unpredicted_warning(report, "validation", "recs") == (
         "Split 'validation' of recs: the model predicted no image as c; its precision (no "
         "predictions to count) is reported as 0.000 and counted so in the macro averages"
     )
     both = metrics.classification_report([0, 1, 2, 3], probs[:4], ["a", "b", "c", "d"])
-    assert "as c, d; their precision" in _unpredicted_warning(both, probs[:4], "all", "x")
+    assert "as c, d; their precision" in _unpredicted_warning(both, "all", "x")
     everyone = np.eye(4)
     full = metrics.classification_report([0, 1, 2, 3], everyone, ["a", "b", "c", "d"])
-    assert _unpredicted_warning(full, everyone, "all", "x") is None
+    assert _unpredicted_warning(full, "all", "x") is None
 
 
 def test_classification_report_is_json_ready():

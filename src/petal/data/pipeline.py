@@ -1931,16 +1931,20 @@ def _make_cache_folder(folder: str) -> None:
         )
 
 
-def _owner_mark(pid: int | None = None) -> str:
-    """``h<host>-p<pid>``: this machine and process-number space (a hash of the host's name
-    and of the PID namespace: a shared temporary folder holds the caches of other machines
-    and containers, whose processes cannot be seen from here) and the process."""
+def _owner_host() -> str:
+    """``h<hash>``: this machine and process-number space (a hash of the host's name and of
+    the PID namespace: a shared temporary folder holds the caches of other machines and
+    containers, whose processes cannot be seen from here)."""
     try:
         space = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         space = 0
-    host = hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
-    return f"h{host}-p{os.getpid() if pid is None else pid}"
+    return "h" + hashlib.sha256(f"{socket.gethostname()}:{space}".encode()).hexdigest()[:8]
+
+
+def _owner_mark(pid: int | None = None) -> str:
+    """``h<host>-p<pid>``: :func:`_owner_host` and the process."""
+    return f"{_owner_host()}-p{os.getpid() if pid is None else pid}"
 
 
 # A temporary cache's files: ``{split}-{key}-h{host}-p{pid}-{token}`` and TensorFlow's
@@ -1954,7 +1958,7 @@ def _remove_orphaned_caches(folder: str) -> list[str]:
     copy of a split behind); returns the names removed. A process that is still running, or
     that cannot be told apart from one (its number taken again), keeps its cache."""
     removed = []
-    host = _owner_mark().split("-")[0]
+    host = _owner_host()
     try:
         names = os.listdir(folder)
     except OSError:

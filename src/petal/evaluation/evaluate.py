@@ -362,7 +362,7 @@ def evaluate(
                 f"the other {present} class{'es' * (present != 1)}"
             )
             warn(warnings[-1])
-        if unpredicted := _unpredicted_warning(report, y_prob, split, data):
+        if unpredicted := _unpredicted_warning(report, split, data):
             warnings.append(unpredicted)
             warn(warnings[-1])
         report.update(
@@ -399,14 +399,14 @@ def evaluate(
         return report
 
 
-def _unpredicted_warning(report: dict, y_prob: np.ndarray, split: str, data) -> str | None:
+def _unpredicted_warning(report: dict, split: str, data) -> str | None:
     """The line for the classes with images scored that the model never predicted, or None.
 
     Their precision has no predictions to count (0/0); it is reported as 0.000, as
     scikit-learn's default does, and pulls the macro averages down: said, not left silent.
     """
     classes = report["classes"]
-    predicted = np.bincount(y_prob.argmax(1), minlength=len(classes))
+    predicted = np.asarray(report["confusion_matrix"]).sum(axis=0)  # per predicted class
     never = [c for i, c in enumerate(classes)
              if report["per_class"][c]["support"] and not predicted[i]]  # fmt: skip
     if not never:

@@ -465,12 +465,18 @@ class StepProgress(keras.callbacks.Callback):
         self.steps = steps_per_epoch
         self.enabled = sys.stderr.isatty()
         self._bar = None
+        self._begin = 0  # the step the execution in progress began at
+        self._per_execution = 1
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.enabled:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}", leave=False, unit="step")
+            try:
+                self._per_execution = max(1, int(getattr(self.model, "steps_per_execution", 1)))
+            except (TypeError, ValueError):
+                self._per_execution = 1
 
     def on_train_batch_begin(self, batch, logs=None):
         self._begin = batch
@@ -482,12 +488,7 @@ class StepProgress(keras.callbacks.Callback):
         # execution ran from its first step for steps_per_execution steps.
         if self._bar is None:
             return
-        per_execution = getattr(self.model, "steps_per_execution", 1) if self.model else 1
-        try:
-            per_execution = max(1, int(per_execution))
-        except (TypeError, ValueError):
-            per_execution = 1
-        done = min(self.steps, max(batch + 1, getattr(self, "_begin", batch) + per_execution))
+        done = min(self.steps, max(batch + 1, self._begin + self._per_execution))
         if done > self._bar.n:
             self._bar.update(done - self._bar.n)
 
