@@ -675,6 +675,34 @@ def test_a_group_of_copies_does_not_overshoot_its_class_share(tmp_path):
     assert sides == {"train", "validation"}
 
 
+def test_a_class_of_one_photo_s_copies_keeps_them_in_training(tmp_path):
+    """Two copies of one photo at val_fraction 0.25 (one place due): the group went to
+    validation whole, and the model never saw the class; the warning then told the user to
+    lower --val-fraction, which 0.25 already is for a class of two."""
+    src = tmp_path / "src"
+    _write_class_tree(src, 8, classes=("p",))
+    (src / "x").mkdir()
+    for i in range(2):
+        (src / "x" / f"copy{i}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=555)))
+    (src / "y").mkdir()  # three copies: the fallback that sends the smallest group
+    for i in range(3):
+        (src / "y" / f"copy{i}.jpg").write_bytes(_jpeg(_photo(12, 16, seed=556)))
+    for fraction in (0.25, 0.34, 0.5):
+        summary = convert(
+            src, tmp_path / f"o{fraction}", image_size=8, val_fraction=fraction, workers=1,
+            progress=False,
+        )
+        splits = summary.manifest["splits"]
+        assert splits["train"]["per_class"]["x"] == 2, fraction
+        assert splits["train"]["per_class"]["y"] == 3, fraction
+        assert splits["validation"]["per_class"]["p"] >= 2
+        told = [w for w in summary.warnings if w.startswith("no validation images for class")]
+        assert len(told) == 1, summary.warnings
+        assert "x, y" in told[0] and "byte-identical copies" in told[0], told[0]
+        assert "val_fraction" not in told[0]  # no fraction validates one of them
+        assert not any("no training images" in w for w in summary.warnings)
+
+
 def test_files_of_other_bytes_holding_the_same_image_are_listed(tmp_path):
     """The same pixels in two PNGs of other metadata: grouped by file bytes, the split sent
     them apart (validation scored an image the model trained on), and one filed under

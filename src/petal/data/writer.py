@@ -997,7 +997,8 @@ def split_files(
     ``round(val_fraction * n)`` of its files (counting groups it owns) to validation,
     chosen by a generator seeded with the seed and the class name, so one class's split
     does not depend on the others; a group of copies goes there only if that leaves the
-    class no further from its share (it may end a file or more off it). A group under
+    class no further from its share (it may end a file or more off it), and leaves it a
+    file to train on where its share does (two copies of one photo train). A group under
     several classes belongs to the first: a copy filed under a later class goes with it.
 
     ``failed`` names (by relpath) files that could not be converted: they are left out of
@@ -1022,6 +1023,10 @@ def split_files(
         class_groups = owned.get(label, [])
         random.Random(f"petal-split:{seed}:{name}").shuffle(class_groups)
         decisions = []  # [side, group, files of the class]
+        # A group of copies may not take the class's last training images where single
+        # photos would leave it some (two copies of one photo at 0.25, one place due): the
+        # model then never saw the class.
+        room = max(target, totals[label] - 1)
         for group in class_groups:
             group = [item for item in group if item.file.relpath not in failed]
             # A group of copies goes to validation while the class is short of its share,
@@ -1029,14 +1034,15 @@ def split_files(
             # took five of a class's six places where one was due).
             own = sum(1 for item in group if item.file.label == label)
             short = target - in_val[label]
-            side = "validation" if short > 0 and own - short <= short else "train"
+            fits = own - short <= short and in_val[label] + own <= room
+            side = "validation" if short > 0 and fits else "train"
             decisions.append([side, group, own])
             if side == "validation":
                 in_val.update(item.file.label for item in group)
         if target > 0 and in_val[label] == 0:
             # Every group overshot (three copies each of two photos, one place due): the
             # smallest goes, rather than none, which left the class's accuracy unmeasured.
-            held = [d for d in decisions if d[2] > 0]
+            held = [d for d in decisions if 0 < d[2] <= room]
             if held:
                 smallest = min(held, key=lambda d: d[2])
                 smallest[0] = "validation"
@@ -1500,7 +1506,19 @@ def _warnings(manifest: dict) -> list[str]:
     if splits["validation"]["count"] > 0:
         no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
         copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
-        if shared := [c for c in no_val if c not in copied]:
+        # A class with a share due and none given: its files are copies of too few photos,
+        # and each group would have taken its last training images (split_files).
+        grouped = [
+            c for c in no_val if c not in copied and validation_count(fraction, train[c]) > 0
+        ]
+        if grouped:
+            out.append(
+                f"no validation images for class {some_names(grouped)}: its files are "
+                "byte-identical copies of too few photos to spare one (copies stay together, "
+                "and the class keeps its training images): its accuracy is not measured; add "
+                "other photos of it and convert again"
+            )
+        if shared := [c for c in no_val if c not in copied and c not in grouped]:
             # One photo: it trains, or it validates. Else the fraction that gives one to the
             # smallest class of 2 or more (a larger class then validates one too).
             fix = fill(min((train[c] for c in shared if train[c] >= 2), default=1))
