@@ -126,8 +126,12 @@ def test_auto_does_not_cache_on_a_temporary_folder_in_memory(records, tmp_path, 
         "/dev/sda1 / ext4 rw 0 0\n"
         f"tmpfs {tmp_path}/ram tmpfs rw 0 0\n"
         f"/dev/sdb1 {tmp_path}/ram/disk\\040here ext4 rw 0 0\n"
+        # The kernel escapes a tab, a newline and a backslash too (only \040 was read).
+        f"/dev/sdc1 {tmp_path}/ram/a\\011b\\134c\\012d ext4 rw 0 0\n"
     )
     (tmp_path / "ram" / "disk here").mkdir(parents=True)
+    (tmp_path / "ram" / "a\tb\\c\nd").mkdir(parents=True)
+    assert pipeline._memory_file_system(f"{tmp_path}/ram/a\tb\\c\nd/x", str(mounts)) is None
     assert pipeline._memory_file_system(f"{tmp_path}/ram/petal-cache", str(mounts)) == "tmpfs"
     assert pipeline._memory_file_system(f"{tmp_path}/ram/disk here/x", str(mounts)) is None
     assert pipeline._memory_file_system(f"{tmp_path}/elsewhere", str(mounts)) is None

@@ -1824,7 +1824,8 @@ def _memory_file_system(folder: str, mounts: str = "/proc/mounts") -> str | None
                 fields = line.split()
                 if len(fields) < 3:
                     continue
-                point = fields[1].replace("\\040", " ")
+                # The kernel writes a space, tab, newline or backslash as \ooo (octal).
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])
                 inside = path == point or path.startswith(point.rstrip("/") + "/")
                 if inside and len(point) >= len(best):
                     best, kind = point, fields[2]
