@@ -115,7 +115,9 @@ def test_train_epochs_cover_the_split(records):
     assert orders[0] != orders[1]
 
 
-def test_auto_does_not_cache_on_a_temporary_folder_in_memory(records, tmp_path, monkeypatch):
+def test_auto_does_not_cache_on_a_temporary_folder_in_memory(
+    records, tmp_path, monkeypatch, caplog
+):
     """Where /tmp is a tmpfs (Fedora, Arch), the images that did not fit in RAM were cached
     "on local disk" there: back in the memory found short."""
     from petal.data import pipeline
@@ -152,6 +154,19 @@ def test_auto_does_not_cache_on_a_temporary_folder_in_memory(records, tmp_path, 
                 in choice
         else:
             assert got and choice.startswith("on local disk in ")
+    # cache="disk" asked for in so many words still writes there, but says it is memory.
+    import logging
+
+    for kind in ("ramfs", None):
+        monkeypatch.setattr(pipeline, "_memory_file_system", lambda folder, kind=kind: kind)
+        with caplog.at_level(logging.WARNING, logger="petal.data.pipeline"):
+            caplog.clear()
+            assert pipeline._resolve_cache("disk", src, "train", (16, 16), None)
+        said = [r.getMessage() for r in caplog.records if "cache='disk'" in r.getMessage()]
+        assert len(said) == (kind is not None), said
+        if kind:
+            assert f"{tmp_path}/petal-cache is in memory (ramfs)" in said[0]
+            assert "TMPDIR" in said[0]
 
 
 def test_a_disk_cache_of_a_killed_run_is_removed_by_the_next(records, tmp_path, monkeypatch):

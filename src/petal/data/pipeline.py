@@ -1855,6 +1855,12 @@ def _resolve_cache(
     temporary = cache == "disk"
     if temporary:
         folder = _temporary_cache_folder()
+        if kind := _memory_file_system(folder):  # (auto chose no cache there)
+            log.warning(
+                "cache='disk': the temporary folder %s is in memory (%s), so this cache "
+                "takes memory, not disk; set TMPDIR to a folder on disk, or pass a cache "
+                "folder on disk.", folder, kind,
+            )  # fmt: skip
         # A fresh name per dataset: two runs never share (or half-read) one cache file. The
         # name says whose it is, so that a later run removes it once its owner was killed
         # outright (SIGKILL, the OOM killer: no exit to remove it).

@@ -96,7 +96,8 @@ class TrainConfig:
         cache: where to cache the decoded training images: ``"auto"`` (RAM when they fit,
             else local disk: the temporary folder, not cached where that folder is in memory
             too, as a tmpfs ``/tmp`` is), ``"ram"`` (true), ``"disk"`` (a temporary file,
-            removed when the run ends, or by the next run's once its run was killed) or
+            removed when the run ends, or by the next run's once its run was killed; a
+            warning where the temporary folder is in memory) or
             ``"off"`` (false).
         shuffle_buffer: training shuffle buffer, in images.
         class_weight: ``None`` or ``"balanced"`` (weights inversely proportional to
