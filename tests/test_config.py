@@ -102,6 +102,15 @@ def test_parse_overrides_json_values_and_strings():
         parse_overrides(["epochs"])
 
 
+def test_set_takes_a_path_or_name_that_looks_like_a_number_as_text():
+    """``--set data=2024`` (a records folder named 2024) was read as the number 2024 and
+    refused as "data must be a string or null", which named no fix."""
+    got = parse_overrides(["data=2024", "weights=1.50", "classes=3", "epochs=3"])
+    assert got == {"data": "2024", "weights": "1.50", "classes": "3", "epochs": 3}
+    assert parse_overrides(["cache=false", "data=null"]) == {"cache": False, "data": None}
+    assert load_config("quick", None, ["data=2024"]).data == "2024"
+
+
 def test_set_takes_numbers_as_python_writes_them():
     """JSON refuses ``.001``, ``5.`` and ``+1``: they were taken as strings, and refused as
     "learning_rate must be a number or null"."""

@@ -677,7 +677,8 @@ def parse_overrides(items: Iterable[str]) -> dict:
 
     Values are parsed as JSON when they parse (numbers, true/false, null, lists,
     objects), then as Python's numbers (``.001``, ``5.``, ``+1``, ``1_000``, which JSON
-    refuses), otherwise taken as plain strings.
+    refuses), otherwise taken as plain strings. A number given to a field that names a path
+    or classes (``data=2024``) is taken as the text it is written as.
     """
     if isinstance(items, str):
         items = [items]  # one override, not a sequence of its characters
@@ -691,8 +692,14 @@ def parse_overrides(items: Iterable[str]) -> dict:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = _python_number(raw)
+        if key in _TEXT_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
+            value = raw.strip()  # data=2024: a folder named 2024, not the number
         out[key] = value
     return out
+
+
+# Fields that name a path or classes: a value that parses as a number is the name it spells.
+_TEXT_KEYS = ("data", "weights", "classes")  # (cache=1 stays refused: no mode)
 
 
 # A number as Python writes it (int() or float() reads it), without float()'s words (nan, inf).
