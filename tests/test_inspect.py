@@ -53,9 +53,13 @@ def test_summary_names_the_largest_and_smallest_class(small_flowers, tmp_path):
         (tmp_path / "photos" / cls).mkdir(parents=True)
         for f in sorted((small_flowers / cls).iterdir())[:n]:
             (tmp_path / "photos" / cls / f.name).symlink_to(f.resolve())
-    convert(tmp_path / "photos", tmp_path / "records", image_size=16, workers=1, progress=False)
+    convert(tmp_path / "photos", tmp_path / "records", image_size=16, shards=2, workers=1,
+            progress=False)  # fmt: skip
     text = str(inspect_records(tmp_path / "records", progress=False))
     assert "balance: largest/smallest class 1.50 (daisy 6 / roses 4)" in text
+    # A shard of one record ("1 records" before).
+    assert "validation: 2 shards, 2 records, " in text
+    assert re.search(r"validation-00000-of-00002-1\.tfrec  1 record  ", text), text
 
 
 def test_verify_ok(small_records):

@@ -403,11 +403,11 @@ def _format(report: InspectReport) -> list[str]:
         shards = splits[split]["shards"]
         lines.append(
             f"{split}: {len(shards)} shard{'s' if len(shards) != 1 else ''}, "
-            f"{splits[split]['count']} records, {_sizes(shards)}"
+            f"{_records(splits[split]['count'])}, {_sizes(shards)}"
         )
         for shard in shards[:_LIST_SHARDS]:
             lines.append(
-                f"  {printable(shard['file'])}  {shard['count']} records"
+                f"  {printable(shard['file'])}  {_records(shard['count'])}"
                 + (f"  {_size(shard['bytes'])}" if "bytes" in shard else "")
             )
         if len(shards) > _LIST_SHARDS:
@@ -533,6 +533,10 @@ def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
         + "".join(f", {what} {len(m[key])}" for key, what in _UNREAD if m.get(key)),
         "",
     ]
+
+
+def _records(n: int) -> str:
+    return f"{n} record{'' if n == 1 else 's'}"
 
 
 def _listed(problems: list[str]) -> list[str]:
