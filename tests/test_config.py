@@ -231,6 +231,21 @@ def test_a_presets_normalization_stays_with_its_model(tmp_path):
     assert load_config(None, None, ["model=mobilenet_v2"], base=base).normalization == "unit"
 
 
+def test_replace_with_another_model_drops_what_was_chosen_for_the_old_one():
+    """get_preset("codelab-xception").replace(model="mobilenet_v2"), the README's way to
+    build a config in Python, kept xception's [0, 1] pixels for ImageNet weights that
+    learned [-1, 1]; --model on the command line drops them."""
+    xception = get_preset("codelab-xception")
+    assert xception.replace(model="mobilenet_v2").normalization is None
+    assert xception.replace(epochs=3).normalization == "unit"  # the same model: kept
+    assert xception.replace(model="mobilenet_v2", normalization="unit").normalization == "unit"
+    plus = get_preset("squeezenet-plus")
+    assert plus.replace(model="dense").model_options == {}
+    assert plus.replace(model="squeezenet").model_options == plus.model_options
+    kept = plus.replace(model="squeezenet_separable", **{"model_options.stem_stride": 1})
+    assert kept.model_options == {"stem_stride": 1}
+
+
 def test_base_config_is_used_without_a_preset():
     base = get_preset("quick").replace(epochs=3)
     assert load_config(None, None, ["epochs=5"], base=base).epochs == 5

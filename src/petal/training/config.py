@@ -55,8 +55,9 @@ class TrainConfig:
             train on, in this order); ``None``: a records folder's manifest's, or found.
         model: registered model name (``petal models`` lists them).
         model_options: extra keyword arguments for ``create_model``. A preset's are for
-            the preset's model: :func:`load_config` with another ``model`` drops them
-            (keeping any ``model_options.KEY`` given), unless ``model_options`` is given.
+            the preset's model: :func:`load_config` (and :meth:`replace`) with another
+            ``model`` drops them (keeping any ``model_options.KEY`` given), unless
+            ``model_options`` is given.
         weights: ``None`` (random init), ``"imagenet"`` or a local weights file.
         image_size: square size the model sees at evaluation (and training, unless
             ``train_image_size`` is set); ``None`` uses the records' size, else the
@@ -66,8 +67,9 @@ class TrainConfig:
             ``image_size``: cheaper epochs, and objects in crops appear at about the scale
             they have in full validation images. ``None``: same as ``image_size``.
         normalization: pixel scaling; ``None`` uses the model's own (``model_info``). A
-            preset's value is for the preset's model: :func:`load_config` with another
-            ``model`` uses that model's own, unless ``normalization`` is given too.
+            preset's value is for the preset's model: :func:`load_config` (and :meth:`replace`)
+            with another ``model`` uses that model's own, unless ``normalization`` is given
+            too.
         epochs: total epochs, head-only warm-up epochs included.
         steps_per_epoch: ``None`` means train images // global batch.
         batch_size: batch per replica; the global batch is this times the replicas.
@@ -174,7 +176,11 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
-        return apply_overrides(self, changes)
+        """A copy with ``changes`` (field names, or ``"model_options.KEY"`` through
+        ``**{...}``) applied. Another ``model`` drops this config's ``normalization`` and
+        ``model_options`` (chosen for its model) unless given too, as :func:`load_config`
+        does."""
+        return _for_model(self, apply_overrides(self, changes), changes)
 
     def validate(self) -> TrainConfig:
         """Check values that need no TensorFlow; raises PetalError naming the field.
@@ -630,19 +636,28 @@ def load_config(
         )
     cfg = apply_overrides(cfg, values, source="--set")
     keys = [*file_values, *flag_values, *values]
-    given = {key.partition(".")[0] for key in keys}
-    if from_preset and cfg.model != chosen.model:
-        # A preset's pixel scaling is chosen for its model (codelab-xception's [0, 1]): another
-        # backbone's weights learned their own, and would see inputs out of their range.
-        if chosen.normalization is not None and "normalization" not in given:
-            cfg = dataclasses.replace(cfg, normalization=None)
-        # Its model options too (squeezenet-plus's stem_stride): another model may not take
-        # them. Those given one by one (model_options.KEY) are kept.
-        if "model_options" not in keys:
-            mine = {key.partition(".")[2] for key in keys if key.startswith("model_options.")}
-            options = {k: v for k, v in cfg.model_options.items() if k in mine}
-            cfg = dataclasses.replace(cfg, model_options=options)
+    if from_preset:
+        cfg = _for_model(chosen, cfg, keys)
     return cfg.validate()
+
+
+def _for_model(before: TrainConfig, after: TrainConfig, keys: Iterable[str]) -> TrainConfig:
+    """``after``, where its model is not ``before``'s, without what ``before`` chose for its
+    own model and ``keys`` (the fields given) did not set again."""
+    if after.model == before.model:
+        return after
+    given = {key.partition(".")[0] for key in keys}
+    # A preset's pixel scaling is chosen for its model (codelab-xception's [0, 1]): another
+    # backbone's weights learned their own, and would see inputs out of their range.
+    if before.normalization is not None and "normalization" not in given:
+        after = dataclasses.replace(after, normalization=None)
+    # Its model options too (squeezenet-plus's stem_stride): another model may not take
+    # them. Those given one by one (model_options.KEY) are kept.
+    if "model_options" not in keys:
+        mine = {key.partition(".")[2] for key in keys if key.startswith("model_options.")}
+        options = {k: v for k, v in after.model_options.items() if k in mine}
+        after = dataclasses.replace(after, model_options=options)
+    return after
 
 
 def read_config_file(
