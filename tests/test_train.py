@@ -868,6 +868,31 @@ def test_resuming_for_more_epochs_says_the_cosine_schedule_is_rebuilt(small_reco
         assert not [line for line in lines if "rebuilt" in line], lines
 
 
+def test_a_resume_for_more_epochs_rebuilds_only_the_last_phase_s_schedule(tmp_path):
+    """fine_tune='head_then_all': only the full phase grows with --epochs. A resume inside
+    the head phase took its length as 3 - 2 = 1 epoch: a false "rebuilt" warning, or the
+    resume refused for a warm-up "longer than head_epochs=1" where head_epochs was 3."""
+    from petal.training.loop import _rebuilt_schedule
+
+    saved = get_preset("quick").replace(
+        fine_tune="head_then_all", head_epochs=3, epochs=5, schedule="warmup_cosine",
+        schedule_options={"warmup_epochs": 1.5},
+    )  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps({**saved.to_dict(), "resolved": {"classes": ["a", "b"]}})
+    )
+    for warmup, epochs in ((1.5, 7), (0.5, 6)):
+        cfg = saved.replace(epochs=epochs, schedule_options={"warmup_epochs": warmup})
+        assert _rebuilt_schedule(cfg, tmp_path, 1, 1e-3, 10, 1) is None
+    # In the full phase (epochs 3-5 of 5, now 3-7 of 7): that phase's, named as such.
+    cfg = saved.replace(epochs=7, schedule_options={"warmup_epochs": 0.5})
+    said = _rebuilt_schedule(cfg, tmp_path, 4, 1e-3, 10, 1)
+    assert said.startswith(
+        "the full phase's warmup_cosine schedule is rebuilt for 4 epochs (it was built for 2): "
+    ), said
+    assert said.endswith("(a new run follows one schedule over each phase's epochs)"), said
+
+
 def _kept_until(lines: list[str], prefix: str):
     """A log function that keeps the lines and raises at ``prefix`` (see interrupt_at)."""
     stop = interrupt_at(prefix)

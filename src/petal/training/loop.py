@@ -1521,8 +1521,10 @@ def _rebuilt_schedule(
         return None
     if "total_epochs" in cfg.schedule_options:
         return None
-    phase = next((p for p in _phases(cfg, peak) if p.start < start_epoch < p.end), None)
-    was_epochs = phase.end - phase.start - (cfg.epochs - saved) if phase else 0
+    last = _phases(cfg, peak)[-1]  # the one phase whose length follows --epochs
+    if not last.start < start_epoch < last.end:
+        return None  # (a head phase is head_epochs long, whatever the epochs)
+    phase, was_epochs = last, last.end - last.start - (cfg.epochs - saved)
     if was_epochs < 1:
         return None
 
@@ -1538,11 +1540,14 @@ def _rebuilt_schedule(
                   if r["epoch"] == start_epoch and not math.isnan(r["lr_end"])), None)
     if ended is None:
         ended = rate(was_epochs, step - 1)
+    whose, over = ("", "all its epochs") if phase.name == "all" else (
+        f"{phase.name} phase's ", "each phase's epochs"
+    )
     return (
-        f"the warmup_cosine schedule is rebuilt for {_epochs(cfg.epochs)} (it was built "
-        f"for {saved}): the learning rate goes from {ended:.3g} at the end of epoch "
-        f"{start_epoch} to {now:.3g} at epoch {start_epoch + 1} (a new run follows one "
-        "schedule over all its epochs)"
+        f"the {whose}warmup_cosine schedule is rebuilt for {_epochs(phase.end - phase.start)} "
+        f"(it was built for {was_epochs}): the learning rate goes from {ended:.3g} at the end "
+        f"of epoch {start_epoch} to {now:.3g} at epoch {start_epoch + 1} (a new run follows "
+        f"one schedule over {over})"
     )
 
 
