@@ -181,6 +181,11 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
     del row["lr_end"]
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
+    # A slow epoch (one that compiles, a large model on 2 cores) read "0 img/s".
+    for rate, shown in ((0.4, "0.4"), (2.345, "2.3"), (9.96, "10"), (1234.5, "1234")):
+        assert f"lr 1.00e-03  {shown} img/s" in format_epoch_line(
+            {**row, "images_per_sec": rate}, 35
+        )
 
 
 def test_history_keeps_a_warm_up_peak_inside_an_epoch_for_the_lr_plot(tmp_path):

@@ -281,9 +281,14 @@ def format_epoch_line(row: dict, epochs: int) -> str:
     lr, lr_end = row["lr"], row.get("lr_end", math.nan)
     moved = abs(lr_end - lr) > 0.01 * max(abs(lr), abs(lr_end))  # False for NaN
     parts.append(f"lr {lr:.2e} -> {lr_end:.2e}" if moved else f"lr {lr:.2e}")
-    parts.append(f"{row['images_per_sec']:.0f} img/s")
+    parts.append(f"{per_second(row['images_per_sec'])} img/s")
     parts.append(f"{row['epoch_seconds']:.1f} s")
     return "  ".join(parts)
+
+
+def per_second(rate: float) -> str:
+    """A rate for a log line: whole numbers, but two figures below 10 (0.4, not 0)."""
+    return f"{rate:.0f}" if not rate < 9.95 else f"{rate:.2g}"
 
 
 class NanGuard(keras.callbacks.Callback):

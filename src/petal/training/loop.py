@@ -84,6 +84,7 @@ from petal.training.callbacks import (
     NanGuard,
     ScalarLogger,
     StepProgress,
+    per_second,
     read_history,
     truncate_history,
     write_json,
@@ -2480,19 +2481,21 @@ def _train(
     if by_phase.get("full") is not None:
         of_phase = " (full phase"
         if by_phase.get("head") is not None:
-            of_phase += f"; head-only phase {by_phase['head']:.0f}"
+            of_phase += f"; head-only phase {per_second(by_phase['head'])}"
         of_phase += ")"
 
     def shown(key: str, spec: str) -> str:
         """A metric for the closing line; null (no validation accuracy, say) as "n/a"."""
-        return "n/a" if metrics.get(key) is None else format(metrics[key], spec)
+        if metrics.get(key) is None:
+            return "n/a"
+        return per_second(metrics[key]) if spec == "rate" else format(metrics[key], spec)
 
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
         f"{shown('final_val_accuracy', '.4f')}, mean of last "
         f"{min(5, metrics['epochs_completed'])} {shown('mean_last5_val_accuracy', '.4f')}, best "
         f"{shown('best_val_accuracy', '.4f')} (epoch {shown('best_epoch', '')}), "
-        f"{shown('train_images_per_sec', '.0f')} img/s{of_phase} -> {workdir}"
+        f"{shown('train_images_per_sec', 'rate')} img/s{of_phase} -> {workdir}"
     )
     return metrics
 
