@@ -515,6 +515,16 @@ def test_true_false_model_options_refuse_other_values(name, option):
         create_model(name, 3, 32, **{option: "False"})
 
 
+def test_a_number_option_given_text_says_it_takes_a_number():
+    """--set model_options.dropout=abc said "('<=' not supported between instances of 'int'
+    and 'str')", Python's words for it."""
+    with pytest.raises(PetalError, match=r"^model_options\.dropout must be a number, as its "
+                       r"default 0\.0 is\. Received: model_options=\{'dropout': 'abc'\}$"):
+        create_model("squeezenet", 3, 32, dropout="abc")
+    with pytest.raises(PetalError, match=r"^model_options\.stem_filters must be a number"):
+        create_model("squeezenet", 3, 32, stem_filters="wide")
+
+
 def test_imagenet_weights_of_a_model_without_them_name_the_command_line_fix():
     """A preset's weights='imagenet' with another --model said to use weights=None, not how
     to say it on the command line (the weights file messages say `--weights none`)."""

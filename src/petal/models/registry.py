@@ -289,6 +289,8 @@ def create_model(
             ) from err
         if not kwargs:
             raise
+        if mistyped := _mistyped(_option_defaults(name), kwargs):
+            raise PetalError(f"{mistyped}. Received: model_options={kwargs}") from err
         # An option of the right name with a value the layers refuse (dropout 5, filters "a").
         raise PetalError(
             f"Model {name!r} cannot be built with model_options {kwargs} ({first_line(err)}); "
@@ -307,7 +309,12 @@ def create_model(
 
 
 def model_options(name: str) -> list[str]:
-    """The options model ``name`` takes (the keys of ``model_options``), in its builder's order.
+    """The options model ``name`` takes (``model_options``' keys), in its builder's order."""
+    return list(_option_defaults(name))
+
+
+def _option_defaults(name: str) -> dict:
+    """Model ``name``'s options (:func:`model_options`) with their defaults.
 
     A registered builder passes them on to its family's ``build_*`` function (blocks ->
     builder -> named variants), whose keyword parameters with a default they are; the name
@@ -328,8 +335,25 @@ def model_options(name: str) -> list[str]:
             fixed |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call)
                       for k in node.keywords if k.arg}  # fmt: skip
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in inspect.signature(function).parameters.values()
-            if p.kind in kinds and p.default is not p.empty and p.name not in fixed]
+    return {p.name: p.default for p in inspect.signature(function).parameters.values()
+            if p.kind in kinds and p.default is not p.empty and p.name not in fixed}
+
+
+def _mistyped(defaults: dict, given: dict) -> str | None:
+    """A line naming an option given a value of another kind than its default's (dropout
+    "abc"), or None."""
+    for key, value in given.items():
+        default = defaults.get(key)
+        if isinstance(default, bool):
+            wanted = None if isinstance(value, bool) else "true or false"
+        elif isinstance(default, int | float):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            wanted = None if number else "a number"
+        else:
+            continue
+        if wanted:
+            return f"model_options.{key} must be {wanted}, as its default {default!r} is"
+    return None
 
 
 def _build(name: str, num_classes: int, hw: tuple[int, int], weights: str | None, **kwargs):
