@@ -369,6 +369,33 @@ def test_evaluate_warns_when_records_are_upscaled_to_the_model(trained, make_rec
     ]
 
 
+def test_evaluate_warns_when_records_were_fitted_otherwise_than_the_run_s(
+    trained, make_records, tmp_path
+):
+    """Records converted with --resize pad scored a run trained on fill records without a
+    word: framed otherwise than in training, and than predict and the SavedModel fit them."""
+    from petal.evaluation.evaluate import evaluate
+
+    assert json.loads((trained / "config.json").read_text())["resolved"]["resize"] == "fill"
+    for mode in ("pad", "stretch", "none", "fill"):
+        records = make_records(f"r-{mode}", size=(32, 32))
+        manifest = json.loads((records / "manifest.json").read_text())
+        (records / "manifest.json").write_text(json.dumps({**manifest, "resize": mode}))
+        warned = []
+        evaluate(trained, records, out_dir=tmp_path / f"e-{mode}", log=lambda line: None,
+                 warn=warned.append)  # fmt: skip
+        said = [w for w in warned if "--resize" in w]
+        if mode in ("fill", "none"):  # none: fitted by the pipeline's fill
+            assert said == [], said
+        else:
+            assert said == [
+                f"the records were fitted to their size with --resize {mode}, and the run's "
+                "with fill: the model sees the photos framed otherwise than in training (and "
+                "than predict and the exported model frame them); convert with --resize fill "
+                "to score it as it is used"
+            ], said
+
+
 def test_evaluate_scores_new_photos_of_some_classes_by_name(trained, small_flowers, tmp_path):
     import shutil
 

@@ -248,6 +248,8 @@ def evaluate(
         warnings += source.notes
         if upscaled := upscale_warning(source, run.image_size):
             warnings.append(f"{upscaled}: the model may score lower on them")
+        if refitted := _fit_warning(source, run):
+            warnings.append(refitted)
         # Said once the images are scored (below): the macro averages are over those of the
         # data's classes with an image scored, which may be fewer.
         subset = None
@@ -611,6 +613,22 @@ def _own_split_warning(source, run, split: str) -> str | None:
         f"{trained} of its {scored} images the model trained on, so the score overstates how "
         "it does on new photos. For a held-out score evaluate on the validation split (omit "
         "--split)."
+    )
+
+
+def _fit_warning(source, run) -> str | None:
+    """A warning when records were fitted to their size with another --resize than the
+    run's: ``none`` (kept at their own sizes) counts as ``fill``, as the pipeline fills them
+    to the model's size."""
+    fitted = (source.manifest or {}).get("resize")
+    same = {"none": "fill"}
+    if not fitted or same.get(fitted, fitted) == same.get(run.resize, run.resize):
+        return None
+    return (
+        f"the records were fitted to their size with --resize {fitted}, and the run's with "
+        f"{run.resize}: the model sees the photos framed otherwise than in training (and than "
+        f"predict and the exported model frame them); convert with --resize {run.resize} to "
+        "score it as it is used"
     )
 
 
