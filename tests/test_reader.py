@@ -468,6 +468,13 @@ def test_image_folder_keeps_byte_identical_copies_on_one_side(tmp_path):
             sides.setdefault(digest, set()).add(split)
     assert len(sides) == 22 and all(len(s) == 1 for s in sides.values()), sides
     assert src.count("train") + src.count("validation") == 35 and src.count("validation") > 5
+    # Copies under two classes contradict each other's label: said, as convert says it
+    # (train and evaluate on the folder read it without a word).
+    assert [n for n in src.notes if "more than one class" in n] == [
+        "1 image(s) are byte-identical copies filed under more than one class (a/0.png = "
+        "a/copy0.png = b/from-a.png): each copy is read with its own class, so the labels "
+        "contradict each other; keep each photo in one class"
+    ], src.notes
     # Same size and end, different bytes: each keeps its own side.
     bigs = [(str(tmp_path / "b" / n), f"b/{n}", 1) for n in ("big0.jpg", "big0-copy.jpg",
                                                              "big1.jpg", "big1-copy.jpg")]

@@ -906,8 +906,13 @@ def _open_folder(
         chosen, forced = _validation_files([it[1] for it in items], fraction, keep)
         val.update(chosen)
         kept += forced
-    if not folders.is_remote(root):
-        _keep_copies_together(pairs, val, set(kept))
+    if not folders.is_remote(root) and (across := _keep_copies_together(pairs, val, set(kept))):
+        groups = folders.some_names([" = ".join(g) for g in across])
+        notes += (
+            f"{len(across)} image(s) are byte-identical copies filed under more than one "
+            f"class ({groups}): each copy is read with its own class, so the labels "
+            "contradict each other; keep each photo in one class",
+        )
     source = Source(
         path=root,
         kind="folder",
@@ -987,17 +992,20 @@ _TAIL_BYTES = 4096
 
 def _keep_copies_together(
     pairs: list[tuple[str, str, int]], val: set[str], kept: set[str] = frozenset()
-) -> None:
+) -> list[list[str]]:
     """Moves byte-identical files in ``val`` (relative paths) to one side, the side of the
     copy whose path sorts first, or training where one is in ``kept`` (files kept there): a
-    photo filed twice is never both trained on and validated.
+    photo filed twice is never both trained on and validated. Returns the groups of copies
+    (relative paths, sorted) filed under more than one class.
 
     Folders of more than :data:`MAX_COPY_SCAN` files are not checked (petal convert keeps
     copies together at any size). Files that cannot be read are left where they are; the
     pipeline names them when it reads them.
     """
     if len(pairs) > MAX_COPY_SCAN:
-        return
+        return []
+    label = {rel: i for _, rel, i in pairs}
+    across: list[list[str]] = []
 
     def grouped(items, key) -> list[list[tuple[str, str]]]:
         """``items`` in groups of two or more with the same ``key(path)`` (unreadable: none)."""
@@ -1022,6 +1030,9 @@ def _keep_copies_together(
                 )
                 for _, rel in copies:
                     (val.add if validated else val.discard)(rel)
+                if len({label[rel] for _, rel in copies}) > 1:
+                    across.append(sorted(rel for _, rel in copies))
+    return sorted(across)
 
 
 def http_images(root: str, objects: dict[str, int] | None = None) -> dict[str, int]:
