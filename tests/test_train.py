@@ -891,6 +891,15 @@ def test_a_resume_for_more_epochs_rebuilds_only_the_last_phase_s_schedule(tmp_pa
         "the full phase's warmup_cosine schedule is rebuilt for 4 epochs (it was built for 2): "
     ), said
     assert said.endswith("(a new run follows one schedule over each phase's epochs)"), said
+    # A longer warm-up given with the resume: the saved schedule is built with the saved
+    # warm-up (built with the new one, 2.5 epochs in 2, it was refused: "pass --epochs 6").
+    cfg = saved.replace(epochs=9, schedule_options={"warmup_epochs": 2.5})
+    said = _rebuilt_schedule(cfg, tmp_path, 4, 1e-3, 10, 1)
+    assert said.startswith("the full phase's warmup_cosine schedule is rebuilt for 6 epochs "
+                           "(it was built for 2): "), said  # fmt: skip
+    # A new schedule that cannot be built is refused by the run's own build, not here.
+    cfg = saved.replace(epochs=9, schedule_options={"warmup_epochs": 7})
+    assert _rebuilt_schedule(cfg, tmp_path, 4, 1e-3, 10, 1) is None
 
 
 def _kept_until(lines: list[str], prefix: str):

@@ -1517,8 +1517,9 @@ def _rebuilt_schedule(
     that was nearly over). None when the rate goes on as it would have."""
     import keras
 
-    saved = resume_config(workdir).epochs
-    if saved == cfg.epochs or cfg.schedule != "warmup_cosine":
+    old = resume_config(workdir)
+    saved = old.epochs
+    if saved == cfg.epochs or cfg.schedule != "warmup_cosine" or old.schedule != cfg.schedule:
         return None
     if "total_epochs" in cfg.schedule_options:
         return None
@@ -1529,18 +1530,23 @@ def _rebuilt_schedule(
     if was_epochs < 1:
         return None
 
-    def rate(epochs: int, step: int) -> float:
-        schedule = _schedule(cfg, phase.lr, epochs, steps, replicas, phase.name)
+    def rate(epochs: int, step: int, built=cfg) -> float:
+        schedule = _schedule(built, phase.lr, epochs, steps, replicas, phase.name)
         return float(keras.ops.convert_to_numpy(schedule(step)))
 
     step = (start_epoch - phase.start) * steps
-    now, before = rate(phase.end - phase.start, step), rate(was_epochs, step)
+    try:
+        # The schedule as saved (its warm-up too, which the resume may change), against the
+        # new one; a new one that cannot be built is refused when the run builds it.
+        now, before = rate(phase.end - phase.start, step), rate(was_epochs, step, old)
+    except PetalError:
+        return None
     if abs(now - before) <= 0.01 * max(abs(now), abs(before)):
         return None
     ended = next((r["lr_end"] for r in read_history(workdir / "history.csv", "drop")
                   if r["epoch"] == start_epoch and not math.isnan(r["lr_end"])), None)
     if ended is None:
-        ended = rate(was_epochs, step - 1)
+        ended = rate(was_epochs, step - 1, old)
     whose, over = ("", "all its epochs") if phase.name == "all" else (
         f"{phase.name} phase's ", "each phase's epochs"
     )
