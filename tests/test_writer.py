@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -701,6 +702,17 @@ def test_a_class_of_one_photo_s_copies_keeps_them_in_training(tmp_path):
         assert "x, y" in told[0] and "byte-identical copies" in told[0], told[0]
         assert "val_fraction" not in told[0]  # no fraction validates one of them
         assert not any("no training images" in w for w in summary.warnings)
+    # The same classes alone: no validation split at all, and the fix is not a fraction
+    # ("val_fraction 0.25 of each class rounds to 0 images; raise --val-fraction to 0.17").
+    shutil.rmtree(src / "p")
+    summary = convert(src, tmp_path / "alone", image_size=8, val_fraction=0.25, workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.warnings[0] == (
+        "the validation split is empty, and petal train needs one: the warnings below say "
+        "why, class by class"
+    )
+    assert not [w for w in summary.warnings if "rounds to 0" in w or "--val-fraction" in w]
+    assert [w for w in summary.warnings if "x, y" in w and "byte-identical copies" in w]
 
 
 def test_files_of_other_bytes_holding_the_same_image_are_listed(tmp_path):

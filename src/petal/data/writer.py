@@ -1404,8 +1404,22 @@ def _warnings(manifest: dict) -> list[str]:
             f"or {more}"
         )
 
+    # A class with a share due and none given: its files are copies of too few photos, and
+    # each group would have taken its last training images (split_files).
+    copies = _copies_of_others(manifest)
+    no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
+    copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
+    grouped = [
+        c for c in no_val if c not in copied and validation_count(fraction, train[c]) > 0
+    ]
+    per_class = splits["validation"]["count"] > 0 or grouped
     if splits["validation"]["count"] == 0:
-        if fraction == 0:
+        if grouped:  # (not "rounds to 0": the lines below say why, class by class)
+            out.append(
+                "the validation split is empty, and petal train needs one: the warnings "
+                "below say why, class by class"
+            )
+        elif fraction == 0:
             out.append(
                 "no validation split (--val-fraction 0); petal train evaluates on the "
                 "validation split and needs one: convert with --val-fraction above 0 "
@@ -1426,7 +1440,6 @@ def _warnings(manifest: dict) -> list[str]:
         )
     # A class whose images are all copies of another class's went where that class's went:
     # the share is not the cause, and changing it is not the fix.
-    copies = _copies_of_others(manifest)
     no_train = [c for c in manifest["classes"] if train[c] == 0 and val[c] > 0]
     copied = [c for c in no_train if len(copies.get(c, [])) == val[c]]
     if shared := [c for c in no_train if c not in copied]:
@@ -1503,14 +1516,7 @@ def _warnings(manifest: dict) -> list[str]:
             "two classes: validation then scores images the model trains on, or the labels "
             "contradict each other; keep one file of each and convert again"
         )
-    if splits["validation"]["count"] > 0:
-        no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
-        copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
-        # A class with a share due and none given: its files are copies of too few photos,
-        # and each group would have taken its last training images (split_files).
-        grouped = [
-            c for c in no_val if c not in copied and validation_count(fraction, train[c]) > 0
-        ]
+    if per_class:
         if grouped:
             out.append(
                 f"no validation images for class {some_names(grouped)}: its files are "
