@@ -523,6 +523,11 @@ def test_a_number_option_given_text_says_it_takes_a_number():
         create_model("squeezenet", 3, 32, dropout="abc")
     with pytest.raises(PetalError, match=r"^model_options\.stem_filters must be a number"):
         create_model("squeezenet", 3, 32, stem_filters="wide")
+    # Another kind that is no text is not blamed (a stride of [2, 2] builds): the layers'
+    # own reason is given.
+    with pytest.raises(PetalError, match=r"^Model 'squeezenet' cannot be built with "
+                       r"model_options \{'stem_stride': \[2, 2\], 'dropout': 5\}"):
+        create_model("squeezenet", 3, 32, stem_stride=[2, 2], dropout=5)
 
 
 def test_imagenet_weights_of_a_model_without_them_name_the_command_line_fix():

@@ -340,19 +340,17 @@ def _option_defaults(name: str) -> dict:
 
 
 def _mistyped(defaults: dict, given: dict) -> str | None:
-    """A line naming an option given a value of another kind than its default's (dropout
-    "abc"), or None."""
+    """A line naming an option given text where its default is a number or true/false
+    (dropout "abc", as --set gives a word), or None. (Other kinds may be meant: a stride
+    of [2, 2] builds.)"""
     for key, value in given.items():
         default = defaults.get(key)
-        if isinstance(default, bool):
-            wanted = None if isinstance(value, bool) else "true or false"
-        elif isinstance(default, int | float):
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            wanted = None if number else "a number"
-        else:
+        if not isinstance(value, str):
             continue
-        if wanted:
-            return f"model_options.{key} must be {wanted}, as its default {default!r} is"
+        if isinstance(default, bool):
+            return f"model_options.{key} must be true or false, as its default {default!r} is"
+        if isinstance(default, int | float):
+            return f"model_options.{key} must be a number, as its default {default!r} is"
     return None
 
 
