@@ -1785,6 +1785,9 @@ def _fits_in_ram(needed: int, available: int) -> bool:
     return needed <= RAM_CACHE_FRACTION * available
 
 
+_WARNED_IN_MEMORY: set[str] = set()  # temporary folders said to be in memory
+
+
 def _temporary_cache_folder() -> str:
     return os.path.join(tempfile.gettempdir(), "petal-cache")
 
@@ -1855,11 +1858,13 @@ def _resolve_cache(
     temporary = cache == "disk"
     if temporary:
         folder = _temporary_cache_folder()
-        if kind := _memory_file_system(folder):  # (auto chose no cache there)
+        if folder not in _WARNED_IN_MEMORY and (kind := _memory_file_system(folder)):
+            # (auto chose no cache there.) Once: each phase and input pipeline comes here.
+            _WARNED_IN_MEMORY.add(folder)
             log.warning(
                 "cache='disk': the temporary folder %s is in memory (%s), so this cache "
-                "takes memory, not disk; set TMPDIR to a folder on disk, or pass a cache "
-                "folder on disk.", folder, kind,
+                "takes memory, not disk; set TMPDIR to a folder on disk, or use cache='off'.",
+                folder, kind,
             )  # fmt: skip
         # A fresh name per dataset: two runs never share (or half-read) one cache file. The
         # name says whose it is, so that a later run removes it once its owner was killed
