@@ -390,9 +390,9 @@ def test_evaluate_warns_when_records_were_fitted_otherwise_than_the_run_s(
         else:
             assert said == [
                 f"the records were fitted to their size with --resize {mode}, and the run's "
-                "with fill: the model sees the photos framed otherwise than in training (and "
-                "than predict and the exported model frame them); convert with --resize fill "
-                "to score it as it is used"
+                "fitted to their size with --resize fill: the model sees the photos framed "
+                "otherwise than in training (and than predict and the exported model frame "
+                "them); convert with --resize fill to score it as it is used"
             ], said
 
 

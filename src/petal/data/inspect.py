@@ -243,7 +243,7 @@ def _codelab_manifest(source, progress: bool) -> tuple[str, dict, list[str]]:
                 if problem is not None:
                     problems.append(f"{name}: {problem} (--verify names the record)")
                 elif read != count:  # as --verify says it; a split's total may hide it
-                    problems.append(f"{name}: {read} records read, file name says {count}")
+                    problems.append(f"{name}: {_records(read)} read, file name says {count}")
             total = sum(s["count"] for s in shards)
             per_class = {c: int(n) for c, n in zip(classes, counts, strict=True) if n}
             if len(problems) == known and sum(per_class.values()) != total:
@@ -368,7 +368,7 @@ def _format(report: InspectReport) -> list[str]:
     if m.get("origin") == "codelab":
         unnamed = m.get("unnamed_classes")
         lines = [
-            f"{printable(report.path)}: {m['written']} records, {m['format']} {size}, "
+            f"{printable(report.path)}: {_records(m['written'])}, {m['format']} {size}, "
             f"{len(classes)} classes",
             "no manifest.json (the codelab's shards): counts from the file names, classes "
             f"{'by index (names assumed)' if unnamed else 'from the records'}, split by file as "
@@ -435,13 +435,13 @@ def _format(report: InspectReport) -> list[str]:
         if report.ok:
             shards = f"{n_shards} shard{'s' * (n_shards != 1)}"
             lines.append(
-                f"verify: OK, {report.verified} records in {shards} read (CRC, parse, decode, "
+                f"verify: OK, {_records(report.verified)} in {shards} read (CRC, parse, decode, "
                 "fields)"
             )
         else:
             lines.append(
                 f"verify: {len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
-                f" ({report.verified} records read; a shard's first record is record 0):"
+                f" ({_records(report.verified)} read; a shard's first record is record 0):"
             )
             lines += _listed(report.problems)
     if report.grid:
@@ -512,7 +512,7 @@ def _sizes(shards: list[dict]) -> str:
 def _conversion_lines(path: str, m: dict, size: str, quality: str) -> list[str]:
     """The header of a records folder petal convert wrote: options, origin, counts."""
     return [
-        f"{path}: {sum(m['splits'][s]['count'] for s in schema.SPLITS)} records, "
+        f"{path}: {_records(sum(m['splits'][s]['count'] for s in schema.SPLITS))}, "
         f"{m['format']} {size} "
         f"(resize {m['resize']}{quality}), {len(m['classes'])} classes, seed {m['seed']}",
         f"created {m.get('created', '?')} by petal {m.get('petal_version', '?')} "
@@ -764,7 +764,7 @@ def _verify(
                         else f"manifest says {shard['count']}"
                         + (f", file name says {expected}" if expected is not None else "")
                     )
-                    problems.append(f"{name}: {index} records read, {said}")
+                    problems.append(f"{name}: {_records(index)} read, {said}")
             # Where every record of the split read, the table's counts must be theirs (a
             # manifest may give none; a shard with a problem explains any shortfall).
             said = manifest["splits"][split]["per_class"]

@@ -622,13 +622,18 @@ def _fit_warning(source, run) -> str | None:
     to the model's size."""
     fitted = (source.manifest or {}).get("resize")
     same = {"none": "fill"}
-    if not fitted or same.get(fitted, fitted) == same.get(run.resize, run.resize):
+    if not isinstance(fitted, str) or same.get(fitted, fitted) == same.get(run.resize, run.resize):
         return None
+
+    def how(mode: str) -> str:
+        if mode == "none":
+            return "kept at their own sizes (--resize none)"
+        return f"fitted to their size with --resize {mode}"
+
     return (
-        f"the records were fitted to their size with --resize {fitted}, and the run's with "
-        f"{run.resize}: the model sees the photos framed otherwise than in training (and than "
-        f"predict and the exported model frame them); convert with --resize {run.resize} to "
-        "score it as it is used"
+        f"the records were {how(fitted)}, and the run's {how(run.resize)}: the model sees the "
+        "photos framed otherwise than in training (and than predict and the exported model "
+        f"frame them); convert with --resize {run.resize} to score it as it is used"
     )
 
 

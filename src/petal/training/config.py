@@ -55,9 +55,9 @@ class TrainConfig:
             train on, in this order); ``None``: a records folder's manifest's, or found.
         model: registered model name (``petal models`` lists them).
         model_options: extra keyword arguments for ``create_model``. A preset's are for
-            the preset's model: :func:`load_config` (and :meth:`replace`) with another
-            ``model`` drops them (keeping any ``model_options.KEY`` given), unless
-            ``model_options`` is given.
+            the preset's model: :func:`load_config` with another ``model`` drops them (as
+            :meth:`replace` drops any config's), keeping any ``model_options.KEY`` given,
+            unless ``model_options`` is given.
         weights: ``None`` (random init), ``"imagenet"`` or a local weights file.
         image_size: square size the model sees at evaluation (and training, unless
             ``train_image_size`` is set); ``None`` uses the records' size, else the
@@ -67,9 +67,9 @@ class TrainConfig:
             ``image_size``: cheaper epochs, and objects in crops appear at about the scale
             they have in full validation images. ``None``: same as ``image_size``.
         normalization: pixel scaling; ``None`` uses the model's own (``model_info``). A
-            preset's value is for the preset's model: :func:`load_config` (and :meth:`replace`)
-            with another ``model`` uses that model's own, unless ``normalization`` is given
-            too.
+            preset's value is for the preset's model: :func:`load_config` with another
+            ``model`` uses that model's own (as :meth:`replace` does for any config's),
+            unless ``normalization`` is given too.
         epochs: total epochs, head-only warm-up epochs included.
         steps_per_epoch: ``None`` means train images // global batch.
         batch_size: batch per replica; the global batch is this times the replicas.
@@ -178,8 +178,8 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes`` (field names, or ``"model_options.KEY"`` through
         ``**{...}``) applied. Another ``model`` drops this config's ``normalization`` and
-        ``model_options`` (chosen for its model) unless given too, as :func:`load_config`
-        does."""
+        ``model_options`` (chosen for its model) unless given too, as ``--model`` does to a
+        preset's (:func:`load_config`, which keeps those of a ``base`` config)."""
         return _for_model(self, apply_overrides(self, changes), changes)
 
     def validate(self) -> TrainConfig:
