@@ -1408,9 +1408,10 @@ def _warnings(manifest: dict) -> list[str]:
     # each group would have taken its last training images (split_files).
     copies = _copies_of_others(manifest)
     no_val = [c for c in manifest["classes"] if val[c] == 0 and train[c] > 0]
-    copied = [c for c in no_val if len(copies.get(c, [])) == train[c]]
+    copied_to_train = [c for c in no_val if len(copies.get(c, [])) == train[c]]
     grouped = [
-        c for c in no_val if c not in copied and validation_count(fraction, train[c]) > 0
+        c for c in no_val
+        if c not in copied_to_train and validation_count(fraction, train[c]) > 0
     ]
     per_class = splits["validation"]["count"] > 0 or grouped
     if splits["validation"]["count"] == 0:
@@ -1524,7 +1525,7 @@ def _warnings(manifest: dict) -> list[str]:
                 "and the class keeps its training images): its accuracy is not measured; add "
                 "other photos of it and convert again"
             )
-        if shared := [c for c in no_val if c not in copied and c not in grouped]:
+        if shared := [c for c in no_val if c not in copied_to_train and c not in grouped]:
             # One photo: it trains, or it validates. Else the fraction that gives one to the
             # smallest class of 2 or more (a larger class then validates one too).
             fix = fill(min((train[c] for c in shared if train[c] >= 2), default=1))
@@ -1534,7 +1535,7 @@ def _warnings(manifest: dict) -> list[str]:
             )
         out += [
             _copied(c, copies[c], "validation", "training", "its accuracy is not measured")
-            for c in copied
+            for c in copied_to_train
         ]
     return out
 
