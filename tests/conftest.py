@@ -275,7 +275,7 @@ def write_test_records(
     *,
     counts: dict[str, list[int]] | None = None,
     size: tuple[int, int] | None = (16, 16),
-    fmt: str = "raw",
+    fmt: str | None = None,
     classes: tuple[str, ...] = tuple(CLASSES),
     codelab: bool = False,
     manifest: bool = True,
@@ -285,7 +285,8 @@ def write_test_records(
 
     Image ``i`` (numbered across all shards) has pixel (0, 0) = (i % 256, i // 256, label * 40)
     and a flat colour elsewhere, so readers can tell exactly which images came out (use
-    ``normalization="raw"``; exact with ``fmt="raw"``). Label = i % len(classes).
+    ``normalization="raw"``; exact with ``fmt="raw"``, the default but for codelab shards,
+    which are JPEG). Label = i % len(classes).
     ``sizes`` gives each image its own size (image_size null in the manifest). With
     ``codelab=True`` pass ``counts={"all": [...]}``: one series of codelab-named shards.
     """
@@ -296,6 +297,7 @@ def write_test_records(
     import tensorflow as tf
 
     counts = counts or {"train": [7, 6], "validation": [5]}
+    fmt = fmt or ("jpeg" if codelab else "raw")  # the codelab's are JPEG (raw: refused)
     folder.mkdir(parents=True, exist_ok=True)
     feature = tf.train.Feature
     index = 0

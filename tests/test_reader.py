@@ -820,6 +820,24 @@ def test_codelab_shards_that_name_no_classes_get_neutral_names_and_a_warning(mak
     assert given.classes == names and given.notes == ()
 
 
+def test_raw_pixel_shards_without_their_manifest_are_refused_naming_the_fix(make_records):
+    """Raw-pixel records in the codelab's layout (no manifest.json) were read as JPEG: every
+    record "Corrupt input ... Unknown image file format", with --skip-corrupt advice that
+    would have skipped them all."""
+    folder = make_records("raw", counts={"all": [5] * 3}, codelab=True, fmt="raw")
+    message = (
+        rf"^Shard {folder}/flowers00-5\.tfrec holds raw pixels \(petal convert --format raw\), "
+        r"which petal reads only with their records folder's manifest\.json: "
+    )
+    with pytest.raises(PetalError, match=message):
+        open_source(str(folder))
+    with pytest.raises(PetalError, match=message):
+        train_dataset(str(folder), batch_size=4)
+    # The same records with their manifest read as raw.
+    records = make_records("with-manifest", fmt="raw")
+    assert open_source(str(records)).format == "raw"
+
+
 def test_codelab_shards_whose_records_have_no_class_are_refused_naming_the_shard(make_records):
     """Records of image and label alone opened as 0 classes "called , by index" (they have
     labels), then failed on num_classes, or with --classes blamed undecodable images."""

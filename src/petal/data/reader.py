@@ -762,12 +762,14 @@ def _peek_codelab(
                 if (error := store_error(mark, "open the shards")) is not None:
                     raise error from None
             raise
-        if peeked and classless is None:
-            # Parsed with a default, a record without a class would read as "no class index".
+        if peeked:
             with contextlib.suppress(DecodeError):  # (a record that does not parse: below)
                 feature = tf.train.Example.FromString(peeked[0].numpy()).features.feature
-                if schema.CLASS not in feature:
+                # Parsed with a default, a record without a class would read as "no class
+                # index".
+                if classless is None and schema.CLASS not in feature:
                     classless = (shard, sorted(feature))
+                _refuse_raw_pixels(shard, feature)
         for raw in peeked:
             try:
                 ex = tf.io.parse_single_example(raw, spec)
@@ -786,6 +788,23 @@ def _peek_codelab(
         if num_classes and len(names) >= num_classes and len(sizes) > 1:
             break
     return names, sizes, num_classes, classless
+
+
+def _refuse_raw_pixels(shard: str, feature) -> None:
+    """Refuses a codelab shard whose record holds raw pixels (petal convert --format raw):
+    without a manifest saying so, every record failed to decode as "Corrupt input", and
+    ``--skip-corrupt`` would have skipped them all."""
+    size = list(feature[schema.SIZE].int64_list.value) if schema.SIZE in feature else []
+    image = feature[schema.IMAGE].bytes_list.value if schema.IMAGE in feature else []
+    if len(size) != 2 or not image or image[0].startswith(_IMAGE_MAGIC):
+        return
+    if min(size) > 0 and len(image[0]) == size[0] * size[1] * 3:
+        raise PetalError(
+            f"Shard {shard} holds raw pixels (petal convert --format raw), which petal reads "
+            f"only with their records folder's {schema.MANIFEST_NAME}: pass the folder that "
+            "holds it (put it back beside the shards if it was lost), or convert the images "
+            "again with --format jpeg for shards that read without one."
+        )
 
 
 def _codelab_classes(names: dict[int, str], seen: int) -> tuple[str, ...]:
