@@ -1849,17 +1849,19 @@ def _resolve_cache(
     if cache in (True, "ram", "memory"):
         return ""
     needed = _cache_bytes(src, split, size, input_context)
-    if cache == "auto":
+    auto = cache == "auto"
+    if auto:
         if _fits_in_ram(needed, _available_memory()):
             return ""
-        if _memory_file_system(_temporary_cache_folder()):
-            return None  # a "disk" cache in memory takes the memory that was found short
         cache = "disk"
     temporary = cache == "disk"
     if temporary:
         folder = _temporary_cache_folder()
-        if folder not in _WARNED_IN_MEMORY and (kind := _memory_file_system(folder)):
-            # (auto chose no cache there.) Once: each phase and input pipeline comes here.
+        kind = _memory_file_system(folder)
+        if kind and auto:
+            return None  # a "disk" cache in memory takes the memory that was found short
+        if kind and folder not in _WARNED_IN_MEMORY:
+            # Once: each phase and input pipeline comes here.
             _WARNED_IN_MEMORY.add(folder)
             log.warning(
                 "cache='disk': the temporary folder %s is in memory (%s), so this cache "
