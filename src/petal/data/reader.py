@@ -470,15 +470,12 @@ def _check_image(source: Source, shard: str, index: int, feature) -> None:
     ``size``) and its ``format``. A manifest edited or copied from another conversion was
     read as its records: every record then failed to decode, named corrupt, and
     ``--skip-corrupt`` skipped them all."""
-    size = list(feature[schema.SIZE].int64_list.value) if schema.SIZE in feature else []
-    image = feature[schema.IMAGE].bytes_list.value if schema.IMAGE in feature else []
+    size = _recorded_size(feature)
     said = f"{source.image_size[0]}x{source.image_size[1]}" if source.image_size else None
     held = f"{size[0]}x{size[1]}" if len(size) == 2 else None
     # (Bytes that are neither, a damaged image, are left to decoding, which names them
     # undecodable and --skip-corrupt skips.)
-    encoded = bool(image) and image[0].startswith(_IMAGE_MAGIC)
-    dims = size if len(size) == 2 else source.image_size  # (a record without its size)
-    pixels = bool(image) and dims is not None and len(image[0]) == dims[0] * dims[1] * 3
+    encoded, pixels = _stored_as(feature, source.image_size)  # (a record without its size)
     problem = None
     if said and held and held != said:
         problem = f"holds a {held} image, but the manifest's image_size is {said}"
@@ -492,6 +489,21 @@ def _check_image(source: Source, shard: str, index: int, feature) -> None:
             f"its record {index} {problem} (the manifest edited, or another conversion's); "
             "convert the images again with petal convert."
         )
+
+
+def _recorded_size(feature) -> list[int]:
+    return list(feature[schema.SIZE].int64_list.value) if schema.SIZE in feature else []
+
+
+def _stored_as(feature, dims: tuple[int, int] | None = None) -> tuple[bool, bool]:
+    """Whether a record's image begins as an encoded image does, and whether its length is
+    that of raw pixels of the record's ``size`` (else of ``dims``)."""
+    image = feature[schema.IMAGE].bytes_list.value if schema.IMAGE in feature else []
+    size = _recorded_size(feature)
+    dims = size if len(size) == 2 else dims
+    encoded = bool(image) and image[0].startswith(_IMAGE_MAGIC)
+    pixels = bool(image) and dims is not None and len(image[0]) == dims[0] * dims[1] * 3
+    return encoded, pixels
 
 
 def _head_records(data: bytes) -> list[bytes]:
@@ -794,11 +806,8 @@ def _refuse_raw_pixels(shard: str, feature) -> None:
     """Refuses a codelab shard whose record holds raw pixels (petal convert --format raw):
     without a manifest saying so, every record failed to decode as "Corrupt input", and
     ``--skip-corrupt`` would have skipped them all."""
-    size = list(feature[schema.SIZE].int64_list.value) if schema.SIZE in feature else []
-    image = feature[schema.IMAGE].bytes_list.value if schema.IMAGE in feature else []
-    if len(size) != 2 or not image or image[0].startswith(_IMAGE_MAGIC):
-        return
-    if min(size) > 0 and len(image[0]) == size[0] * size[1] * 3:
+    encoded, pixels = _stored_as(feature)
+    if pixels and not encoded and min(_recorded_size(feature)) > 0:
         raise PetalError(
             f"Shard {shard} holds raw pixels (petal convert --format raw), which petal reads "
             f"only with their records folder's {schema.MANIFEST_NAME}: pass the folder that "
