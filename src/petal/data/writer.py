@@ -1442,15 +1442,15 @@ def _warnings(manifest: dict) -> list[str]:
     # A class whose images are all copies of another class's went where that class's went:
     # the share is not the cause, and changing it is not the fix.
     no_train = [c for c in manifest["classes"] if train[c] == 0 and val[c] > 0]
-    copied = [c for c in no_train if len(copies.get(c, [])) == val[c]]
-    if shared := [c for c in no_train if c not in copied]:
+    copied_to_validation = [c for c in no_train if len(copies.get(c, [])) == val[c]]
+    if shared := [c for c in no_train if c not in copied_to_validation]:
         out.append(
             f"no training images for class {some_names(shared)} (all went to validation): "
             "the model never sees it; lower --val-fraction or add images"
         )
     out += [
         _copied(c, copies[c], "training", "validation", "the model never sees it")
-        for c in copied
+        for c in copied_to_validation
     ]
     unclassified = manifest.get("unclassified_images") or []
     if unclassified:

@@ -1523,10 +1523,10 @@ def _rebuilt_schedule(
         return None
     if "total_epochs" in cfg.schedule_options:
         return None
-    last = _phases(cfg, peak)[-1]  # the one phase whose length follows --epochs
-    if not last.start < start_epoch < last.end:
+    phase = _phases(cfg, peak)[-1]  # the one phase whose length follows --epochs
+    if not phase.start < start_epoch < phase.end:
         return None  # (a head phase is head_epochs long, whatever the epochs)
-    phase, was_epochs = last, last.end - last.start - (cfg.epochs - saved)
+    was_epochs = phase.end - phase.start - (cfg.epochs - saved)
     if was_epochs < 1:
         return None
 
@@ -2490,18 +2490,19 @@ def _train(
             of_phase += f"; head-only phase {per_second(by_phase['head'])}"
         of_phase += ")"
 
-    def shown(key: str, spec: str) -> str:
-        """A metric for the closing line; null (no validation accuracy, say) as "n/a"."""
+    def shown(key: str, spec: str | Callable[[float], str]) -> str:
+        """A metric for the closing line, by a format spec or a function; null (no
+        validation accuracy, say) as "n/a"."""
         if metrics.get(key) is None:
             return "n/a"
-        return per_second(metrics[key]) if spec == "rate" else format(metrics[key], spec)
+        return spec(metrics[key]) if callable(spec) else format(metrics[key], spec)
 
     log(
         f"petal train: done in {metrics['wall_seconds']:.0f} s: final val_acc "
         f"{shown('final_val_accuracy', '.4f')}, mean of last "
         f"{min(5, metrics['epochs_completed'])} {shown('mean_last5_val_accuracy', '.4f')}, best "
         f"{shown('best_val_accuracy', '.4f')} (epoch {shown('best_epoch', '')}), "
-        f"{shown('train_images_per_sec', 'rate')} img/s{of_phase} -> {workdir}"
+        f"{shown('train_images_per_sec', per_second)} img/s{of_phase} -> {workdir}"
     )
     return metrics
 
