@@ -579,3 +579,17 @@ def test_a_workdir_holding_records_or_photos_is_refused(small_records, small_flo
     assert holds_data(tmp_path / "run") is None
     (tmp_path / "run" / "config.json").unlink()
     assert holds_data(tmp_path / "run") == "class folders of photos (eval-copy/)"
+
+
+def test_a_rate_of_half_an_image_rounds_up_as_the_epoch_line_shows_it():
+    # A QA report: epoch 2 printed 113 img/s (112.536), the closing line 112 (its stored
+    # 112.5, rounded half to even).
+    from petal.training.callbacks import per_second
+
+    assert per_second(112.536) == "113"
+    assert per_second(112.5) == "113"
+    assert per_second(84.5) == "85"
+    assert per_second(84.4) == "84"
+    assert per_second(0.45) == "0.45"
+    assert per_second(9.96) == "10"
+    assert per_second(float("inf")) == "inf"

@@ -348,7 +348,7 @@ def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
             [cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy, zeros, zeros],
             axis=1,
         )
-        return tf.raw_ops.ImageProjectiveTransformV3(
+        rotated = tf.raw_ops.ImageProjectiveTransformV3(
             images=x,
             transforms=transforms,
             output_shape=tf.shape(x)[1:3],
@@ -356,6 +356,8 @@ def rotation(max_degrees: float = 15.0, fill_mode: str = "reflect") -> ImageOp:
             interpolation="BILINEAR",
             fill_mode=fill_mode.upper(),
         )
+        # Bilinear weights of saturated pixels can sum a rounding over 255: clip to 0..255.
+        return tf.clip_by_value(rotated, 0.0, 255.0)
 
     return _Fn(
         "rotate",
@@ -521,6 +523,8 @@ def mixup(alpha: float = 0.2) -> MixOp:
         images, labels = _float(images), tf.cast(labels, tf.float32)
         lam, perm = p["lam"], p["perm"]
         mixed = _col(lam) * images + (1 - _col(lam)) * tf.gather(images, perm)
+        # Rounding mixes two 255s to 255.00002: clip so the documented 0..255 holds.
+        mixed = tf.clip_by_value(mixed, 0.0, 255.0)
         lam = lam[:, None]
         return mixed, lam * labels + (1 - lam) * tf.gather(labels, perm)
 

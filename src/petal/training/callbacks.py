@@ -287,8 +287,11 @@ def format_epoch_line(row: dict, epochs: int) -> str:
 
 
 def per_second(rate: float) -> str:
-    """A rate for a log line: whole numbers, but two figures below 10 (0.4, not 0)."""
-    return f"{rate:.0f}" if not rate < 9.95 else f"{rate:.2g}"
+    """A rate for a log line: whole numbers, halves rounded up (the closing line's stored
+    112.5 shows as its epoch line's 112.536 did), but two figures below 10 (0.4, not 0)."""
+    if not math.isfinite(rate):
+        return f"{rate:.0f}"
+    return f"{math.floor(rate + 0.5)}" if rate >= 9.95 else f"{rate:.2g}"
 
 
 class NanGuard(keras.callbacks.Callback):
