@@ -182,7 +182,7 @@ def test_epoch_line_shows_how_a_per_step_schedule_moved_within_the_epoch(tmp_pat
     del row["lr_end"]
     assert "lr 1.00e-03  10 img/s" in format_epoch_line(row, 35)
     # A slow epoch (one that compiles, a large model on 2 cores) read "0 img/s".
-    for rate, shown in ((0.4, "0.4"), (2.345, "2.3"), (9.96, "10"), (1234.5, "1234")):
+    for rate, shown in ((0.4, "0.4"), (2.345, "2.3"), (9.96, "10"), (1234.5, "1235")):
         assert f"lr 1.00e-03  {shown} img/s" in format_epoch_line(
             {**row, "images_per_sec": rate}, 35
         )
